@@ -1,0 +1,107 @@
+"""The byte-level store interface both formats implement."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence as _SequenceABC
+from typing import Any, Iterator, Sequence
+
+
+class KeysView(_SequenceABC):
+    """The sample keys of a store, read on demand: never a Python list of every key.
+
+    >>> store.keys[0], "0001" in store.keys, len(store.keys)   # doctest: +SKIP
+    """
+
+    def __init__(self, store: "Store"):
+        self._store = store
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self._store.key(j) for j in range(*i.indices(len(self)))]
+        return self._store.key(i)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._store.index_of(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        for i in range(len(self)):
+            yield self._store.key(i)
+
+    def index(self, key: str, *args) -> int:  # type: ignore[override]
+        i = self._store.index_of(key)
+        if i is None:
+            raise ValueError(f"{key!r} is not a key of {self._store.path}")
+        return i
+
+    def fingerprint(self, samples: int = 64) -> str:
+        """A cheap digest of the key sequence (count + evenly spaced keys) for alignment checks."""
+        n = len(self)
+        h = hashlib.blake2b(str(n).encode(), digest_size=16)
+        if n:
+            for i in sorted({round(j * (n - 1) / max(samples - 1, 1)) for j in range(min(samples, n))}):
+                h.update(b"\0" + self._store.key(i).encode())
+        return h.hexdigest()
+
+
+class Store:
+    """Map-style, bytes-only access to one dataset.
+
+    ``store[i]`` -> ``{"__key__": key, "__index__": i, field: bytes, ...}``.
+    Implementations open files lazily in the process that reads and pickle
+    without handles, so they can be handed to DataLoader workers.
+    """
+
+    format: str = "?"
+    path: str
+
+    @property
+    def metadata(self) -> dict:
+        raise NotImplementedError
+
+    @property
+    def fields(self) -> list[str]:
+        return list(self.metadata["fields"])
+
+    @property
+    def keys(self) -> KeysView:
+        return KeysView(self)
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def key(self, index: int) -> str:
+        raise NotImplementedError
+
+    def index_of(self, key: str) -> int | None:
+        raise NotImplementedError
+
+    def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.read(index)
+
+    def get(self, key: str, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        i = self.index_of(key)
+        if i is None:
+            raise KeyError(f"no sample with key {key!r} in {self.path}")
+        return self.read(i, fields)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self)):
+            yield self.read(i)
+
+    def _check_index(self, index: int) -> int:
+        n = len(self)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for {self.path} ({n} samples)")
+        return i
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"

@@ -1,0 +1,259 @@
+"""LMDB dataset format: one environment directory, one named sub-database per field.
+
+Layout (all values are the field's bytes exactly as given; nothing is pickled):
+
+* ``<field>``   : 8-byte big-endian index -> bytes of that field
+* ``__keys__``  : index -> sample key (UTF-8)
+* ``__index__`` : sample key -> index
+* ``__meta__``  : ``b"meta"`` -> JSON metadata record
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import lmdb
+
+from ..errors import DuplicateKeyError, FormatError, SampleError
+from .atomic import AtomicDirectory
+from .encoding import split_sample
+from .keys import INDEX_KEY, validate_field, validate_key
+from .meta import LMDB_FORMAT, FieldStats, make_metadata
+from .base import KeysView, Store
+
+KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
+MAX_DBS = 1024
+
+# One environment per (process, path): py-lmdb refuses to open a path twice in a
+# process, and an environment must never be used across fork().
+_ENVS: dict[str, tuple[lmdb.Environment, lmdb.Transaction]] = {}
+
+
+def _forget_inherited_envs() -> None:
+    # Runs in a forked child: the parent's handles are unusable here; close our copies
+    # (this unmaps them in the child only) so the path can be opened afresh.
+    for env, _txn in _ENVS.values():
+        try:
+            env.close()
+        except Exception:
+            pass
+    _ENVS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_envs)
+
+
+def shared_env(path: str) -> tuple[lmdb.Environment, lmdb.Transaction]:
+    """This process's read-only environment and long-lived read transaction for ``path``."""
+    hit = _ENVS.get(path)
+    if hit is None:
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise FormatError(f"{path} is not an LMDB environment (no data.mdb)")
+        # lock=False: datasets are frozen once written, so no reader table (no slot
+        # exhaustion with many workers); readahead off: random access pays no extra IO.
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS,
+                        subdir=True, max_readers=1)
+        hit = _ENVS[path] = (env, env.begin(buffers=False))
+    return hit
+
+
+class LMDBStore(Store):
+    """Random access to an mmloader LMDB dataset. Opens nothing until first use.
+
+    >>> ds = LMDBStore("data.lmdb")           # doctest: +SKIP
+    >>> len(ds), ds.fields, ds[0]["__key__"]    # doctest: +SKIP
+    """
+
+    format = "lmdb"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(Path(path).resolve())
+        self._meta: dict | None = None
+        self._pid = -1
+        self._txn = None
+        self._dbs: dict[bytes, Any] = {}
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_meta": self._meta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+        self._meta = state["_meta"]
+
+    def _handles(self):
+        if self._pid != os.getpid():
+            env, txn = shared_env(self.path)
+            self._txn, self._dbs, self._env, self._pid = txn, {}, env, os.getpid()
+        return self._txn
+
+    def _db(self, name: bytes):
+        db = self._dbs.get(name)
+        if db is None:
+            txn = self._handles()
+            try:
+                db = self._env.open_db(name, txn=txn, create=False)
+            except lmdb.NotFoundError:
+                raise FormatError(f"{self.path}: no sub-database {name.decode()!r}; "
+                                  "is this an mmloader LMDB dataset?") from None
+            self._dbs[name] = db
+        return db
+
+    @property
+    def metadata(self) -> dict:
+        if self._meta is None:
+            txn = self._handles()
+            try:
+                raw = txn.get(b"meta", db=self._db(META_DB))
+            except FormatError:
+                raw = None
+            if raw is None:
+                raise FormatError(f"{self.path} is an LMDB environment but not an mmloader dataset "
+                                  "(no __meta__ record); convert it with `mmloader convert`")
+            meta = json.loads(raw)
+            if meta.get("format") != LMDB_FORMAT:
+                raise FormatError(f"{self.path}: unknown format {meta.get('format')!r}")
+            self._meta = meta
+        return self._meta
+
+    def __len__(self) -> int:
+        return int(self.metadata["count"])
+
+    def key(self, index: int) -> str:
+        i = self._check_index(index)
+        raw = self._handles().get(INDEX_KEY.pack(i), db=self._db(KEYS_DB))
+        if raw is None:
+            raise SampleError(f"index {i} has no key record", where=self.path)
+        return raw.decode("utf-8")
+
+    def index_of(self, key: str) -> int | None:
+        raw = self._handles().get(key.encode("utf-8"), db=self._db(INDEX_DB))
+        return None if raw is None else INDEX_KEY.unpack(raw)[0]
+
+    def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        i = self._check_index(index)
+        txn = self._handles()
+        k = INDEX_KEY.pack(i)
+        out: dict[str, Any] = {"__key__": txn.get(k, db=self._db(KEYS_DB)).decode("utf-8"),
+                               "__index__": i}
+        for f in self.fields if fields is None else fields:
+            if f not in self.metadata["field_counts"]:
+                raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
+            v = txn.get(k, db=self._db(f.encode()))
+            if v is not None:
+                out[f] = v
+        return out
+
+    def field_size(self, index: int, field: str) -> int:
+        v = self._handles().get(INDEX_KEY.pack(self._check_index(index)), db=self._db(field.encode()))
+        return 0 if v is None else len(v)
+
+
+class LMDBWriter:
+    """Write samples into a new LMDB dataset, atomically.
+
+    Commits every ``commit_every`` samples, doubles ``map_size`` when LMDB reports
+    it full, and renames the finished environment into place on :meth:`close`.
+
+    >>> with LMDBWriter("out.lmdb") as w:                           # doctest: +SKIP
+    ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a cat"})
+    """
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, map_size: int = 1 << 30,
+                 commit_every: int = 1000, metadata: Mapping | None = None):
+        self._dir = AtomicDirectory(path, overwrite=overwrite)
+        self.path = self._dir.final
+        self.user_metadata = dict(metadata or {})
+        self.commit_every = commit_every
+        self.stats = FieldStats()
+        self.count = 0
+        self._env = lmdb.open(str(self._dir.tmp), map_size=map_size, max_dbs=MAX_DBS, subdir=True,
+                              sync=False, metasync=False, writemap=False, meminit=False)
+        self._dbs = {n: self._env.open_db(n) for n in (KEYS_DB, INDEX_DB, META_DB)}
+        self._txn = self._env.begin(write=True)
+        self._pending: list[tuple[int, bytes, dict[str, bytes]]] = []
+
+    def write(self, sample: Mapping[str, Any]) -> int:
+        """Append one sample (``{"__key__": str, field: value, ...}``); returns its index."""
+        key, fields = split_sample(dict(sample))
+        validate_key(key)
+        for f in fields:
+            if f.encode() not in self._dbs:
+                validate_field(f)
+                self._commit()  # open_db needs its own write transaction
+                self._txn.abort()
+                self._dbs[f.encode()] = self._env.open_db(f.encode())
+                self._txn = self._env.begin(write=True)
+        item = (self.count, key.encode("utf-8"), fields)
+        self._put_growing(item)
+        self._pending.append(item)
+        self.stats.add(fields)
+        self.count += 1
+        if len(self._pending) >= self.commit_every:
+            self._commit()
+        return item[0]
+
+    def _put(self, item) -> None:
+        index, key, fields = item
+        k = INDEX_KEY.pack(index)
+        if not self._txn.put(key, k, db=self._dbs[INDEX_DB], overwrite=False):
+            raise DuplicateKeyError(f"duplicate sample key {key.decode()!r} (index {index}) "
+                                    f"while writing {self.path}")
+        self._txn.put(k, key, db=self._dbs[KEYS_DB], append=True)
+        for f, v in fields.items():
+            self._txn.put(k, v, db=self._dbs[f.encode()], append=True)
+
+    def _put_growing(self, item) -> None:
+        while True:
+            try:
+                self._put(item)
+                return
+            except lmdb.MapFullError:
+                # Abort, double the map, replay the uncommitted chunk, retry.
+                self._txn.abort()
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                self._txn = self._env.begin(write=True)
+                for done in self._pending:
+                    self._put(done)
+
+    def _commit(self) -> None:
+        self._txn.commit()
+        self._pending.clear()
+        self._txn = self._env.begin(write=True)
+
+    def close(self) -> Path:
+        """Write the metadata record, sync, and rename the dataset into place."""
+        meta = make_metadata(LMDB_FORMAT, self.count, self.stats, self.user_metadata)
+        item_meta = json.dumps(meta, ensure_ascii=False).encode()
+        while True:
+            try:
+                self._txn.put(b"meta", item_meta, db=self._dbs[META_DB])
+                self._commit()
+                break
+            except lmdb.MapFullError:
+                self._txn.abort()
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                self._txn = self._env.begin(write=True)
+                for done in self._pending:
+                    self._put(done)
+        self._txn.abort()
+        self._env.sync(True)
+        self._env.close()
+        return self._dir.commit()
+
+    def abort(self) -> None:
+        try:
+            self._txn.abort()
+            self._env.close()
+        finally:
+            self._dir.abort()
+
+    def __enter__(self) -> "LMDBWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,254 @@
+"""Random access to a directory of tar shards through mmloader's manifest and offset indexes."""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import FormatError, RandomAccessError, SampleError
+from .base import Store
+from .meta import SHARDS_FORMAT
+from .shard_index import MANIFEST, ShardIndexBuilder
+from .tar_stages import group_samples, is_compressed, tar_members
+
+MAX_OPEN_SHARDS = 64  # bounded per-process cache of open shard files and index maps
+
+
+class TarStore(Store):
+    """Map-style access to tar shards: ``store[i]`` is one ``pread`` per field, no scan.
+
+    >>> ds = TarStore("shards/")                    # doctest: +SKIP
+    >>> ds[5]["txt"], ds.get("0005")["__index__"]     # doctest: +SKIP
+    """
+
+    format = "shards"
+
+    def __init__(self, path: str | os.PathLike):
+        p = Path(path).resolve()
+        self.manifest_path = p / MANIFEST if p.is_dir() else p
+        self.path = str(self.manifest_path.parent)
+        if not self.manifest_path.is_file():
+            has_tars = p.is_dir() and (any(p.glob("*.tar*")) or any(p.glob("*.tgz")))
+            hint = " (it holds tar files: run `mmloader index DIR` to index them)" if has_tars else ""
+            raise FormatError(f"{self.path} has no {MANIFEST}{hint}")
+        self._meta: dict | None = None
+        self._reset_handles()
+
+    def _reset_handles(self) -> None:
+        self._pid = os.getpid()
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._idx: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._keys = self._order = None
+
+    def __getstate__(self) -> dict:
+        return {"path": str(self.manifest_path), "_meta": self._meta}
+
+    def __setstate__(self, state: dict) -> None:
+        self.manifest_path = Path(state["path"])
+        self.path = str(self.manifest_path.parent)
+        self._meta = state["_meta"]
+        self._reset_handles()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            for fd in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    @property
+    def metadata(self) -> dict:
+        if self._meta is None:
+            try:
+                meta = json.loads(self.manifest_path.read_text())
+            except (OSError, ValueError) as e:
+                raise FormatError(f"{self.manifest_path}: unreadable manifest: {e}") from e
+            if meta.get("format") != SHARDS_FORMAT:
+                raise FormatError(f"{self.manifest_path}: unknown format {meta.get('format')!r}")
+            starts = [0]
+            for s in meta["shards"]:
+                starts.append(starts[-1] + s["count"])
+            meta["_starts"] = starts
+            meta["_columns"] = [{f: c for c, f in enumerate(s["fields"])} for s in meta["shards"]]
+            self._meta = meta
+        return self._meta
+
+    @property
+    def shards(self) -> list[dict]:
+        return self.metadata["shards"]
+
+    def shard_path(self, s: int) -> str:
+        return os.path.join(self.path, self.shards[s]["file"])
+
+    def __len__(self) -> int:
+        return int(self.metadata["count"])
+
+    def _local(self) -> None:
+        if self._pid != os.getpid():  # inherited through fork: never reuse the parent's descriptors
+            self._reset_handles()
+
+    def _key_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        self._local()
+        if self._keys is None:
+            meta = self.metadata
+            self._keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r", allow_pickle=False)
+            self._order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r",
+                                  allow_pickle=False)
+        return self._keys, self._order
+
+    def key(self, index: int) -> str:
+        return bytes(self._key_arrays()[0][self._check_index(index)]).decode("utf-8")
+
+    def index_of(self, key: str) -> int | None:
+        keys, order = self._key_arrays()
+        kb = key.encode("utf-8")
+        lo, hi = 0, len(order)
+        while lo < hi:  # binary search over the mmapped sorted view: O(log n) page touches
+            mid = (lo + hi) // 2
+            if keys[order[mid]] < kb:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(order) and keys[order[lo]] == kb:
+            return int(order[lo])
+        return None
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, row within shard) of sample ``index``."""
+        i = self._check_index(index)
+        s = bisect.bisect_right(self.metadata["_starts"], i) - 1
+        return s, i - self.metadata["_starts"][s]
+
+    def _shard_index(self, s: int) -> np.ndarray:
+        self._local()
+        table = self._idx.get(s)
+        if table is None:
+            if self.shards[s]["compressed"]:
+                raise RandomAccessError(
+                    f"shard {self.shard_path(s)} is compressed: it can only be read sequentially "
+                    "(store.iter_samples()). For random access, shuffling and DDP splitting, "
+                    "decompress it (e.g. `gunzip -c x.tgz > x.tar`) and run `mmloader index` again.")
+            table = np.load(os.path.join(self.path, self.shards[s]["index"]), mmap_mode="r",
+                            allow_pickle=False)
+            if table.shape[0] != self.shards[s]["count"]:
+                raise FormatError(f"{self.shards[s]['index']}: {table.shape[0]} rows but the manifest "
+                                  f"lists {self.shards[s]['count']} samples for {self.shards[s]['file']}")
+            self._idx[s] = table
+            if len(self._idx) > MAX_OPEN_SHARDS:
+                self._idx.popitem(last=False)
+        else:
+            self._idx.move_to_end(s)
+        return table
+
+    def _fd(self, s: int) -> int:
+        fd = self._fds.get(s)
+        if fd is None:
+            path = self.shard_path(s)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise FormatError(f"shard {path} is listed in {self.manifest_path} but missing on disk") \
+                    from None
+            self._fds[s] = fd
+            if len(self._fds) > MAX_OPEN_SHARDS:
+                os.close(self._fds.popitem(last=False)[1])
+        else:
+            self._fds.move_to_end(s)
+        return fd
+
+    def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        s, row = self.locate(index)
+        table = self._shard_index(s)
+        cols = self.metadata["_columns"][s]
+        i = self.metadata["_starts"][s] + row
+        out: dict[str, Any] = {"__key__": self.key(i), "__index__": i}
+        fd = self._fd(s)
+        for f in self.fields if fields is None else fields:
+            c = cols.get(f)
+            if c is None:
+                if f not in self.metadata["field_counts"]:
+                    raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
+                continue
+            offset, size = int(table[row, c, 0]), int(table[row, c, 1])
+            if offset < 0:
+                continue
+            data = os.pread(fd, size, offset)
+            if len(data) != size:
+                raise SampleError(f"shard is truncated: wanted {size} bytes at offset {offset}, "
+                                  f"got {len(data)}", key=out["__key__"], field=f,
+                                  where=self.shard_path(s))
+            out[f] = data
+        return out
+
+    def field_size(self, index: int, field: str) -> int:
+        s, row = self.locate(index)
+        c = self.metadata["_columns"][s].get(field)
+        return 0 if c is None else max(int(self._shard_index(s)[row, c, 1]), 0)
+
+    def iter_samples(self, shards: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
+        """Read shards front to back (works for compressed shards too)."""
+        for s in range(len(self.shards)) if shards is None else shards:
+            for sample in group_samples(tar_members(self.shard_path(s)), where=self.shard_path(s)):
+                sample.pop("__offsets__")
+                yield sample
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def build_index(directory: str | os.PathLike, output: str | os.PathLike | None = None,
+                pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"), progress: bool = True) -> dict:
+    """Index tar shards written by any tool: manifest + offset indexes + key index.
+
+    Shards are read sequentially once (compressed ones too). ``output`` defaults to
+    ``directory``; when it differs, the manifest refers to the shards by absolute path.
+
+    >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
+    """
+    src = Path(directory).resolve()
+    out = Path(output).resolve() if output else src
+    if not src.is_dir():
+        raise FormatError(f"{src} is not a directory")
+    files = sorted({p for pat in pattern for p in src.glob(pat)})
+    if not files:
+        raise FormatError(f"{src} holds no tar shards matching {', '.join(pattern)}")
+    out.mkdir(parents=True, exist_ok=True)
+    builder = ShardIndexBuilder(out, unique_keys=False)
+    for path in tqdm(files, desc="indexing shards", unit="shard", disable=not progress):
+        compressed = is_compressed(path)
+        h = hashlib.sha256()
+
+        class _Tee:  # hash the raw file while tarfile reads it: one pass
+            def __init__(self, f):
+                self.f = f
+
+            def read(self, n=-1):
+                b = self.f.read(n)
+                h.update(b)
+                return b
+
+        with open(path, "rb") as raw:
+            tee = _Tee(raw)
+            try:
+                for sample in group_samples(tar_members(path, with_data=False, fileobj=tee), where=str(path)):
+                    builder.add_sample(sample["__key__"], sample["__offsets__"])
+            except Exception as e:  # tarfile.ReadError, EOFError, zlib.error ...
+                raise FormatError(f"shard {path} is not a readable tar file: {e}") from e
+            while raw_bytes := raw.read(1 << 22):  # trailing padding tarfile did not read
+                h.update(raw_bytes)
+        file = path.name if out == src else str(path)
+        builder.end_shard(file, path.stat().st_size, h.hexdigest(), compressed=compressed)
+    return builder.finish(indexed_from=str(src))
