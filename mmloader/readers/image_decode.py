@@ -1,0 +1,164 @@
+"""Image decoding: torchvision's libjpeg-turbo/libpng first, Pillow for the rest.
+
+Every path checks the pixel count from the header *before* decoding, so a
+decompression bomb costs a header parse, not gigabytes.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..errors import DecodeError, SizeLimitError
+
+#: Default decoded-pixel ceiling (about 12k x 12k); raise it per reader when needed.
+DEFAULT_MAX_PIXELS = 150_000_000
+MODES = ("RGB", "L", "RGBA", "unchanged")
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+class ImageInfo(NamedTuple):
+    format: str          # "jpeg", "png" or Pillow's format name
+    width: int
+    height: int
+    components: int      # colour channels in the file (JPEG/PNG), 0 if unknown
+
+
+def probe(data: bytes) -> ImageInfo:
+    """Format and size from the header only."""
+    if data[:3] == b"\xff\xd8\xff":
+        i, n = 2, len(data)
+        while i + 9 < n:
+            if data[i] != 0xFF:
+                i += 1
+                continue
+            marker = data[i + 1]
+            if marker == 0xFF:
+                i += 1
+                continue
+            if marker in _SOF:
+                h, w = struct.unpack(">HH", data[i + 5:i + 9])
+                return ImageInfo("jpeg", w, h, data[i + 9] if i + 9 < n else 0)
+            if marker == 0xDA:  # start of scan before any frame header: malformed
+                break
+            i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+        raise DecodeError("JPEG without a frame header (truncated or corrupt)")
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26:
+        w, h = struct.unpack(">II", data[16:24])
+        colour = data[25]
+        return ImageInfo("png", w, h, {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour, 0))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                return ImageInfo((im.format or "?").lower(), im.width, im.height, 0)
+    except Image.DecompressionBombError as e:
+        raise SizeLimitError(f"image too large: {e}") from None
+    except Exception as e:
+        raise DecodeError(f"not a readable image: {e}") from None
+
+
+def check_pixels(info: ImageInfo, max_pixels: int | None) -> None:
+    if max_pixels and info.width * info.height > max_pixels:
+        raise SizeLimitError(f"{info.format} image of {info.width}x{info.height} pixels exceeds "
+                             f"max_pixels={max_pixels} (decompression-bomb guard)")
+
+
+def target_hw(size: int | tuple[int, int], height: int, width: int) -> tuple[int, int]:
+    """torchvision ``Resize`` semantics: an int sets the shorter side, a pair is (h, w)."""
+    if isinstance(size, int):
+        if height <= width:
+            return size, max(1, round(width * size / height))
+        return max(1, round(height * size / width)), size
+    return int(size[0]), int(size[1])
+
+
+def _pil_open(data: bytes, mode: str, draft_hw: tuple[int, int] | None = None) -> Image.Image:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        im = Image.open(io.BytesIO(data))
+        if draft_hw is not None and im.format == "JPEG":
+            # Decode at 1/2, 1/4 or 1/8 DCT scale while staying >= the target: far less work.
+            im.draft("RGB" if mode != "L" else "L", (draft_hw[1], draft_hw[0]))
+        im.load()
+    if mode == "unchanged":
+        return im
+    if mode == "RGB" and im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info
+                                                              and mode == "RGB"):
+        im = im.convert("RGBA")
+    return im.convert(mode) if im.mode != mode else im
+
+
+def pil_to_tensor(im: Image.Image) -> torch.Tensor:
+    array = np.array(im)  # a writable copy: torch warns about read-only buffers
+    if array.ndim == 2:
+        array = array[:, :, None]
+    return torch.from_numpy(np.ascontiguousarray(array)).permute(2, 0, 1).contiguous()
+
+
+def rgb_to_luma(image: torch.Tensor) -> torch.Tensor:
+    """uint8 RGB CHW -> 1HW with Pillow's integer ITU-R 601-2 formula (bit-exact with ``convert("L")``)."""
+    r, g, b = image.to(torch.int32).unbind(0)
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).to(torch.uint8).unsqueeze(0)
+
+
+def decode_to_tensor(data: bytes, mode: str = "RGB", size: int | tuple[int, int] | None = None,
+                     max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+    """Encoded image -> uint8 CHW tensor in ``mode`` (optionally resized to ``size``)."""
+    from torchvision.io import ImageReadMode, decode_jpeg, decode_png
+    from torchvision.transforms.v2.functional import resize
+
+    info = probe(data)
+    check_pixels(info, max_pixels)
+    target = target_hw(size, info.height, info.width) if size is not None else None
+    tv_mode = {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY, "RGBA": ImageReadMode.RGB_ALPHA,
+               "unchanged": ImageReadMode.UNCHANGED}[mode]
+    image = None
+    draft = (target is not None and info.format == "jpeg"
+             and info.height >= 2 * target[0] and info.width >= 2 * target[1])
+    # Colour -> "L": decode RGB and apply Pillow's luma formula, so pixels equal Pillow's
+    # (libjpeg's own grayscale output is the raw Y channel, which differs by a few levels).
+    to_luma = mode == "L" and info.components == 3
+    if to_luma:
+        tv_mode = ImageReadMode.RGB
+    if info.format == "jpeg" and info.components in (1, 3) and mode != "RGBA" and not draft:
+        try:
+            image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv_mode)
+        except RuntimeError:
+            image = None  # let Pillow try, and report its error if it fails too
+    elif info.format == "png" and info.components in (1, 3) and mode in ("RGB", "L", "unchanged"):
+        try:
+            image = decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv_mode)
+        except RuntimeError:
+            image = None
+    if image is not None and to_luma:
+        image = rgb_to_luma(image)
+    if image is None:
+        # CMYK JPEGs, alpha/palette PNGs, WebP, GIF, BMP, TIFF...: Pillow converts as asked.
+        try:
+            image = pil_to_tensor(_pil_open(data, mode, target if draft else None))
+        except Exception as e:
+            raise DecodeError(f"cannot decode {info.format} image: {e}") from None
+    if target is not None and tuple(image.shape[-2:]) != target:
+        image = resize(image, list(target), antialias=True)
+    return image
+
+
+def decode_to_pil(data: bytes, mode: str = "RGB", size: int | tuple[int, int] | None = None,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+    info = probe(data)
+    check_pixels(info, max_pixels)
+    target = target_hw(size, info.height, info.width) if size is not None else None
+    try:
+        im = _pil_open(data, mode, target)
+    except Exception as e:
+        raise DecodeError(f"cannot decode {info.format} image: {e}") from None
+    if target is not None and (im.height, im.width) != target:
+        im = im.resize((target[1], target[0]), Image.BILINEAR)
+    return im

@@ -1,0 +1,146 @@
+"""A raw UTF-8 text file as a store: one sample per line, field ``txt``.
+
+A sidecar ``<file>.lines.npy`` (built once, with a progress bar) holds every
+line's start offset; it is mmapped, so line *i* is one ``pread`` and memory does
+not grow with the file. The sidecar records the file's size and mtime and is
+rebuilt when they change.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import FormatError
+from .base import Store
+
+CHUNK = 1 << 24
+_HEADER = 2  # [file size, mtime_ns] precede the offsets
+
+
+def line_key(i: int) -> str:
+    """The key of line *i* (0-based); the textlines converter uses the same keys."""
+    return f"{i:010d}"
+
+
+def _scan(path: Path, progress: bool, on_newline) -> int:
+    size = path.stat().st_size
+    n = 0
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, disable=not progress,
+                                     desc=f"indexing lines of {path.name}") as bar:
+        pos = 0
+        while chunk := f.read(CHUNK):
+            nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            on_newline(nl + pos, n)
+            n += len(nl)
+            pos += len(chunk)
+            bar.update(len(chunk))
+    return n
+
+
+def build_line_index(path: str | os.PathLike, index_path: str | os.PathLike | None = None,
+                     progress: bool = True) -> Path:
+    """Write the line-offset sidecar for ``path`` (two streaming passes, constant memory)."""
+    path = Path(path)
+    out = Path(index_path) if index_path else path.with_name(path.name + ".lines.npy")
+    st = path.stat()
+    newlines = _scan(path, False, lambda nl, n: None)
+    size = st.st_size
+    last_unterminated = size > 0 and (newlines == 0 or _last_byte(path) != b"\n")
+    count = newlines + (1 if last_unterminated else 0)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    table = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(_HEADER + count + 1,))
+    table[0], table[1] = size, st.st_mtime_ns
+    table[_HEADER] = 0
+
+    def fill(nl, n):  # line n+1 starts after newline n
+        table[_HEADER + 1 + n:_HEADER + 1 + n + len(nl)] = nl + 1
+    _scan(path, progress, fill)
+    table[_HEADER + count] = size  # end of the last line
+    table.flush()
+    del table
+    os.replace(tmp, out)
+    return out
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+class TextLinesStore(Store):
+    """Random access to the lines of a text file (``store[i]["txt"]`` is line *i*, without its newline).
+
+    >>> lines = TextLinesStore("corpus.txt"); len(lines), lines[10]["txt"]    # doctest: +SKIP
+    """
+
+    format = "textlines"
+
+    def __init__(self, path: str | os.PathLike, index_path: str | os.PathLike | None = None,
+                 progress: bool = True):
+        self.file = Path(path).resolve()
+        if not self.file.is_file():
+            raise FileNotFoundError(f"text file {self.file} does not exist")
+        self.path = str(self.file)
+        self.index_path = Path(index_path) if index_path else self.file.with_name(self.file.name + ".lines.npy")
+        self.progress = progress
+        self._pid, self._fd, self._table = -1, None, None
+
+    def __getstate__(self) -> dict:
+        return {"file": str(self.file), "index_path": str(self.index_path), "progress": self.progress}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["file"], state["index_path"], state["progress"])
+
+    def _offsets(self) -> np.ndarray:
+        if self._pid != os.getpid():
+            st = self.file.stat()
+            table = None
+            if self.index_path.is_file():
+                table = np.load(self.index_path, mmap_mode="r", allow_pickle=False)
+                if table[0] != st.st_size or table[1] != st.st_mtime_ns:
+                    table = None  # the text changed since the sidecar was built
+            if table is None:
+                try:
+                    build_line_index(self.file, self.index_path, self.progress)
+                except PermissionError as e:
+                    raise FormatError(f"cannot write the line index {self.index_path}: {e}; "
+                                      "pass index_path= to put it elsewhere") from e
+                table = np.load(self.index_path, mmap_mode="r", allow_pickle=False)
+            self._table, self._fd, self._pid = table, os.open(self.file, os.O_RDONLY), os.getpid()
+        return self._table
+
+    @property
+    def metadata(self) -> dict:
+        return {"format": "textlines", "count": len(self), "fields": ["txt"],
+                "field_counts": {"txt": len(self)}}
+
+    def __len__(self) -> int:
+        return len(self._offsets()) - _HEADER - 1
+
+    def key(self, index: int) -> str:
+        return line_key(self._check_index(index))
+
+    def index_of(self, key: str) -> int | None:
+        if not key.isdigit():
+            return None
+        i = int(key)
+        return i if i < len(self) and line_key(i) == key else None
+
+    def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        i = self._check_index(index)
+        table = self._offsets()
+        start, end = int(table[_HEADER + i]), int(table[_HEADER + i + 1])
+        out: dict[str, Any] = {"__key__": line_key(i), "__index__": i}
+        if fields is None or "txt" in fields:
+            data = os.pread(self._fd, end - start, start)
+            if data.endswith(b"\n"):
+                data = data[:-1]
+            if data.endswith(b"\r"):
+                data = data[:-1]
+            out["txt"] = data
+        return out
