@@ -1,0 +1,67 @@
+"""Batch assembly: stack what stacks, pad what varies (with a mask), list the rest.
+
+``collate(samples)`` returns ``{"__key__": [...], name: batched, ...}`` plus
+``"__mask__": {name: bool tensor}`` for padded modalities (True = real element)
+and ``"__present__": {name: bool tensor (B,)}`` for modalities some samples lack
+(mixed sources); missing tensor entries are zero, missing others are None.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+_MISSING = object()
+
+
+def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad tensors of equal rank to the largest size on every dim; returns (batch, mask).
+
+    >>> b, m = pad_stack([torch.ones(2), torch.ones(3)]); b.shape, m.sum().item()
+    (torch.Size([2, 3]), 5)
+    """
+    ndim = tensors[0].dim()
+    if any(t.dim() != ndim for t in tensors):
+        raise ValueError(f"cannot pad tensors of different ranks: {[tuple(t.shape) for t in tensors]}")
+    shape = [max(t.shape[d] for t in tensors) for d in range(ndim)]
+    out = tensors[0].new_full((len(tensors), *shape), pad_value)
+    mask = torch.zeros((len(tensors), *shape), dtype=torch.bool)
+    for i, t in enumerate(tensors):
+        region = (i, *[slice(0, s) for s in t.shape])
+        out[region] = t
+        mask[region] = True
+    return out, mask
+
+
+def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0) -> dict[str, Any]:
+    """The default collate for :class:`mmloader.Stream` batches."""
+    names: dict[str, None] = {}
+    for s in samples:
+        names.update(dict.fromkeys(s))
+    batch: dict[str, Any] = {}
+    masks: dict[str, torch.Tensor] = {}
+    present: dict[str, torch.Tensor] = {}
+    for name in names:
+        values = [s.get(name, _MISSING) for s in samples]
+        have = [v is not _MISSING for v in values]
+        if not all(have):
+            present[name] = torch.tensor(have)
+        real = [v for v in values if v is not _MISSING]
+        first = real[0]
+        if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in real):
+            if all(v.shape == first.shape for v in real):
+                filler = torch.zeros_like(first)
+                batch[name] = torch.stack([v if h else filler for v, h in zip(values, have)])
+            else:
+                filler = first.new_zeros((0,) * first.dim())
+                padded, mask = pad_stack([v if h else filler for v, h in zip(values, have)], pad_value)
+                batch[name], masks[name] = padded, mask
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in real):
+            batch[name] = torch.tensor([v if h else 0 for v, h in zip(values, have)])
+        else:
+            batch[name] = [v if h else None for v, h in zip(values, have)]
+    if masks:
+        batch["__mask__"] = masks
+    if present:
+        batch["__present__"] = present
+    return batch

@@ -1,0 +1,140 @@
+"""Splitting an epoch across ranks and DataLoader workers, at sample granularity.
+
+Terms: the *plan* is the epoch's sequence of positions; a *visit* is the part of
+the plan this pass covers (all of it, or what a resumed run has not yet seen),
+written as a list of ``(start, stop)`` ranges of plan positions (a
+:class:`RangeList`). Rank ``r`` gets the contiguous virtual positions
+``[r * per_rank, (r + 1) * per_rank)`` of the visit; positions past its end are
+padding that wraps to its start, so every rank gets the same count. Within a
+rank, batch ``j`` goes to worker ``j % workers``: the DataLoader collects
+batches round-robin, so a rank delivers its batches in plan order whatever the
+worker count, which makes mid-epoch resume pure arithmetic.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+class RangeList:
+    """Virtual positions ``0..len-1`` laid over a list of ``(start, stop)`` ranges.
+
+    >>> RangeList([(10, 12), (20, 23)]).take(np.arange(5)).tolist()
+    [10, 11, 20, 21, 22]
+    """
+
+    def __init__(self, ranges: Iterable[Sequence[int]]):
+        rs = [(int(a), int(b)) for a, b in ranges if int(b) > int(a)]
+        self.ranges = np.array(rs, dtype=np.int64).reshape(-1, 2)
+        lengths = self.ranges[:, 1] - self.ranges[:, 0]
+        self.cum = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.cum[-1])
+
+    def take(self, virtual: np.ndarray) -> np.ndarray:
+        v = np.asarray(virtual, dtype=np.int64)
+        i = np.searchsorted(self.cum, v, side="right") - 1
+        return self.ranges[i, 0] + (v - self.cum[i])
+
+    def sub(self, a: int, b: int) -> list[tuple[int, int]]:
+        """The underlying ranges that virtual ``[a, b)`` covers."""
+        out = []
+        if b <= a:
+            return out
+        i = int(np.searchsorted(self.cum, a, side="right") - 1)
+        while a < b and i < len(self.ranges):
+            start = int(self.ranges[i, 0] + a - self.cum[i])
+            take = min(b, int(self.cum[i + 1])) - a
+            out.append((start, start + take))
+            a += take
+            i += 1
+        return out
+
+    def as_list(self) -> list[list[int]]:
+        return self.ranges.tolist()
+
+
+def samples_per_rank(total: int, world: int, batch_size: int | None = None, drop_last: bool = False) -> int:
+    """Samples each rank yields: equal on every rank, always.
+
+    Padding (default) rounds up; ``drop_last`` rounds down, to whole batches when batching.
+
+    >>> samples_per_rank(10, 4), samples_per_rank(10, 4, drop_last=True)
+    (3, 2)
+    """
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    if drop_last:
+        per = total // world
+        if batch_size:
+            per = per // batch_size * batch_size
+        return per
+    return -(-total // world)
+
+
+def rank_positions(visit_len: int, world: int, rank: int, per_rank: int) -> np.ndarray:
+    """Virtual visit positions of ``rank``; padding wraps to the start of the visit."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world of {world}")
+    v = np.arange(rank * per_rank, (rank + 1) * per_rank, dtype=np.int64)
+    if visit_len == 0:
+        return v[:0]
+    pad = v >= visit_len
+    v[pad] = (v[pad] - visit_len) % visit_len
+    return v
+
+
+def batches_per_rank(per_rank: int, batch_size: int | None) -> int:
+    return -(-per_rank // batch_size) if batch_size else per_rank
+
+
+def worker_batches(per_rank: int, batch_size: int | None, workers: int, worker: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` offsets within the rank of the batches ``worker`` produces (j % workers == worker).
+
+    >>> worker_batches(10, 4, 2, 1)
+    [(4, 8)]
+    """
+    b = batch_size or 1
+    n = batches_per_rank(per_rank, b)
+    return [(j * b, min((j + 1) * b, per_rank)) for j in range(worker, n, workers)]
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+def remaining_ranges(ranges: Iterable[Sequence[int]], world: int, per_rank: int, consumed: int,
+                     keep_padding: bool) -> list[tuple[int, int]]:
+    """Plan ranges not yet seen after every rank consumed ``consumed`` of its ``per_rank`` samples.
+
+    With ``keep_padding`` (same world size on resume) the padding positions stay,
+    so each rank's remaining batches are exactly those of an uninterrupted run.
+    Without it (elastic resume) only real unseen samples remain; the new world
+    pads afresh.
+
+    >>> remaining_ranges([(0, 10)], world=2, per_rank=5, consumed=2, keep_padding=True)
+    [(2, 5), (7, 10)]
+    """
+    visit = RangeList(ranges)
+    n = len(visit)
+    consumed = min(max(consumed, 0), per_rank)
+    out: list[tuple[int, int]] = []
+    for r in range(world):
+        a, b = r * per_rank + consumed, (r + 1) * per_rank
+        out += visit.sub(a, min(b, n))
+        if keep_padding and n:
+            v = max(a, n)
+            while v < b:
+                u = (v - n) % n
+                run = min(b - v, n - u)
+                out += visit.sub(u, u + run)
+                v += run
+    return _merge(out)

@@ -1,0 +1,202 @@
+"""``mmloader.Stream``: an epoch plan streamed to one rank's DataLoader workers."""
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from .collate import collate
+from .distributed import rank_and_world
+from .errors import MMLoaderError, SampleError
+from .planning import RangeList, rank_positions, remaining_ranges, samples_per_rank, worker_batches
+from .planning.mixing import SingleOrder
+from .planning.partition import batches_per_rank
+
+log = logging.getLogger("mmloader")
+
+# Slots of the shared state tensor: the main process writes, workers (also
+# persistent ones, under fork or spawn) read at the start of every epoch.
+_EPOCH, _RANK, _WORLD, _RESUMING = range(4)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Deterministic, rank- and worker-aware stream over a map-style dataset (or a :func:`mix`).
+
+    * The epoch's order is a pure function of ``(seed, epoch)`` (blockwise shuffle:
+      blocks of ``block_size`` samples, shuffled within ``window_blocks`` blocks),
+      independent of world size and worker count.
+    * Each rank gets an equal contiguous part, at sample granularity; padding
+      (repeating from the plan's start) or ``drop_last`` keeps batch counts equal.
+    * With ``batch_size``, workers build whole batches (use ``mmloader.loader``).
+    * ``on_error="skip"`` replaces a bad sample with the next one in the plan
+      (counted in ``skipped``, logged with its key), so batch counts stay equal.
+
+    >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
+    >>> for epoch in range(10):                             # doctest: +SKIP
+    ...     stream.set_epoch(epoch)
+    ...     for batch in mmloader.loader(stream): ...
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, *, block_size: int = 1024, window_blocks: int = 16,
+                 collate_fn: Callable[[list], Any] | None = collate, on_error: str = "raise",
+                 max_consecutive_errors: int = 100, seed_workers: bool = True):
+        from .mix import Mix
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError("batch_size must be >= 1 or None")
+        self.mix = dataset if isinstance(dataset, Mix) else None
+        if self.mix is None:
+            try:
+                len(dataset)
+            except TypeError:
+                raise TypeError(f"Stream needs a dataset with a known length, got {type(dataset).__name__}") \
+                    from None
+        if self.mix is not None and self.mix.composition == "source" and not batch_size:
+            raise ValueError("mix(batch_composition='source') needs Stream(batch_size=...)")
+        self.datasets = self.mix.datasets if self.mix is not None else [dataset]
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, int(seed), drop_last
+        self.block_size, self.window_blocks = block_size, window_blocks
+        self.collate_fn, self.on_error, self.max_consecutive_errors = collate_fn, on_error, max_consecutive_errors
+        self.seed_workers = seed_workers
+        self._state = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self._resume: dict | None = None
+        self.skipped = 0
+
+    # -- epoch, place in the world, resume -------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._state[_EPOCH])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's plan; persistent workers see it on their next pass."""
+        self._state[_EPOCH] = int(epoch)
+        self._state[_RESUMING] = 0
+
+    def set_world(self, rank: int, world: int) -> None:
+        """Fix (rank, world); by default they are detected at first use."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside world {world}")
+        self._state[_RANK], self._state[_WORLD] = rank, world
+
+    def _where(self) -> tuple[int, int]:
+        if int(self._state[_WORLD]) == 0:
+            rank, world = rank_and_world()
+            self._state[_RANK], self._state[_WORLD] = rank, world
+        return int(self._state[_RANK]), int(self._state[_WORLD])
+
+    def plan(self, epoch: int | None = None):
+        """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``."""
+        e = self.epoch if epoch is None else epoch
+        opts = dict(seed=self.seed, epoch=e, shuffle=self.shuffle, block_size=self.block_size,
+                    window_blocks=self.window_blocks)
+        if self.mix is not None:
+            unit = self.batch_size if self.mix.composition == "source" else 1
+            return self.mix.order(unit=unit, **opts)
+        return SingleOrder(len(self.datasets[0]), **opts)
+
+    def _visit(self, plan) -> RangeList:
+        r = self._resume
+        if int(self._state[_RESUMING]) and r is not None and r["epoch"] == self.epoch:
+            return RangeList(r["ranges"])
+        return RangeList([(0, len(plan))])
+
+    def _per_rank(self, plan, visit: RangeList, world: int) -> int:
+        if plan.unit > 1:  # whole single-source batches
+            return samples_per_rank(len(visit) // plan.unit, world, None, self.drop_last) * plan.unit
+        return samples_per_rank(len(visit), world, self.batch_size, self.drop_last)
+
+    def geometry(self) -> dict[str, int]:
+        """Plan length, samples and batches per rank for the current epoch and world."""
+        rank, world = self._where()
+        plan = self.plan()
+        visit = self._visit(plan)
+        per_rank = self._per_rank(plan, visit, world)
+        return {"plan": len(plan), "visit": len(visit), "world": world, "rank": rank,
+                "samples_per_rank": per_rank, "batches_per_rank": batches_per_rank(per_rank, self.batch_size),
+                "padding": max(per_rank * world - len(visit), 0)}
+
+    def __len__(self) -> int:
+        """Batches per rank when batching, else samples per rank."""
+        g = self.geometry()
+        return g["batches_per_rank"] if self.batch_size else g["samples_per_rank"]
+
+    def progress(self, batches_seen: int) -> dict:
+        """A resumable state after this rank delivered ``batches_seen`` batches (all ranks step together)."""
+        rank, world = self._where()
+        plan = self.plan()
+        visit = self._visit(plan)
+        per_rank = self._per_rank(plan, visit, world)
+        return {"version": 1, "seed": self.seed, "epoch": self.epoch, "world": world,
+                "plan_len": len(plan), "ranges": visit.as_list(), "samples_per_rank": per_rank,
+                "consumed": min(batches_seen * (self.batch_size or 1), per_rank),
+                "batch_size": self.batch_size, "drop_last": self.drop_last}
+
+    def resume(self, state: dict) -> None:
+        """Continue ``state``'s epoch with only the samples it had not delivered.
+
+        Same world size: the remaining batches are exactly those of an uninterrupted
+        run. Another world size or worker count: every unseen sample exactly once.
+        """
+        if state.get("version") != 1:
+            raise MMLoaderError(f"unknown stream state version {state.get('version')!r}")
+        if state["seed"] != self.seed:
+            raise MMLoaderError(f"state was saved with seed {state['seed']}, this stream has seed {self.seed}")
+        self._state[_EPOCH] = state["epoch"]
+        plan = self.plan()
+        if len(plan) != state["plan_len"]:
+            raise MMLoaderError(f"the dataset changed since the state was saved: the epoch plan has "
+                                f"{len(plan)} positions, the state {state['plan_len']}")
+        _rank, world = self._where()
+        ranges = remaining_ranges(state["ranges"], state["world"], state["samples_per_rank"],
+                                  state["consumed"], keep_padding=world == state["world"])
+        self._resume = {"epoch": state["epoch"], "ranges": ranges}
+        self._state[_RESUMING] = 1
+
+    def end_of_pass(self) -> None:
+        """Called when a full pass over the epoch finished: a repeat pass is a full epoch."""
+        self._state[_RESUMING] = 0
+
+    # -- iteration (runs in the DataLoader workers) ---------------------------
+    def __iter__(self) -> Iterator[Any]:
+        rank, world = self._where()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None and self.seed_workers:
+            s = int(np.random.SeedSequence([self.seed, self.epoch, rank, worker]).generate_state(1)[0])
+            random.seed(s)
+            np.random.seed(s)
+            torch.manual_seed(s)
+        plan = self.plan()
+        visit = self._visit(plan)
+        per_rank = self._per_rank(plan, visit, world)
+        mine = rank_positions(len(visit), world, rank, per_rank)
+        for start, stop in worker_batches(per_rank, self.batch_size, workers, worker):
+            positions = visit.take(mine[start:stop])
+            sources, indices = plan.lookup(positions)
+            samples = [self._fetch(plan, int(p), int(s), int(i))
+                       for p, s, i in zip(positions, sources, indices)]
+            if self.batch_size:
+                yield self.collate_fn(samples) if self.collate_fn is not None else samples
+            else:
+                yield samples[0]
+
+    def _fetch(self, plan, position: int, source: int, index: int) -> Any:
+        for attempt in range(self.max_consecutive_errors + 1):
+            try:
+                return self.datasets[source][index]
+            except SampleError as e:
+                if self.on_error == "raise":
+                    raise
+                self.skipped += 1
+                log.warning("skipping sample (replaced by the next in the plan): %s", e)
+                position = (position + 1) % len(plan)
+                (s,), (i,) = plan.lookup(np.array([position]))
+                source, index = int(s), int(i)
+        raise MMLoaderError(f"{self.max_consecutive_errors} consecutive samples failed to load; "
+                            "the dataset looks broken (run `mmloader verify`)")
