@@ -60,8 +60,9 @@ def probe(data: bytes) -> ImageInfo:
                 return ImageInfo((im.format or "?").lower(), im.width, im.height, 0)
     except Image.DecompressionBombError as e:
         raise SizeLimitError(f"image too large: {e}") from None
-    except Exception as e:
-        raise DecodeError(f"not a readable image: {e}") from None
+    except Exception:
+        raise DecodeError(f"not a readable image (unknown format or corrupt header; first bytes "
+                          f"{bytes(data[:8])!r}, {len(data)} bytes)") from None
 
 
 def check_pixels(info: ImageInfo, max_pixels: int | None) -> None:

@@ -1,0 +1,180 @@
+"""A UTF-8 text file, one sample per line -> field ``txt`` (keys are 0-based line numbers).
+
+Constant memory for files of any size. With ``--workers N`` the file is cut into
+byte ranges; a line belongs to the range where it starts, so a line crossing a
+boundary is read exactly once, and ranges are written in file order. CRLF line
+ends and a last line without a newline are handled. ``--blank-lines`` says what
+a blank line is: skipped and reported (default), kept, or an error.
+
+    python -m converters.textlines corpus.txt corpus.lmdb --workers 2
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from mmloader.storage.textlines import TextLinesStore, line_key
+
+from .common import (Item, ItemError, Skipped, add_common_arguments, check_paths, ordered_map, parse_part,
+                     write_samples)
+
+CHUNK_BYTES = 4 << 20
+
+
+def line_start_at_or_after(f, pos: int) -> int:
+    """The first line start >= pos (a line starts at 0 or right after a newline)."""
+    if pos <= 0:
+        return 0
+    f.seek(pos - 1)
+    while True:
+        block = f.read(1 << 16)
+        if not block:
+            return f.tell()
+        nl = block.find(b"\n")
+        if nl >= 0:
+            return pos - 1 + nl + 1
+        pos += len(block)
+
+
+def chunk_ranges(path: Path, start: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """Cut [start, end) (both line starts) into line-aligned ranges of about ``chunk`` bytes."""
+    bounds = [start]
+    with open(path, "rb") as f:
+        pos = start + chunk
+        while pos < end:
+            b = line_start_at_or_after(f, pos)
+            if b >= end:
+                break
+            if b > bounds[-1]:
+                bounds.append(b)
+            pos = b + chunk
+    bounds.append(end)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def count_newlines(path: Path, end: int) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        left = end
+        while left > 0:
+            block = f.read(min(1 << 22, left))
+            if not block:
+                break
+            n += block.count(b"\n")
+            left -= len(block)
+    return n
+
+
+def _split(data: bytes) -> list[bytes]:
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the range ended with a newline: no extra line
+    return [l[:-1] if l.endswith(b"\r") else l for l in lines]
+
+
+def _check(line: bytes, blank: str) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"text is not UTF-8 ({e.reason} at byte {e.start})"
+    if not text.strip() and blank != "keep":
+        return None, "blank line"
+    return text, None
+
+
+def _load_range(job) -> list[tuple[str | None, str | None]]:
+    path, start, end, blank = job
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    return [_check(l, blank) for l in _split(data)]
+
+
+def _load_lines(job) -> list[tuple[int, str | None, str | None]]:
+    path, index_path, numbers, blank = job
+    store = TextLinesStore(path, index_path=index_path, progress=False)
+    return [(n, *_check(store.read(n)["txt"], blank)) for n in numbers]
+
+
+def _samples(items_with_results, path: str, blank: str) -> Iterator[tuple[Item, dict | None, ItemError | None]]:
+    for n, text, reason in items_with_results:
+        item = Item(key=line_key(n), where=f"{path}:{n + 1}")
+        if reason is not None:
+            policy = Skipped if reason == "blank line" and blank == "skip" else ItemError
+            yield item, None, policy(reason, item.where)
+        else:
+            yield item, {"__key__": item.key, "txt": text}, None
+
+
+def convert(args: argparse.Namespace) -> int:
+    path = Path(args.src)
+    if not path.is_file():
+        raise SystemExit(f"error: {path} is not a text file")
+    if args.resize_max or args.check_decode:
+        raise SystemExit("error: --resize-max/--check-decode apply to images; a text file has none")
+    size = path.stat().st_size
+    part = parse_part(args.part)
+    meta = {"layout": "textlines", "source": str(path.resolve())}
+    if args.shuffle_seed is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            index_path = os.path.join(tmp, "lines.npy")
+            store = TextLinesStore(path, index_path=index_path, progress=not args.quiet)
+            order = np.random.default_rng(args.shuffle_seed).permutation(len(store))
+            if part:
+                i, n = part
+                order = order[i * len(order) // n:(i + 1) * len(order) // n]
+            jobs = ((str(path), index_path, order[a:a + 4096].tolist(), args.blank_lines)
+                    for a in range(0, len(order), 4096))
+            results = (r for batch in ordered_map(_load_lines, jobs, args.workers, chunksize=1) for r in batch)
+            summary = write_samples(_samples(results, str(path), args.blank_lines), args.dst, args, meta, total=len(order))
+    else:
+        with open(path, "rb") as f:
+            start, end = 0, size
+            if part:
+                i, n = part
+                start = line_start_at_or_after(f, i * size // n)
+                end = line_start_at_or_after(f, (i + 1) * size // n) if i + 1 < n else size
+        first_line = count_newlines(path, start) if start else 0
+        ranges = chunk_ranges(path, start, end, CHUNK_BYTES)
+        jobs = ((str(path), a, b, args.blank_lines) for a, b in ranges)
+
+        def numbered():
+            n = first_line
+            for batch in ordered_map(_load_range, jobs, args.workers, chunksize=1):
+                for text, reason in batch:
+                    yield n, text, reason
+                    n += 1
+        summary = write_samples(_samples(numbered(), str(path), args.blank_lines), args.dst, args, meta, total=None)
+    print(summary.text(args.dst))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mmloader convert textlines", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(p)
+    p.add_argument("--blank-lines", choices=("skip", "keep", "error"), default="skip",
+                   help="blank lines: skip (listed in the report), keep as samples, or an error "
+                        "(fails with --on-error fail)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    check_paths(args.src, args.dst, args.overwrite)
+    try:
+        return convert(args)
+    except KeyboardInterrupt:
+        print("interrupted: nothing written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""``mmloader inspect``: what a dataset holds, in a few lines a person can read."""
+from __future__ import annotations
+
+import json
+import os
+
+from .readers import IMAGE_EXTENSIONS
+from .readers.image_decode import probe
+from .storage import Store, TarStore, open_store
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def describe_value(field: str, data: bytes, width: int = 70) -> str:
+    """One line for a field's bytes: text shown, images as size/format, the rest as a length."""
+    ext = (field[:-3] if field.endswith(".gz") else field).rsplit(".", 1)[-1].lower()
+    if field.endswith(".gz"):
+        return f"<gzip, {len(data)} bytes>"
+    if ext in IMAGE_EXTENSIONS:
+        try:
+            info = probe(data)
+            return f"<{info.format} {info.width}x{info.height}, {human_bytes(len(data))}>"
+        except Exception as e:
+            return f"<unreadable image, {len(data)} bytes: {e}>"
+    if ext in ("txt", "cls", "json", "text", "caption", "label", "idx"):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"<not UTF-8, {len(data)} bytes>"
+        text = text.replace("\n", "\\n")
+        return repr(text if len(text) <= width else text[:width] + "...")
+    return f"<{len(data)} bytes>"
+
+
+def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
+    store = open_store(path)
+    meta = store.metadata
+    lines = [f"path:    {store.path}", f"format:  {meta['format']} v{meta.get('version', '?')}",
+             f"samples: {len(store)}"]
+    if meta.get("created"):
+        lines.append(f"created: {meta['created']} by {meta.get('tool', '?')}")
+    lines.append("fields:")
+    for f in meta["fields"]:
+        lines.append(f"  {f:<10} {meta['field_counts'][f]:>10} samples  {human_bytes(meta['field_bytes'].get(f, 0)):>10}")
+    if isinstance(store, TarStore):
+        shards = store.shards
+        total = sum(s["bytes"] for s in shards)
+        comp = sum(1 for s in shards if s["compressed"])
+        lines.append(f"shards:  {len(shards)} ({human_bytes(total)}{f', {comp} compressed' if comp else ''})")
+        for s in shards[:3]:
+            lines.append(f"  {s['file']}: {s['count']} samples, {human_bytes(s['bytes'])}")
+        if len(shards) > 3:
+            lines.append(f"  ... {len(shards) - 3} more")
+    user = meta.get("metadata") or {}
+    if user:
+        text = json.dumps(user, ensure_ascii=False)
+        lines.append(f"metadata: {text[:200]}{'...' if len(text) > 200 else ''}")
+    if preview and len(store):
+        lines.append("preview:")
+        for i in range(min(preview, len(store))):
+            try:
+                rec = store.read(i)
+            except Exception as e:
+                lines.append(f"  [{i}] unreadable: {e}")
+                continue
+            lines.append(f"  [{i}] key={rec['__key__']!r}")
+            for f in meta["fields"]:
+                if f in rec:
+                    lines.append(f"       {f}: {describe_value(f, rec[f])}")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""``mmloader verify``: check a dataset against its own metadata, byte for byte."""
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from dataclasses import dataclass, field as dc_field
+
+import numpy as np
+from tqdm import tqdm
+
+from .errors import MMLoaderError
+from .readers import IMAGE_EXTENSIONS
+from .readers.image_decode import decode_to_tensor
+from .storage import LMDBStore, Store, TarStore, open_store
+from .storage.keys import INDEX_KEY
+from .storage.lmdb_store import INDEX_DB, KEYS_DB
+from .storage.tar_stages import group_samples, tar_members
+
+
+@dataclass
+class Report:
+    path: str
+    samples: int = 0
+    problems: list[str] = dc_field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, where: str, what: str) -> None:
+        self.problems.append(f"{where}: {what}")
+
+    def summary(self) -> str:
+        head = f"{self.path}: {self.samples} samples checked, "
+        if self.ok:
+            return head + "no problems"
+        return head + f"{len(self.problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in self.problems)
+
+
+def _is_image(field: str) -> bool:
+    return field.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS
+
+
+def _try_decode(report: Report, where: str, key: str, field: str, data: bytes) -> None:
+    try:
+        decode_to_tensor(data)
+    except Exception as e:
+        report.add(where, f"sample {key!r} field {field!r} does not decode: {e}")
+
+
+def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool = True) -> Report:
+    """Check a dataset; returns a :class:`Report` listing every bad shard/sample and why.
+
+    >>> r = verify("shards/", decode=True); print(r.summary())    # doctest: +SKIP
+    """
+    try:
+        store = open_store(path)
+        meta = store.metadata
+    except (MMLoaderError, OSError, ValueError) as e:
+        report = Report(str(path))
+        report.add(str(path), str(e))
+        return report
+    report = Report(store.path)
+    if isinstance(store, LMDBStore):
+        _verify_lmdb(store, meta, report, decode, progress)
+    elif isinstance(store, TarStore):
+        _verify_shards(store, meta, report, decode, progress)
+    return report
+
+
+def _verify_lmdb(store: LMDBStore, meta: dict, report: Report, decode: bool, progress: bool) -> None:
+    n = int(meta["count"])
+    txn = store._handles()
+    where = store.path
+    seen = 0
+    with txn.cursor(db=store._db(KEYS_DB)) as cur:
+        for i, (k, v) in enumerate(tqdm(cur, total=n, desc="keys", disable=not progress, unit="sample")):
+            idx = INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1
+            if idx != i:
+                report.add(where, f"key table out of order at entry {i} (index {idx})")
+                break
+            back = txn.get(v, db=store._db(INDEX_DB))
+            if back != k:
+                report.add(where, f"key {v.decode(errors='replace')!r} does not map back to index {i}")
+            seen += 1
+    if seen != n:
+        report.add(where, f"metadata says {n} samples, the key table holds {seen}")
+    for f in meta["fields"]:
+        want_count = meta["field_counts"][f]
+        count = nbytes = crc = 0
+        with txn.cursor(db=store._db(f.encode())) as cur:
+            for k, v in tqdm(cur, total=want_count, desc=f"field {f}", disable=not progress, unit="sample"):
+                idx = INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1
+                if not 0 <= idx < n:
+                    report.add(where, f"field {f!r} has a record for index {idx}, outside 0..{n - 1}")
+                    continue
+                count += 1
+                nbytes += len(v)
+                crc = zlib.crc32(v, crc)
+                if decode and _is_image(f):
+                    _try_decode(report, where, store.key(idx), f, v)
+        if count != want_count:
+            missing = "" if want_count != n else " (every sample should have it)"
+            report.add(where, f"field {f!r}: {count} records, metadata says {want_count}{missing}")
+        if nbytes != meta["field_bytes"][f]:
+            report.add(where, f"field {f!r}: {nbytes} bytes, metadata says {meta['field_bytes'][f]}")
+        if "field_crc32" in meta and crc != meta["field_crc32"][f]:
+            report.add(where, f"field {f!r}: CRC32 mismatch: stored bytes changed since writing")
+    report.samples = seen
+
+
+def _verify_shards(store: TarStore, meta: dict, report: Report, decode: bool, progress: bool) -> None:
+    try:
+        keys, _order = store._key_arrays()
+        if len(keys) != meta["count"] or len(_order) != meta["count"]:
+            report.add(store.path, f"key index holds {len(keys)} keys, manifest says {meta['count']}")
+            keys = None
+    except (OSError, ValueError) as e:
+        report.add(store.path, f"key index unreadable: {e}")
+        keys = None
+    bar = tqdm(total=int(meta["count"]), desc="verifying shards", unit="sample", disable=not progress)
+    field_counts: dict[str, int] = {}
+    for s, shard in enumerate(meta["shards"]):
+        path = store.shard_path(s)
+        name = shard["file"]
+        if not os.path.isfile(path):
+            report.add(name, "listed in the manifest but missing on disk")
+            continue
+        size = os.path.getsize(path)
+        if size != shard["bytes"]:
+            report.add(name, f"size {size} bytes, manifest says {shard['bytes']} (truncated or replaced?)")
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while b := f.read(1 << 22):
+                h.update(b)
+        if h.hexdigest() != shard["sha256"]:
+            report.add(name, "sha256 checksum mismatch: the file changed since it was written/indexed")
+        try:
+            table = np.load(os.path.join(store.path, shard["index"]), mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            report.add(name, f"offset index {shard['index']} unreadable: {e}")
+            continue
+        cols = {f: c for c, f in enumerate(shard["fields"])}
+        start = meta["_starts"][s]
+        row = 0
+        try:
+            for sample in group_samples(tar_members(path), where=path):
+                if row >= shard["count"]:
+                    row += 1
+                    continue
+                key = sample["__key__"]
+                if keys is not None and bytes(keys[start + row]).decode() != key:
+                    report.add(name, f"sample {row}: key {key!r} but the key index says "
+                                     f"{bytes(keys[start + row]).decode()!r}")
+                offsets = sample["__offsets__"]
+                for f, (off, sz) in offsets.items():
+                    field_counts[f] = field_counts.get(f, 0) + 1
+                    c = cols.get(f)
+                    if c is None or row >= len(table) or tuple(table[row, c]) != (off, sz):
+                        report.add(name, f"sample {key!r} field {f!r}: offset index does not match the tar "
+                                         f"(tar: {off}+{sz})")
+                    elif decode and _is_image(f):
+                        _try_decode(report, name, key, f, sample[f])
+                row += 1
+                bar.update(1)
+        except Exception as e:
+            report.add(name, f"tar unreadable after {row} samples: {type(e).__name__}: {e}")
+        if row != shard["count"]:
+            report.add(name, f"{row} samples in the tar, manifest says {shard['count']}")
+        report.samples += min(row, shard["count"])
+    bar.close()
+    for f, want in meta["field_counts"].items():
+        if field_counts.get(f, 0) != want and not report.problems:
+            report.add(store.path, f"field {f!r}: {field_counts.get(f, 0)} members, manifest says {want}")
