@@ -16,6 +16,11 @@ from PIL import Image
 
 from ..errors import DecodeError, SizeLimitError
 
+# torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
+# fastest CPU JPEG path measured here, so keep using them without warning every user.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                        category=DeprecationWarning)
+
 #: Default decoded-pixel ceiling (about 12k x 12k); raise it per reader when needed.
 DEFAULT_MAX_PIXELS = 150_000_000
 MODES = ("RGB", "L", "RGBA", "unchanged")

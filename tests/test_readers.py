@@ -1,0 +1,283 @@
+"""Readers, decoders, zip alignment, cache, preview."""
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mmloader
+from mmloader.errors import AlignmentError, DecodeError, SizeLimitError, UnsafeFieldError
+from mmloader.readers.image_decode import decode_to_tensor, pil_to_tensor
+
+from conftest import jpeg_bytes, write_dataset
+
+
+def _photo(w=97, h=61) -> Image.Image:
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 127 // (w + h) + 60)], -1).astype(np.uint8)
+    rgb = rgb ^ (np.random.default_rng(0).integers(0, 24, rgb.shape, dtype=np.uint8))
+    return Image.fromarray(rgb)
+
+
+def _encode(im: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+CASES = {
+    "baseline-jpeg": lambda: _encode(_photo(), "JPEG", quality=92),
+    "progressive-jpeg": lambda: _encode(_photo(), "JPEG", progressive=True),
+    "grayscale-jpeg": lambda: _encode(_photo().convert("L"), "JPEG"),
+    "cmyk-jpeg": lambda: _encode(_photo().convert("CMYK"), "JPEG"),
+    "png-alpha": lambda: _encode(_photo().convert("RGBA"), "PNG"),
+    "png-rgb": lambda: _encode(_photo(), "PNG"),
+    "png-palette": lambda: _encode(_photo().convert("P"), "PNG"),
+    "webp": lambda: _encode(_photo(), "WEBP"),
+}
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_decoded_pixels_equal_pillow(case, mode):
+    data = CASES[case]()
+    ours = decode_to_tensor(data, mode)
+    ref = pil_to_tensor(Image.open(io.BytesIO(data)).convert(mode))
+    assert ours.dtype == torch.uint8 and ours.shape == ref.shape
+    assert torch.equal(ours, ref), f"{case}/{mode}: max diff {(ours.int() - ref.int()).abs().max()}"
+
+
+def test_image_reader_modes_and_outputs(tmp_path):
+    path = tmp_path / "im.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "a", "png": CASES["png-alpha"](), "jpg": CASES["baseline-jpeg"]()})
+    assert mmloader.ImageReader(path, "png", mode="RGBA")[0].shape == (4, 61, 97)
+    assert mmloader.ImageReader(path, "png", mode="L")[0].shape == (1, 61, 97)
+    pil = mmloader.ImageReader(path, decode="pil")[0]
+    assert isinstance(pil, Image.Image) and pil.size == (97, 61)
+    raw = mmloader.ImageReader(path, decode="raw")[0]
+    assert raw.dtype == torch.uint8 and raw.dim() == 1 and bytes(raw.numpy()) == CASES["baseline-jpeg"]()
+    sized = mmloader.ImageReader(path, size=(30, 40))[0]
+    assert sized.shape == (3, 30, 40)
+
+
+def test_draft_mode_for_large_jpegs(tmp_path):
+    big = _encode(_photo(1600, 1200), "JPEG")
+    path = tmp_path / "big.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "a", "jpg": big})
+    small = mmloader.ImageReader(path, size=150)[0]
+    assert small.shape == (3, 150, 200)
+    full = torch.nn.functional.interpolate(decode_to_tensor(big)[None].float(), size=(150, 200),
+                                           mode="bilinear", antialias=True)[0]
+    assert (small.float() - full).abs().mean() < 8  # reduced-DCT decode stays close
+
+
+def test_decompression_bomb_raises_naming_key(tmp_path):
+    # A PNG header claiming 100k x 100k pixels: refused from the header, before any decode.
+    ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
+    import zlib
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+    path = tmp_path / "bomb.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "the-bomb", "png": bomb})
+    with pytest.raises(SizeLimitError, match="the-bomb") as e:
+        mmloader.ImageReader(path, "png")[0]
+    assert "max_pixels" in str(e.value)
+
+
+def test_corrupt_jpeg_raises_decode_error_naming_key(tmp_path):
+    path = tmp_path / "c.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "broken", "jpg": jpeg_bytes(3)[:150]})
+    with pytest.raises(DecodeError, match="broken"):
+        mmloader.ImageReader(path)[0]
+
+
+def test_basic_readers(any_ds):
+    assert mmloader.TextReader(any_ds)[4] == "caption number 4 é"
+    assert mmloader.LabelReader(any_ds)[9] == 2
+    assert mmloader.JSONReader(any_ds)[5] == {"i": 5, "tags": ["a", "b"]}
+    arr = mmloader.ArrayReader(any_ds)[3]
+    assert torch.equal(arr, torch.arange(3, dtype=torch.float32))
+    upper = mmloader.TextReader(any_ds, transform=str.upper)
+    assert upper.get("s00002") == "CAPTION NUMBER 2 É"
+    assert len(upper) == 23 and upper.keys[1] == "s00001"
+
+
+def test_array_reader_refuses_pickled_objects(tmp_path):
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    path = tmp_path / "p.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "evil", "npy": buf.getvalue()})
+    with pytest.raises(UnsafeFieldError, match="evil"):
+        mmloader.ArrayReader(path)[0]
+
+
+def test_reader_for_refuses_pickle_fields(lmdb_ds):
+    with pytest.raises(UnsafeFieldError, match="pyd"):
+        mmloader.reader_for(lmdb_ds, "pyd")
+    assert isinstance(mmloader.reader_for(lmdb_ds, "jpg"), mmloader.ImageReader)
+
+
+def test_custom_modality_without_editing_mmloader(any_ds):
+    class LengthReader(mmloader.Reader):
+        default_field = "txt"
+
+        def decode(self, data, key):
+            return len(data)
+    assert LengthReader(any_ds)[0] == len("caption number 0 é".encode())
+    assert mmloader.Reader(any_ds, "cls", decode=lambda b: int(b) * 10)[3] == 30
+
+
+def test_readers_open_nothing_until_read(tmp_path):
+    path = write_dataset(tmp_path / "lazy.lmdb", 3, "lmdb")
+    from mmloader.storage import lmdb_store
+    before = set(lmdb_store._ENVS)
+    reader = mmloader.ImageReader(path)
+    assert set(lmdb_store._ENVS) == before
+    reader[0]
+    assert str(path.resolve()) in lmdb_store._ENVS
+    # pickling after the environment is open carries no handle, and works
+    clone = pickle.loads(pickle.dumps(reader))
+    assert torch.equal(clone[1], reader[1])
+
+
+def test_one_environment_per_path_shared_by_readers(lmdb_ds):
+    a, b = mmloader.ImageReader(lmdb_ds), mmloader.TextReader(str(lmdb_ds))
+    a[0], b[0]
+    assert a.store._env is b.store._env
+
+
+def test_textlines_reader(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("first\r\nsecond é\n\nfourth".encode())
+    lines = mmloader.TextLinesReader(path, progress=False)
+    assert len(lines) == 4 and list(lines) == ["first", "second é", "", "fourth"]
+    assert lines.get("0000000001") == "second é"
+    assert (tmp_path / "corpus.txt.lines.npy").exists()
+    path.write_text("changed\n")  # the sidecar is rebuilt when the file changes
+    assert list(mmloader.TextLinesReader(path, progress=False)) == ["changed"]
+
+
+def _zip(a, b, **kw):
+    return mmloader.zip(image=mmloader.ImageReader(a), caption=mmloader.TextReader(b), **kw)
+
+
+def test_zip_across_lmdb_and_tar(lmdb_ds, tar_ds):
+    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(tar_ds),
+                      label=mmloader.LabelReader(lmdb_ds))
+    assert not ds.by_key and len(ds) == 23
+    s = ds[8]
+    assert s["__key__"] == "s00008" and s["caption"] == "caption number 8 é" and s["label"] == 1
+    assert s["image"].shape == (3, 32, 48)
+    assert set(s) == {"__key__", "image", "caption", "label"}
+
+
+def _captions(path, keys, fmt="lmdb"):
+    with mmloader.writer_for(path, fmt) as w:
+        for k in keys:
+            w.write({"__key__": k, "txt": f"text of {k}"})
+    return path
+
+
+def test_zip_joins_by_key_when_order_differs(lmdb_ds, tmp_path):
+    keys = [f"s{i:05d}" for i in range(23)][::-1]
+    caps = _captions(tmp_path / "rev.lmdb", keys)
+    ds = _zip(lmdb_ds, caps)
+    assert ds.by_key and len(ds) == 23
+    assert ds[3]["caption"] == "text of s00003"
+
+
+def test_zip_strict_names_missing_and_extra_keys(lmdb_ds, tmp_path):
+    keys = [f"s{i:05d}" for i in range(23) if i != 5] + ["extra-1"]
+    caps = _captions(tmp_path / "m.lmdb", keys, "tar")
+    with pytest.raises(AlignmentError) as e:
+        _zip(lmdb_ds, caps)
+    msg = str(e.value)
+    assert "s00005" in msg and "extra-1" in msg and "23" in msg and "align='inner'" in msg
+
+
+def test_zip_inner_keeps_intersection_and_reports(lmdb_ds, tmp_path):
+    keys = [f"s{i:05d}" for i in range(0, 23, 2)] + ["only-here"]
+    caps = _captions(tmp_path / "i.lmdb", keys)
+    ds = _zip(lmdb_ds, caps, align="inner")
+    assert len(ds) == 12
+    assert [ds[i]["__key__"] for i in range(3)] == ["s00000", "s00002", "s00004"]
+    assert ds.report == {"image": 11, "caption": 1}
+
+
+def test_zip_position_mismatch_detected_per_sample(tmp_path):
+    # Same count and same fingerprint sample points, different key in between.
+    n = 200
+    a = _captions(tmp_path / "a.lmdb", [f"k{i:04d}" for i in range(n)])
+    keys = [f"k{i:04d}" for i in range(n)]
+    keys[102] = "zzzz"  # position 102 is not among the fingerprint's evenly spaced samples
+    b = _captions(tmp_path / "b.lmdb", keys)
+    ds = mmloader.zip(x=mmloader.TextReader(a), y=mmloader.TextReader(b))
+    assert not ds.by_key
+    assert ds[101]["y"] == "text of k0101"
+    with pytest.raises(AlignmentError, match="zzzz"):
+        ds[102]
+
+
+def test_only_zipped_fields_are_read(any_ds, monkeypatch):
+    ds = mmloader.zip(caption=mmloader.TextReader(any_ds))
+    store = ds.readers["caption"].store
+    asked = []
+    real = store.read
+    monkeypatch.setattr(store, "read", lambda i, fields=None: asked.append(fields) or real(i, fields))
+    ds[2]
+    assert asked == [["txt"]]
+
+
+def test_transforms_and_bounded_cache(lmdb_ds):
+    cache = mmloader.SampleCache(max_bytes=3 * (3 * 32 * 48 * 4 + 400))  # three float32 samples
+    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(lmdb_ds),
+                      transforms={"image": lambda t: t.float() / 255}, cache=cache)
+    for _ in range(3):
+        for i in range(10):
+            assert ds[i]["image"].dtype == torch.float32
+    st = cache.stats()
+    assert st["bytes"] <= st["max_bytes"] and st["evictions"] > 0 and st["items"] <= 3
+    assert st["misses"] == 30
+    ds[9]
+    assert cache.stats()["hits"] == 1
+
+
+class _Take(torch.utils.data.Dataset):
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        s = self.ds[i]
+        return s["__key__"], s["image"].sum().item(), s["caption"]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_zipped_readers_in_workers(lmdb_ds, tar_ds, method):
+    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(tar_ds))
+    ds[0]
+    expected = [(s["__key__"], s["image"].sum().item(), s["caption"]) for s in (ds[i] for i in range(len(ds)))]
+    dl = torch.utils.data.DataLoader(_Take(ds), batch_size=None, num_workers=2, multiprocessing_context=method)
+    assert [tuple(x) for x in dl] == expected  # the default collate turns tuples into lists
+
+
+def test_preview_contact_sheet(tmp_path, lmdb_ds):
+    from mmloader.cli import main
+    out = tmp_path / "grid.png"
+    assert main(["preview", str(lmdb_ds), "-o", str(out), "-n", "6"]) == 0
+    im = Image.open(out)
+    assert im.width >= 4 * 160 and im.height >= 2 * 160
+    arr = np.asarray(im.convert("L"))
+    assert arr.min() < 100  # something was drawn

@@ -1,0 +1,281 @@
+"""Storage formats: round trips, WebDataset interop, workers, atomic writes, bad keys, verify."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+
+import mmloader
+from mmloader.errors import DuplicateKeyError, FormatError, KeyValidationError, RandomAccessError
+from mmloader.storage.encoding import encode_value
+from mmloader.verify import verify
+
+from conftest import jpeg_bytes, make_samples, write_dataset
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_round_trip_every_field_type(tmp_path, fmt):
+    path = tmp_path / ("ds.lmdb" if fmt == "lmdb" else "ds")
+    samples = list(make_samples(11))
+    samples[3]["bin"] = bytes(range(256))  # a field only one sample has
+    with mmloader.writer_for(path, fmt, shard_size=4, metadata={"classes": ["x", "y"]}) as w:
+        for s in samples:
+            w.write(s)
+    ds = mmloader.open(path)
+    assert len(ds) == 11 and set(ds.fields) == {"jpg", "txt", "cls", "json", "npy", "bin"}
+    assert ds.metadata["metadata"] == {"classes": ["x", "y"]}
+    assert ds.metadata["field_counts"]["bin"] == 1
+    for i, s in enumerate(samples):
+        rec = ds[i]
+        assert rec["__key__"] == s["__key__"]
+        for f, v in s.items():
+            if not f.startswith("__"):
+                assert rec[f] == encode_value(f, v), (i, f)
+        assert ds.get(s["__key__"])["__index__"] == i
+        assert ds.keys[i] == s["__key__"]
+    assert ds[-1]["__key__"] == samples[-1]["__key__"]
+    assert "s00003" in ds.keys and "nope" not in ds.keys
+    assert ds.read(2, ["txt"]).keys() == {"__key__", "__index__", "txt"}
+    with pytest.raises(IndexError):
+        ds[11]
+    with pytest.raises(KeyError, match="nope"):
+        ds.get("nope")
+    with pytest.raises(KeyError, match="no field 'zzz'"):
+        ds.read(0, ["zzz"])
+
+
+def test_lmdb_map_grows_when_full(tmp_path):
+    big = os.urandom(300_000)
+    with mmloader.LMDBWriter(tmp_path / "small.lmdb", map_size=1 << 20, commit_every=3) as w:
+        for i in range(20):  # 6 MB into a 1 MB map
+            w.write({"__key__": f"k{i}", "bin": big[i:] + big[:i]})
+    ds = mmloader.open(tmp_path / "small.lmdb")
+    assert len(ds) == 20 and ds[19]["bin"] == big[19:] + big[:19]
+
+
+def test_webdataset_reads_our_shards_byte_identically(tar_ds):
+    ours = mmloader.open(tar_ds)
+    urls = [str(tar_ds / s["file"]) for s in ours.shards]
+    seen = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+    assert len(seen) == len(ours)
+    for i, sample in enumerate(seen):
+        rec = ours[i]
+        assert sample["__key__"] == rec["__key__"]
+        for f in ours.fields:
+            assert sample[f] == rec[f]
+
+
+def test_tar_tf_lists_our_shards(tar_ds):
+    shard = mmloader.open(tar_ds).shard_path(0)
+    out = subprocess.run(["tar", "tf", shard], capture_output=True, text=True, check=True).stdout.split()
+    assert out[:5] == [f"s00000.{f}" for f in ("jpg", "txt", "cls", "json", "npy")]
+
+
+def test_we_read_webdataset_shardwriter_output(tmp_path):
+    src = tmp_path / "wds"
+    src.mkdir()
+    with wds.ShardWriter(str(src / "part-%04d.tar"), maxcount=3, verbose=0) as sink:
+        for i in range(8):
+            sink.write({"__key__": f"dir/x{i:03d}", "jpg": jpeg_bytes(i), "txt.gz": b"", "cls": str(i)})
+    manifest = mmloader.build_index(src, progress=False)
+    assert manifest["count"] == 8 and len(manifest["shards"]) == 3
+    ds = mmloader.open(src)
+    assert ds[5]["__key__"] == "dir/x005" and ds[5]["jpg"] == jpeg_bytes(5) and ds[5]["cls"] == b"5"
+    assert ds.get("dir/x007")["__index__"] == 7
+    assert verify(src, progress=False).ok
+
+
+def test_foreign_shards(foreign, tmp_path):
+    manifest = mmloader.build_index(foreign, output=tmp_path / "idx", progress=False)
+    by_file = {Path(s["file"]).name: s for s in manifest["shards"]}
+    assert by_file["sample.tgz"]["count"] == 90 and by_file["sample.tgz"]["compressed"]
+    assert by_file["testgz.tar"]["count"] == 1000 and by_file["compressed.tar"]["count"] == 3
+    ds = mmloader.open(tmp_path / "idx")
+    assert ds.key(0) == "compressed/0001"  # directory prefix kept, directory member skipped
+    text = mmloader.TextReader(ds, field="txt.gz")
+    assert isinstance(text[0], str) and len(text[0]) > 0
+    start = by_file["testgz.tar"]
+    first_testgz = sum(s["count"] for s in manifest["shards"][:manifest["shards"].index(start)])
+    assert len(text[first_testgz + 999]) > 0
+    tgz = manifest["shards"].index(by_file["sample.tgz"])
+    first_tgz = sum(s["count"] for s in manifest["shards"][:tgz])
+    with pytest.raises(RandomAccessError, match="compressed.*gunzip"):
+        ds[first_tgz]
+    sequential = list(ds.iter_samples([tgz]))
+    assert len(sequential) == 90 and sequential[0]["png"][:4] == b"\x89PNG"
+    assert {"png", "cls"} <= set(sequential[0])
+    assert verify(tmp_path / "idx", progress=False).ok
+
+
+def _worker_read(args):
+    ds, i = args
+    return ds[i]["__key__"], os.getpid()
+
+
+class _Keys(torch.utils.data.Dataset):
+    def __init__(self, store):
+        self.store = store
+
+    def __len__(self):
+        return len(self.store)
+
+    def __getitem__(self, i):
+        return self.store[i]["__key__"], self.store[i]["txt"].decode()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_reads_in_dataloader_workers(any_ds, method):
+    store = mmloader.open(any_ds)
+    store[0]  # open in the parent first: children must not reuse its handles
+    dl = torch.utils.data.DataLoader(_Keys(store), batch_size=None, num_workers=2,
+                                     multiprocessing_context=method)
+    got = list(dl)
+    assert [k for k, _ in got] == [store.key(i) for i in range(len(store))]
+    assert got[7][1] == "caption number 7 é"
+
+
+def test_pickles_without_handles(any_ds):
+    store = mmloader.open(any_ds)
+    store[3]
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone[3] == store[3]
+    assert len(pickle.dumps(store)) < 20_000
+
+
+WRITER_SCRIPT = r"""
+import sys, os, mmloader
+sys.path.insert(0, {tests!r})
+from conftest import make_samples
+with mmloader.writer_for({dst!r}, {fmt!r}, shard_size=3) as w:
+    for i, s in enumerate(make_samples(100000)):
+        w.write(s)
+        if i == 50:
+            print("started", flush=True)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_killed_writer_leaves_nothing_under_final_name(tmp_path, fmt):
+    dst = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
+    script = WRITER_SCRIPT.format(tests=str(Path(__file__).parent), dst=str(dst), fmt=fmt)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not dst.exists()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # only a hidden partial sibling
+    with pytest.raises(FileNotFoundError):
+        mmloader.open(dst)
+
+
+def test_failed_writer_leaves_nothing(tmp_path):
+    dst = tmp_path / "x.lmdb"
+    with pytest.raises(RuntimeError):
+        with mmloader.LMDBWriter(dst) as w:
+            w.write({"__key__": "a", "txt": "x"})
+            raise RuntimeError("boom")
+    assert not dst.exists() and not list(tmp_path.iterdir())
+
+
+def test_existing_destination_needs_overwrite(tmp_path, tar_ds):
+    dst = tmp_path / "d"
+    write_dataset(dst, 3, "tar")
+    with pytest.raises(FileExistsError, match="overwrite"):
+        mmloader.ShardWriter(dst)
+    write_dataset(dst, 5, "tar", overwrite=True)
+    assert len(mmloader.open(dst)) == 5
+
+
+@pytest.mark.parametrize("key", ["", "/abs/x", "a/../b", "a.b", "dir/x.y", "a//b", "tab\tkey"])
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_bad_keys_rejected(tmp_path, key, fmt):
+    w = mmloader.writer_for(tmp_path / ("x.lmdb" if fmt == "lmdb" else "x"), fmt)
+    with pytest.raises(KeyValidationError) as e:
+        w.write({"__key__": key, "txt": "x"})
+    assert repr(key)[1:-1][:5] in str(e.value) or key == ""
+    w.abort()
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_duplicate_key_rejected(tmp_path, fmt):
+    w = mmloader.writer_for(tmp_path / ("x.lmdb" if fmt == "lmdb" else "x"), fmt)
+    w.write({"__key__": "same", "txt": "1"})
+    with pytest.raises(DuplicateKeyError, match="'same'"):
+        w.write({"__key__": "same", "txt": "2"})
+        w.close()
+    w.abort()
+
+
+def test_not_a_dataset(tmp_path):
+    import lmdb
+    env = lmdb.open(str(tmp_path / "plain"), max_dbs=2)
+    with env.begin(write=True) as t:
+        t.put(b"k", b"v")
+    env.close()
+    with pytest.raises(FormatError, match="not an mmloader dataset"):
+        len(mmloader.open(tmp_path / "plain"))
+    (tmp_path / "tars").mkdir()
+    (tmp_path / "tars" / "a.tar").write_bytes(b"")
+    with pytest.raises(FormatError, match="mmloader index"):
+        mmloader.open(tmp_path / "tars")
+
+
+def _copy_dataset(src: Path, dst: Path) -> Path:
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_verify_catches_flipped_byte_in_shard(tar_ds, tmp_path):
+    ds = _copy_dataset(tar_ds, tmp_path / "c")
+    assert verify(ds, progress=False).ok
+    shard = ds / mmloader.open(ds).shards[2]["file"]
+    data = bytearray(shard.read_bytes())
+    data[700] ^= 0x01
+    shard.write_bytes(bytes(data))
+    report = verify(ds, progress=False)
+    assert not report.ok and any("sha256" in p and shard.name in p for p in report.problems)
+
+
+def test_verify_catches_truncated_shard(tar_ds, tmp_path):
+    ds = _copy_dataset(tar_ds, tmp_path / "c")
+    shard = ds / mmloader.open(ds).shards[1]["file"]
+    shard.write_bytes(shard.read_bytes()[:3000])
+    report = verify(ds, progress=False)
+    text = "\n".join(report.problems)
+    assert not report.ok and shard.name in text and "truncated" in text
+
+
+def test_verify_catches_flipped_byte_in_lmdb(tmp_path):
+    path = write_dataset(tmp_path / "v.lmdb", 5, "lmdb")
+    assert verify(path, progress=False).ok
+    data = (path / "data.mdb").read_bytes()
+    needle = b"caption number 3"
+    at = data.index(needle)
+    patched = data[:at] + b"Caption" + data[at + 7:]
+    (path / "data.mdb").write_bytes(patched)
+    report = verify(path, progress=False)
+    assert not report.ok and any("'txt'" in p and "CRC32" in p for p in report.problems)
+
+
+def test_verify_decode_catches_corrupt_image(tmp_path):
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "good", "jpg": jpeg_bytes(1)})
+        w.write({"__key__": "bad", "jpg": jpeg_bytes(2)[:200]})
+    assert verify(path, progress=False).ok  # bytes are as written...
+    report = verify(path, decode=True, progress=False)  # ...but one does not decode
+    assert not report.ok and any("'bad'" in p for p in report.problems)
