@@ -14,7 +14,7 @@ from .readers import (ArrayReader, ImageReader, JSONReader, LabelReader, Reader,
 from .storage import LMDBWriter, ShardWriter, Store, build_index, writer_for
 from .storage import open_store as open
 from .zip import Zipped, zip
-from .collate import collate
+from .collate import Collate, collate
 from .stream import Stream
 from .loader import Loader, loader
 from .mix import Mix, mix
@@ -22,6 +22,6 @@ from .mix import Mix, mix
 __all__ = ["__version__", "open", "LMDBWriter", "ShardWriter", "Store", "build_index", "writer_for",
            "Reader", "ImageReader", "TextReader", "LabelReader", "JSONReader", "ArrayReader",
            "TextLinesReader", "reader_for", "zip", "Zipped", "SampleCache", "Stream", "Loader",
-           "loader", "collate", "Mix", "mix",
+           "loader", "collate", "Collate", "Mix", "mix",
            "MMLoaderError", "FormatError", "SampleError", "DecodeError", "SizeLimitError",
            "UnsafeFieldError", "RandomAccessError", "AlignmentError", "ConfigError"]

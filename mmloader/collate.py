@@ -33,13 +33,28 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
     return out, mask
 
 
-def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0) -> dict[str, Any]:
+class Collate:
+    """A collate with options: ``masks`` names modalities that always get a ``__mask__``
+    entry (so a batch whose token lists happen to have equal lengths has the same schema).
+
+    >>> stream = mmloader.Stream(ds, batch_size=32, collate_fn=Collate(masks=["caption"]))  # doctest: +SKIP
+    """
+
+    def __init__(self, masks: Sequence[str] = (), pad_value: float = 0):
+        self.masks, self.pad_value = tuple(masks), pad_value
+
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return collate(samples, self.pad_value, self.masks)
+
+
+def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = ()) -> dict[str, Any]:
     """The default collate for :class:`mmloader.Stream` batches."""
     names: dict[str, None] = {}
     for s in samples:
         names.update(dict.fromkeys(s))
     batch: dict[str, Any] = {}
-    masks: dict[str, torch.Tensor] = {}
+    always_mask = set(masks)
+    masks_out: dict[str, torch.Tensor] = {}
     present: dict[str, torch.Tensor] = {}
     for name in names:
         values = [s.get(name, _MISSING) for s in samples]
@@ -49,19 +64,19 @@ def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0) -> dict[str
         real = [v for v in values if v is not _MISSING]
         first = real[0]
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in real):
-            if all(v.shape == first.shape for v in real):
+            if all(v.shape == first.shape for v in real) and name not in always_mask:
                 filler = torch.zeros_like(first)
                 batch[name] = torch.stack([v if h else filler for v, h in zip(values, have)])
             else:
                 filler = first.new_zeros((0,) * first.dim())
                 padded, mask = pad_stack([v if h else filler for v, h in zip(values, have)], pad_value)
-                batch[name], masks[name] = padded, mask
+                batch[name], masks_out[name] = padded, mask
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in real):
             batch[name] = torch.tensor([v if h else 0 for v, h in zip(values, have)])
         else:
             batch[name] = [v if h else None for v, h in zip(values, have)]
-    if masks:
-        batch["__mask__"] = masks
+    if masks_out:
+        batch["__mask__"] = masks_out
     if present:
         batch["__present__"] = present
     return batch

@@ -53,7 +53,12 @@ class Loader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self.stream._where()  # fix rank/world in the main process, before workers start
-        for batch in super().__iter__():
+        iterator = super().__iter__()
+        # Persistent workers reuse one iterator, which remembers the length of the pass it was
+        # made for; a resumed (shorter) pass must not make later full passes look too long.
+        if hasattr(iterator, "_IterableDataset_len_called"):
+            iterator._IterableDataset_len_called = len(self.stream)
+        for batch in iterator:
             self.batches_seen += 1
             yield batch
         # A full pass ended: the next pass (same epoch or next) starts from the beginning.

@@ -191,3 +191,10 @@ def test_collate_pads_and_masks():
     assert out["t"].shape == (2, 3) and out["__mask__"]["t"].sum() == 5
     assert out["s"] == ["x", None] and out["__present__"]["s"].tolist() == [True, False]
     assert out["l"].tolist() == [1, 2] and out["__key__"] == ["a", "b"]
+
+
+def test_collate_always_masks_named_modalities():
+    same = [{"__key__": "a", "t": torch.ones(2)}, {"__key__": "b", "t": torch.ones(2)}]
+    assert "__mask__" not in mmloader.collate(same)
+    out = mmloader.Collate(masks=["t"])(same)
+    assert out["__mask__"]["t"].all() and out["t"].shape == (2, 2)

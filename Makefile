@@ -1,0 +1,38 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MM := $(VENV)/bin/mmloader
+OUT ?= demo-out
+
+.PHONY: demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# Make raw image+caption data, convert it (LMDB and tar shards), check it, train a tiny
+# CLIP with DDP on 2 CPU processes, stop mid-epoch, and resume from the checkpoint.
+demo: $(VENV)/.installed
+	rm -rf $(OUT) && mkdir -p $(OUT)
+	$(PY) samples/make_data.py $(OUT)/raw --count 2000
+	$(MM) convert pairs $(OUT)/raw $(OUT)/shapes.lmdb --workers 2 --require jpg,txt
+	$(MM) convert pairs $(OUT)/raw $(OUT)/shapes --workers 2 --shard-size 250 --require jpg,txt
+	$(MM) inspect $(OUT)/shapes.lmdb
+	$(MM) verify $(OUT)/shapes --decode
+	$(MM) preview $(OUT)/shapes -o $(OUT)/preview.png -n 8
+	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \
+		--data $(OUT)/shapes.lmdb --captions $(OUT)/shapes --epochs 3 --checkpoint $(OUT)/ckpt.pt --stop-after 40
+	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \
+		--data $(OUT)/shapes.lmdb --captions $(OUT)/shapes --epochs 3 --checkpoint $(OUT)/ckpt.pt --resume
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/compare.py
+
+clean:
+	rm -rf $(OUT) bench-out
