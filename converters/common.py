@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,10 @@ import mmloader
 from mmloader.errors import MMLoaderError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class ConversionError(Exception):
+    """The conversion cannot go on (bad paths, bad options, --on-error fail); nothing is left behind."""
 
 
 class ItemError(Exception):
@@ -85,9 +90,9 @@ def parse_part(text: str | None) -> tuple[int, int] | None:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise SystemExit(f"--part {text!r}: expected I/N, e.g. 0/4") from None
+        raise ConversionError(f"--part {text!r}: expected I/N, e.g. 0/4") from None
     if not (n >= 1 and 0 <= i < n):
-        raise SystemExit(f"--part {text!r}: need 0 <= I < N")
+        raise ConversionError(f"--part {text!r}: need 0 <= I < N")
     return i, n
 
 
@@ -98,16 +103,18 @@ def options_from(args) -> Options:
 
 
 def check_paths(src: str, dst: str, overwrite: bool) -> None:
+    """Fail early, with a clear word, on a missing SRC, an existing DST or an unwritable place."""
     if not os.path.exists(src):
-        raise SystemExit(f"error: source {src} does not exist")
+        raise ConversionError(f"source {src} does not exist")
     if os.path.exists(dst) and not overwrite:
-        raise SystemExit(f"error: {dst} already exists; pass --overwrite to replace it")
+        raise ConversionError(f"{dst} already exists; pass --overwrite to replace it")
     parent = Path(dst).absolute().parent
-    probe = parent
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise SystemExit(f"error: cannot write to {parent} (permission denied)")
+    try:  # a real write probe: permission bits alone say nothing for root or read-only mounts
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise ConversionError(f"cannot write to {parent}: {e.strerror or e}") from None
 
 
 def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None) -> list:
@@ -264,7 +271,7 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
                 error = ItemError(f"duplicate key {item.key!r}", item.where or item.key)
             if error is not None:
                 if args.on_error == "fail" and not isinstance(error, Skipped):
-                    raise SystemExit(f"error: {error} (--on-error fail: nothing written)")
+                    raise ConversionError(f"{error} (--on-error fail: nothing written)")
                 cls = _reason_class(error.reason)
                 summary.skipped[cls] = summary.skipped.get(cls, 0) + 1
                 skipped_rows.append(f"{item.key}\t{error.path}\t{error.reason}")
@@ -275,7 +282,7 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
                 writer.write(sample)
             except MMLoaderError as e:  # e.g. a key the format cannot hold
                 if args.on_error == "fail":
-                    raise SystemExit(f"error: {item.where or item.key}: {e} (--on-error fail: nothing written)")
+                    raise ConversionError(f"{item.where or item.key}: {e} (--on-error fail: nothing written)")
                 summary.skipped["rejected by writer"] = summary.skipped.get("rejected by writer", 0) + 1
                 skipped_rows.append(f"{item.key}\t{item.where}\t{e}")
                 bar.update(1)
@@ -305,18 +312,26 @@ def run(build_items: Callable[[argparse.Namespace], tuple[list[Item], dict]], pa
         argv: Sequence[str] | None) -> int:
     """Parse, enumerate items, load them in order (in parallel), write, summarise."""
     args = parser.parse_args(argv)
-    check_paths(args.src, args.dst, args.overwrite)
-    items, metadata = build_items(args)
-    items = select(items, args.shuffle_seed, parse_part(args.part))
-    opts = options_from(args)
-    loaded = ordered_map(_load_safe, ((it, opts) for it in items), args.workers)
+
+    def convert() -> Summary:
+        check_paths(args.src, args.dst, args.overwrite)
+        items, metadata = build_items(args)
+        items = select(items, args.shuffle_seed, parse_part(args.part))
+        opts = options_from(args)
+        loaded = ordered_map(_load_safe, ((it, opts) for it in items), args.workers)
+        return write_samples(loaded, args.dst, args, metadata, total=len(items))
+    return report_errors(convert, args.dst)
+
+
+def report_errors(convert: Callable[[], Summary], dst: str) -> int:
+    """Run a conversion; print its summary, or a one-line error and a non-zero exit code."""
     try:
-        summary = write_samples(loaded, args.dst, args, metadata, total=len(items))
+        summary = convert()
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)
         return 130
-    except (MMLoaderError, OSError) as e:
+    except (ConversionError, MMLoaderError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(summary.text(args.dst))
+    print(summary.text(dst))
     return 0

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import IMAGE_EXTENSIONS, Item, add_common_arguments, run
+from .common import ConversionError, IMAGE_EXTENSIONS, Item, add_common_arguments, run
 
 
 def find_classes(root: Path) -> list[str]:
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     if not classes:
-        raise SystemExit(f"error: {root} has no class directories (expected ROOT/CLASS/image files)")
+        raise ConversionError(f"{root} has no class directories (expected ROOT/CLASS/image files)")
     return classes
 
 

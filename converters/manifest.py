@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import Item, add_common_arguments, run
+from .common import ConversionError, Item, add_common_arguments, run
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -31,9 +30,9 @@ def read_rows(path: Path) -> list[dict]:
                 try:
                     row = json.loads(line)
                 except ValueError as e:
-                    raise SystemExit(f"error: {path}:{n}: not valid JSON: {e}") from None
+                    raise ConversionError(f"{path}:{n}: not valid JSON: {e}") from None
                 if not isinstance(row, dict):
-                    raise SystemExit(f"error: {path}:{n}: a row must be a JSON object")
+                    raise ConversionError(f"{path}:{n}: a row must be a JSON object")
                 rows.append(row)
         return rows
     with open(path, newline="", encoding="utf-8") as f:
@@ -43,14 +42,14 @@ def read_rows(path: Path) -> list[dict]:
 def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
     path = Path(args.src)
     if not path.is_file():
-        raise SystemExit(f"error: manifest {path} is not a file")
+        raise ConversionError(f"manifest {path} is not a file")
     rows = read_rows(path)
     base = path.parent
     columns = set().union(*(r.keys() for r in rows)) if rows else set()
     for opt in ("image_column", "text_column", "label_column", "key_column"):
         col = getattr(args, opt)
         if col and col not in columns:
-            raise SystemExit(f"error: --{opt.replace('_', '-')} {col!r} is not a column of {path} "
+            raise ConversionError(f"--{opt.replace('_', '-')} {col!r} is not a column of {path} "
                              f"(columns: {', '.join(sorted(columns))})")
     used = {c for c in (args.image_column, args.text_column, args.label_column, args.key_column) if c}
     keep = [c for c in args.keep_columns.split(",") if c] if args.keep_columns is not None else None

@@ -21,8 +21,8 @@ import numpy as np
 
 from mmloader.storage.textlines import TextLinesStore, line_key
 
-from .common import (Item, ItemError, Skipped, add_common_arguments, check_paths, ordered_map, parse_part,
-                     write_samples)
+from .common import (ConversionError, Item, ItemError, Skipped, Summary, add_common_arguments,
+                     check_paths, ordered_map, parse_part, report_errors, write_samples)
 
 CHUNK_BYTES = 4 << 20
 
@@ -113,12 +113,12 @@ def _samples(items_with_results, path: str, blank: str) -> Iterator[tuple[Item, 
             yield item, {"__key__": item.key, "txt": text}, None
 
 
-def convert(args: argparse.Namespace) -> int:
+def convert(args: argparse.Namespace) -> Summary:
     path = Path(args.src)
     if not path.is_file():
-        raise SystemExit(f"error: {path} is not a text file")
+        raise ConversionError(f"{path} is not a text file")
     if args.resize_max or args.check_decode:
-        raise SystemExit("error: --resize-max/--check-decode apply to images; a text file has none")
+        raise ConversionError("--resize-max/--check-decode apply to images; a text file has none")
     size = path.stat().st_size
     part = parse_part(args.part)
     meta = {"layout": "textlines", "source": str(path.resolve())}
@@ -152,8 +152,7 @@ def convert(args: argparse.Namespace) -> int:
                     yield n, text, reason
                     n += 1
         summary = write_samples(_samples(numbered(), str(path), args.blank_lines), args.dst, args, meta, total=None)
-    print(summary.text(args.dst))
-    return 0
+    return summary
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,12 +167,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    check_paths(args.src, args.dst, args.overwrite)
-    try:
+
+    def checked() -> Summary:
+        check_paths(args.src, args.dst, args.overwrite)
         return convert(args)
-    except KeyboardInterrupt:
-        print("interrupted: nothing written", file=sys.stderr)
-        return 130
+    return report_errors(checked, args.dst)
 
 
 if __name__ == "__main__":

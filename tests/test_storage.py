@@ -1,18 +1,14 @@
 """Storage formats: round trips, WebDataset interop, workers, atomic writes, bad keys, verify."""
 from __future__ import annotations
 
-import io
-import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import webdataset as wds

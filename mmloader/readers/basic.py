@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch

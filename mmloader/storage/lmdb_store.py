@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import lmdb
 
@@ -21,7 +21,7 @@ from .atomic import AtomicDirectory
 from .encoding import split_sample
 from .keys import INDEX_KEY, validate_field, validate_key
 from .meta import LMDB_FORMAT, FieldStats, make_metadata
-from .base import KeysView, Store
+from .base import Store
 
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
 MAX_DBS = 1024

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from ..errors import FormatError
 from .atomic import AtomicDirectory
-from .lmdb_store import LMDBStore, LMDBWriter
+from .lmdb_store import LMDBWriter
 from .shard_index import ShardIndexBuilder
 from .tar_store import TarStore
 

@@ -56,7 +56,7 @@ def build_line_index(path: str | os.PathLike, index_path: str | os.PathLike | No
     table[0], table[1] = size, st.st_mtime_ns
     table[_HEADER] = 0
 
-    def fill(nl, n):  # line n+1 starts after newline n
+    def fill(nl, n, table=table):  # line n+1 starts after newline n
         table[_HEADER + 1 + n:_HEADER + 1 + n + len(nl)] = nl + 1
     _scan(path, progress, fill)
     table[_HEADER + count] = size  # end of the last line
