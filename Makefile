@@ -16,12 +16,13 @@ $(VENV)/.installed: pyproject.toml
 # CLIP with DDP on 2 CPU processes, stop mid-epoch, and resume from the checkpoint.
 demo: $(VENV)/.installed
 	rm -rf $(OUT) && mkdir -p $(OUT)
-	$(PY) samples/make_data.py $(OUT)/raw --count 2000
+	$(PY) samples/make_data.py $(OUT)/raw --count 2000 --corpus $(OUT)/corpus.txt
 	$(MM) convert pairs $(OUT)/raw $(OUT)/shapes.lmdb --workers 2 --require jpg,txt
 	$(MM) convert pairs $(OUT)/raw $(OUT)/shapes --workers 2 --shard-size 250 --require jpg,txt
 	$(MM) inspect $(OUT)/shapes.lmdb
 	$(MM) verify $(OUT)/shapes --decode
 	$(MM) preview $(OUT)/shapes -o $(OUT)/preview.png -n 8
+	$(MM) plan samples/configs/mixed.yaml --world 2 --workers 1
 	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \
 		--data $(OUT)/shapes.lmdb --captions $(OUT)/shapes --epochs 3 --checkpoint $(OUT)/ckpt.pt --stop-after 40
 	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \

@@ -18,10 +18,11 @@ from .collate import Collate, collate
 from .stream import Stream
 from .loader import Loader, loader
 from .mix import Mix, mix
+from .config import from_config
 
 __all__ = ["__version__", "open", "LMDBWriter", "ShardWriter", "Store", "build_index", "writer_for",
            "Reader", "ImageReader", "TextReader", "LabelReader", "JSONReader", "ArrayReader",
            "TextLinesReader", "reader_for", "zip", "Zipped", "SampleCache", "Stream", "Loader",
-           "loader", "collate", "Collate", "Mix", "mix",
+           "loader", "collate", "Collate", "Mix", "mix", "from_config",
            "MMLoaderError", "FormatError", "SampleError", "DecodeError", "SizeLimitError",
            "UnsafeFieldError", "RandomAccessError", "AlignmentError", "ConfigError"]

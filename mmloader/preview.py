@@ -57,7 +57,9 @@ def contact_sheet(dataset, indices: list[int], columns: int = 4) -> tuple[Image.
         image = next((v for v in sample.values() if isinstance(v, Image.Image)), None)
         if image is not None:
             thumb = image.convert("RGB")
-            thumb.thumbnail((THUMB, THUMB))
+            scale = THUMB / max(thumb.size)  # small images are enlarged too, so they can be seen
+            thumb = thumb.resize((max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),
+                                 Image.NEAREST if scale > 1 else Image.BILINEAR)
             sheet.paste(thumb, (x + (THUMB - thumb.width) // 2, y + (THUMB - thumb.height) // 2))
         words = _text_of(sample)
         text_lines.append(f"[{i}] " + " | ".join(words))

@@ -189,7 +189,10 @@ class Stream(torch.utils.data.IterableDataset):
     def _fetch(self, plan, position: int, source: int, index: int) -> Any:
         for attempt in range(self.max_consecutive_errors + 1):
             try:
-                return self.datasets[source][index]
+                sample = self.datasets[source][index]
+                if self.mix is not None and isinstance(sample, dict):
+                    sample = {**sample, "__source__": self.mix.names[source]}
+                return sample
             except SampleError as e:
                 if self.on_error == "raise":
                     raise

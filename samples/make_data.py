@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--size", type=int, default=64, help="image side in pixels")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus", default=None, help="also write captions to this text file, "
+                   "one per line (a text-only source for mixing experiments)")
+    p.add_argument("--corpus-lines", type=int, default=5000)
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rng = random.Random(args.seed)
@@ -58,6 +61,11 @@ def main(argv=None) -> int:
         with open(stem + ".cls", "w") as f:
             f.write(str(label))
     print(f"wrote {args.count} image+caption pairs to {args.out}")
+    if args.corpus:
+        with open(args.corpus, "w") as f:
+            for _ in range(args.corpus_lines):
+                f.write(render(rng, 8)[1] + "\n")
+        print(f"wrote {args.corpus_lines} captions, one per line, to {args.corpus}")
     return 0
 
 
