@@ -15,8 +15,10 @@ __all__ = ["open_store", "Store", "KeysView", "LMDBStore", "LMDBWriter", "TarSto
            "build_index", "writer_for"]
 
 
-def open_store(path: str | os.PathLike | Store) -> Store:
+def open_store(path: str | os.PathLike | Store, **options) -> Store:
     """Open an LMDB dataset or a shard directory (or its ``index.json``); nothing is read yet.
+
+    Shard options: ``check_headers`` (default True), ``verify_checksums`` (default False).
 
     >>> ds = open_store("data.lmdb"); len(ds)    # doctest: +SKIP
     """
@@ -28,7 +30,7 @@ def open_store(path: str | os.PathLike | Store) -> Store:
     if p.is_dir() and (p / "data.mdb").is_file():
         return LMDBStore(p)
     if (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.suffix == ".json"):
-        return TarStore(p)
+        return TarStore(p, **options)
     if p.is_dir() and (any(p.glob("*.tar")) or any(p.glob("*.tgz")) or any(p.glob("*.tar.gz"))):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
     raise FormatError(f"{p} is neither an mmloader LMDB dataset (data.mdb) nor a shard directory "

@@ -30,7 +30,12 @@ class TarStore(Store):
 
     format = "shards"
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, check_headers: bool = True, verify_checksums: bool = False):
+        """``check_headers``: each read also fetches the 512-byte tar header before the data
+        (same ``pread``) and checks that it names the expected member and size, so an offset
+        index that does not match its shard is an error, never wrong bytes passed on.
+        ``verify_checksums``: hash each shard against the manifest on first use in a process."""
+        self.check_headers, self.verify_checksums = check_headers, verify_checksums
         p = Path(path).resolve()
         self.manifest_path = p / MANIFEST if p.is_dir() else p
         self.path = str(self.manifest_path.parent)
@@ -48,9 +53,12 @@ class TarStore(Store):
         self._keys = self._order = None
 
     def __getstate__(self) -> dict:
-        return {"path": str(self.manifest_path), "_meta": self._meta}
+        return {"path": str(self.manifest_path), "_meta": self._meta, "check_headers": self.check_headers,
+                "verify_checksums": self.verify_checksums}
 
     def __setstate__(self, state: dict) -> None:
+        self.check_headers = state.get("check_headers", True)
+        self.verify_checksums = state.get("verify_checksums", False)
         self.manifest_path = Path(state["path"])
         self.path = str(self.manifest_path.parent)
         self._meta = state["_meta"]
@@ -157,6 +165,12 @@ class TarStore(Store):
             except FileNotFoundError:
                 raise FormatError(f"shard {path} is listed in {self.manifest_path} but missing on disk") \
                     from None
+            if self.verify_checksums:
+                digest = sha256_file(path)
+                if digest != self.shards[s]["sha256"]:
+                    os.close(fd)
+                    raise FormatError(f"shard {path}: sha256 {digest[:12]}... does not match the manifest's "
+                                      f"{self.shards[s]['sha256'][:12]}...: the file changed since it was written")
             self._fds[s] = fd
             if len(self._fds) > MAX_OPEN_SHARDS:
                 os.close(self._fds.popitem(last=False)[1])
@@ -180,11 +194,19 @@ class TarStore(Store):
             offset, size = int(table[row, c, 0]), int(table[row, c, 1])
             if offset < 0:
                 continue
-            data = os.pread(fd, size, offset)
-            if len(data) != size:
+            head = 512 if self.check_headers else 0
+            data = os.pread(fd, size + head, offset - head)
+            if len(data) != size + head:
                 raise SampleError(f"shard is truncated: wanted {size} bytes at offset {offset}, "
-                                  f"got {len(data)}", key=out["__key__"], field=f,
+                                  f"got {max(len(data) - head, 0)}", key=out["__key__"], field=f,
                                   where=self.shard_path(s))
+            if head:
+                problem = _header_problem(data[:512], f"{out['__key__']}.{f}", size)
+                if problem:
+                    raise SampleError(f"offset index does not match the shard at offset {offset}: {problem}; "
+                                      "re-run `mmloader index` or `mmloader verify`", key=out["__key__"],
+                                      field=f, where=self.shard_path(s))
+                data = data[512:]
             out[f] = data
         return out
 
@@ -199,6 +221,31 @@ class TarStore(Store):
             for sample in group_samples(tar_members(self.shard_path(s)), where=self.shard_path(s)):
                 sample.pop("__offsets__")
                 yield sample
+
+
+def _header_problem(header: bytes, member: str, size: int) -> str | None:
+    """Why a 512-byte tar header is not the one for ``member`` of ``size`` bytes (None if it is)."""
+    if header[257:262] != b"ustar":
+        return "no tar header there"
+    raw = header[124:136]
+    if raw[0] & 0x80:  # GNU base-256 size for members over 8 GB
+        found = int.from_bytes(raw[1:], "big")
+    else:
+        try:
+            found = int(raw.strip(b"\0 ") or b"0", 8)
+        except ValueError:
+            return "corrupt tar header"
+    if found != size:
+        return f"the member there has {found} bytes, the index says {size}"
+    name = header[:100].split(b"\0", 1)[0]
+    prefix = header[345:500].split(b"\0", 1)[0] if header[257:263] == b"ustar\0" else b""
+    full = (prefix + b"/" + name if prefix else name).decode("utf-8", "replace")
+    encoded = member.encode("utf-8")
+    # Long or non-ASCII names live in a PAX/GNU header before this one; the plain name is then
+    # truncated or replaced, so only short ASCII names can be compared exactly.
+    if len(encoded) < 100 and encoded.isascii() and full != member:
+        return f"the member there is {full!r}, expected {member!r}"
+    return None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

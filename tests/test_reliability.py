@@ -1,0 +1,386 @@
+"""Bad inputs, faults, load: nothing lost, nothing silent, nothing executed that should not be."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import mmloader
+from mmloader.cli import main as cli
+from mmloader.errors import (ConfigError, DecodeError, FormatError, SampleError, SizeLimitError,
+                             UnsafeFieldError)
+from mmloader.verify import verify
+
+from conftest import jpeg_bytes, write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _store_with(tmp_path, samples, fmt="tar", name="d"):
+    path = tmp_path / (name + (".lmdb" if fmt == "lmdb" else ""))
+    with mmloader.writer_for(path, fmt, shard_size=4) as w:
+        for s in samples:
+            w.write(s)
+    return path
+
+
+def _pairs(n, bad=()):
+    for i in range(n):
+        img = jpeg_bytes(i)
+        yield {"__key__": f"k{i:03d}", "jpg": img[:120] if i in bad else img, "txt": f"t{i}"}
+
+
+# -- bad input while reading ---------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_corrupt_jpeg_raise_names_key_store_field_in_training_process(tmp_path, fmt):
+    path = _store_with(tmp_path, _pairs(12, bad={5}), fmt)
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, shuffle=False), num_workers=2)
+    with pytest.raises(DecodeError) as e:  # re-raised in this process, not an opaque worker death
+        list(loader)
+    msg = str(e.value)
+    assert "k005" in msg and "'jpg'" in msg and str(Path(path).name) in msg
+
+
+def test_skip_policy_replaces_bad_samples_and_keeps_batches_equal(tmp_path, caplog):
+    path = _store_with(tmp_path, _pairs(20, bad={3, 11}), "tar")
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    counts = []
+    for rank in (0, 1):
+        stream = mmloader.Stream(ds, batch_size=4, shuffle=False, on_error="skip")
+        stream.set_world(rank, 2)
+        batches = list(mmloader.loader(stream, num_workers=0))
+        counts.append([len(b["__key__"]) for b in batches])
+        keys = [k for b in batches for k in b["__key__"]]
+        assert "k003" not in keys and "k011" not in keys
+        assert stream.skipped == 1  # one bad sample in each rank's half, counted
+    assert counts[0] == counts[1] == [4, 4, 2]
+    assert "k003" in caplog.text and "k011" in caplog.text
+
+
+def test_truncated_shard_mid_member(tmp_path):
+    path = _store_with(tmp_path, _pairs(8), "tar")
+    shard = path / "data-000001.tar"
+    data = shard.read_bytes()
+    store = mmloader.open(path)
+    _s, _row = store.locate(6)
+    off, size = np.load(path / "data-000001.tar.idx.npy")[2, 0]
+    shard.write_bytes(data[:off + size // 2])  # cut inside sample 6's jpg
+    store = mmloader.open(path)
+    assert store[5]["txt"] == b"t5"
+    with pytest.raises(SampleError, match=r"truncated.*k006.*data-000001\.tar"):
+        store[6]
+    assert any("data-000001.tar" in p for p in verify(path, progress=False).problems)
+
+
+def test_shard_missing_on_disk(tmp_path):
+    path = _store_with(tmp_path, _pairs(8), "tar")
+    (path / "data-000001.tar").unlink()
+    with pytest.raises(FormatError, match="data-000001.tar is listed in .* but missing on disk"):
+        mmloader.open(path)[5]
+    assert "data-000001.tar: listed in the manifest but missing on disk" in verify(path, progress=False).problems
+
+
+def test_offset_index_not_matching_shard(tmp_path):
+    path = _store_with(tmp_path, _pairs(8), "tar")
+    table = np.load(path / "data-000000.tar.idx.npy")
+    table[1] = table[2]  # sample 1 now points at sample 2's bytes
+    np.save(path / "data-000000.tar.idx.npy", table)
+    store = mmloader.open(path)
+    with pytest.raises(SampleError, match=r"offset index does not match.*'k002\.jpg', expected 'k001\.jpg'"):
+        store[1]
+    assert not verify(path, progress=False).ok
+
+
+def test_checksum_mismatch_at_read_time_when_asked(tmp_path):
+    path = _store_with(tmp_path, _pairs(8), "tar")
+    shard = path / "data-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[-2000] ^= 0xFF  # inside the end padding: reads still work, but the bytes changed
+    shard.write_bytes(bytes(data))
+    assert mmloader.open(path)[0]["txt"] == b"t0"
+    with pytest.raises(FormatError, match="data-000000.tar: sha256"):
+        mmloader.open(path, verify_checksums=True)[0]
+
+
+def test_lmdb_that_is_not_mmloader(tmp_path):
+    import lmdb
+    env = lmdb.open(str(tmp_path / "foreign.lmdb"))
+    with env.begin(write=True) as t:
+        t.put(b"0", pickle.dumps({"img": b"..."}))  # the folder2lmdb pattern
+    env.close()
+    with pytest.raises(FormatError, match="not an mmloader dataset"):
+        mmloader.TextReader(tmp_path / "foreign.lmdb")[0]
+    assert cli(["verify", str(tmp_path / "foreign.lmdb"), "-q"]) == 1
+
+
+@pytest.mark.parametrize("field,data,reader,match", [
+    ("txt", b"caf\xe9", mmloader.TextReader, "cannot decode: UnicodeDecodeError"),
+    ("json", b"{not json", mmloader.JSONReader, "cannot decode: JSONDecodeError"),
+    ("cls", b"seven", mmloader.LabelReader, "label 'seven' is not an integer"),
+])
+def test_bad_text_json_label(tmp_path, field, data, reader, match):
+    path = _store_with(tmp_path, [{"__key__": "bad-one", field: data}], "lmdb")
+    with pytest.raises(DecodeError, match=match) as e:
+        reader(path, field)[0]
+    assert "bad-one" in str(e.value) and f"'{field}'" in str(e.value)
+
+
+def test_max_field_size_guard(tmp_path):
+    path = _store_with(tmp_path, [{"__key__": "big", "txt": "x" * 5000}], "lmdb")
+    with pytest.raises(SizeLimitError, match=r"5000 bytes, over the 1000-byte limit.*big"):
+        mmloader.TextReader(path, max_field_bytes=1000)[0]
+    assert len(mmloader.TextReader(path)[0]) == 5000
+
+
+def test_gzip_bomb_guard(tmp_path):
+    import gzip
+    path = _store_with(tmp_path, [{"__key__": "zip", "txt.gz": gzip.compress(b"a" * 10_000_000)}], "lmdb")
+    with pytest.raises(SizeLimitError, match="inflates beyond"):
+        mmloader.TextReader(path, "txt.gz", max_field_bytes=1_000_000)[0]
+
+
+def test_max_pixels_configurable(tmp_path):
+    path = _store_with(tmp_path, [{"__key__": "img", "jpg": jpeg_bytes(1, size=(200, 100))}], "lmdb")
+    with pytest.raises(SizeLimitError, match="200x100 pixels exceeds max_pixels=10000"):
+        mmloader.ImageReader(path, max_pixels=10_000)[0]
+    assert mmloader.ImageReader(path)[0].shape == (3, 100, 200)
+
+
+# -- tar safety ------------------------------------------------------------------------------
+def test_unsafe_tar_members_ignored_with_warning_never_extracted(tmp_path, caplog):
+    src = tmp_path / "evil"
+    src.mkdir()
+    with tarfile.open(src / "x.tar", "w") as tf:
+        def add(name, data=b"ok", **kw):
+            info = tarfile.TarInfo(name)
+            for k, v in kw.items():
+                setattr(info, k, v)
+            info.size = len(data) if info.isreg() else 0
+            tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
+        add("good.txt", b"fine")
+        add("../escape.txt", b"bad")
+        add("/abs/path.txt", b"bad")
+        add("link.txt", type=tarfile.SYMTYPE, linkname="/etc/passwd")
+        add("hard.txt", type=tarfile.LNKTYPE, linkname="good.txt")
+        add("dev.txt", type=tarfile.CHRTYPE, devmajor=1, devminor=3)
+        add("also-good.txt", b"fine too")
+    before = set(os.listdir(tmp_path))
+    mmloader.build_index(src, output=tmp_path / "idx", progress=False)
+    ds = mmloader.open(tmp_path / "idx")
+    assert list(ds.keys) == ["good", "also-good"]
+    for bad in ("../escape.txt", "/abs/path.txt", "link.txt", "hard.txt", "dev.txt"):
+        assert bad in caplog.text
+    assert set(os.listdir(tmp_path)) == before | {"idx"}  # nothing extracted anywhere
+    assert not (tmp_path / "escape.txt").exists()
+
+
+# -- no code execution from data ---------------------------------------------------------------
+class _Payload:
+    marker = ""
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # unpickling this creates the marker file
+
+
+def test_malicious_pickle_in_a_shard_is_never_executed(tmp_path):
+    marker = tmp_path / "PWNED"
+    _Payload.marker = str(marker)
+    payload = pickle.dumps(_Payload())
+    path = _store_with(tmp_path, [{"__key__": "evil", "pyd": payload, "jpg": jpeg_bytes(1), "txt": "x"},
+                                  {"__key__": "fine", "pyd": payload, "jpg": jpeg_bytes(2), "txt": "y"}], "tar")
+    store = mmloader.open(path)
+    assert store[0]["pyd"] == payload  # bytes, never unpickled
+    with pytest.raises(UnsafeFieldError, match="pickled Python objects"):
+        mmloader.reader_for(path, "pyd")
+    assert cli(["inspect", str(path)]) == 0
+    assert cli(["verify", str(path), "--decode", "-q"]) == 0
+    assert cli(["preview", str(path), "-o", str(tmp_path / "p.png")]) == 0
+    with pytest.raises(ConfigError, match="pickled"):
+        mmloader.from_config({"sources": {"s": {"path": str(path), "modalities": {"x": {"field": "pyd"}}}}})
+    import webdataset as wds  # the same shard through webdataset, as mmloader users might
+    list(wds.WebDataset(str(path / "data-000000.tar"), shardshuffle=False, empty_check=False))
+    assert not marker.exists()
+
+
+def test_npy_with_objects_refused(tmp_path):
+    buf = io.BytesIO()
+    np.save(buf, np.array([_Payload()], dtype=object), allow_pickle=True)
+    path = _store_with(tmp_path, [{"__key__": "evil", "npy": buf.getvalue()}], "lmdb")
+    with pytest.raises(UnsafeFieldError):
+        mmloader.ArrayReader(path)[0]
+
+
+# -- faults ------------------------------------------------------------------------------------
+def test_conversion_killed_at_random_points(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    blob = jpeg_bytes(0, size=(128, 128))
+    for i in range(1500):
+        (raw / f"{i:05d}.jpg").write_bytes(blob)
+        (raw / f"{i:05d}.txt").write_text(f"t{i}")
+    rng = random.Random(1234)
+    dst = tmp_path / "out"
+    outcomes = []
+    for attempt in range(4):
+        proc = subprocess.Popen([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--overwrite",
+                                 "--shard-size", "100", "--check-decode", "-q"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3, 3.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if dst.exists():  # a complete, verifiable dataset or nothing
+            assert verify(dst, progress=False).ok and len(mmloader.open(dst)) == 1500
+            outcomes.append("complete")
+        else:
+            outcomes.append("nothing")
+    print("kill outcomes:", outcomes)
+    assert subprocess.run([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--overwrite", "-q"],
+                          cwd=ROOT).returncode == 0
+    assert verify(dst, progress=False).ok and len(mmloader.open(dst)) == 1500
+
+
+class _Suicidal(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        if i == 30:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.01)
+        return {"__key__": str(i), "x": i}
+
+
+def test_killed_worker_surfaces_within_seconds():
+    loader = mmloader.loader(mmloader.Stream(_Suicidal(), batch_size=5, shuffle=False), num_workers=2)
+    start = time.time()
+    with pytest.raises(RuntimeError, match="(?i)worker.*(killed|exited)"):
+        for _ in loader:
+            pass
+    assert time.time() - start < 15
+
+
+def _rank_reader(rank, path, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=0), num_workers=8,
+                             multiprocessing_context="fork")
+    keys = [k for b in loader for k in b["__key__"]]
+    Path(out, f"r{rank}.json").write_text(json.dumps(keys))
+
+
+def test_lmdb_read_by_2_ranks_x_8_workers(tmp_path):
+    import multiprocessing as mp
+    path = write_dataset(tmp_path / "many.lmdb", 96, "lmdb")
+    procs = [mp.get_context("fork").Process(target=_rank_reader, args=(r, str(path), str(tmp_path))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    keys = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(keys[0] + keys[1]) == [f"s{i:05d}" for i in range(96)]
+
+
+# -- load and endurance -------------------------------------------------------------------------
+def _in_flight(target: str) -> bool:
+    # torch ships each batch through a fresh shared-memory file and socket; how many are in flight
+    # when we look depends on prefetching, not on us, so they are left out of the count.
+    return target.startswith("socket:") or "/dev/shm/torch_" in target or target.startswith("pipe:")
+
+
+def _proc_figures() -> tuple[int, int, int, int]:
+    pid = os.getpid()
+    rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += not _in_flight(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    maps = sum(1 for line in open("/proc/self/maps") if not _in_flight(line.rstrip().split(" ")[-1]))
+    return pid, rss, fds, maps
+
+
+class _WithFigures(torch.utils.data.Dataset):
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return {**self.ds[i], "__figures__": _proc_figures()}
+
+
+def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys):
+    path = write_dataset(tmp_path / "e.lmdb", 32, "lmdb")
+    shards = write_dataset(tmp_path / "e", 32, "tar", shard_size=5)
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(shards),
+                      cache=mmloader.SampleCache(max_bytes=20_000))
+    loader = mmloader.loader(mmloader.Stream(_WithFigures(ds), batch_size=8), num_workers=2,
+                             persistent_workers=True)
+    per_epoch = []
+    for epoch in range(50):
+        loader.set_epoch(epoch)
+        figures = {}
+        for batch in loader:
+            for pid, rss, fds, maps in batch["__figures__"]:
+                figures[pid] = (rss, fds, maps)
+        per_epoch.append(figures)
+    first, last = per_epoch[1], per_epoch[-1]  # epoch 0 includes first-touch warm-up
+    assert set(first) == set(last) and len(first) == 2, "the same two persistent workers all along"
+    with capsys.disabled():
+        print("\n  worker   RSS kB (epoch 1 -> 50)   fds      maps")
+        for pid in first:
+            print(f"  {pid:>6}   {first[pid][0]:>7} -> {last[pid][0]:<7}   {first[pid][1]} -> {last[pid][1]}   "
+                  f"{first[pid][2]} -> {last[pid][2]}")
+    warm = per_epoch[10]  # by then every worker has touched every shard once
+    for pid in first:
+        assert last[pid][0] - first[pid][0] < 4096, "worker RSS grew by more than 4 MB over 50 epochs"
+        assert last[pid][1] == warm[pid][1], "open file descriptors kept growing"
+        assert last[pid][1] - first[pid][1] <= 7, "more descriptors than shards were added"
+        assert last[pid][2] - warm[pid][2] <= 2, "memory-mapped regions kept growing"
+
+
+def test_two_loaders_same_store_one_process(tmp_path):
+    path = write_dataset(tmp_path / "c.lmdb", 40, "lmdb")
+    make = lambda seed: mmloader.loader(mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)),
+                                                        batch_size=5, seed=seed), num_workers=2)
+    a, b = make(0), make(1)
+    got_a, got_b = [], []
+    for x, y in zip(a, b):  # interleaved
+        got_a += x["__key__"]
+        got_b += y["__key__"]
+    assert sorted(got_a) == sorted(got_b) == [f"s{i:05d}" for i in range(40)] and got_a != got_b
+
+
+def _read_all(path, out):
+    loader = mmloader.loader(mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)), batch_size=5),
+                             num_workers=1)
+    Path(out).write_text(json.dumps(sorted(k for b in loader for k in b["__key__"])))
+
+
+def test_two_processes_same_store(tmp_path):
+    import multiprocessing as mp
+    path = write_dataset(tmp_path / "c.lmdb", 40, "lmdb")
+    procs = [mp.get_context("spawn").Process(target=_read_all, args=(str(path), str(tmp_path / f"{i}.json")))
+             for i in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert json.loads((tmp_path / "0.json").read_text()) == json.loads((tmp_path / "1.json").read_text())
