@@ -14,15 +14,15 @@ from .readers import (ArrayReader, ImageReader, JSONReader, LabelReader, Reader,
 from .storage import LMDBWriter, ShardWriter, Store, build_index, writer_for
 from .storage import open_store as open
 from .zip import Zipped, zip
-from .collate import Collate, collate
+from .collate import Collate, collate, unpack
 from .stream import Stream
-from .loader import Loader, loader
+from .loader import Loader, ThreadedLoader, loader
 from .mix import Mix, mix
 from .config import from_config
 
 __all__ = ["__version__", "open", "LMDBWriter", "ShardWriter", "Store", "build_index", "writer_for",
            "Reader", "ImageReader", "TextReader", "LabelReader", "JSONReader", "ArrayReader",
            "TextLinesReader", "reader_for", "zip", "Zipped", "SampleCache", "Stream", "Loader",
-           "loader", "collate", "Collate", "Mix", "mix", "from_config",
+           "loader", "ThreadedLoader", "collate", "Collate", "unpack", "Mix", "mix", "from_config",
            "MMLoaderError", "FormatError", "SampleError", "DecodeError", "SizeLimitError",
            "UnsafeFieldError", "RandomAccessError", "AlignmentError", "ConfigError"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -40,27 +41,30 @@ class SampleCache:
             raise ValueError("max_bytes must be positive")
         self.max_bytes = max_bytes
         self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
         self.bytes = self.hits = self.misses = self.evictions = 0
 
     def get(self, key: Any) -> Any | None:
-        hit = self._items.get(key)
-        if hit is None:
-            self.misses += 1
-            return None
-        self._items.move_to_end(key)
-        self.hits += 1
-        return hit[0]
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return hit[0]
 
     def put(self, key: Any, value: Any) -> None:
         size = nbytes(value)
-        if size > self.max_bytes or key in self._items:
-            return
-        self._items[key] = (value, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _k, (_v, s) = self._items.popitem(last=False)
-            self.bytes -= s
-            self.evictions += 1
+        with self._lock:
+            if size > self.max_bytes or key in self._items:
+                return
+            self._items[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _k, (_v, s) = self._items.popitem(last=False)
+                self.bytes -= s
+                self.evictions += 1
 
     def __len__(self) -> int:
         return len(self._items)

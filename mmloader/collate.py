@@ -4,6 +4,11 @@
 ``"__mask__": {name: bool tensor}`` for padded modalities (True = real element)
 and ``"__present__": {name: bool tensor (B,)}`` for modalities some samples lack
 (mixed sources); missing tensor entries are zero, missing others are None.
+
+1-D ``uint8`` tensors — encoded bytes, e.g. ``ImageReader(decode="raw")`` — are
+*packed*: ``batch[name]`` is their concatenation and ``batch["__offsets__"][name]``
+the ``B + 1`` boundaries (:func:`unpack` gives the list back). One contiguous
+buffer is one shared-memory segment between processes and one host-to-device copy.
 """
 from __future__ import annotations
 
@@ -47,6 +52,25 @@ class Collate:
         return collate(samples, self.pad_value, self.masks)
 
 
+def pack(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate 1-D tensors; returns (flat, offsets) with ``len(offsets) == len(tensors) + 1``."""
+    lengths = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
+    offsets = torch.zeros(len(tensors) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return (torch.cat(list(tensors)) if tensors else torch.empty(0, dtype=torch.uint8)), offsets
+
+
+def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
+    """The per-sample tensors of a packed modality (views, no copy).
+
+    >>> flat, offsets = pack([torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3], dtype=torch.uint8)])
+    >>> [t.tolist() for t in unpack({"x": flat, "__offsets__": {"x": offsets}}, "x")]
+    [[1, 2], [3]]
+    """
+    flat, offsets = batch[name], batch["__offsets__"][name].tolist()
+    return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
 def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = ()) -> dict[str, Any]:
     """The default collate for :class:`mmloader.Stream` batches."""
     names: dict[str, None] = {}
@@ -55,6 +79,7 @@ def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequ
     batch: dict[str, Any] = {}
     always_mask = set(masks)
     masks_out: dict[str, torch.Tensor] = {}
+    offsets_out: dict[str, torch.Tensor] = {}
     present: dict[str, torch.Tensor] = {}
     for name in names:
         values = [s.get(name, _MISSING) for s in samples]
@@ -64,7 +89,10 @@ def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequ
         real = [v for v in values if v is not _MISSING]
         first = real[0]
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in real):
-            if all(v.shape == first.shape for v in real) and name not in always_mask:
+            if all(v.dim() == 1 and v.dtype == torch.uint8 for v in real):
+                empty = first.new_empty(0)
+                batch[name], offsets_out[name] = pack([v if h else empty for v, h in zip(values, have)])
+            elif all(v.shape == first.shape for v in real) and name not in always_mask:
                 filler = torch.zeros_like(first)
                 batch[name] = torch.stack([v if h else filler for v, h in zip(values, have)])
             else:
@@ -77,6 +105,8 @@ def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequ
             batch[name] = [v if h else None for v, h in zip(values, have)]
     if masks_out:
         batch["__mask__"] = masks_out
+    if offsets_out:
+        batch["__offsets__"] = offsets_out
     if present:
         batch["__present__"] = present
     return batch

@@ -164,10 +164,14 @@ class Stream(torch.utils.data.IterableDataset):
 
     # -- iteration (runs in the DataLoader workers) ---------------------------
     def __iter__(self) -> Iterator[Any]:
-        rank, world = self._where()
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if info is not None and self.seed_workers:
+        return self.iter_worker(worker, workers, seed_rngs=info is not None and self.seed_workers)
+
+    def iter_worker(self, worker: int, workers: int, seed_rngs: bool = False) -> Iterator[Any]:
+        """The batches (or samples) worker ``worker`` of ``workers`` produces: j % workers == worker."""
+        rank, world = self._where()
+        if seed_rngs:
             s = int(np.random.SeedSequence([self.seed, self.epoch, rank, worker]).generate_state(1)[0])
             random.seed(s)
             np.random.seed(s)

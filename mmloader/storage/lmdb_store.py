@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,13 +29,14 @@ MAX_DBS = 1024
 
 # One environment per (process, path): py-lmdb refuses to open a path twice in a
 # process, and an environment must never be used across fork().
-_ENVS: dict[str, tuple[lmdb.Environment, lmdb.Transaction]] = {}
+_ENVS: dict[str, lmdb.Environment] = {}
+_ENVS_LOCK = threading.Lock()
 
 
 def _forget_inherited_envs() -> None:
     # Runs in a forked child: the parent's handles are unusable here; close our copies
     # (this unmaps them in the child only) so the path can be opened afresh.
-    for env, _txn in _ENVS.values():
+    for env in _ENVS.values():
         try:
             env.close()
         except Exception:
@@ -45,18 +47,20 @@ def _forget_inherited_envs() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_envs)
 
 
-def shared_env(path: str) -> tuple[lmdb.Environment, lmdb.Transaction]:
-    """This process's read-only environment and long-lived read transaction for ``path``."""
-    hit = _ENVS.get(path)
-    if hit is None:
-        if not os.path.isfile(os.path.join(path, "data.mdb")):
-            raise FormatError(f"{path} is not an LMDB environment (no data.mdb)")
-        # lock=False: datasets are frozen once written, so no reader table (no slot
-        # exhaustion with many workers); readahead off: random access pays no extra IO.
-        env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS,
-                        subdir=True, max_readers=1)
-        hit = _ENVS[path] = (env, env.begin(buffers=False))
-    return hit
+def shared_env(path: str) -> lmdb.Environment:
+    """This process's read-only environment for ``path`` (opened once, shared by every reader)."""
+    env = _ENVS.get(path)
+    if env is None:
+        with _ENVS_LOCK:
+            env = _ENVS.get(path)
+            if env is None:
+                if not os.path.isfile(os.path.join(path, "data.mdb")):
+                    raise FormatError(f"{path} is not an LMDB environment (no data.mdb)")
+                # lock=False: datasets are frozen once written, so no reader table (no slot
+                # exhaustion with many workers); readahead off: random access pays no extra IO.
+                env = _ENVS[path] = lmdb.open(path, readonly=True, lock=False, readahead=False,
+                                              max_dbs=MAX_DBS, subdir=True)
+    return env
 
 
 class LMDBStore(Store):
@@ -72,7 +76,7 @@ class LMDBStore(Store):
         self.path = str(Path(path).resolve())
         self._meta: dict | None = None
         self._pid = -1
-        self._txn = None
+        self._local = threading.local()  # one long-lived read transaction per thread
         self._dbs: dict[bytes, Any] = {}
 
     def __getstate__(self) -> dict:
@@ -83,10 +87,13 @@ class LMDBStore(Store):
         self._meta = state["_meta"]
 
     def _handles(self):
-        if self._pid != os.getpid():
-            env, txn = shared_env(self.path)
-            self._txn, self._dbs, self._env, self._pid = txn, {}, env, os.getpid()
-        return self._txn
+        pid = os.getpid()
+        if self._pid != pid:
+            self._env, self._dbs, self._pid = shared_env(self.path), {}, pid
+        local = self._local
+        if getattr(local, "pid", None) != pid:
+            local.txn, local.pid = self._env.begin(buffers=False), pid
+        return local.txn
 
     def _db(self, name: bytes):
         db = self._dbs.get(name)

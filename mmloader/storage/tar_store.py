@@ -5,6 +5,7 @@ import bisect
 import hashlib
 import json
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -47,6 +48,7 @@ class TarStore(Store):
         self._reset_handles()
 
     def _reset_handles(self) -> None:
+        self._lock = threading.Lock()  # the LRU caches below are shared by a thread-backend's threads
         self._pid = os.getpid()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._idx: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -137,6 +139,10 @@ class TarStore(Store):
 
     def _shard_index(self, s: int) -> np.ndarray:
         self._local()
+        with self._lock:
+            return self._shard_index_locked(s)
+
+    def _shard_index_locked(self, s: int) -> np.ndarray:
         table = self._idx.get(s)
         if table is None:
             if self.shards[s]["compressed"]:
@@ -157,6 +163,10 @@ class TarStore(Store):
         return table
 
     def _fd(self, s: int) -> int:
+        with self._lock:
+            return self._fd_locked(s)
+
+    def _fd_locked(self, s: int) -> int:
         fd = self._fds.get(s)
         if fd is None:
             path = self.shard_path(s)
