@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=int, default=2)
     s.add_argument("--step-ms", type=float, default=None, help="training step time to compare against")
     s.add_argument("--raw", action="store_true", help="raw bytes (no image decode)")
+    s.add_argument("--backend", choices=("thread", "process"), default="thread")
     s.set_defaults(func=_bench)
     return p
 

@@ -12,7 +12,7 @@ buffer is one shared-memory segment between processes and one host-to-device cop
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -51,6 +51,9 @@ class Collate:
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate(samples, self.pad_value, self.masks)
 
+    def columns(self, columns: dict[str, Any]) -> dict[str, Any]:
+        return collate_columns(columns, self.pad_value, self.masks)
+
 
 def pack(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate 1-D tensors; returns (flat, offsets) with ``len(offsets) == len(tensors) + 1``."""
@@ -71,18 +74,40 @@ def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
     return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
+class Packed(NamedTuple):
+    """A column already packed by its reader (``ImageReader(decode="raw")`` in the batched path)."""
+    flat: torch.Tensor
+    offsets: torch.Tensor
+
+
+class Stacked(NamedTuple):
+    """A column its reader already assembled into one batch tensor (decoded in a thread pool)."""
+    tensor: torch.Tensor
+
+
 def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = ()) -> dict[str, Any]:
-    """The default collate for :class:`mmloader.Stream` batches."""
+    """The default collate for :class:`mmloader.Stream` batches (rows of samples)."""
     names: dict[str, None] = {}
     for s in samples:
         names.update(dict.fromkeys(s))
+    columns = {name: [s.get(name, _MISSING) for s in samples] for name in names}
+    return collate_columns(columns, pad_value, masks)
+
+
+def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequence[str] = ()) -> dict[str, Any]:
+    """The same batch from columns (``name -> list of values``, or :class:`Packed`)."""
     batch: dict[str, Any] = {}
     always_mask = set(masks)
     masks_out: dict[str, torch.Tensor] = {}
     offsets_out: dict[str, torch.Tensor] = {}
     present: dict[str, torch.Tensor] = {}
-    for name in names:
-        values = [s.get(name, _MISSING) for s in samples]
+    for name, values in columns.items():
+        if isinstance(values, Packed):
+            batch[name], offsets_out[name] = values.flat, values.offsets
+            continue
+        if isinstance(values, Stacked):
+            batch[name] = values.tensor
+            continue
         have = [v is not _MISSING for v in values]
         if not all(have):
             present[name] = torch.tensor(have)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .collate import collate
+from .collate import Collate, collate, collate_columns
 from .distributed import rank_and_world
 from .errors import MMLoaderError, SampleError
 from .planning import RangeList, rank_positions, remaining_ranges, samples_per_rank, worker_batches
@@ -162,6 +162,17 @@ class Stream(torch.utils.data.IterableDataset):
         """Called when a full pass over the epoch finished: a repeat pass is a full epoch."""
         self._state[_RESUMING] = 0
 
+    @property
+    def _columnar(self):
+        """The column collate to use with ``get_batch``, or None when the batch path does not apply."""
+        if self.mix is not None or not hasattr(self.datasets[0], "get_batch"):
+            return None
+        if self.collate_fn is collate:
+            return collate_columns
+        if isinstance(self.collate_fn, Collate):
+            return self.collate_fn.columns
+        return None
+
     # -- iteration (runs in the DataLoader workers) ---------------------------
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -183,6 +194,12 @@ class Stream(torch.utils.data.IterableDataset):
         for start, stop in worker_batches(per_rank, self.batch_size, workers, worker):
             positions = visit.take(mine[start:stop])
             sources, indices = plan.lookup(positions)
+            if self.batch_size and self._columnar is not None:
+                try:  # whole-batch path: one store call per store, raw images packed directly
+                    yield self._columnar(self.datasets[0].get_batch(indices.tolist()))
+                    continue
+                except SampleError:
+                    pass  # the per-sample path below reports (or skips) the culprit by key
             samples = [self._fetch(plan, int(p), int(s), int(i))
                        for p, s, i in zip(positions, sources, indices)]
             if self.batch_size:

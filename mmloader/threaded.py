@@ -1,26 +1,31 @@
-"""A thread backend for :class:`mmloader.Stream`: the same plan, batches built in threads.
+"""A thread backend for :class:`mmloader.Stream`: the same plan, batches built in this process.
 
-JPEG/PNG decoding (libjpeg-turbo, libpng) and file reads release the GIL, so
-threads decode in parallel while batches need no pickling and no shared-memory
-segment to reach the training loop: on few cores this is faster than worker
-processes (see ``benchmarks/RESULTS.md``). Python-heavy transforms, which hold
-the GIL, are better served by the process backend.
+One producer thread walks the rank's batches in plan order (the Python-level
+work: plan lookups, store reads, collate — more threads would only fight over
+the GIL), and a pool of ``num_workers`` threads decodes each batch's images in
+parallel (libjpeg-turbo and libpng release the GIL) straight into one batch
+tensor. Batches need no pickling and no shared-memory segment to reach the
+training loop: with few cores this beats worker processes (see
+``benchmarks/RESULTS.md``). Python-heavy transforms, which hold the GIL, are
+better served by the process backend.
 """
 from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import torch
 
+from .readers.image import set_decode_pool
 from .stream import Stream
 
 _END = object()
 
 
 class ThreadLoader:
-    """Round-robin over ``num_workers`` threads, each producing batches j with j % W == w.
+    """One producer thread in plan order plus ``num_workers`` decode threads.
 
     Batches arrive in the same order as with the process backend (plan order), so
     ``state_dict`` / ``load_state_dict`` mean the same thing. Worker RNGs are not
@@ -41,46 +46,43 @@ class ThreadLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self.stream._where()
-        workers = self.num_workers
         stop = threading.Event()
-        queues = [queue.Queue(maxsize=self.prefetch_factor) for _ in range(workers)]
+        batches: queue.Queue = queue.Queue(maxsize=self.prefetch_factor * self.num_workers)
+        pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="mmloader-decode")
 
-        def put(w: int, item) -> bool:
+        def put(item) -> bool:
             while not stop.is_set():
                 try:
-                    queues[w].put(item, timeout=0.05)
+                    batches.put(item, timeout=0.05)
                     return True
                 except queue.Full:
                     continue
             return False
 
-        def produce(w: int) -> None:
+        def produce() -> None:
+            set_decode_pool(pool)
             try:
-                for batch in self.stream.iter_worker(w, workers):
-                    if not put(w, (None, batch)):
+                for batch in self.stream.iter_worker(0, 1):
+                    if not put((None, batch)):
                         return
-                put(w, (None, _END))
+                put((None, _END))
             except BaseException as e:  # delivered to the consumer, raised there
-                put(w, (e, None))
+                put((e, None))
 
-        threads = [threading.Thread(target=produce, args=(w,), daemon=True, name=f"mmloader-{w}")
-                   for w in range(workers)]
-        for t in threads:
-            t.start()
+        producer = threading.Thread(target=produce, daemon=True, name="mmloader-producer")
+        producer.start()
         try:
-            j = 0
             while True:
-                error, batch = queues[j % workers].get()
+                error, batch = batches.get()
                 if error is not None:
                     raise error
-                if batch is _END:  # batch j does not exist, so no later one does
+                if batch is _END:
                     return
                 yield _pin(batch) if self.pin_memory else batch
-                j += 1
         finally:
             stop.set()
-            for t in threads:
-                t.join(timeout=5)
+            producer.join(timeout=5)
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _pin(batch: Any) -> Any:

@@ -154,6 +154,41 @@ class Zipped(torch.utils.data.Dataset):
             self.cache.put(index, sample)
         return sample
 
+    def get_batch(self, indices: list[int]) -> dict[str, Any]:
+        """Columns for a batch (``name -> values``; packed for raw images), one store call per store.
+
+        Same values as ``[self[i] for i in indices]``; used by :class:`mmloader.Stream` to cut
+        per-sample overhead.
+        """
+        if self.by_key or self.cache is not None:
+            rows = [self[i] for i in indices]
+            return {name: [r[name] for r in rows] for name in ["__key__", *self.readers]}
+        n = len(self)
+        for i in indices:
+            if not 0 <= i < n:
+                raise IndexError(f"index {i} out of range ({n} aligned samples)")
+        pos = [int(self.positions[i]) for i in indices] if self.positions is not None else list(indices)
+        columns: dict[str, Any] = {}
+        keys = None
+        for group in self._groups:
+            store = self.readers[group[0]].store
+            fields = [self.readers[name].field for name in group]
+            group_keys, raw = store.read_many(pos, fields)
+            if keys is None:
+                keys = group_keys
+            elif group_keys != keys:
+                bad = next(j for j, (a, b) in enumerate(zip(keys, group_keys)) if a != b)
+                raise AlignmentError(f"position {pos[bad]}: key {keys[bad]!r} in "
+                                     f"{self.readers[self._groups[0][0]].store.path} but {group_keys[bad]!r} "
+                                     f"in {store.path}")
+            for name in group:
+                reader = self.readers[name]
+                values = reader.from_column(raw[reader.field], keys)
+                t = self.transforms.get(name)
+                columns[name] = [t(v) for v in values] if t is not None else values
+        columns["__key__"] = keys
+        return columns
+
     def __repr__(self) -> str:
         mods = ", ".join(f"{n}={r!r}" for n, r in self.readers.items())
         return f"Zipped({mods}, {len(self)} samples{', by key' if self.by_key else ''})"

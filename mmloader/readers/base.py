@@ -94,6 +94,18 @@ class Reader:
                               where=self.store.path) from e
         return self.transform(value) if self.transform is not None else value
 
+    def from_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
+        """Decode this field for a whole batch (a list of values, or a packed column)."""
+        limit = self.max_field_bytes
+        if not self.field.endswith(".gz") and all(d is not None and len(d) <= limit for d in datas):
+            try:  # the common case without per-sample bookkeeping
+                values = [self.decode(d, k) for d, k in zip(datas, keys)]
+                return values if self.transform is None else [self.transform(v) for v in values]
+            except Exception:
+                pass  # redo sample by sample: the error must name its key
+        return [self.from_record({"__key__": k, self.field: d} if d is not None else {"__key__": k})
+                for d, k in zip(datas, keys)]
+
     def decode(self, data: bytes, key: str) -> Any:
         """Turn a field's bytes into a value. The default returns the bytes (or applies ``decode=``)."""
         return self._decode_fn(data) if self._decode_fn is not None else data

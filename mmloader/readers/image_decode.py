@@ -13,6 +13,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from PIL import Image
+# Imported here, not at first decode: a forked DataLoader worker would otherwise pay for the
+# import (about a second) on its first image.
+from torchvision.io import ImageReadMode, decode_jpeg, decode_png
+from torchvision.transforms.v2.functional import resize
 
 from ..errors import DecodeError, SizeLimitError
 
@@ -117,8 +121,6 @@ def rgb_to_luma(image: torch.Tensor) -> torch.Tensor:
 def decode_to_tensor(data: bytes, mode: str = "RGB", size: int | tuple[int, int] | None = None,
                      max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """Encoded image -> uint8 CHW tensor in ``mode`` (optionally resized to ``size``)."""
-    from torchvision.io import ImageReadMode, decode_jpeg, decode_png
-    from torchvision.transforms.v2.functional import resize
 
     info = probe(data)
     check_pixels(info, max_pixels)

@@ -81,6 +81,17 @@ class Store:
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
+    def read_many(self, indices: Sequence[int], fields: Sequence[str]) -> tuple[list[str], dict[str, list]]:
+        """(keys, {field: [bytes or None per sample]}) for a batch of indices."""
+        keys: list[str] = []
+        columns: dict[str, list] = {f: [] for f in fields}
+        for i in indices:
+            rec = self.read(i, fields)
+            keys.append(rec["__key__"])
+            for f in fields:
+                columns[f].append(rec.get(f))
+        return keys, columns
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.read(index)
 

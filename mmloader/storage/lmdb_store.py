@@ -29,14 +29,14 @@ MAX_DBS = 1024
 
 # One environment per (process, path): py-lmdb refuses to open a path twice in a
 # process, and an environment must never be used across fork().
-_ENVS: dict[str, lmdb.Environment] = {}
+_ENVS: dict[str, tuple[lmdb.Environment, dict]] = {}
 _ENVS_LOCK = threading.Lock()
 
 
 def _forget_inherited_envs() -> None:
     # Runs in a forked child: the parent's handles are unusable here; close our copies
     # (this unmaps them in the child only) so the path can be opened afresh.
-    for env in _ENVS.values():
+    for env, _dbs in _ENVS.values():
         try:
             env.close()
         except Exception:
@@ -47,20 +47,34 @@ def _forget_inherited_envs() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_envs)
 
 
-def shared_env(path: str) -> lmdb.Environment:
-    """This process's read-only environment for ``path`` (opened once, shared by every reader)."""
-    env = _ENVS.get(path)
-    if env is None:
+def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
+    """This process's read-only environment for ``path`` and its sub-database handles.
+
+    Every sub-database is opened here, once, in committed transactions: a handle
+    opened inside a long-lived read transaction would stay private to it, and
+    each thread reads through its own transaction.
+    """
+    hit = _ENVS.get(path)
+    if hit is None:
         with _ENVS_LOCK:
-            env = _ENVS.get(path)
-            if env is None:
+            hit = _ENVS.get(path)
+            if hit is None:
                 if not os.path.isfile(os.path.join(path, "data.mdb")):
                     raise FormatError(f"{path} is not an LMDB environment (no data.mdb)")
                 # lock=False: datasets are frozen once written, so no reader table (no slot
                 # exhaustion with many workers); readahead off: random access pays no extra IO.
-                env = _ENVS[path] = lmdb.open(path, readonly=True, lock=False, readahead=False,
-                                              max_dbs=MAX_DBS, subdir=True)
-    return env
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS,
+                                subdir=True)
+                with env.begin() as txn:
+                    names = [k for k, _v in txn.cursor()]  # the main database lists the named ones
+                dbs = {}
+                for name in names:
+                    try:
+                        dbs[name] = env.open_db(name, create=False)
+                    except lmdb.Error:
+                        pass  # a plain key in the main database, not a sub-database
+                hit = _ENVS[path] = (env, dbs)
+    return hit
 
 
 class LMDBStore(Store):
@@ -89,22 +103,18 @@ class LMDBStore(Store):
     def _handles(self):
         pid = os.getpid()
         if self._pid != pid:
-            self._env, self._dbs, self._pid = shared_env(self.path), {}, pid
+            (self._env, self._dbs), self._pid = shared_env(self.path), pid
         local = self._local
         if getattr(local, "pid", None) != pid:
             local.txn, local.pid = self._env.begin(buffers=False), pid
         return local.txn
 
     def _db(self, name: bytes):
+        self._handles()
         db = self._dbs.get(name)
         if db is None:
-            txn = self._handles()
-            try:
-                db = self._env.open_db(name, txn=txn, create=False)
-            except lmdb.NotFoundError:
-                raise FormatError(f"{self.path}: no sub-database {name.decode()!r}; "
-                                  "is this an mmloader LMDB dataset?") from None
-            self._dbs[name] = db
+            raise FormatError(f"{self.path}: no sub-database {name.decode()!r}; "
+                              "is this an mmloader LMDB dataset?")
         return db
 
     @property
@@ -151,6 +161,22 @@ class LMDBStore(Store):
             if v is not None:
                 out[f] = v
         return out
+
+    def read_many(self, indices, fields):
+        txn = self._handles()
+        n = len(self)
+        for f in fields:
+            if f not in self.metadata["field_counts"]:
+                raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
+        keys_db, pack, get = self._db(KEYS_DB), INDEX_KEY.pack, txn.get
+        dbs = [self._db(f.encode()) for f in fields]
+        ks = []
+        for i in indices:
+            if not 0 <= i < n:
+                self._check_index(i)
+            ks.append(pack(i))
+        keys = [get(k, db=keys_db).decode("utf-8") for k in ks]
+        return keys, {f: [get(k, db=db) for k in ks] for f, db in zip(fields, dbs)}
 
     def field_size(self, index: int, field: str) -> int:
         v = self._handles().get(INDEX_KEY.pack(self._check_index(index)), db=self._db(field.encode()))
