@@ -131,7 +131,7 @@ def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None) 
 # -- loading one item (runs in worker processes) ------------------------------
 def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | None]:
     """Validate (and optionally re-encode) an image; returns (bytes, new extension or None)."""
-    from mmloader.readers.image_decode import check_pixels, probe
+    from mmloader.readers.image_probe import check_pixels, probe
     try:
         info = probe(data)
         check_pixels(info, opts.max_pixels)

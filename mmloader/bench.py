@@ -81,10 +81,15 @@ class MemorySampler:
 
 
 def batch_size_of(batch: Any) -> tuple[int, int]:
-    """(samples, bytes) in a batch: keys count samples; tensors, bytes and str count bytes."""
+    """(samples, bytes) in a batch: keys (or the first column) count samples; tensors, bytes and
+    str count bytes."""
     if isinstance(batch, dict):
         n = len(batch["__key__"]) if "__key__" in batch else 1
         return n, sum(batch_size_of(v)[1] for k, v in batch.items() if k != "__key__")
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, list, tuple)):
+        first = batch[0]  # a (images, captions, ...) tuple of columns
+        n = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else len(first)
+        return n, sum(batch_size_of(v)[1] for v in batch)
     if isinstance(batch, torch.Tensor):
         return 1, batch.element_size() * batch.nelement()
     if isinstance(batch, (bytes, bytearray, str)):
@@ -122,12 +127,11 @@ def measure(loader: Iterable, epochs: int = 1, set_epoch: bool = True) -> dict:
 def main(args) -> int:
     """The CLI: ``mmloader bench PATH|CONFIG [--workers W --batch-size B --epochs E --step-ms T]``."""
     import mmloader
-    from .loader import default_num_workers
+    from .dataloader import default_num_workers
     path = str(args.path)
     if path.endswith((".yaml", ".yml")) or (path.endswith(".json") and not path.endswith("index.json")):
         stream = mmloader.from_config(path, batch_size=args.batch_size)
     else:
-        from .preview import dataset_for_preview  # noqa: F401  (same field discovery)
         store = mmloader.open(path)
         readers = {}
         for f in store.fields:

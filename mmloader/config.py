@@ -31,13 +31,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import AlignmentError, ConfigError, FormatError, MMLoaderError, UnsafeFieldError
-from .mix import Mix
+from .errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
+from .mixture import Mix
 from .readers import IMAGE_EXTENSIONS, reader_for
 from .storage import open_store
 from .storage.textlines import TextLinesStore
 from .stream import Stream
-from .zip import Zipped, zip as zip_readers
+from .align import Zipped, zip as zip_readers
 
 TOP_KEYS = {"seed", "batch_size", "shuffle", "drop_last", "batch_composition", "mix", "sources", "root",
             "block_size", "window_blocks", "on_error", "align"}

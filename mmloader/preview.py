@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .readers import IMAGE_EXTENSIONS, reader_for
 from .storage import open_store
-from .zip import zip as zip_readers
+from .align import zip as zip_readers
 
 THUMB = 160
 

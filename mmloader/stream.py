@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .collate import Collate, collate, collate_columns
+from .batching import Collate, collate, collate_columns
 from .distributed import rank_and_world
 from .errors import MMLoaderError, SampleError
 from .planning import RangeList, rank_positions, remaining_ranges, samples_per_rank, worker_batches
@@ -45,7 +45,7 @@ class Stream(torch.utils.data.IterableDataset):
                  drop_last: bool = False, *, block_size: int = 1024, window_blocks: int = 16,
                  collate_fn: Callable[[list], Any] | None = collate, on_error: str = "raise",
                  max_consecutive_errors: int = 100, seed_workers: bool = True):
-        from .mix import Mix
+        from .mixture import Mix
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
         if batch_size is not None and batch_size < 1:

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import pytest
-import torch
 
 import mmloader
 from mmloader.cli import main as cli

@@ -197,3 +197,32 @@ def test_collate_always_masks_named_modalities():
     assert "__mask__" not in mmloader.collate(same)
     out = mmloader.Collate(masks=["t"])(same)
     assert out["__mask__"]["t"].all() and out["t"].shape == (2, 2)
+
+
+def test_thread_backend_same_batches_and_resume(tmp_path):
+    path = _text_dataset(tmp_path / "d", 57, 3)
+    process = _keys(mmloader.loader(_stream(path, 5), num_workers=2))
+    thread = mmloader.loader(_stream(path, 5), num_workers=2, backend="thread")
+    assert _keys(thread) == process and len(thread) == len(process)
+    it = iter(thread)
+    for _ in range(4):
+        next(it)
+    state = thread.state_dict()
+    del it
+    resumed = mmloader.loader(_stream(path, 5), num_workers=1, backend="thread")
+    resumed.load_state_dict(state)
+    assert _keys(resumed) == process[4:]
+
+
+def test_thread_backend_raises_worker_errors(tmp_path):
+    class Bad(torch.utils.data.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            if i == 7:
+                raise mmloader.SampleError("broken sample", key=f"k{i}")
+            return {"__key__": f"k{i}"}
+    loader = mmloader.loader(mmloader.Stream(Bad(), batch_size=2, shuffle=False), backend="thread")
+    with pytest.raises(mmloader.SampleError, match="k7"):
+        list(loader)

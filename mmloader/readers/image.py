@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Callable
 
 import torch
@@ -10,19 +9,6 @@ import torch
 from ..storage import Store
 from .base import Reader
 from .image_decode import DEFAULT_MAX_PIXELS, MODES, decode_to_pil, decode_to_tensor, probe
-
-# The thread backend sets a decode pool for its producer thread: a batch's images then decode
-# in parallel (libjpeg-turbo releases the GIL) straight into one preallocated batch tensor.
-_context = threading.local()
-
-
-def set_decode_pool(pool) -> None:
-    _context.pool = pool
-
-
-def decode_pool():
-    return getattr(_context, "pool", None)
-
 
 class ImageReader(Reader):
     """An image field, decoded lazily.
@@ -53,51 +39,39 @@ class ImageReader(Reader):
         self.output, self.mode, self.size, self.max_pixels = decode, mode, size, max_pixels
 
     def from_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
-        pool = decode_pool()
-        if self.output == "tensor" and pool is not None and not self.field.endswith(".gz") \
+        if self.output == "tensor" and self.transform is None and not self.field.endswith(".gz") \
                 and all(d is not None and len(d) <= self.max_field_bytes for d in datas):
             try:
-                return self._decode_parallel(pool, datas)
+                stacked = self._decode_into_batch(datas)
+                if stacked is not None:
+                    return stacked
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         if self.output != "raw" or self.transform is not None or self.field.endswith(".gz") \
                 or any(d is None or len(d) > self.max_field_bytes for d in datas):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment.
-        from ..collate import Packed
+        from ..batching import Packed
         lengths = torch.tensor([len(d) for d in datas], dtype=torch.int64)
         offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
         torch.cumsum(lengths, 0, out=offsets[1:])
         return Packed(torch.frombuffer(bytearray().join(datas), dtype=torch.uint8) if datas
                       else torch.empty(0, dtype=torch.uint8), offsets)
 
-    def _decode_parallel(self, pool, datas: list[bytes]) -> Any:
-        """Decode a batch in ``pool``'s threads plus this one: a few large tasks, not one per image."""
-        from ..collate import Stacked
-        n = len(datas)
-        one = lambda d: decode_to_tensor(d, self.mode, self.size, self.max_pixels)
-        out = None
-        if self.transform is None and self.mode != "unchanged" and (self.size is None or not isinstance(self.size, int)):
-            shapes = {probe(d)[1:3] for d in datas}
-            if len(shapes) == 1:  # all one size: decode straight into the batch tensor, no stack copy
-                w, h = shapes.pop()
-                h, w = tuple(self.size) if self.size is not None else (h, w)
-                out = torch.empty((n, {"RGB": 3, "L": 1, "RGBA": 4}[self.mode], h, w), dtype=torch.uint8)
-        values: list[Any] = [None] * n
-
-        def work(part: int, parts: int) -> None:
-            for i in range(part, n, parts):
-                image = one(datas[i])
-                if out is not None:
-                    out[i].copy_(image)
-                else:
-                    values[i] = image if self.transform is None else self.transform(image)
-        parts = pool._max_workers
-        futures = [pool.submit(work, p, parts) for p in range(1, parts)]
-        work(0, parts)
-        for f in futures:
-            f.result()
-        return Stacked(out) if out is not None else values
+    def _decode_into_batch(self, datas: list[bytes]) -> Any:
+        """Decode straight into one (B, C, H, W) tensor when every image has one size: no stack copy."""
+        from ..batching import Stacked
+        if self.mode == "unchanged" or isinstance(self.size, int):
+            return None
+        shapes = {probe(d)[1:3] for d in datas}
+        if len(shapes) != 1:
+            return None
+        w, h = shapes.pop()
+        h, w = tuple(self.size) if self.size is not None else (h, w)
+        out = torch.empty((len(datas), {"RGB": 3, "L": 1, "RGBA": 4}[self.mode], h, w), dtype=torch.uint8)
+        for i, d in enumerate(datas):
+            out[i].copy_(decode_to_tensor(d, self.mode, self.size, self.max_pixels))
+        return Stacked(out)
 
     def decode(self, data: bytes, key: str) -> Any:
         if self.output == "raw":

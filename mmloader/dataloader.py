@@ -116,9 +116,11 @@ def loader(stream: Stream, num_workers: int | None = None, *, backend: str = "pr
         workers = default_num_workers() if num_workers is None else num_workers
         pin = kwargs.pop("pin_memory", None)
         prefetch = kwargs.pop("prefetch_factor", None) or 2
+        producers = kwargs.pop("producers", None)
         if kwargs:
             raise TypeError(f"backend='thread' does not take {sorted(kwargs)}")
-        return ThreadedLoader(stream, workers, prefetch, torch.cuda.is_available() if pin is None else pin)
+        return ThreadedLoader(stream, workers, prefetch, torch.cuda.is_available() if pin is None else pin,
+                              producers)
     if backend != "process":
         raise ValueError(f"backend={backend!r}: expected 'process' or 'thread'")
     return Loader(stream, num_workers=num_workers, **kwargs)

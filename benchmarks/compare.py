@@ -1,0 +1,392 @@
+"""Side-by-side loader benchmark: mmloader vs WebDataset, MosaicML Streaming, LitData, a raw
+folder with Pillow and a naive pickle-in-LMDB dataset, plus the hardware limits.
+
+    pip install -e '.[bench]'
+    python benchmarks/compare.py                      # 20,000 generated 256-px JPEG+caption pairs
+    python benchmarks/compare.py --samples 4000 --rounds 3 --raw-folder MY_PAIRS/
+
+Every measurement runs in a fresh process (so memory and caches do not leak between
+contenders); contenders alternate within each round and the table reports medians.
+Results go to benchmarks/RESULTS.md and benchmarks/results.png.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+DECODED, RAW = "decoded", "raw"
+CONTENDERS = ["mmloader-lmdb-thread", "mmloader-tar-thread", "mmloader-lmdb-process", "mmloader-tar-process",
+              "webdataset-docs", "webdataset-tuned", "mosaicml-streaming", "litdata", "folder-pillow",
+              "pickle-lmdb"]
+NO_RAW = {"webdataset-docs", "folder-pillow"}  # by definition they decode
+
+
+# -- data and conversion ----------------------------------------------------------------------
+def prepare(args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = Path(args.raw_folder) if args.raw_folder else out / f"raw-{args.samples}"
+    if not args.raw_folder and not (raw / ".complete").exists():
+        from data import make_folder
+        print(f"generating {args.samples} image+caption pairs in {raw} ...", flush=True)
+        shutil.rmtree(raw, ignore_errors=True)
+        mean = make_folder(raw, args.samples)
+        (raw / ".complete").write_text(f"{mean:.0f}")
+    stems = sorted(p.stem for p in raw.glob("*.jpg"))
+    timings = {}
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        fn()
+        timings[name] = time.perf_counter() - t0
+        print(f"  converted with {name}: {timings[name]:.1f} s", flush=True)
+
+    paths = {"raw": raw, "lmdb": out / "mm.lmdb", "tar": out / "mm-shards", "wds": out / "wds",
+             "mds": out / "mds", "litdata": out / "litdata", "pickle": out / "pickle.lmdb"}
+    mm = [str(ROOT / ".venv/bin/mmloader") if (ROOT / ".venv/bin/mmloader").exists() else "mmloader"]
+    timed("mmloader (tar, --workers %d)" % args.workers, lambda: subprocess.run(
+        mm + ["convert", "pairs", str(raw), str(paths["tar"]), "--workers", str(args.workers), "--shard-size",
+              "1000", "--overwrite", "-q"], check=True, stdout=subprocess.DEVNULL))
+    timed("mmloader (lmdb, --workers %d)" % args.workers, lambda: subprocess.run(
+        mm + ["convert", "pairs", str(raw), str(paths["lmdb"]), "--workers", str(args.workers), "--overwrite",
+              "-q"], check=True, stdout=subprocess.DEVNULL))
+
+    def wds_write():
+        import webdataset as wds
+        shutil.rmtree(paths["wds"], ignore_errors=True)
+        paths["wds"].mkdir()
+        with wds.ShardWriter(str(paths["wds"] / "shard-%06d.tar"), maxcount=1000, verbose=0) as sink:
+            for stem in stems:
+                sink.write({"__key__": stem, "jpg": (raw / f"{stem}.jpg").read_bytes(),
+                            "txt": (raw / f"{stem}.txt").read_text()})
+    timed("webdataset ShardWriter (python loop)", wds_write)
+
+    def mds_write():
+        from streaming import MDSWriter
+        shutil.rmtree(paths["mds"], ignore_errors=True)
+        with MDSWriter(out=str(paths["mds"]), columns={"jpg": "bytes", "txt": "str"}) as w:
+            for stem in stems:
+                w.write({"jpg": (raw / f"{stem}.jpg").read_bytes(), "txt": (raw / f"{stem}.txt").read_text()})
+    try:
+        timed("MosaicML MDSWriter", mds_write)
+    except ImportError:
+        print("  mosaicml-streaming not installed: skipped")
+
+    def lit_write():
+        shutil.rmtree(paths["litdata"], ignore_errors=True)
+        subprocess.run([sys.executable, str(HERE / "compare.py"), "--litdata-optimize", str(raw),
+                        str(paths["litdata"]), "--workers", str(args.workers)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if importlib.util.find_spec("litdata"):
+        timed(f"litdata.optimize (num_workers={args.workers})", lit_write)
+    else:
+        print("  litdata not installed: skipped")
+
+    def pickle_write():
+        import lmdb
+        shutil.rmtree(paths["pickle"], ignore_errors=True)
+        env = lmdb.open(str(paths["pickle"]), map_size=1 << 34, subdir=True)
+        with env.begin(write=True) as txn:
+            for i, stem in enumerate(stems):
+                txn.put(str(i).encode(), pickle.dumps(((raw / f"{stem}.jpg").read_bytes(),
+                                                       (raw / f"{stem}.txt").read_text())))
+            txn.put(b"__len__", str(len(stems)).encode())
+        env.sync()
+        env.close()
+    timed("folder2lmdb pattern (pickle)", pickle_write)
+    return {"paths": {k: str(v) for k, v in paths.items()}, "conversion_s": timings, "count": len(stems),
+            "mean_jpeg_bytes": float((raw / ".complete").read_text()) if (raw / ".complete").exists() else None}
+
+
+def _lit_fn(stem_and_dir):
+    stem, raw = stem_and_dir
+    return {"jpg": (Path(raw) / f"{stem}.jpg").read_bytes(), "txt": (Path(raw) / f"{stem}.txt").read_text()}
+
+
+def litdata_optimize(raw: str, out: str, workers: int) -> None:
+    import litdata
+    stems = sorted(p.stem for p in Path(raw).glob("*.jpg"))
+    litdata.optimize(fn=_lit_fn, inputs=[(s, raw) for s in stems], output_dir=out, chunk_bytes="64MB",
+                     num_workers=workers, verbose=False)
+
+
+# -- contenders (each built inside a fresh measuring process) ---------------------------------
+def _tv_decode(b: bytes):
+    import torch
+    from torchvision.io import decode_jpeg
+    return decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
+
+
+def _columns(items):
+    """Collate for peers' raw workload: (list of bytes, list of captions); bytes do not stack."""
+    return tuple(map(list, zip(*items)))
+
+
+def build(name: str, workload: str, paths: dict, workers: int, batch: int):
+    import torch
+    import torchvision.io  # imported before workers fork: no contender pays it per worker
+    del torchvision
+    from torch.utils.data import DataLoader, Dataset
+    decode = workload == DECODED
+    if name.startswith("mmloader"):
+        import mmloader
+        _, store, backend = name.split("-")
+        path = paths["lmdb" if store == "lmdb" else "tar"]
+        ds = mmloader.zip(image=mmloader.ImageReader(path, decode="tensor" if decode else "raw"),
+                          caption=mmloader.TextReader(path))
+        return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers, backend=backend)
+    if name.startswith("webdataset"):
+        import webdataset as wds
+        urls = sorted(str(p) for p in Path(paths["wds"]).glob("*.tar"))
+        pipe = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only,
+                              workersplitter=wds.split_by_worker).shuffle(1000)
+        if name == "webdataset-docs":
+            pipe = pipe.decode("torchrgb8")
+        elif decode:
+            pipe = pipe.map_dict(jpg=_tv_decode)
+        pipe = pipe.to_tuple("jpg", "txt").batched(batch, partial=True)
+        return DataLoader(pipe, batch_size=None, num_workers=workers)
+    if name == "mosaicml-streaming":
+        from streaming import StreamingDataset
+
+        class MDS(StreamingDataset):
+            def __getitem__(self, i):
+                s = super().__getitem__(i)
+                return (_tv_decode(s["jpg"]) if decode else s["jpg"]), s["txt"]
+        ds = MDS(local=paths["mds"], batch_size=batch, shuffle=True, shuffle_seed=0)
+        return DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=None if decode else _columns)
+    if name == "litdata":
+        import litdata
+
+        def to_item(s):
+            jpg = bytes(s["jpg"])  # litdata hands out memoryviews, which cannot cross processes
+            return (_tv_decode(jpg) if decode else jpg), s["txt"]
+        ds = litdata.StreamingDataset(paths["litdata"], shuffle=True, transform=to_item)
+        return litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers,
+                                           collate_fn=None if decode else _columns)
+    if name == "folder-pillow":
+        from PIL import Image
+        import numpy as np
+        raw = Path(paths["raw"])
+        stems = sorted(p.stem for p in raw.glob("*.jpg"))
+
+        class Folder(Dataset):
+            def __len__(self):
+                return len(stems)
+
+            def __getitem__(self, i):
+                im = Image.open(raw / f"{stems[i]}.jpg").convert("RGB")
+                t = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)
+                return t, (raw / f"{stems[i]}.txt").read_text()
+        return DataLoader(Folder(), batch_size=batch, shuffle=True, num_workers=workers)
+    if name == "pickle-lmdb":
+        import lmdb
+
+        class PickleLMDB(Dataset):  # the folder2lmdb pattern: env opened in __init__
+            def __init__(self):
+                self.env = lmdb.open(paths["pickle"], readonly=True, lock=False, readahead=False, meminit=False)
+                with self.env.begin() as txn:
+                    self.n = int(txn.get(b"__len__"))
+
+            def __len__(self):
+                return self.n
+
+            def __getitem__(self, i):
+                with self.env.begin() as txn:
+                    jpg, txt = pickle.loads(txn.get(str(i).encode()))
+                return (_tv_decode(jpg) if decode else jpg), txt
+        return DataLoader(PickleLMDB(), batch_size=batch, shuffle=True, num_workers=workers,
+                          collate_fn=None if decode else _columns)
+    raise ValueError(name)
+
+
+def run_one(name: str, workload: str, paths: dict, workers: int, batch: int) -> dict:
+    from mmloader.bench import measure
+    loader = build(name, workload, paths, workers, batch)
+    r = measure(loader, epochs=1, set_epoch=False)
+    if r["samples"] < 0.95 * int(paths["count"]):
+        raise RuntimeError(f"{name} delivered {r['samples']} of {paths['count']} samples")
+    return r
+
+
+def limits(paths: dict, workers: int) -> dict:
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+    from torchvision.io import decode_jpeg
+    import mmloader
+    store = mmloader.open(paths["lmdb"])
+    datas = [torch.frombuffer(bytearray(store.read(i, ["jpg"])["jpg"]), dtype=torch.uint8)
+             for i in range(min(len(store), 6000))]
+    threads = os.cpu_count() or 1
+    out = {}
+    with ThreadPoolExecutor(threads) as ex:
+        chunks = [datas[i::threads] for i in range(threads)]
+        list(ex.map(lambda c: [decode_jpeg(d) for d in c[:50]], chunks))  # warm up
+        best = 0.0
+        for _ in range(3):
+            t0 = time.perf_counter()
+            list(ex.map(lambda c: [decode_jpeg(d) for d in c], chunks))
+            best = max(best, len(datas) / (time.perf_counter() - t0))
+    out["decode_limit"] = best
+    shards = sorted(Path(paths["tar"]).glob("*.tar"))
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for p in shards:
+            with open(p, "rb") as f:
+                while f.read(1 << 22):
+                    pass
+        best = max(best, int(paths["count"]) / (time.perf_counter() - t0))
+    out["page_cache_read"] = best
+    return out
+
+
+# -- driver ----------------------------------------------------------------------------------
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=20_000)
+    p.add_argument("--raw-folder", help="use this pairs folder (NAME.jpg + NAME.txt) instead of generating one")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=str(ROOT / "bench-out"))
+    p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
+    p.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    p.add_argument("--timeout", type=int, default=600, help="seconds before a contender's run counts as hung")
+    p.add_argument("--run", nargs=2, metavar=("CONTENDER", "WORKLOAD"), help=argparse.SUPPRESS)
+    p.add_argument("--paths", help=argparse.SUPPRESS)
+    p.add_argument("--limits", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--litdata-optimize", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.litdata_optimize:
+        litdata_optimize(*args.litdata_optimize, args.workers)
+        return 0
+    if args.run or args.limits:  # child: one measurement, JSON on stdout's last line
+        paths = json.loads(args.paths)
+        result = limits(paths, args.workers) if args.limits else \
+            run_one(args.run[0], args.run[1], paths, args.workers, args.batch_size)
+        print(json.dumps(result))
+        return 0
+
+    info = prepare(args)
+    paths = {**info["paths"], "count": info["count"]}
+    names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
+    results: dict[tuple[str, str], list[dict]] = {}
+    failures: dict[tuple[str, str], str] = {}
+    cmd_base = [sys.executable, str(HERE / "compare.py"), "--paths", json.dumps(paths), "--workers",
+                str(args.workers), "--batch-size", str(args.batch_size)]
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]  # alternate who goes first
+        for workload in (DECODED, RAW):
+            for name in order:
+                if workload == RAW and name in NO_RAW or (name, workload) in failures:
+                    continue
+                try:
+                    proc = subprocess.run(cmd_base + ["--run", name, workload], capture_output=True, text=True,
+                                          timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    failures[(name, workload)] = f"no result within {args.timeout} s (hung)"
+                    print(f"round {r}: {name} {workload}: FAILED {failures[(name, workload)]}", flush=True)
+                    continue
+                try:
+                    res = json.loads(proc.stdout.strip().splitlines()[-1])
+                except (IndexError, ValueError):
+                    failures[(name, workload)] = (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
+                    print(f"round {r}: {name} {workload}: FAILED {failures[(name, workload)]}", flush=True)
+                    continue
+                results.setdefault((name, workload), []).append(res)
+                print(f"round {r}: {name:<24} {workload:<8} {res['samples_per_s']:>9,.0f} samples/s  "
+                      f"first batch {res['first_batch_s'] * 1000:6.0f} ms  PSS {res['peak_pss_mb']:6.0f} MB", flush=True)
+    lim = json.loads(subprocess.run(cmd_base + ["--limits"], capture_output=True, text=True,
+                                    check=True).stdout.strip().splitlines()[-1])
+    write_results(args, info, results, failures, lim)
+    return 0
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def write_results(args, info, results, failures, lim) -> None:
+    import torch
+    lines = ["# Benchmark results", "",
+             f"Command: `python benchmarks/compare.py --samples {args.samples} --workers {args.workers} "
+             f"--batch-size {args.batch_size} --rounds {args.rounds}`  ",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+             f"torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M')}  ",
+             f"Data: {info['count']} samples, 256-px JPEG (mean {info['mean_jpeg_bytes'] or 0:,.0f} bytes) + caption; "
+             "every measurement in a fresh process, contenders alternating, medians of the rounds; "
+             "shuffled reading everywhere; page cache warm.", ""]
+    versions = []
+    for mod in ("webdataset", "streaming", "litdata", "lmdb"):
+        try:
+            versions.append(f"{mod} {__import__(mod).__version__}")
+        except Exception:
+            pass
+    lines += ["Versions: " + ", ".join(versions), ""]
+    for workload in (DECODED, RAW):
+        title = "Decoded images (uint8 CHW) + captions" if workload == DECODED else "Raw bytes (no decode) + captions"
+        lines += [f"## {title}", "", "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for name in CONTENDERS:
+            runs = results.get((name, workload))
+            if runs:
+                lines.append(f"| {name} | {_median(runs, 'samples_per_s'):,.0f} | {_median(runs, 'first_batch_s') * 1000:,.0f} | "
+                             f"{_median(runs, 'peak_pss_mb'):,.0f} | {_median(runs, 'peak_worker_uss_mb'):,.0f} |")
+            elif (name, workload) in failures:
+                lines.append(f"| {name} | failed: {failures[(name, workload)]} | | | |")
+        ours = {n: _median(r, "samples_per_s") for (n, w), r in results.items() if w == workload and n.startswith("mmloader")}
+        peers = {n: _median(r, "samples_per_s") for (n, w), r in results.items() if w == workload and not n.startswith("mmloader")}
+        if ours and peers:
+            best_ours, best_peer = max(ours.items(), key=lambda x: x[1]), max(peers.items(), key=lambda x: x[1])
+            lines += ["", f"Best mmloader ({best_ours[0]}) / best peer ({best_peer[0]}): "
+                          f"**{best_ours[1] / best_peer[1]:.2f}x**."]
+            if workload == DECODED:
+                lines.append(f"Best mmloader / decode limit ({lim['decode_limit']:,.0f} images/s, torchvision in "
+                             f"{os.cpu_count()} threads from memory, no loader): **{best_ours[1] / lim['decode_limit']:.2f}x**.")
+            else:
+                lines.append(f"Best mmloader / one-thread page-cache read of the shards ({lim['page_cache_read']:,.0f} "
+                             f"samples/s): {best_ours[1] / lim['page_cache_read']:.2f}x.")
+        lines.append("")
+    lines += ["## Conversion (raw folder -> dataset)", "", "| writer | seconds | samples/s |", "| --- | ---: | ---: |"]
+    for name, s in info["conversion_s"].items():
+        lines.append(f"| {name} | {s:.1f} | {info['count'] / s:,.0f} |")
+    lines.append("")
+    Path(args.results).write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for ax, workload in zip(axes, (DECODED, RAW)):
+            names = [n for n in CONTENDERS if (n, workload) in results]
+            vals = [_median(results[(n, workload)], "samples_per_s") for n in names]
+            ax.barh(names, vals, color=["tab:blue" if n.startswith("mmloader") else "tab:gray" for n in names])
+            ax.set_title(f"{workload}: samples/s (median)")
+            ax.invert_yaxis()
+            if workload == DECODED:
+                ax.axvline(lim["decode_limit"], color="tab:red", linestyle="--", label="decode limit")
+                ax.legend()
+        fig.tight_layout()
+        fig.savefig(HERE / "results.png", dpi=110)
+    except ImportError:
+        pass
+    print(Path(args.results).read_text())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""``mmloader.GPUDecode``: decode a batch's JPEGs on the GPU (nvJPEG through torchvision).
+
+Batches come from a loader over ``ImageReader(decode="raw")``: the encoded bytes
+of a batch arrive packed in one buffer (``batch[name]`` + ``batch["__offsets__"][name]``).
+GPUDecode moves nothing but those bytes, decodes the whole batch with one call of
+``torchvision.io.decode_jpeg(list, device="cuda")``, optionally resizes, crops,
+flips and normalises on the GPU, converts the dtype, and hands the trainer a
+ready ``(B, C, H, W)`` tensor. Batch *n + 1* is decoded on a side CUDA stream
+while the model trains on batch *n*. Non-JPEG images fall back to the CPU
+decoder for those items only. Without CUDA the same code decodes on the CPU with
+the same decoder as ``ImageReader`` (pixel-identical), so code and tests run anywhere.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from .batching import unpack
+from .readers.image_decode import decode_to_tensor
+
+_JPEG = b"\xff\xd8\xff"
+
+
+class GPUDecode:
+    """Wrap a loader; yield its batches with ``name`` decoded on ``device``.
+
+    ``size``: (h, w) resize (antialiased) of every image; ``crop``: (h, w) centre crop
+    after it (random crop with ``random_crop=True``); ``flip``: random horizontal flip
+    probability; ``mean``/``std``: per-channel normalisation in [0, 1] units; ``dtype``:
+    output dtype (uint8 keeps pixels; float types scale to [0, 1] before normalising).
+
+    >>> loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(
+    ...     "train/", decode="raw"), label=mmloader.LabelReader("train/")), batch_size=256))   # doctest: +SKIP
+    >>> for batch in mmloader.GPUDecode(loader, size=(224, 224), dtype=torch.bfloat16,
+    ...                                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):  # doctest: +SKIP
+    ...     model(batch["image"])
+    """
+
+    def __init__(self, loader: Iterable, name: str = "image", device: str | torch.device | None = None, *,
+                 dtype: torch.dtype = torch.uint8, size: Sequence[int] | None = None,
+                 crop: Sequence[int] | None = None, random_crop: bool = False, flip: float = 0.0,
+                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 channels_last: bool = False, mode: str = "RGB"):
+        self.loader, self.name = loader, name
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype, self.size, self.crop, self.random_crop, self.flip = dtype, size, crop, random_crop, flip
+        self.mean, self.std, self.channels_last, self.mode = mean, std, channels_last, mode
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
+        if mean is not None and not dtype.is_floating_point:
+            raise ValueError("normalising needs a floating dtype (e.g. torch.bfloat16)")
+        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, attr: str) -> Any:  # set_epoch, state_dict, load_state_dict... of the loader
+        if attr in ("loader", "__setstate__"):
+            raise AttributeError(attr)
+        return getattr(self.loader, attr)
+
+    # -- decoding -------------------------------------------------------------------------------
+    def decode_images(self, encoded: list[torch.Tensor]) -> list[torch.Tensor]:
+        """uint8 CHW images on ``self.device``; JPEGs batched through nvJPEG, the rest on the CPU."""
+        tv_mode = {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY}[self.mode]
+        out: list[torch.Tensor | None] = [None] * len(encoded)
+        jpeg = [i for i, t in enumerate(encoded) if bytes(t[:3].tolist()) == _JPEG]
+        if jpeg and self.device.type == "cuda":
+            try:
+                decoded = decode_jpeg([encoded[i] for i in jpeg], mode=tv_mode, device=self.device)
+                for i, image in zip(jpeg, decoded):
+                    out[i] = image
+            except RuntimeError:
+                pass  # e.g. a CMYK or corrupt JPEG in the batch: those go through the CPU path below
+        for i, t in enumerate(encoded):
+            if out[i] is None:  # CPU: the same decoder (and errors) as ImageReader
+                out[i] = decode_to_tensor(t.numpy().tobytes(), self.mode).to(self.device, non_blocking=True)
+        return out  # type: ignore[return-value]
+
+    def transform(self, images: list[torch.Tensor]) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as F
+        if self.size is not None:
+            images = [F.resize(im, list(self.size), antialias=True) for im in images]
+        if self.crop is not None:
+            h, w = self.crop
+            if self.random_crop:
+                cropped = []
+                for im in images:
+                    top = int(torch.randint(0, im.shape[-2] - h + 1, (1,)))
+                    left = int(torch.randint(0, im.shape[-1] - w + 1, (1,)))
+                    cropped.append(im[..., top:top + h, left:left + w])
+                images = cropped
+            else:
+                images = [F.center_crop(im, [h, w]) for im in images]
+        if len({tuple(im.shape) for im in images}) != 1:
+            raise ValueError(f"images in a batch differ in size {sorted({tuple(im.shape) for im in images})}; "
+                             "give GPUDecode(size=...) or crop=... to batch them")
+        batch = torch.stack(images)
+        if self.flip:
+            flip = torch.rand(len(images), device=batch.device) < self.flip
+            batch = torch.where(flip[:, None, None, None], batch.flip(-1), batch)
+        if self.dtype.is_floating_point:
+            batch = batch.to(self.dtype).div_(255)
+            if self.mean is not None:
+                mean = torch.tensor(self.mean, dtype=self.dtype, device=batch.device)[None, :, None, None]
+                std = torch.tensor(self.std, dtype=self.dtype, device=batch.device)[None, :, None, None]
+                batch = batch.sub_(mean).div_(std)
+        if self.channels_last:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        return batch
+
+    def _process(self, batch: dict) -> dict:
+        encoded = unpack(batch, self.name)  # views of one (pinned, with CUDA) buffer: no copies
+        batch = dict(batch)
+        batch[self.name] = self.transform(self.decode_images(encoded))
+        offsets = dict(batch.get("__offsets__", {}))
+        offsets.pop(self.name, None)
+        batch["__offsets__"] = offsets
+        if not offsets:
+            del batch["__offsets__"]
+        return batch
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._side is None:
+            for batch in self.loader:
+                yield self._process(batch)
+            return
+        # Decode batch n+1 on a side stream while the caller's stream works on batch n.
+        pending = None
+        for batch in self.loader:
+            with torch.cuda.stream(self._side):
+                ready = self._process(batch)
+                event = torch.cuda.Event()
+                event.record(self._side)
+            if pending is not None:
+                yield self._handoff(*pending)
+            pending = (ready, event)
+        if pending is not None:
+            yield self._handoff(*pending)
+
+    def _handoff(self, batch: dict, event: torch.cuda.Event) -> dict:
+        torch.cuda.current_stream(self.device).wait_event(event)
+        image = batch[self.name]
+        image.record_stream(torch.cuda.current_stream(self.device))  # its memory now belongs to the caller's stream
+        return batch

@@ -1,0 +1,100 @@
+"""GPUDecode on the CPU: the same pixels as the normal decode path (same decoder)."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mmloader
+from mmloader.readers.image_decode import decode_to_tensor
+
+from conftest import jpeg_bytes
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu") / "imgs"
+    with mmloader.ShardWriter(path, max_samples=8) as w:
+        for i in range(20):
+            if i % 7 == 3:  # a PNG among JPEGs: decoded on the CPU for that item only
+                buf = io.BytesIO()
+                Image.fromarray(np.full((32, 48, 3), i * 10, np.uint8)).save(buf, "PNG")
+                w.write({"__key__": f"k{i:03d}", "jpg": buf.getvalue(), "cls": i})
+            else:
+                w.write({"__key__": f"k{i:03d}", "jpg": jpeg_bytes(i, size=(48, 32)), "cls": i})
+    return path
+
+
+def _loader(path, decode, backend="thread"):
+    ds = mmloader.zip(image=mmloader.ImageReader(path, decode=decode), label=mmloader.LabelReader(path))
+    return mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=3), num_workers=2, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_raw_batches_are_packed(mixed, backend):
+    batch = next(iter(_loader(mixed, "raw", backend)))
+    flat, offsets = batch["image"], batch["__offsets__"]["image"]
+    assert flat.dtype == torch.uint8 and flat.dim() == 1 and offsets.shape == (7,)
+    store = mmloader.open(mixed)
+    for key, t in zip(batch["__key__"], mmloader.unpack(batch, "image")):
+        assert bytes(t.numpy()) == store.get(key)["jpg"]
+
+
+def test_cpu_fallback_equals_normal_decode_pixel_for_pixel(mixed):
+    normal = list(_loader(mixed, "tensor"))
+    gpu_path = list(mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu"))
+    assert len(normal) == len(gpu_path) == 4
+    for a, b in zip(normal, gpu_path):
+        assert a["__key__"] == b["__key__"]
+        assert torch.equal(a["image"], b["image"])
+        assert torch.equal(a["label"], b["label"])
+        assert "__offsets__" not in b
+
+
+def test_transforms_match_torchvision_v2_on_cpu(mixed):
+    from torchvision.transforms.v2 import functional as F
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    stage = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu", size=(40, 60), crop=(32, 32),
+                               dtype=torch.float32, mean=mean, std=std, channels_last=True)
+    batch = next(iter(stage))
+    store = mmloader.open(mixed)
+    expect = []
+    for key in batch["__key__"]:
+        im = decode_to_tensor(store.get(key)["jpg"])
+        im = F.center_crop(F.resize(im, [40, 60], antialias=True), [32, 32]).float() / 255
+        expect.append(F.normalize(im, list(mean), list(std)))
+    got = batch["image"]
+    assert got.shape == (6, 3, 32, 32) and got.dtype == torch.float32
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(got, torch.stack(expect), atol=1e-5)
+
+
+def test_bf16_and_flip(mixed):
+    stage = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu", size=(32, 48), dtype=torch.bfloat16, flip=1.0)
+    plain = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu", size=(32, 48), dtype=torch.bfloat16)
+    a, b = next(iter(stage)), next(iter(plain))
+    assert a["image"].dtype == torch.bfloat16
+    assert torch.equal(a["image"], b["image"].flip(-1))
+
+
+def test_resume_api_passes_through(mixed):
+    stage = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu")
+    it = iter(stage)
+    next(it)
+    state = stage.state_dict()
+    assert state["consumed"] == 6 and len(stage) == 4
+
+
+def test_mixed_sizes_need_a_size(mixed, tmp_path):
+    path = tmp_path / "sizes"
+    with mmloader.ShardWriter(path) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, size=(40 + 8 * i, 32))})
+    loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, decode="raw")),
+                                             batch_size=4), num_workers=0)
+    with pytest.raises(ValueError, match="differ in size"):
+        next(iter(mmloader.GPUDecode(loader, device="cpu")))
+    assert next(iter(mmloader.GPUDecode(loader, device="cpu", size=(32, 32))))["image"].shape == (4, 3, 32, 32)
