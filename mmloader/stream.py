@@ -13,6 +13,7 @@ from .batching import Collate, collate, collate_columns
 from .distributed import rank_and_world
 from .errors import MMLoaderError, SampleError
 from .planning import RangeList, rank_positions, remaining_ranges, samples_per_rank, worker_batches
+from .planning.bucketing import BucketedOrder
 from .planning.mixing import SingleOrder
 from .planning.partition import batches_per_rank
 
@@ -34,6 +35,9 @@ class Stream(torch.utils.data.IterableDataset):
     * With ``batch_size``, workers build whole batches (use ``mmloader.loader``).
     * ``on_error="skip"`` replaces a bad sample with the next one in the plan
       (counted in ``skipped``, logged with its key), so batch counts stay equal.
+    * ``bucket_by`` (a modality name — its stored byte size is the length — or a
+      callable ``index -> length``) groups samples of similar length into batches
+      within windows of ``bucket_window`` batches, to cut padding.
 
     >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
     >>> for epoch in range(10):                             # doctest: +SKIP
@@ -44,7 +48,8 @@ class Stream(torch.utils.data.IterableDataset):
     def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, *, block_size: int = 1024, window_blocks: int = 16,
                  collate_fn: Callable[[list], Any] | None = collate, on_error: str = "raise",
-                 max_consecutive_errors: int = 100, seed_workers: bool = True):
+                 max_consecutive_errors: int = 100, seed_workers: bool = True,
+                 bucket_by: str | Callable[[int], int] | None = None, bucket_window: int = 64):
         from .mixture import Mix
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
@@ -64,6 +69,13 @@ class Stream(torch.utils.data.IterableDataset):
         self.block_size, self.window_blocks = block_size, window_blocks
         self.collate_fn, self.on_error, self.max_consecutive_errors = collate_fn, on_error, max_consecutive_errors
         self.seed_workers = seed_workers
+        if bucket_by is not None and not batch_size:
+            raise ValueError("bucket_by needs batch_size")
+        if isinstance(bucket_by, str) and self.mix is None:
+            readers = getattr(dataset, "readers", {})
+            if bucket_by not in readers:
+                raise ValueError(f"bucket_by={bucket_by!r} is not a modality of the dataset ({sorted(readers)})")
+        self.bucket_by, self.bucket_window = bucket_by, bucket_window
         self._state = torch.zeros(4, dtype=torch.int64).share_memory_()
         self._resume: dict | None = None
         self.skipped = 0
@@ -97,8 +109,27 @@ class Stream(torch.utils.data.IterableDataset):
                     window_blocks=self.window_blocks)
         if self.mix is not None:
             unit = self.batch_size if self.mix.composition == "source" else 1
-            return self.mix.order(unit=unit, **opts)
-        return SingleOrder(len(self.datasets[0]), **opts)
+            plan = self.mix.order(unit=unit, **opts)
+        else:
+            plan = SingleOrder(len(self.datasets[0]), **opts)
+        if self.bucket_by is not None:
+            plan = BucketedOrder(plan, self._lengths, self.batch_size, self.bucket_window, self.seed, e)
+        return plan
+
+    def _lengths(self, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        if callable(self.bucket_by):
+            return np.array([self.bucket_by(int(i)) if self.mix is None else self.bucket_by(int(s), int(i))
+                             for s, i in zip(sources, indices)])
+        out = np.zeros(len(indices), dtype=np.int64)
+        for n, (s, i) in enumerate(zip(sources.tolist(), indices.tolist())):
+            ds = self.datasets[s]
+            reader = getattr(ds, "readers", {}).get(self.bucket_by)
+            if reader is not None:
+                pos = int(ds.positions[i]) if getattr(ds, "positions", None) is not None else i
+                if getattr(ds, "by_key", False):  # the reader's store may order samples differently
+                    pos = reader.store.index_of(ds.key(i))
+                out[n] = reader.store.field_size(pos, reader.field)
+        return out
 
     def _visit(self, plan) -> RangeList:
         r = self._resume

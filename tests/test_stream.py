@@ -226,3 +226,29 @@ def test_thread_backend_raises_worker_errors(tmp_path):
     loader = mmloader.loader(mmloader.Stream(Bad(), batch_size=2, shuffle=False), backend="thread")
     with pytest.raises(mmloader.SampleError, match="k7"):
         list(loader)
+
+
+def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
+    import random
+    rng = random.Random(0)
+    path = tmp_path / "var.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(400):
+            w.write({"__key__": f"k{i:04d}", "txt": "w " * rng.randint(1, 60)})
+    tok = lambda s: torch.ones(len(s.split()), dtype=torch.long)
+
+    def run(**kw):
+        ds = mmloader.zip(tokens=mmloader.TextReader(path, transform=tok))
+        stream = mmloader.Stream(ds, batch_size=16, seed=1, **kw)
+        batches = list(mmloader.loader(stream, num_workers=2))
+        padding = sum(int((~b["__mask__"]["tokens"]).sum()) for b in batches)
+        return batches, padding
+    plain, plain_pad = run()
+    bucketed, bucketed_pad = run(bucket_by="tokens", bucket_window=8)
+    keys = sorted(k for b in bucketed for k in b["__key__"])
+    assert keys == [f"k{i:04d}" for i in range(400)] and len(bucketed) == len(plain)
+    assert bucketed_pad < plain_pad / 3, (bucketed_pad, plain_pad)
+    again, _ = run(bucket_by="tokens", bucket_window=8)
+    assert [b["__key__"] for b in again] == [b["__key__"] for b in bucketed]
+    with pytest.raises(ValueError, match="not a modality"):
+        _stream(path, 4, bucket_by="nope")

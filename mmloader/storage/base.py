@@ -92,6 +92,10 @@ class Store:
                 columns[f].append(rec.get(f))
         return keys, columns
 
+    def field_size(self, index: int, field: str) -> int:
+        """Stored byte size of one field of one sample (0 when absent)."""
+        return len(self.read(index, [field]).get(field, b""))
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.read(index)
 

@@ -1,0 +1,138 @@
+"""Memory and first-batch latency as the dataset grows 10x: 10k vs 100k samples, LMDB and tar.
+
+    python benchmarks/memory.py                 # writes bench-out/memory-*.{lmdb,} and prints a table
+
+Both datasets hold real 256-px JPEG bytes (cycled from a small generated set) and captions.
+In a fresh process per case, a loader with 2 worker processes reads the same number of
+samples (``--read``, default 10,000) in shuffled order; we record each worker's private
+memory (USS, and its anonymous part: Python objects, not file pages), the PSS of the whole
+process tree, and the time to the first batch. Goal: growth under 10 MB per worker and
+under 10% for the tree, first batch within 20%.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+
+def build(path: Path, n: int, fmt: str, jpegs: list[bytes]) -> None:
+    import mmloader
+    if path.exists():
+        return
+    from data import caption
+    with mmloader.writer_for(path, fmt, shard_size=1000) as w:
+        for i in range(n):
+            w.write({"__key__": f"{i:08d}", "jpg": jpegs[i % len(jpegs)], "txt": caption(i)})
+
+
+def _anon_and_uss(pid: int) -> tuple[int, int]:
+    anon = uss = 0
+    try:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            if line.startswith("Anonymous:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith(("Private_Clean:", "Private_Dirty:")):
+                uss += int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return anon, uss
+
+
+def measure(path: str, read: int, workers: int, batch: int) -> dict:
+    import threading
+    import mmloader
+    from mmloader.bench import MemorySampler, _children
+    ds = mmloader.zip(image=mmloader.ImageReader(path, decode="raw"), caption=mmloader.TextReader(path))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers,
+                             persistent_workers=False)
+    peaks = {"anon": 0, "uss": 0}
+
+    def workers_memory():
+        while not done.is_set():
+            for c in _children(__import__("os").getpid()):
+                a, u = _anon_and_uss(c)
+                peaks["anon"], peaks["uss"] = max(peaks["anon"], a), max(peaks["uss"], u)
+            time.sleep(0.02)
+    done = threading.Event()
+    t = threading.Thread(target=workers_memory, daemon=True)
+    t.start()
+    n, first = 0, None
+    with MemorySampler() as mem:
+        t0 = time.perf_counter()
+        for b in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            n += len(b["__key__"])
+            if n >= read:
+                break
+    done.set()
+    t.join()
+    return {"first_batch_s": first, "tree_pss_mb": mem.peak_pss / 2**20,
+            "worker_uss_mb": peaks["uss"] / 2**20, "worker_anon_mb": peaks["anon"] / 2**20}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(ROOT / "bench-out"))
+    p.add_argument("--sizes", default="10000,100000")
+    p.add_argument("--read", type=int, default=10_000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--measure", nargs=1, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure[0], args.read, args.workers, args.batch_size)))
+        return 0
+    import io
+    from data import photo
+    jpegs = []
+    for i in range(256):
+        buf = io.BytesIO()
+        photo(i).save(buf, "JPEG", quality=90)
+        jpegs.append(buf.getvalue())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = {}
+    for fmt in ("lmdb", "tar"):
+        for n in sizes:
+            path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
+            t0 = time.perf_counter()
+            build(path, n, fmt, jpegs)
+            print(f"{fmt} {n}: ready ({time.perf_counter() - t0:.0f} s)", flush=True)
+    for rep in range(args.repeats):  # alternate the cases; keep medians
+        for fmt in ("lmdb", "tar"):
+            for n in sizes:
+                path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
+                res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), "--read",
+                                                 str(args.read), "--workers", str(args.workers)],
+                                                capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+                rows.setdefault((fmt, n), []).append(res)
+    import statistics
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
+    print(f"\nreading {args.read} samples with {args.workers} worker processes (medians of {args.repeats})")
+    print("| format | samples | first batch (ms) | tree PSS (MB) | worker USS (MB) | worker anonymous (MB) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for (fmt, n), r in med.items():
+        print(f"| {fmt} | {n:,} | {r['first_batch_s'] * 1000:.0f} | {r['tree_pss_mb']:.0f} | {r['worker_uss_mb']:.1f} | "
+              f"{r['worker_anon_mb']:.1f} |")
+    for fmt in ("lmdb", "tar"):
+        a, b = med[(fmt, sizes[0])], med[(fmt, sizes[-1])]
+        print(f"{fmt}: {sizes[-1] // sizes[0]}x the samples -> worker USS {b['worker_uss_mb'] - a['worker_uss_mb']:+.1f} MB, "
+              f"anonymous {b['worker_anon_mb'] - a['worker_anon_mb']:+.1f} MB, tree PSS "
+              f"{100 * (b['tree_pss_mb'] / a['tree_pss_mb'] - 1):+.1f}%, first batch "
+              f"{100 * (b['first_batch_s'] / a['first_batch_s'] - 1):+.0f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
