@@ -5,10 +5,12 @@ import os
 from typing import Any, Callable
 
 import torch
+import torch.utils.data
 
 from ..storage import Store
 from .base import Reader
-from .image_decode import DEFAULT_MAX_PIXELS, MODES, decode_to_pil, decode_to_tensor, probe
+from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
+                           probe)
 
 class ImageReader(Reader):
     """An image field, decoded lazily.
@@ -59,19 +61,35 @@ class ImageReader(Reader):
                       else torch.empty(0, dtype=torch.uint8), offsets)
 
     def _decode_into_batch(self, datas: list[bytes]) -> Any:
-        """Decode straight into one (B, C, H, W) tensor when every image has one size: no stack copy."""
+        """Decode straight into one batch tensor when every image has one size: no stack copy.
+
+        The batch is (B, C, H, W) in channels_last memory (B, H, W, C underneath): libjpeg
+        writes pixels interleaved, so copying each image in is a plain memcpy instead of a
+        transpose (measured here: +60 us per 256-px image instead of +130 us); it is also
+        the layout convolutions on GPUs prefer. ``.contiguous()`` gives plain NCHW.
+        """
         from ..batching import Stacked
         if self.mode == "unchanged" or isinstance(self.size, int):
             return None
-        shapes = {probe(d)[1:3] for d in datas}
+        infos = [probe(d) for d in datas]
+        shapes = {(i.width, i.height) for i in infos}
         if len(shapes) != 1:
             return None
         w, h = shapes.pop()
         h, w = tuple(self.size) if self.size is not None else (h, w)
-        out = torch.empty((len(datas), {"RGB": 3, "L": 1, "RGBA": 4}[self.mode], h, w), dtype=torch.uint8)
-        for i, d in enumerate(datas):
-            out[i].copy_(decode_to_tensor(d, self.mode, self.size, self.max_pixels))
-        return Stacked(out)
+        out = torch.empty((len(datas), h, w, {"RGB": 3, "L": 1, "RGBA": 4}[self.mode]), dtype=torch.uint8)
+        if torch.utils.data.get_worker_info() is not None:
+            # In a worker process the batch goes to the trainer through shared memory anyway:
+            # decode straight into it (no copy when it is sent, and no freed 12 MB heap block
+            # per batch, which glibc otherwise keeps as the worker's private memory).
+            out.share_memory_()
+        buffers = out.numpy()
+        for i, (d, info) in enumerate(zip(datas, infos)):
+            check_pixels(info, self.max_pixels)
+            if self.size is None and jpeg_into(d, info, self.mode, buffers[i]) is not None:
+                continue  # decoded in place
+            out[i].copy_(decode_to_tensor(d, self.mode, self.size, self.max_pixels).permute(1, 2, 0))
+        return Stacked(out.permute(0, 3, 1, 2))
 
     def decode(self, data: bytes, key: str) -> Any:
         if self.output == "raw":

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tarfile
 from pathlib import Path
@@ -59,7 +58,6 @@ class ShardWriter:
         self.user_metadata = dict(metadata or {})
         self._index = ShardIndexBuilder(self._dir.tmp)
         self._file: _HashingFile | None = None
-        self._tar: tarfile.TarFile | None = None
         self._shard_samples = 0
         self._known_fields: set[str] = set()
 
@@ -71,16 +69,19 @@ class ShardWriter:
         fname = f"{self.name}-{len(self._index.shards):06d}.tar"
         self._file = _HashingFile(self._dir.tmp / fname)
         self._file_name = fname
-        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.PAX_FORMAT)
         self._shard_samples = 0
 
     def _close_shard(self) -> None:
-        if self._tar is None:
+        if self._file is None:
             return
-        self._tar.close()  # writes the end-of-archive blocks
+        # End of archive exactly as tarfile writes it: two zero blocks, then zeros up to a
+        # whole 10 KiB record.
+        end = tarfile.BLOCKSIZE * 2
+        end += (-(self._file.pos + end)) % tarfile.RECORDSIZE
+        self._file.write(b"\0" * end)
         self._file.close()
         self._index.end_shard(self._file_name, self._file.pos, self._file.sha.hexdigest())
-        self._tar = self._file = None
+        self._file = None
 
     def write(self, sample: Mapping[str, Any]) -> int:
         """Append one sample; returns its index in the dataset."""
@@ -90,18 +91,25 @@ class ShardWriter:
             if f not in self._known_fields:
                 self._known_fields.add(validate_field(f))
         size = sum(len(v) + 1024 for v in fields.values())
-        if self._tar is not None and (self._shard_samples >= self.max_samples
-                                      or (self._shard_samples and self._file.pos + size > self.max_bytes)):
+        if self._file is not None and (self._shard_samples >= self.max_samples
+                                       or (self._shard_samples and self._file.pos + size > self.max_bytes)):
             self._close_shard()
-        if self._tar is None:
+        if self._file is None:
             self._open_shard()
+        # The members tarfile.addfile would write (same headers: TarInfo.tobuf, PAX for long or
+        # non-ASCII names), assembled here so a sample is one write and one hash update.
         offsets = {}
+        chunks = []
+        pos = self._file.pos
         for f, data in fields.items():
             info = tarfile.TarInfo(f"{key}.{f}")
             info.size, info.mode, info.mtime = len(data), 0o444, self.mtime
-            self._tar.addfile(info, io.BytesIO(data))
-            # tarfile pads data to 512-byte blocks; the data starts that far before the end.
-            offsets[f] = (self._tar.offset - ((len(data) + 511) // 512) * 512, len(data))
+            header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            pad = -len(data) % tarfile.BLOCKSIZE
+            offsets[f] = (pos + len(header), len(data))
+            chunks += (header, data, b"\0" * pad)
+            pos += len(header) + len(data) + pad
+        self._file.write(b"".join(chunks))
         self._index.add_sample(key, offsets, fields)
         self._shard_samples += 1
         return self._index.count - 1
@@ -113,7 +121,7 @@ class ShardWriter:
 
     def abort(self) -> None:
         try:
-            if self._tar is not None:
+            if self._file is not None:
                 self._file._f.close()
         finally:
             self._dir.abort()
