@@ -131,7 +131,7 @@ def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None) 
 # -- loading one item (runs in worker processes) ------------------------------
 def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | None]:
     """Validate (and optionally re-encode) an image; returns (bytes, new extension or None)."""
-    from mmloader.readers.image_probe import check_pixels, probe
+    from mmloader.imageinfo import check_pixels, probe
     try:
         info = probe(data)
         check_pixels(info, opts.max_pixels)
@@ -189,7 +189,8 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
     sample: dict[str, Any] = {"__key__": item.key}
     for fname, path in item.files.items():
         try:
-            data = Path(path).read_bytes()
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError as e:
             raise ItemError(f"unreadable: {e.strerror}", path) from None
         if not data:
@@ -218,14 +219,37 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
 
 
-def ordered_map(fn: Callable, jobs: Iterable, workers: int, chunksize: int = 16) -> Iterator:
-    """``map`` in ``workers`` processes, results in input order (so output never depends on it)."""
+def ordered_map(fn: Callable, jobs: Iterable, workers: int, chunksize: int = 64,
+                processes: bool = False) -> Iterator:
+    """``map`` over ``workers`` threads (or processes), results in input order (so the output
+    never depends on the worker count).
+
+    Threads by default: file reads, zlib, Pillow's decoders and encoders release the GIL, and a
+    thread hands its 20 KB sample to the writer without pickling it through a pipe (measured
+    here: processes made a pass-through conversion slower than one worker). At most
+    ``workers * 64`` results wait in memory.
+    """
     if workers <= 1:
         yield from map(fn, jobs)
         return
-    ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker) as pool:
-        yield from pool.imap(fn, jobs, chunksize=chunksize)
+    if processes:
+        ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
+        with ctx.Pool(workers, initializer=_init_worker) as pool:
+            yield from pool.imap(fn, jobs, chunksize=chunksize)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import islice
+    jobs = iter(jobs)
+    run_chunk = lambda chunk: [fn(job) for job in chunk]  # one task per chunk: fewer GIL hand-offs
+    with ThreadPoolExecutor(workers, thread_name_prefix="convert") as ex:
+        window: deque = deque()
+        while chunk := list(islice(jobs, chunksize)):
+            window.append(ex.submit(run_chunk, chunk))
+            if len(window) >= workers * 4:
+                yield from window.popleft().result()
+        while window:
+            yield from window.popleft().result()
 
 
 @dataclass

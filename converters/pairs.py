@@ -28,20 +28,26 @@ def split_name(rel: str) -> tuple[str, str]:
 
 def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
     root = Path(args.src)
+    top = str(root)
     groups: dict[str, Item] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(top):  # plain strings: pathlib costs ~20 us a file
         dirnames.sort()
+        prefix = os.path.relpath(dirpath, top).replace(os.sep, "/")
+        prefix = "" if prefix == "." else prefix + "/"
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
-            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            rel = prefix + name
             stem, field = split_name(rel)
             if not field:
                 continue
-            item = groups.setdefault(stem, Item(key=stem, where=str(root / stem)))
+            full = os.path.join(dirpath, name)
+            item = groups.get(stem)
+            if item is None:
+                item = groups[stem] = Item(key=stem, where=os.path.join(top, stem))
             if field in item.files:  # e.g. x.JPG and x.jpg: never silently pick one
-                item.error = f"two files for field {field!r}: {item.files[field]} and {root / rel}"
-            item.files[field] = str(root / rel)
+                item.error = f"two files for field {field!r}: {item.files[field]} and {full}"
+            item.files[field] = full
     items = sorted(groups.values(), key=lambda it: it.key)
     return items, {"layout": "pairs", "source": str(root.resolve())}
 

@@ -275,3 +275,25 @@ def test_verify_decode_catches_corrupt_image(tmp_path):
     assert verify(path, progress=False).ok  # bytes are as written...
     report = verify(path, decode=True, progress=False)  # ...but one does not decode
     assert not report.ok and any("'bad'" in p for p in report.problems)
+
+
+@pytest.mark.parametrize("name,size,mtime", [("a/b/0001.jpg", 20000, 0), ("x.txt", 0, 1700000000),
+                                             ("k" * 95 + ".jpg", 12345678, 5)])
+def test_fast_tar_headers_are_byte_identical_to_tarfile(name, size, mtime):
+    import tarfile
+    from mmloader.storage.tar_writer import ustar_header
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o444, mtime
+    assert ustar_header(name, size, mtime) == info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def test_long_and_unicode_keys_round_trip_through_webdataset(tmp_path):
+    keys = ["d" * 120 + "/x", "ünïcødé/中文"]
+    with mmloader.ShardWriter(tmp_path / "s") as w:
+        for k in keys:
+            w.write({"__key__": k, "txt": k})
+    ds = mmloader.open(tmp_path / "s")
+    assert [ds[i]["txt"].decode() for i in range(2)] == keys
+    seen = list(wds.WebDataset(str(tmp_path / "s" / "data-000000.tar"), shardshuffle=False, empty_check=False))
+    assert [s["__key__"] for s in seen] == keys
+    assert verify(tmp_path / "s", progress=False).ok

@@ -6,7 +6,7 @@ simplejpeg was measured here at 282 us per 256-px photo against torchvision's
 batch needs no stack copy); its pixels equal Pillow's (tested). torchvision stays
 the fallback (and the GPU path, nvJPEG).
 
-Every path checks the pixel count from the header (``image_probe``) *before*
+Every path checks the pixel count from the header (``mmloader.imageinfo``) *before*
 decoding, so a decompression bomb costs a header parse, not gigabytes.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ except ImportError:  # optional at run time: torchvision decodes then
     simplejpeg = None
 
 from ..errors import DecodeError
-from .image_probe import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
+from ..imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
 # fastest CPU JPEG path measured here, so keep using them without warning every user.

@@ -35,6 +35,21 @@ class _HashingFile:
         self._f.close()
 
 
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def ustar_header(name: str, size: int, mtime: int) -> bytes:
+    """The 512-byte header tarfile writes for a plain file with a short ASCII name (PAX format
+    adds nothing then), built directly: tarfile's generic path costs ~35 us per member."""
+    head = b"".join([
+        name.encode("ascii").ljust(100, b"\0"), _octal(0o444, 8), _octal(0, 8), _octal(0, 8),
+        _octal(size, 12), _octal(mtime, 12), b"        ", b"0", b"\0" * 100, b"ustar\x0000",
+        b"\0" * 32, b"\0" * 32, b"\0" * 16, b"\0" * 155])  # no device numbers for files
+    checksum = b"%06o\0 " % sum(head)
+    return (head[:148] + checksum + head[156:]).ljust(512, b"\0")
+
+
 class ShardWriter:
     """Write samples to ``DIR/NAME-000000.tar, ...`` atomically (the directory appears when closed).
 
@@ -102,9 +117,13 @@ class ShardWriter:
         chunks = []
         pos = self._file.pos
         for f, data in fields.items():
-            info = tarfile.TarInfo(f"{key}.{f}")
-            info.size, info.mode, info.mtime = len(data), 0o444, self.mtime
-            header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+            name = f"{key}.{f}"
+            if len(name) < 100 and name.isascii() and len(data) < 8 ** 11:
+                header = ustar_header(name, len(data), self.mtime)
+            else:  # long or non-ASCII names need PAX extended headers: let tarfile write them
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o444, self.mtime
+                header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
             pad = -len(data) % tarfile.BLOCKSIZE
             offsets[f] = (pos + len(header), len(data))
             chunks += (header, data, b"\0" * pad)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from ..errors import DecodeError, SizeLimitError
+from .errors import DecodeError, SizeLimitError
 
 #: Default decoded-pixel ceiling (about 12k x 12k); raise it per reader when needed.
 DEFAULT_MAX_PIXELS = 150_000_000
