@@ -2,7 +2,10 @@
 
 Memory is read from ``/proc/<pid>/smaps_rollup`` of this process and its children
 (the DataLoader workers): PSS counts shared pages (page cache, shared libraries)
-once across the tree, USS is what each process holds privately.
+once across the tree, USS is what each process holds privately. It is sampled
+once a second (and at the start and end): reading smaps walks the page tables
+under the mmap lock, and sampling every 50 ms measurably slowed the page faults
+of an mmap-reading loader (25k vs 60k samples/s here).
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ class MemorySampler:
     >>> mem.peak_pss, mem.peak_worker_uss            # doctest: +SKIP
     """
 
-    def __init__(self, pid: int | None = None, interval: float = 0.05):
+    def __init__(self, pid: int | None = None, interval: float = 1.0):
         self.pid, self.interval = pid or os.getpid(), interval
         self.peak_pss = self.peak_main_uss = self.peak_worker_uss = 0
         self._stop = threading.Event()
