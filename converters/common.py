@@ -84,6 +84,14 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
+def layout_parser(layout: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of ``mmloader convert LAYOUT``, with the options every layout has."""
+    p = argparse.ArgumentParser(prog=f"mmloader convert {layout}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(p)
+    return p
+
+
 def parse_part(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import ConversionError, IMAGE_EXTENSIONS, Item, add_common_arguments, run
+from .common import ConversionError, IMAGE_EXTENSIONS, Item, layout_parser, run
 
 
 def find_classes(root: Path) -> list[str]:
@@ -43,10 +43,7 @@ def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmloader convert imagefolder", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(p)
-    return p
+    return layout_parser("imagefolder", __doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

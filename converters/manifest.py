@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import ConversionError, Item, add_common_arguments, run
+from .common import ConversionError, Item, layout_parser, run
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -83,9 +83,7 @@ def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmloader convert manifest", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(p)
+    p = layout_parser("manifest", __doc__)
     p.add_argument("--image-column", help="column holding an image path relative to the manifest")
     p.add_argument("--text-column", help="column stored as the txt field")
     p.add_argument("--label-column", help="column stored as the cls field")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import Item, add_common_arguments, run
+from .common import Item, layout_parser, run
 
 
 def split_name(rel: str) -> tuple[str, str]:
@@ -53,10 +53,7 @@ def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmloader convert pairs", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(p)
-    return p
+    return layout_parser("pairs", __doc__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from mmloader.storage.textlines import TextLinesStore, line_key
 
-from .common import (ConversionError, Item, ItemError, Skipped, Summary, add_common_arguments,
+from .common import (ConversionError, Item, ItemError, Skipped, Summary, layout_parser,
                      check_paths, ordered_map, parse_part, report_errors, write_samples)
 
 CHUNK_BYTES = 4 << 20
@@ -156,9 +156,7 @@ def convert(args: argparse.Namespace) -> Summary:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmloader convert textlines", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_arguments(p)
+    p = layout_parser("textlines", __doc__)
     p.add_argument("--blank-lines", choices=("skip", "keep", "error"), default="skip",
                    help="blank lines: skip (listed in the report), keep as samples, or an error "
                         "(fails with --on-error fail)")

@@ -65,3 +65,22 @@ class AtomicDirectory:
         if not self.done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.done = True
+
+
+class AtomicWriter:
+    """Context-manager protocol of the writers: ``close()`` on success, ``abort()`` on error."""
+
+    def close(self) -> Path:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import lmdb
 
 from ..errors import DuplicateKeyError, FormatError, SampleError
-from .atomic import AtomicDirectory
+from .atomic import AtomicDirectory, AtomicWriter
 from .encoding import split_sample
 from .keys import INDEX_KEY, validate_field, validate_key
 from .meta import LMDB_FORMAT, FieldStats, make_metadata
@@ -183,7 +183,7 @@ class LMDBStore(Store):
         return 0 if v is None else len(v)
 
 
-class LMDBWriter:
+class LMDBWriter(AtomicWriter):
     """Write samples into a new LMDB dataset, atomically.
 
     Commits every ``commit_every`` samples, doubles ``map_size`` when LMDB reports
@@ -237,18 +237,22 @@ class LMDBWriter:
         for f, v in fields.items():
             self._txn.put(k, v, db=self._dbs[f.encode()], append=True)
 
-    def _put_growing(self, item) -> None:
+    def _with_room(self, write) -> None:
+        """Run ``write()`` in the open transaction; when LMDB reports the map full, abort,
+        double the map, replay the uncommitted chunk and try again."""
         while True:
             try:
-                self._put(item)
+                write()
                 return
             except lmdb.MapFullError:
-                # Abort, double the map, replay the uncommitted chunk, retry.
                 self._txn.abort()
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
                 self._txn = self._env.begin(write=True)
                 for done in self._pending:
                     self._put(done)
+
+    def _put_growing(self, item) -> None:
+        self._with_room(lambda: self._put(item))
 
     def _commit(self) -> None:
         self._txn.commit()
@@ -259,18 +263,12 @@ class LMDBWriter:
         """Write the metadata record, sync, and rename the dataset into place."""
         meta = make_metadata(LMDB_FORMAT, self.count, self.stats, self.user_metadata)
         item_meta = json.dumps(meta, ensure_ascii=False).encode()
-        while True:
-            try:
-                self._txn.put(b"meta", item_meta, db=self._dbs[META_DB])
-                self._commit()
-                break
-            except lmdb.MapFullError:
-                self._txn.abort()
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
-                self._txn = self._env.begin(write=True)
-                for done in self._pending:
-                    self._put(done)
-        self._txn.abort()
+
+        def finish() -> None:  # retried as a whole (with the chunk replayed) if the map fills up
+            self._txn.put(b"meta", item_meta, db=self._dbs[META_DB])
+            self._txn.commit()
+        self._with_room(finish)
+        self._pending.clear()
         self._env.sync(True)
         self._env.close()
         return self._dir.commit()
@@ -281,12 +279,3 @@ class LMDBWriter:
             self._env.close()
         finally:
             self._dir.abort()
-
-    def __enter__(self) -> "LMDBWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

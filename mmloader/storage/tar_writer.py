@@ -7,7 +7,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from .atomic import AtomicDirectory
+from .atomic import AtomicDirectory, AtomicWriter
 from .encoding import split_sample
 from .keys import validate_field, validate_key
 from .shard_index import ShardIndexBuilder
@@ -50,7 +50,7 @@ def ustar_header(name: str, size: int, mtime: int) -> bytes:
     return (head[:148] + checksum + head[156:]).ljust(512, b"\0")
 
 
-class ShardWriter:
+class ShardWriter(AtomicWriter):
     """Write samples to ``DIR/NAME-000000.tar, ...`` atomically (the directory appears when closed).
 
     Shards are cut at ``max_samples`` samples or ``max_bytes`` bytes. Member names
@@ -144,12 +144,3 @@ class ShardWriter:
                 self._file._f.close()
         finally:
             self._dir.abort()
-
-    def __enter__(self) -> "ShardWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
