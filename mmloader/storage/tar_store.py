@@ -4,7 +4,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -51,7 +50,8 @@ class TarStore(Store):
     def _reset_handles(self) -> None:
         self._lock = threading.Lock()  # the LRU caches below are shared by a thread-backend's threads
         self._pid = os.getpid()
-        self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._closing: int | None = None
         self._idx: OrderedDict[int, np.ndarray] = OrderedDict()
         self._keys = self._order = None
 
@@ -66,6 +66,15 @@ class TarStore(Store):
         self.path = str(self.manifest_path.parent)
         self._meta = state["_meta"]
         self._reset_handles()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():  # never close descriptors a parent owns
+            for fd in [*getattr(self, "_fds", {}).values(), getattr(self, "_closing", None)]:
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
 
     @property
     def metadata(self) -> dict:
@@ -155,37 +164,36 @@ class TarStore(Store):
             self._idx.move_to_end(s)
         return table
 
-    def _map(self, s: int) -> mmap.mmap:
-        """The shard, memory-mapped: slicing it needs no system call and does not release the GIL
-        (no convoy between reader threads). Evicted maps close when the last user drops them."""
+    def _fd(self, s: int) -> int:
+        """An open descriptor of shard ``s`` (bounded LRU). Data is read with ``pread``, not
+        mmap: mapped pages would count as this worker's private memory (USS) and grow with the
+        part of the dataset it has touched; ``pread`` copies from the shared page cache."""
         with self._lock:
-            mm = self._maps.get(s)
-            if mm is not None:
-                self._maps.move_to_end(s)
-                return mm
+            fd = self._fds.get(s)
+            if fd is not None:
+                self._fds.move_to_end(s)
+                return fd
             path = self.shard_path(s)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 raise FormatError(f"shard {path} is listed in {self.manifest_path} but missing on disk") \
                     from None
-            try:
-                if self.verify_checksums:
-                    digest = sha256_file(path)
-                    if digest != self.shards[s]["sha256"]:
-                        raise FormatError(f"shard {path}: sha256 {digest[:12]}... does not match the manifest's "
-                                          f"{self.shards[s]['sha256'][:12]}...: the file changed since it was "
-                                          "written")
-                size = os.fstat(fd).st_size
-                # Mapping the real size and checking every slice against it turns a truncated
-                # shard into an error naming it, never a SIGBUS.
-                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
-            finally:
-                os.close(fd)
-            self._maps[s] = mm
-            if len(self._maps) > MAX_OPEN_SHARDS:
-                self._maps.popitem(last=False)
-            return mm
+            if self.verify_checksums:
+                digest = sha256_file(path)
+                if digest != self.shards[s]["sha256"]:
+                    os.close(fd)
+                    raise FormatError(f"shard {path}: sha256 {digest[:12]}... does not match the manifest's "
+                                      f"{self.shards[s]['sha256'][:12]}...: the file changed since it was written")
+            self._fds[s] = fd
+            if len(self._fds) > MAX_OPEN_SHARDS:
+                # Closed only once no reader thread can be using it: threads read under the GIL
+                # between lookup and pread, so defer the close to the next eviction.
+                old = self._fds.popitem(last=False)[1]
+                if self._closing is not None:
+                    os.close(self._closing)
+                self._closing = old
+            return fd
 
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         s, row = self.locate(index)
@@ -193,7 +201,7 @@ class TarStore(Store):
         cols = self.metadata["_columns"][s]
         i = self.metadata["_starts"][s] + row
         out: dict[str, Any] = {"__key__": self.key(i), "__index__": i}
-        mm = self._map(s)
+        fd = self._fd(s)
         for f in self.fields if fields is None else fields:
             c = cols.get(f)
             if c is None:
@@ -204,7 +212,7 @@ class TarStore(Store):
             if offset < 0:
                 continue
             head = 512 if self.check_headers else 0
-            data = mm[offset - head:offset + size]
+            data = os.pread(fd, size + head, offset - head)
             if len(data) != size + head:
                 raise SampleError(f"shard is truncated: wanted {size} bytes at offset {offset}, "
                                   f"got {max(len(data) - head, 0)}", key=out["__key__"], field=f,
@@ -220,7 +228,7 @@ class TarStore(Store):
         return out
 
     def read_many(self, indices, fields):
-        """A batch at once: vectorised key and shard lookups, one slice of the mapped shard per sample."""
+        """A batch at once: vectorised key and shard lookups, one ``pread`` per sample."""
         meta = self.metadata
         idx = np.asarray(indices, dtype=np.int64)
         n = len(self)
@@ -242,9 +250,9 @@ class TarStore(Store):
             if st is None:
                 cols = meta["_columns"][s]
                 wanted = [(f, cols[f]) for f in fields if f in cols]
-                st = shard_state[s] = (self._shard_index(s), self._map(s), wanted,
+                st = shard_state[s] = (self._shard_index(s), self._fd(s), wanted,
                                        [c for _f, c in wanted], starts[s])
-            table, mm, wanted, wcols, start = st
+            table, fd, wanted, wcols, start = st
             if not wanted:
                 continue
             row = table[i - start, wcols].tolist()
@@ -262,9 +270,9 @@ class TarStore(Store):
                 for f, _c in wanted:
                     columns[f][j] = rec.get(f)
                 continue
-            span = mm[lo - head:hi]
+            span = os.pread(fd, hi - lo + head, lo - head)
             if len(span) != hi - lo + head:
-                raise SampleError(f"shard is truncated: wanted bytes {lo}..{hi} of a {len(mm)}-byte file",
+                raise SampleError(f"shard is truncated: wanted bytes {lo}..{hi}, got {len(span)}",
                                   key=keys[j], where=self.shard_path(s))
             base = lo - head
             for (f, _c), (o, z) in zip(wanted, row):
