@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -33,23 +34,10 @@ def build(path: Path, n: int, fmt: str, jpegs: list[bytes]) -> None:
             w.write({"__key__": f"{i:08d}", "jpg": jpegs[i % len(jpegs)], "txt": caption(i)})
 
 
-def _anon_and_uss(pid: int) -> tuple[int, int]:
-    anon = uss = 0
-    try:
-        for line in open(f"/proc/{pid}/smaps_rollup"):
-            if line.startswith("Anonymous:"):
-                anon = int(line.split()[1]) * 1024
-            elif line.startswith(("Private_Clean:", "Private_Dirty:")):
-                uss += int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return anon, uss
-
-
 def measure(path: str, read: int, workers: int, batch: int) -> dict:
     import threading
     import mmloader
-    from mmloader.bench import MemorySampler, _children
+    from mmloader.bench import MemorySampler, _children, smaps_rollup
     ds = mmloader.zip(image=mmloader.ImageReader(path, decode="raw"), caption=mmloader.TextReader(path))
     loader = mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers,
                              persistent_workers=False)
@@ -57,9 +45,9 @@ def measure(path: str, read: int, workers: int, batch: int) -> dict:
 
     def workers_memory():
         while not done.is_set():
-            for c in _children(__import__("os").getpid()):
-                a, u = _anon_and_uss(c)
-                peaks["anon"], peaks["uss"] = max(peaks["anon"], a), max(peaks["uss"], u)
+            for c in _children(os.getpid()):
+                m = smaps_rollup(c)
+                peaks["anon"], peaks["uss"] = max(peaks["anon"], m["anonymous"]), max(peaks["uss"], m["uss"])
             time.sleep(0.02)
     done = threading.Event()
     t = threading.Thread(target=workers_memory, daemon=True)

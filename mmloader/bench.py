@@ -29,19 +29,28 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def process_memory(pid: int) -> tuple[int, int]:
-    """(PSS, USS) of one process in bytes; (0, 0) if it is gone or /proc is unavailable."""
-    pss = uss = 0
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """PSS, USS (private clean + dirty) and anonymous memory of one process, in bytes (zeros if
+    it is gone or /proc is unavailable)."""
+    out = {"pss": 0, "uss": 0, "anonymous": 0}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 if line.startswith("Pss:"):
-                    pss = int(line.split()[1]) * 1024
+                    out["pss"] = int(line.split()[1]) * 1024
                 elif line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    uss += int(line.split()[1]) * 1024
+                    out["uss"] += int(line.split()[1]) * 1024
+                elif line.startswith("Anonymous:"):
+                    out["anonymous"] = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return pss, uss
+    return out
+
+
+def process_memory(pid: int) -> tuple[int, int]:
+    """(PSS, USS) of one process in bytes."""
+    m = smaps_rollup(pid)
+    return m["pss"], m["uss"]
 
 
 class MemorySampler:
