@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -107,11 +108,10 @@ class Zipped(torch.utils.data.Dataset):
         return len(self.positions) if self.positions is not None else len(self.readers[self._groups[0][0]])
 
     @property
-    def keys(self):
+    def keys(self) -> Sequence[str]:
+        """The aligned samples' keys, read on demand (never a list of every key)."""
         primary = self.readers[self._groups[0][0]]
-        if self.positions is None:
-            return primary.keys
-        return [primary.store.key(int(p)) for p in self.positions]
+        return primary.keys if self.positions is None else _KeysAt(primary.store, self.positions)
 
     def key(self, index: int) -> str:
         primary = self.readers[self._groups[0][0]]
@@ -192,6 +192,21 @@ class Zipped(torch.utils.data.Dataset):
     def __repr__(self) -> str:
         mods = ", ".join(f"{n}={r!r}" for n, r in self.readers.items())
         return f"Zipped({mods}, {len(self)} samples{', by key' if self.by_key else ''})"
+
+
+class _KeysAt(Sequence):
+    """Keys of a store at selected rows (``align="inner"``), looked up lazily."""
+
+    def __init__(self, store, positions: np.ndarray):
+        self._store, self._positions = store, positions
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self._store.key(int(p)) for p in self._positions[i]]
+        return self._store.key(int(self._positions[i]))
 
 
 def zip(align: str = "strict", transforms: Mapping[str, Callable] | None = None,

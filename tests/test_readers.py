@@ -281,3 +281,10 @@ def test_preview_contact_sheet(tmp_path, lmdb_ds):
     assert im.width >= 4 * 160 and im.height >= 2 * 160
     arr = np.asarray(im.convert("L"))
     assert arr.min() < 100  # something was drawn
+
+
+def test_inner_zip_keys_are_lazy(lmdb_ds, tmp_path):
+    caps = _captions(tmp_path / "k.lmdb", [f"s{i:05d}" for i in range(0, 23, 3)])
+    ds = _zip(lmdb_ds, caps, align="inner")
+    assert not isinstance(ds.keys, list) and len(ds.keys) == 8
+    assert list(ds.keys) == [f"s{i:05d}" for i in range(0, 23, 3)] and ds.keys[-1] == "s00021"
