@@ -239,7 +239,7 @@ class Stream(torch.utils.data.IterableDataset):
                 yield samples[0]
 
     def _fetch(self, plan, position: int, source: int, index: int) -> Any:
-        for attempt in range(self.max_consecutive_errors + 1):
+        for _ in range(self.max_consecutive_errors + 1):
             try:
                 sample = self.datasets[source][index]
                 if self.mix is not None and isinstance(sample, dict):
