@@ -196,39 +196,15 @@ class TarStore(Store):
             return fd
 
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
-        s, row = self.locate(index)
-        table = self._shard_index(s)
-        cols = self.metadata["_columns"][s]
-        i = self.metadata["_starts"][s] + row
-        out: dict[str, Any] = {"__key__": self.key(i), "__index__": i}
-        fd = self._fd(s)
-        for f in self.fields if fields is None else fields:
-            c = cols.get(f)
-            if c is None:
-                if f not in self.metadata["field_counts"]:
-                    raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
-                continue
-            offset, size = int(table[row, c, 0]), int(table[row, c, 1])
-            if offset < 0:
-                continue
-            head = 512 if self.check_headers else 0
-            data = os.pread(fd, size + head, offset - head)
-            if len(data) != size + head:
-                raise SampleError(f"shard is truncated: wanted {size} bytes at offset {offset}, "
-                                  f"got {max(len(data) - head, 0)}", key=out["__key__"], field=f,
-                                  where=self.shard_path(s))
-            if head:
-                problem = _header_problem(data[:512], f"{out['__key__']}.{f}", size)
-                if problem:
-                    raise SampleError(f"offset index does not match the shard at offset {offset}: {problem}; "
-                                      "re-run `mmloader index` or `mmloader verify`", key=out["__key__"],
-                                      field=f, where=self.shard_path(s))
-                data = data[512:]
-            out[f] = data
+        i = self._check_index(index)
+        keys, columns = self.read_many([i], self.fields if fields is None else fields)
+        out: dict[str, Any] = {"__key__": keys[0], "__index__": i}
+        out.update((f, values[0]) for f, values in columns.items() if values[0] is not None)
         return out
 
     def read_many(self, indices, fields):
-        """A batch at once: vectorised key and shard lookups, one ``pread`` per sample."""
+        """A batch at once: vectorised key and shard lookups, one ``pread`` per sample (one per
+        field when big fields nobody asked for sit between the wanted ones)."""
         meta = self.metadata
         idx = np.asarray(indices, dtype=np.int64)
         n = len(self)
@@ -256,41 +232,39 @@ class TarStore(Store):
             if not wanted:
                 continue
             row = table[i - start, wcols].tolist()
-            lo = hi = -1
-            total = 0
-            for o, z in row:
-                if o >= 0:
-                    lo = o if lo < 0 or o < lo else lo
-                    hi = o + z if o + z > hi else hi
-                    total += z
-            if lo < 0:
+            present = [(f, o, z) for (f, _c), (o, z) in zip(wanted, row) if o >= 0]
+            if not present:
                 continue
-            if hi - lo > total + 2048 * len(row):  # big fields nobody asked for sit in between
-                rec = self.read(i, [f for f, _c in wanted])
-                for f, _c in wanted:
-                    columns[f][j] = rec.get(f)
-                continue
-            span = os.pread(fd, hi - lo + head, lo - head)
-            if len(span) != hi - lo + head:
-                raise SampleError(f"shard is truncated: wanted bytes {lo}..{hi}, got {len(span)}",
-                                  key=keys[j], where=self.shard_path(s))
-            base = lo - head
-            for (f, _c), (o, z) in zip(wanted, row):
-                if o < 0:
-                    continue
-                if head:
-                    h = o - 512 - base
-                    name = f"{keys[j]}.{f}".encode()
-                    # fast path: the header names this member and holds its size as tarfile writes it
-                    if not (span[h:h + len(name)] == name and span[h + len(name)] == 0
-                            and span[h + 124:h + 135] == b"%011o" % z):
-                        problem = _header_problem(span[h:h + 512], f"{keys[j]}.{f}", z)
-                        if problem:
-                            raise SampleError(f"offset index does not match the shard at offset {o}: "
-                                              f"{problem}; re-run `mmloader index` or `mmloader verify`",
-                                              key=keys[j], field=f, where=self.shard_path(s))
-                columns[f][j] = span[o - base:o - base + z]
+            lo = min(o for _f, o, _z in present) - head
+            hi = max(o + z for _f, o, z in present)
+            if hi - lo <= sum(z for _f, _o, z in present) + 2048 * len(present):
+                span = os.pread(fd, hi - lo, lo)  # the sample's members are contiguous: one read
+                for f, o, z in present:
+                    columns[f][j] = self._member(span, lo, keys[j], f, o, z, s)
+            else:  # big fields nobody asked for sit in between: read the wanted ones alone
+                for f, o, z in present:
+                    columns[f][j] = self._member(os.pread(fd, z + head, o - head), o - head, keys[j], f, o, z, s)
         return keys, columns
+
+    def _member(self, buf: bytes, base: int, key: str, field: str, offset: int, size: int, s: int) -> bytes:
+        """Member ``key.field`` (``size`` bytes at file ``offset``) from ``buf``, read from file
+        position ``base``; checks that it was not cut short and that its tar header matches."""
+        start = offset - base
+        if start + size > len(buf):
+            raise SampleError(f"shard is truncated: wanted {size} bytes at offset {offset}, "
+                              f"got {max(len(buf) - start, 0)}", key=key, field=field, where=self.shard_path(s))
+        if self.check_headers:
+            h = start - 512
+            name = f"{key}.{field}".encode()
+            # fast path: the header names this member and holds its size as tarfile writes it
+            if not (buf[h:h + len(name)] == name and buf[h + len(name)] == 0
+                    and buf[h + 124:h + 135] == b"%011o" % size):
+                problem = _header_problem(buf[h:start], f"{key}.{field}", size)
+                if problem:
+                    raise SampleError(f"offset index does not match the shard at offset {offset}: {problem}; "
+                                      "re-run `mmloader index` or `mmloader verify`", key=key, field=field,
+                                      where=self.shard_path(s))
+        return buf[start:start + size]
 
     def field_size(self, index: int, field: str) -> int:
         s, row = self.locate(index)
