@@ -142,12 +142,16 @@ class Stream(torch.utils.data.IterableDataset):
             return samples_per_rank(len(visit) // plan.unit, world, None, self.drop_last) * plan.unit
         return samples_per_rank(len(visit), world, self.batch_size, self.drop_last)
 
-    def geometry(self) -> dict[str, int]:
-        """Plan length, samples and batches per rank for the current epoch and world."""
+    def _layout(self):
+        """(rank, world, plan, visit, samples per rank) of the current epoch."""
         rank, world = self._where()
         plan = self.plan()
         visit = self._visit(plan)
-        per_rank = self._per_rank(plan, visit, world)
+        return rank, world, plan, visit, self._per_rank(plan, visit, world)
+
+    def geometry(self) -> dict[str, int]:
+        """Plan length, samples and batches per rank for the current epoch and world."""
+        rank, world, plan, visit, per_rank = self._layout()
         return {"plan": len(plan), "visit": len(visit), "world": world, "rank": rank,
                 "samples_per_rank": per_rank, "batches_per_rank": batches_per_rank(per_rank, self.batch_size),
                 "padding": max(per_rank * world - len(visit), 0)}
@@ -159,10 +163,7 @@ class Stream(torch.utils.data.IterableDataset):
 
     def progress(self, batches_seen: int) -> dict:
         """A resumable state after this rank delivered ``batches_seen`` batches (all ranks step together)."""
-        rank, world = self._where()
-        plan = self.plan()
-        visit = self._visit(plan)
-        per_rank = self._per_rank(plan, visit, world)
+        _rank, world, plan, visit, per_rank = self._layout()
         return {"version": 1, "seed": self.seed, "epoch": self.epoch, "world": world,
                 "plan_len": len(plan), "ranges": visit.as_list(), "samples_per_rank": per_rank,
                 "consumed": min(batches_seen * (self.batch_size or 1), per_rank),
@@ -212,15 +213,12 @@ class Stream(torch.utils.data.IterableDataset):
 
     def iter_worker(self, worker: int, workers: int, seed_rngs: bool = False) -> Iterator[Any]:
         """The batches (or samples) worker ``worker`` of ``workers`` produces: j % workers == worker."""
-        rank, world = self._where()
+        rank, world, plan, visit, per_rank = self._layout()
         if seed_rngs:
             s = int(np.random.SeedSequence([self.seed, self.epoch, rank, worker]).generate_state(1)[0])
             random.seed(s)
             np.random.seed(s)
             torch.manual_seed(s)
-        plan = self.plan()
-        visit = self._visit(plan)
-        per_rank = self._per_rank(plan, visit, world)
         mine = rank_positions(len(visit), world, rank, per_rank)
         for start, stop in worker_batches(per_rank, self.batch_size, workers, worker):
             positions = visit.take(mine[start:stop])
