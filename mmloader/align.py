@@ -59,7 +59,7 @@ class Zipped(torch.utils.data.Dataset):
 
     # -- alignment ------------------------------------------------------------
     def _align(self, align: str) -> None:
-        primary = self.readers[self._groups[0][0]]
+        primary = self._primary
         others = [self.readers[g[0]] for g in self._groups[1:]]
         if not others:
             return
@@ -99,22 +99,31 @@ class Zipped(torch.utils.data.Dataset):
                     break
         return out
 
+    @property
+    def _primary(self) -> Reader:
+        """The reader whose store's order defines the zipped order."""
+        return self.readers[self._groups[0][0]]
+
+    def _misaligned(self, pos: int, key: str, other: str, store) -> AlignmentError:
+        return AlignmentError(f"position {pos}: key {key!r} in {self._primary.store.path} but {other!r} "
+                              f"in {store.path}")
+
     # -- map-style access -----------------------------------------------------
     @property
     def modalities(self) -> list[str]:
         return list(self.readers)
 
     def __len__(self) -> int:
-        return len(self.positions) if self.positions is not None else len(self.readers[self._groups[0][0]])
+        return len(self.positions) if self.positions is not None else len(self._primary)
 
     @property
     def keys(self) -> Sequence[str]:
         """The aligned samples' keys, read on demand (never a list of every key)."""
-        primary = self.readers[self._groups[0][0]]
+        primary = self._primary
         return primary.keys if self.positions is None else _KeysAt(primary.store, self.positions)
 
     def key(self, index: int) -> str:
-        primary = self.readers[self._groups[0][0]]
+        primary = self._primary
         return primary.store.key(int(self.positions[index]) if self.positions is not None else index)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -143,8 +152,7 @@ class Zipped(torch.utils.data.Dataset):
             else:
                 record = store.read(pos, fields)
                 if record["__key__"] != key:
-                    raise AlignmentError(f"position {pos}: key {key!r} in {self.readers[self._groups[0][0]].store.path} "
-                                         f"but {record['__key__']!r} in {store.path}")
+                    raise self._misaligned(pos, key, record["__key__"], store)
             for name in group:
                 value = self.readers[name].from_record(record)
                 t = self.transforms.get(name)
@@ -178,9 +186,7 @@ class Zipped(torch.utils.data.Dataset):
                 keys = group_keys
             elif group_keys != keys:
                 bad = next(j for j, (a, b) in enumerate(zip(keys, group_keys)) if a != b)
-                raise AlignmentError(f"position {pos[bad]}: key {keys[bad]!r} in "
-                                     f"{self.readers[self._groups[0][0]].store.path} but {group_keys[bad]!r} "
-                                     f"in {store.path}")
+                raise self._misaligned(pos[bad], keys[bad], group_keys[bad], store)
             for name in group:
                 reader = self.readers[name]
                 values = reader.from_column(raw[reader.field], keys)
