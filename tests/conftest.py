@@ -22,6 +22,16 @@ def jpeg_bytes(seed: int, size=(48, 32), **save) -> bytes:
     return buf.getvalue()
 
 
+def write_pairs_folder(root: Path, count: int, px: int) -> Path:
+    """A raw pairs folder of ``count`` identical ``px``-square JPEGs with distinct captions."""
+    root.mkdir(parents=True, exist_ok=True)
+    blob = jpeg_bytes(0, size=(px, px))
+    for i in range(count):
+        (root / f"{i:05d}.jpg").write_bytes(blob)
+        (root / f"{i:05d}.txt").write_text(f"t{i}")
+    return root
+
+
 def make_samples(n: int, start: int = 0, prefix: str = "s"):
     for i in range(start, start + n):
         yield {"__key__": f"{prefix}{i:05d}", "jpg": jpeg_bytes(i), "txt": f"caption number {i} é",

@@ -19,7 +19,7 @@ import mmloader
 from mmloader.cli import main as cli
 from mmloader.verify import verify
 
-from conftest import jpeg_bytes
+from conftest import jpeg_bytes, write_pairs_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -255,12 +255,7 @@ def test_path_errors(pairs_dir, tmp_path, capsys):
 
 
 def test_sigkill_mid_conversion_leaves_nothing(tmp_path):
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    blob = jpeg_bytes(0, size=(256, 256))
-    for i in range(3000):
-        (raw / f"{i:05d}.jpg").write_bytes(blob)
-        (raw / f"{i:05d}.txt").write_text(f"t{i}")
+    raw = write_pairs_folder(tmp_path / "raw", 3000, 256)
     dst = tmp_path / "out.lmdb"
     proc = subprocess.Popen([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--check-decode"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -23,7 +23,7 @@ from mmloader.errors import (ConfigError, DecodeError, FormatError, SampleError,
                              UnsafeFieldError)
 from mmloader.verify import verify
 
-from conftest import jpeg_bytes, write_dataset
+from conftest import jpeg_bytes, write_dataset, write_pairs_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,12 +225,7 @@ def test_npy_with_objects_refused(tmp_path):
 
 # -- faults ------------------------------------------------------------------------------------
 def test_conversion_killed_at_random_points(tmp_path):
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    blob = jpeg_bytes(0, size=(128, 128))
-    for i in range(1500):
-        (raw / f"{i:05d}.jpg").write_bytes(blob)
-        (raw / f"{i:05d}.txt").write_text(f"t{i}")
+    raw = write_pairs_folder(tmp_path / "raw", 1500, 128)
     rng = random.Random(1234)
     dst = tmp_path / "out"
     outcomes = []
