@@ -181,7 +181,8 @@ class Zipped(torch.utils.data.Dataset):
         for group in self._groups:
             store = self.readers[group[0]].store
             fields = [self.readers[name].field for name in group]
-            group_keys, raw = store.read_many(pos, fields)
+            views = any(self.readers[name].takes_views for name in group)
+            group_keys, raw = store.read_many(pos, fields, views=views)
             if keys is None:
                 keys = group_keys
             elif group_keys != keys:
@@ -189,7 +190,10 @@ class Zipped(torch.utils.data.Dataset):
                 raise self._misaligned(pos[bad], keys[bad], group_keys[bad], store)
             for name in group:
                 reader = self.readers[name]
-                values = reader.from_column(raw[reader.field], keys)
+                column = raw[reader.field]
+                if views and not reader.takes_views:
+                    column = [v if v is None or isinstance(v, bytes) else bytes(v) for v in column]
+                values = reader.from_column(column, keys)
                 t = self.transforms.get(name)
                 columns[name] = [t(v) for v in values] if t is not None else values
         columns["__key__"] = keys

@@ -1,6 +1,7 @@
 """``mmloader.Stream``: an epoch plan streamed to one rank's DataLoader workers."""
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from typing import Any, Callable, Iterator
@@ -18,6 +19,7 @@ from .planning.mixing import SingleOrder
 from .planning.partition import batches_per_rank
 
 log = logging.getLogger("mmloader")
+PLAN_CHUNK_BATCHES = 16  # batches a worker plans per call (shuffle + partition lookups are vectorised)
 
 # Slots of the shared state tensor: the main process writes, workers (also
 # persistent ones, under fork or spawn) read at the start of every epoch.
@@ -213,28 +215,49 @@ class Stream(torch.utils.data.IterableDataset):
 
     def iter_worker(self, worker: int, workers: int, seed_rngs: bool = False) -> Iterator[Any]:
         """The batches (or samples) worker ``worker`` of ``workers`` produces: j % workers == worker."""
+        for build in self.batch_tasks(worker, workers, seed_rngs):
+            yield build()
+
+    def batch_tasks(self, worker: int = 0, workers: int = 1, seed_rngs: bool = False) -> Iterator[Callable[[], Any]]:
+        """What :meth:`iter_worker` yields, as zero-argument callables that build each batch
+        (or sample) when called: planning stays in order here, building can happen on any
+        thread (the thread backend's producers and its consumer share one sequence)."""
         rank, world, plan, visit, per_rank = self._layout()
         if seed_rngs:
             s = int(np.random.SeedSequence([self.seed, self.epoch, rank, worker]).generate_state(1)[0])
             random.seed(s)
             np.random.seed(s)
             torch.manual_seed(s)
-        mine = rank_positions(len(visit), world, rank, per_rank)
-        for start, stop in worker_batches(per_rank, self.batch_size, workers, worker):
-            positions = visit.take(mine[start:stop])
+        for _start, _stop, positions, sources, indices in self._planned(
+                worker_batches(per_rank, self.batch_size, workers, worker), visit, plan, rank, world, per_rank):
+            yield functools.partial(self._build, plan, positions, sources, indices)
+
+    def _build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray) -> Any:
+        if self.batch_size and self._columnar is not None:
+            try:  # whole-batch path: one store call per store, raw images packed directly
+                return self._columnar(self.datasets[0].get_batch(indices.tolist()))
+            except SampleError:
+                pass  # the per-sample path below reports (or skips) the culprit by key
+        samples = [self._fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
+        if self.batch_size:
+            return self.collate_fn(samples) if self.collate_fn is not None else samples
+        return samples[0]
+
+    @staticmethod
+    def _planned(spans: list[tuple[int, int]], visit, plan, rank: int, world: int, per_rank: int,
+                 chunk: int = PLAN_CHUNK_BATCHES) -> Iterator[tuple]:
+        """``(start, stop, positions, sources, indices)`` per batch span, planned ``chunk``
+        batches per call: the planning functions cost mostly per call, not per sample."""
+        for c in range(0, len(spans), chunk):
+            group = spans[c:c + chunk]
+            flat = np.concatenate([rank_positions(len(visit), world, rank, per_rank, a, b) for a, b in group])
+            positions = visit.take(flat)
             sources, indices = plan.lookup(positions)
-            if self.batch_size and self._columnar is not None:
-                try:  # whole-batch path: one store call per store, raw images packed directly
-                    yield self._columnar(self.datasets[0].get_batch(indices.tolist()))
-                    continue
-                except SampleError:
-                    pass  # the per-sample path below reports (or skips) the culprit by key
-            samples = [self._fetch(plan, int(p), int(s), int(i))
-                       for p, s, i in zip(positions, sources, indices)]
-            if self.batch_size:
-                yield self.collate_fn(samples) if self.collate_fn is not None else samples
-            else:
-                yield samples[0]
+            o = 0
+            for a, b in group:
+                n = b - a
+                yield a, b, positions[o:o + n], sources[o:o + n], indices[o:o + n]
+                o += n
 
     def _fetch(self, plan, position: int, source: int, index: int) -> Any:
         for _ in range(self.max_consecutive_errors + 1):

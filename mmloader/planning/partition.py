@@ -74,11 +74,19 @@ def samples_per_rank(total: int, world: int, batch_size: int | None = None, drop
     return -(-total // world)
 
 
-def rank_positions(visit_len: int, world: int, rank: int, per_rank: int) -> np.ndarray:
-    """Virtual visit positions of ``rank``; padding wraps to the start of the visit."""
+def rank_positions(visit_len: int, world: int, rank: int, per_rank: int,
+                   start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Virtual visit positions of ``rank`` (offsets ``start:stop`` of its ``per_rank``);
+    padding wraps to the start of the visit. Only the slice asked for is built, so a
+    worker never holds a per-sample array of the whole rank.
+
+    >>> rank_positions(10, 4, 3, 3).tolist(), rank_positions(10, 4, 3, 3, 1, 3).tolist()
+    ([9, 0, 1], [0, 1])
+    """
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside world of {world}")
-    v = np.arange(rank * per_rank, (rank + 1) * per_rank, dtype=np.int64)
+    stop = per_rank if stop is None else min(stop, per_rank)
+    v = np.arange(rank * per_rank + start, rank * per_rank + max(start, stop), dtype=np.int64)
     if visit_len == 0:
         return v[:0]
     pad = v >= visit_len

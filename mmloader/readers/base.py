@@ -71,6 +71,13 @@ class Reader:
         for i in range(len(self)):
             yield self[i]
 
+    @property
+    def takes_views(self) -> bool:
+        """Whether :meth:`from_column` accepts ``memoryview`` values (zero-copy store reads)
+        as well as ``bytes``. Off unless a built-in reader's own decoding is in use: a
+        subclass's ``decode`` may call ``bytes`` methods."""
+        return False
+
     # -- decoding -------------------------------------------------------------
     def from_record(self, record: dict) -> Any:
         """Decode this reader's field of a record returned by ``store.read``."""

@@ -21,8 +21,12 @@ class TextReader(Reader):
 
     default_field = "txt"
 
+    @property
+    def takes_views(self) -> bool:
+        return type(self).decode is TextReader.decode and self._decode_fn is None
+
     def decode(self, data: bytes, key: str) -> str:
-        return data.decode("utf-8")
+        return str(data, "utf-8")
 
 
 class LabelReader(Reader):
@@ -34,8 +38,12 @@ class LabelReader(Reader):
 
     default_field = "cls"
 
+    @property
+    def takes_views(self) -> bool:
+        return type(self).decode is LabelReader.decode and self._decode_fn is None
+
     def decode(self, data: bytes, key: str) -> int:
-        text = data.decode("ascii").strip()
+        text = str(data, "ascii").strip()
         try:
             return int(text)
         except ValueError:

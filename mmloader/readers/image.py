@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.utils.data
 
@@ -40,6 +41,11 @@ class ImageReader(Reader):
         super().__init__(source, field, transform=transform, **kwargs)
         self.output, self.mode, self.size, self.max_pixels = decode, mode, size, max_pixels
 
+    @property
+    def takes_views(self) -> bool:  # raw bytes are only joined or copied
+        return (self.output == "raw" and type(self).decode is ImageReader.decode
+                and type(self).from_column is ImageReader.from_column)
+
     def from_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
         if self.output == "tensor" and self.transform is None and not self.field.endswith(".gz") \
                 and all(d is not None and len(d) <= self.max_field_bytes for d in datas):
@@ -54,9 +60,9 @@ class ImageReader(Reader):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment.
         from ..batching import Packed
-        lengths = torch.tensor([len(d) for d in datas], dtype=torch.int64)
-        offsets = torch.zeros(len(datas) + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=offsets[1:])
+        offsets = np.zeros(len(datas) + 1, dtype=np.int64)
+        np.cumsum([len(d) for d in datas], out=offsets[1:])
+        offsets = torch.from_numpy(offsets)
         return Packed(torch.frombuffer(bytearray().join(datas), dtype=torch.uint8) if datas
                       else torch.empty(0, dtype=torch.uint8), offsets)
 

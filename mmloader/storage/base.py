@@ -81,8 +81,13 @@ class Store:
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_many(self, indices: Sequence[int], fields: Sequence[str]) -> tuple[list[str], dict[str, list]]:
-        """(keys, {field: [bytes or None per sample]}) for a batch of indices."""
+    def read_many(self, indices: Sequence[int], fields: Sequence[str],
+                  views: bool = False) -> tuple[list[str], dict[str, list]]:
+        """(keys, {field: [bytes or None per sample]}) for a batch of indices.
+
+        ``views=True`` allows bytes-like views (``memoryview``) instead of ``bytes`` where a
+        store can avoid a copy; callers consume them before the next read on this thread.
+        """
         keys: list[str] = []
         columns: dict[str, list] = {f: [] for f in fields}
         for i in indices:

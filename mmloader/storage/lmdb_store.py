@@ -100,13 +100,17 @@ class LMDBStore(Store):
         self.__init__(state["path"])
         self._meta = state["_meta"]
 
-    def _handles(self):
+    def _handles(self, views: bool = False):
         pid = os.getpid()
         if self._pid != pid:
             (self._env, self._dbs), self._pid = shared_env(self.path), pid
         local = self._local
         if getattr(local, "pid", None) != pid:
-            local.txn, local.pid = self._env.begin(buffers=False), pid
+            local.txn, local.view_txn, local.pid = self._env.begin(buffers=False), None, pid
+        if views:  # values as zero-copy views of the map, valid while this transaction lives
+            if local.view_txn is None:
+                local.view_txn = self._env.begin(buffers=True)
+            return local.view_txn
         return local.txn
 
     def _db(self, name: bytes):
@@ -162,7 +166,9 @@ class LMDBStore(Store):
                 out[f] = v
         return out
 
-    def read_many(self, indices, fields):
+    def read_many(self, indices, fields, views: bool = False):
+        """``views``: values are zero-copy memoryviews of the memory map (valid while this
+        thread's read transaction lives, i.e. to be consumed before the thread ends)."""
         txn = self._handles()
         n = len(self)
         for f in fields:
@@ -176,7 +182,8 @@ class LMDBStore(Store):
                 self._check_index(i)
             ks.append(pack(i))
         keys = [get(k, db=keys_db).decode("utf-8") for k in ks]
-        return keys, {f: [get(k, db=db) for k in ks] for f, db in zip(fields, dbs)}
+        vget = self._handles(views=True).get if views else get
+        return keys, {f: [vget(k, db=db) for k in ks] for f, db in zip(fields, dbs)}
 
     def field_size(self, index: int, field: str) -> int:
         v = self._handles().get(INDEX_KEY.pack(self._check_index(index)), db=self._db(field.encode()))

@@ -89,6 +89,7 @@ class TarStore(Store):
             for s in meta["shards"]:
                 starts.append(starts[-1] + s["count"])
             meta["_starts"] = starts
+            meta["_starts_array"] = np.asarray(starts, dtype=np.int64)
             meta["_columns"] = [{f: c for c, f in enumerate(s["fields"])} for s in meta["shards"]]
             self._meta = meta
         return self._meta
@@ -111,7 +112,8 @@ class TarStore(Store):
         self._local()
         if self._keys is None:
             meta = self.metadata
-            self._keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r", allow_pickle=False)
+            self._keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r",
+                                 allow_pickle=False).view(np.ndarray)
             self._order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r",
                                   allow_pickle=False)
         return self._keys, self._order
@@ -153,7 +155,7 @@ class TarStore(Store):
                     "(store.iter_samples()). For random access, shuffling and DDP splitting, "
                     "decompress it (e.g. `gunzip -c x.tgz > x.tar`) and run `mmloader index` again.")
             table = np.load(os.path.join(self.path, self.shards[s]["index"]), mmap_mode="r",
-                            allow_pickle=False)
+                            allow_pickle=False).view(np.ndarray)  # plain array over the map: cheaper indexing
             if table.shape[0] != self.shards[s]["count"]:
                 raise FormatError(f"{self.shards[s]['index']}: {table.shape[0]} rows but the manifest "
                                   f"lists {self.shards[s]['count']} samples for {self.shards[s]['file']}")
@@ -202,11 +204,14 @@ class TarStore(Store):
         out.update((f, values[0]) for f, values in columns.items() if values[0] is not None)
         return out
 
-    def read_many(self, indices, fields):
-        """A batch at once: vectorised key and shard lookups, one ``pread`` per sample (one per
-        field when big fields nobody asked for sit between the wanted ones)."""
+    def read_many(self, indices, fields, views: bool = False):
+        """A batch at once: lookups vectorised over the batch, then one ``pread`` per sample
+        (one per field when big fields nobody asked for sit between the wanted ones).
+
+        ``views``: values are zero-copy memoryviews of the bytes read, not copies.
+        """
         meta = self.metadata
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if len(idx) and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
@@ -216,37 +221,54 @@ class TarStore(Store):
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
         keys_arr, _ = self._key_arrays()
         keys = [k.decode("utf-8") for k in keys_arr[idx].tolist()]
-        starts = meta["_starts"]
-        shard_of = (np.searchsorted(np.asarray(starts), idx, side="right") - 1).tolist()
         columns: dict[str, list] = {f: [None] * len(idx) for f in fields}
+        if not len(idx) or not fields:
+            return keys, columns
+        starts = meta["_starts"]
+        shard_of = np.searchsorted(meta["_starts_array"], idx, side="right") - 1
+        # Offsets and sizes of every wanted member: one gather per shard, the rest over the batch.
+        order = np.argsort(shard_of, kind="stable")
+        cuts = [0, *(np.flatnonzero(np.diff(shard_of[order])) + 1).tolist(), len(order)]
+        groups = [order[c:d] for c, d in zip(cuts, cuts[1:])]
+        offs = np.full((len(idx), len(fields)), -1, dtype=np.int64)
+        sizes = np.zeros_like(offs)
+        for rows in groups:
+            s = int(shard_of[rows[0]])
+            cols = meta["_columns"][s]
+            have = [k for k, f in enumerate(fields) if f in cols]
+            if have:
+                table = self._shard_index(s)[idx[rows] - starts[s]][:, [cols[fields[k]] for k in have]]
+                at = (rows[:, None], have)
+                offs[at], sizes[at] = table[..., 0], table[..., 1]
+        present = offs >= 0
         head = 512 if self.check_headers else 0
-        shard_state: dict[int, tuple] = {}
-        for j, (i, s) in enumerate(zip(idx.tolist(), shard_of)):
-            st = shard_state.get(s)
-            if st is None:
-                cols = meta["_columns"][s]
-                wanted = [(f, cols[f]) for f in fields if f in cols]
-                st = shard_state[s] = (self._shard_index(s), self._fd(s), wanted,
-                                       [c for _f, c in wanted], starts[s])
-            table, fd, wanted, wcols, start = st
-            if not wanted:
-                continue
-            row = table[i - start, wcols].tolist()
-            present = [(f, o, z) for (f, _c), (o, z) in zip(wanted, row) if o >= 0]
-            if not present:
-                continue
-            lo = min(o for _f, o, _z in present) - head
-            hi = max(o + z for _f, o, z in present)
-            if hi - lo <= sum(z for _f, _o, z in present) + 2048 * len(present):
-                span = os.pread(fd, hi - lo, lo)  # the sample's members are contiguous: one read
-                for f, o, z in present:
-                    columns[f][j] = self._member(span, lo, keys[j], f, o, z, s)
-            else:  # big fields nobody asked for sit in between: read the wanted ones alone
-                for f, o, z in present:
-                    columns[f][j] = self._member(os.pread(fd, z + head, o - head), o - head, keys[j], f, o, z, s)
+        lo = np.where(present, offs, np.iinfo(np.int64).max).min(1) - head
+        hi = np.where(present, offs + sizes, 0).max(1)
+        one_read = (hi - lo <= np.where(present, sizes, 0).sum(1) + 2048 * present.sum(1)).tolist()
+        offs_l, sizes_l, lo_l, hi_l = offs.tolist(), sizes.tolist(), lo.tolist(), hi.tolist()
+        # Shard by shard: each descriptor is used while it is the newest in the LRU, so no other
+        # thread's eviction can close it under us.
+        for rows in groups:
+            s = int(shard_of[rows[0]])
+            fd = self._fd(s)
+            for j in rows.tolist():
+                a, b = lo_l[j], hi_l[j]
+                if b <= 0:
+                    continue  # none of the wanted fields in this sample
+                if one_read[j]:  # the sample's members are contiguous: one read
+                    span = os.pread(fd, b - a, a)
+                    for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
+                        if o >= 0:
+                            columns[f][j] = self._member(span, a, keys[j], f, o, z, s, views)
+                else:  # big fields nobody asked for sit in between: read the wanted ones alone
+                    for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
+                        if o >= 0:
+                            columns[f][j] = self._member(os.pread(fd, z + head, o - head), o - head,
+                                                         keys[j], f, o, z, s, views)
         return keys, columns
 
-    def _member(self, buf: bytes, base: int, key: str, field: str, offset: int, size: int, s: int) -> bytes:
+    def _member(self, buf: bytes, base: int, key: str, field: str, offset: int, size: int, s: int,
+                view: bool = False) -> bytes | memoryview:
         """Member ``key.field`` (``size`` bytes at file ``offset``) from ``buf``, read from file
         position ``base``; checks that it was not cut short and that its tar header matches."""
         start = offset - base
@@ -255,16 +277,14 @@ class TarStore(Store):
                               f"got {max(len(buf) - start, 0)}", key=key, field=field, where=self.shard_path(s))
         if self.check_headers:
             h = start - 512
-            name = f"{key}.{field}".encode()
             # fast path: the header names this member and holds its size as tarfile writes it
-            if not (buf[h:h + len(name)] == name and buf[h + len(name)] == 0
-                    and buf[h + 124:h + 135] == b"%011o" % size):
+            if not (buf.startswith(f"{key}.{field}\0".encode(), h) and buf.startswith(b"%011o" % size, h + 124)):
                 problem = _header_problem(buf[h:start], f"{key}.{field}", size)
                 if problem:
                     raise SampleError(f"offset index does not match the shard at offset {offset}: {problem}; "
                                       "re-run `mmloader index` or `mmloader verify`", key=key, field=field,
                                       where=self.shard_path(s))
-        return buf[start:start + size]
+        return memoryview(buf)[start:start + size] if view else buf[start:start + size]
 
     def field_size(self, index: int, field: str) -> int:
         s, row = self.locate(index)
