@@ -166,3 +166,13 @@ def test_mix_source_composition_keeps_batches_single_source():
     assert len(m) % 8 == 0
     assert all(len(set(src[a:a + 8].tolist())) == 1 for a in range(0, len(m), 8))
     assert set(src.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("visit_len,world", [(0, 1), (7, 1), (10, 4), (13, 3), (5, 8)])
+def test_rank_positions_slices_equal_the_whole(visit_len, world):
+    per = samples_per_rank(visit_len, world)
+    for rank in range(world):
+        whole = rank_positions(visit_len, world, rank, per)
+        for a in range(per + 1):
+            for b in range(a, per + 2):
+                assert rank_positions(visit_len, world, rank, per, a, b).tolist() == whole[a:b].tolist()

@@ -288,3 +288,19 @@ def test_inner_zip_keys_are_lazy(lmdb_ds, tmp_path):
     ds = _zip(lmdb_ds, caps, align="inner")
     assert not isinstance(ds.keys, list) and len(ds.keys) == 8
     assert list(ds.keys) == [f"s{i:05d}" for i in range(0, 23, 3)] and ds.keys[-1] == "s00021"
+
+
+def test_subclassed_readers_get_bytes_in_batches(any_ds):
+    """Zero-copy views go only to built-in decoders: a subclass may call bytes methods."""
+    class Upper(mmloader.TextReader):
+        def decode(self, data, key):
+            assert isinstance(data, bytes)
+            return data.decode("utf-8").upper()
+    ds = mmloader.zip(image=mmloader.ImageReader(any_ds, decode="raw"), caption=Upper(any_ds),
+                      plain=mmloader.TextReader(any_ds))
+    batch = next(iter(mmloader.Stream(ds, batch_size=6, shuffle=False)))
+    assert batch["caption"] == [c.upper() for c in batch["plain"]]
+    assert batch["plain"][0] == "caption number 0 é"
+    store = mmloader.open(any_ds)
+    assert [bytes(t.numpy()) for t in mmloader.unpack(batch, "image")] == \
+        [store.get(k)["jpg"] for k in batch["__key__"]]

@@ -297,3 +297,15 @@ def test_long_and_unicode_keys_round_trip_through_webdataset(tmp_path):
     seen = list(wds.WebDataset(str(tmp_path / "s" / "data-000000.tar"), shardshuffle=False, empty_check=False))
     assert [s["__key__"] for s in seen] == keys
     assert verify(tmp_path / "s", progress=False).ok
+
+
+def test_read_many_views_equal_copies(any_ds):
+    store = mmloader.open(any_ds)
+    indices = [22, 0, 7, 7, 13, 5, 19]
+    keys, copies = store.read_many(indices, store.fields)
+    vkeys, views = store.read_many(indices, store.fields, views=True)
+    assert vkeys == keys == [store.key(i) for i in indices]
+    for f in store.fields:
+        assert all(isinstance(v, bytes) for v in copies[f] if v is not None)
+        assert [None if v is None else bytes(v) for v in views[f]] == copies[f]
+        assert copies[f] == [store.read(i, [f]).get(f) for i in indices]

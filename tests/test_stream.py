@@ -252,3 +252,40 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
     assert [b["__key__"] for b in again] == [b["__key__"] for b in bucketed]
     with pytest.raises(ValueError, match="not a modality"):
         _stream(path, 4, bucket_by="nope")
+
+
+def test_thread_backend_delivers_batches_before_the_error_in_order(tmp_path):
+    class Bad(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            if i == 23:
+                raise mmloader.SampleError("broken sample", key=f"k{i}")
+            return {"__key__": f"k{i}"}
+    for producers in (1, 3):
+        loader = mmloader.threaded.ThreadLoader(mmloader.Stream(Bad(), batch_size=4, shuffle=False),
+                                                producers=producers)
+        got = []
+        with pytest.raises(mmloader.SampleError, match="k23"):
+            for batch in loader:
+                got.append(batch["__key__"])
+        assert got == [[f"k{i}" for i in range(a, a + 4)] for a in range(0, 20, 4)]
+
+
+def test_thread_backend_stops_its_threads_when_left_early(tmp_path):
+    import threading
+    path = _text_dataset(tmp_path / "d", 200, 4)
+    before = threading.active_count()
+    for producers in (1, 2):
+        it = iter(mmloader.threaded.ThreadLoader(_stream(path, 2), producers=producers))
+        next(it)
+        it.close()
+    assert threading.active_count() == before
+
+
+def test_thread_backend_many_producers_same_batches(tmp_path):
+    path = _text_dataset(tmp_path / "d", 131, 5)
+    expect = _keys(mmloader.loader(_stream(path, 3), num_workers=1, backend="thread"))
+    for producers in (2, 5):
+        assert _keys(mmloader.threaded.ThreadLoader(_stream(path, 3), producers=producers)) == expect
