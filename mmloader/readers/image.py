@@ -42,9 +42,10 @@ class ImageReader(Reader):
         self.output, self.mode, self.size, self.max_pixels = decode, mode, size, max_pixels
 
     @property
-    def takes_views(self) -> bool:  # raw bytes are only joined or copied
-        return (self.output == "raw" and type(self).decode is ImageReader.decode
-                and type(self).from_column is ImageReader.from_column)
+    def takes_views(self) -> bool:  # raw bytes are only joined; tensors decode from views (no copy)
+        return (self.output in ("raw", "tensor") and type(self).decode is ImageReader.decode
+                and type(self).from_column is ImageReader.from_column
+                and type(self)._decode_into_batch is ImageReader._decode_into_batch)
 
     def from_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
         if self.output == "tensor" and self.transform is None and not self.field.endswith(".gz") \
@@ -55,6 +56,8 @@ class ImageReader(Reader):
                     return stacked
             except Exception:
                 pass  # redo sample by sample: the error must name its key
+        if self.output != "raw":  # the per-sample decoders below take bytes
+            datas = [d if d is None or isinstance(d, bytes) else bytes(d) for d in datas]
         if self.output != "raw" or self.transform is not None or self.field.endswith(".gz") \
                 or any(d is None or len(d) > self.max_field_bytes for d in datas):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
@@ -94,7 +97,7 @@ class ImageReader(Reader):
             check_pixels(info, self.max_pixels)
             if self.size is None and jpeg_into(d, info, self.mode, buffers[i]) is not None:
                 continue  # decoded in place
-            out[i].copy_(decode_to_tensor(d, self.mode, self.size, self.max_pixels).permute(1, 2, 0))
+            out[i].copy_(decode_to_tensor(bytes(d), self.mode, self.size, self.max_pixels).permute(1, 2, 0))
         return Stacked(out.permute(0, 3, 1, 2))
 
     def decode(self, data: bytes, key: str) -> Any:
