@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import random
 from typing import Any, Callable, Iterator
@@ -244,12 +245,12 @@ class Stream(torch.utils.data.IterableDataset):
         return samples[0]
 
     @staticmethod
-    def _planned(spans: list[tuple[int, int]], visit, plan, rank: int, world: int, per_rank: int,
+    def _planned(spans: Iterator[tuple[int, int]], visit, plan, rank: int, world: int, per_rank: int,
                  chunk: int = PLAN_CHUNK_BATCHES) -> Iterator[tuple]:
         """``(start, stop, positions, sources, indices)`` per batch span, planned ``chunk``
         batches per call: the planning functions cost mostly per call, not per sample."""
-        for c in range(0, len(spans), chunk):
-            group = spans[c:c + chunk]
+        spans = iter(spans)
+        while group := list(itertools.islice(spans, chunk)):
             flat = np.concatenate([rank_positions(len(visit), world, rank, per_rank, a, b) for a, b in group])
             positions = visit.take(flat)
             sources, indices = plan.lookup(positions)

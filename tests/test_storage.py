@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import webdataset as wds
@@ -309,3 +310,16 @@ def test_read_many_views_equal_copies(any_ds):
         assert all(isinstance(v, bytes) for v in copies[f] if v is not None)
         assert [None if v is None else bytes(v) for v in views[f]] == copies[f]
         assert copies[f] == [store.read(i, [f]).get(f) for i in indices]
+
+
+@pytest.mark.parametrize("array", [np.arange(60, dtype=np.int64).reshape(15, 2, 2),
+                                   np.zeros((0, 3, 2), dtype=np.int64),
+                                   np.arange(24, dtype=np.int64).reshape(4, 3, 2) * -1,
+                                   np.arange(12, dtype=np.int32).reshape(3, 2, 2),  # other headers: np.load
+                                   np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 2, 2))])
+def test_offset_tables_map_like_np_load(tmp_path, array):
+    from mmloader.storage.tar_store import map_offsets
+    path = tmp_path / "t.idx.npy"
+    np.save(path, array)
+    got = map_offsets(str(path))
+    assert got.shape == array.shape and np.array_equal(got, array) and not got.flags.writeable

@@ -12,7 +12,7 @@ worker count, which makes mid-epoch resume pure arithmetic.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -98,15 +98,16 @@ def batches_per_rank(per_rank: int, batch_size: int | None) -> int:
     return -(-per_rank // batch_size) if batch_size else per_rank
 
 
-def worker_batches(per_rank: int, batch_size: int | None, workers: int, worker: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` offsets within the rank of the batches ``worker`` produces (j % workers == worker).
+def worker_batches(per_rank: int, batch_size: int | None, workers: int, worker: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` offsets within the rank of the batches ``worker`` produces (j % workers == worker),
+    generated lazily: nothing is built per batch of the epoch up front.
 
-    >>> worker_batches(10, 4, 2, 1)
+    >>> list(worker_batches(10, 4, 2, 1))
     [(4, 8)]
     """
     b = batch_size or 1
     n = batches_per_rank(per_rank, b)
-    return [(j * b, min((j + 1) * b, per_rank)) for j in range(worker, n, workers)]
+    return ((j * b, min((j + 1) * b, per_rank)) for j in range(worker, n, workers))
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
