@@ -26,6 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+MEMORY_SECTION = "## Memory as the dataset grows 10x"  # written by memory.py
 sys.path.insert(0, str(HERE))
 
 DECODED, RAW = "decoded", "raw"
@@ -422,7 +423,11 @@ def write_results(args, info, results, failures, lim) -> None:
     for name, s in info["conversion_s"].items():
         lines.append(f"| {name} | {s:.1f} | {info['count'] / s:,.0f} |")
     lines.append("")
-    Path(args.results).write_text("\n".join(lines) + "\n")
+    results = Path(args.results)
+    kept = ""  # benchmarks/memory.py owns its section of the file: keep it
+    if results.exists() and MEMORY_SECTION in results.read_text():
+        kept = "\n" + MEMORY_SECTION + results.read_text().split(MEMORY_SECTION, 1)[1]
+    results.write_text("\n".join(lines) + "\n" + kept)
     try:
         import matplotlib
         matplotlib.use("Agg")

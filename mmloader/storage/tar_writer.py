@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tarfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,7 +30,11 @@ class _HashingFile:
     def tell(self) -> int:
         return self.pos
 
+    def flush(self) -> None:
+        self._f.flush()
+
     def close(self) -> None:
+        """Sync to disk and close (safe to run on another thread after :meth:`flush`)."""
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
@@ -75,6 +80,8 @@ class ShardWriter(AtomicWriter):
         self._file: _HashingFile | None = None
         self._shard_samples = 0
         self._known_fields: set[str] = set()
+        self._syncer: ThreadPoolExecutor | None = None
+        self._syncs: list[Future] = []
 
     @property
     def count(self) -> int:
@@ -94,9 +101,22 @@ class ShardWriter(AtomicWriter):
         end = tarfile.BLOCKSIZE * 2
         end += (-(self._file.pos + end)) % tarfile.RECORDSIZE
         self._file.write(b"\0" * end)
-        self._file.close()
+        self._file.flush()
+        # The shard's fsync waits on the disk, not the CPU: run it beside the next shard's writing
+        # (the commit waits for it, so nothing is renamed into place before it is on disk).
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(1, thread_name_prefix="shard-sync")
+        self._syncs.append(self._syncer.submit(self._file.close))
         self._index.end_shard(self._file_name, self._file.pos, self._file.sha.hexdigest())
         self._file = None
+
+    def _wait_for_syncs(self) -> None:
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
+        syncs, self._syncs = self._syncs, []
+        for done in syncs:
+            done.result()  # an fsync error fails the write, nothing is committed
 
     def write(self, sample: Mapping[str, Any]) -> int:
         """Append one sample; returns its index in the dataset."""
@@ -135,6 +155,7 @@ class ShardWriter(AtomicWriter):
 
     def close(self) -> Path:
         self._close_shard()
+        self._wait_for_syncs()
         self._index.finish(self.user_metadata)
         return self._dir.commit()
 
@@ -142,5 +163,9 @@ class ShardWriter(AtomicWriter):
         try:
             if self._file is not None:
                 self._file._f.close()
+            try:
+                self._wait_for_syncs()
+            except OSError:
+                pass  # the partial directory goes anyway
         finally:
             self._dir.abort()
