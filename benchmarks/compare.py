@@ -227,19 +227,9 @@ def _dataset_of(name: str) -> str:
             "litdata": "litdata", "folder-pillow": "raw", "pickle-lmdb": "pickle"}[name]
 
 
-def warm(path: str | Path) -> None:
-    """Read every file once: "page cache warm" must hold for each run, and this VM's memory
-    reclaim (kdamond) drops cold page cache between runs."""
-    p = Path(path)
-    for f in (p.rglob("*") if p.is_dir() else [p]):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                while fh.read(1 << 22):
-                    pass
-
-
 def run_one(name: str, workload: str, paths: dict, workers: int, batch: int) -> dict:
     from mmloader.bench import measure
+    from data import warm
     warm(paths[_dataset_of(name)])
     loader = build(name, workload, paths, workers, batch)
     r = measure(loader, epochs=1, set_epoch=False)

@@ -38,11 +38,8 @@ def build(path: Path, n: int, fmt: str, jpegs: list[bytes]) -> None:
 def measure(path: str, read: int, workers: int, batch: int) -> dict:
     import threading
     import mmloader
-    for f in Path(path).rglob("*"):  # page cache warm: the first batch must not wait on the disk (this
-        if f.is_file():              # VM's memory reclaim drops cold page cache between runs)
-            with open(f, "rb") as fh:
-                while fh.read(1 << 22):
-                    pass
+    from data import warm
+    warm(path)  # the first batch must not wait on the disk
     from mmloader.bench import _children, smaps_rollup
     ds = mmloader.zip(image=mmloader.ImageReader(path, decode="raw"), caption=mmloader.TextReader(path))
     loader = mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers,

@@ -214,16 +214,23 @@ def test_thread_backend_same_batches_and_resume(tmp_path):
     assert _keys(resumed) == process[4:]
 
 
-def test_thread_backend_raises_worker_errors(tmp_path):
-    class Bad(torch.utils.data.Dataset):
-        def __len__(self):
-            return 10
+class _BrokenAt(torch.utils.data.Dataset):
+    """``n`` samples keyed ``k{i}``; reading sample ``bad`` raises."""
 
-        def __getitem__(self, i):
-            if i == 7:
-                raise mmloader.SampleError("broken sample", key=f"k{i}")
-            return {"__key__": f"k{i}"}
-    loader = mmloader.loader(mmloader.Stream(Bad(), batch_size=2, shuffle=False), backend="thread")
+    def __init__(self, n: int, bad: int):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise mmloader.SampleError("broken sample", key=f"k{i}")
+        return {"__key__": f"k{i}"}
+
+
+def test_thread_backend_raises_worker_errors(tmp_path):
+    loader = mmloader.loader(mmloader.Stream(_BrokenAt(10, 7), batch_size=2, shuffle=False), backend="thread")
     with pytest.raises(mmloader.SampleError, match="k7"):
         list(loader)
 
@@ -255,16 +262,8 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
 
 
 def test_thread_backend_delivers_batches_before_the_error_in_order(tmp_path):
-    class Bad(torch.utils.data.Dataset):
-        def __len__(self):
-            return 40
-
-        def __getitem__(self, i):
-            if i == 23:
-                raise mmloader.SampleError("broken sample", key=f"k{i}")
-            return {"__key__": f"k{i}"}
     for producers in (1, 3):
-        loader = mmloader.threaded.ThreadLoader(mmloader.Stream(Bad(), batch_size=4, shuffle=False),
+        loader = mmloader.threaded.ThreadLoader(mmloader.Stream(_BrokenAt(40, 23), batch_size=4, shuffle=False),
                                                 producers=producers)
         got = []
         with pytest.raises(mmloader.SampleError, match="k23"):
