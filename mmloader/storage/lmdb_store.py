@@ -55,7 +55,7 @@ class MapTrimmer:
     """Bounds how much of an LMDB data file stays mapped in this process.
 
     Pages read through LMDB's memory map stay mapped until the map is closed, and
-    the kernel maps up to 64 KiB around each fault: a worker reading random samples
+    the kernel maps 64 KiB or more around each fault: a worker reading random samples
     of a dataset much larger than what it reads would map ever more of it (measured:
     10k reads of a 100k-sample dataset added 124 MB to the workers' PSS; over many
     epochs every process would map the whole file, and RSS-based monitors count it
@@ -80,7 +80,8 @@ class MapTrimmer:
             self.pending += sum(big) + _FAULT_AROUND * len(big)
 
     def maybe_trim(self) -> None:
-        """Called before a read (never between a read and the use of its views)."""
+        """Called before a read. Safe at any time, also while another thread uses views into
+        the map: a page touched after the trim is faulted back in from the page cache."""
         if self.pending >= TRIM_AFTER_BYTES:
             self.pending = 0
             if self.region is not None and _madvise(*self.region, _MADV_DONTNEED) != 0:
