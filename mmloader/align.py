@@ -10,7 +10,7 @@ import torch.utils.data
 
 from .cache import SampleCache
 from .errors import AlignmentError
-from .readers.base import Reader
+from .readers.base import Reader, as_bytes
 
 log = logging.getLogger("mmloader")
 
@@ -192,7 +192,7 @@ class Zipped(torch.utils.data.Dataset):
                 reader = self.readers[name]
                 column = raw[reader.field]
                 if views and not reader.takes_views:
-                    column = [v if v is None or isinstance(v, bytes) else bytes(v) for v in column]
+                    column = as_bytes(column)
                 values = reader.from_column(column, keys)
                 t = self.transforms.get(name)
                 columns[name] = [t(v) for v in values] if t is not None else values

@@ -222,14 +222,14 @@ class Stream(torch.utils.data.IterableDataset):
     def batch_tasks(self, worker: int = 0, workers: int = 1, seed_rngs: bool = False) -> Iterator[Callable[[], Any]]:
         """What :meth:`iter_worker` yields, as zero-argument callables that build each batch
         (or sample) when called: planning stays in order here, building can happen on any
-        thread (the thread backend's producers and its consumer share one sequence)."""
+        thread (the thread backend's producers take them from one shared sequence)."""
         rank, world, plan, visit, per_rank = self._layout()
         if seed_rngs:
             s = int(np.random.SeedSequence([self.seed, self.epoch, rank, worker]).generate_state(1)[0])
             random.seed(s)
             np.random.seed(s)
             torch.manual_seed(s)
-        for _start, _stop, positions, sources, indices in self._planned(
+        for positions, sources, indices in self._planned(
                 worker_batches(per_rank, self.batch_size, workers, worker), visit, plan, rank, world, per_rank):
             yield functools.partial(self._build, plan, positions, sources, indices)
 
@@ -247,7 +247,7 @@ class Stream(torch.utils.data.IterableDataset):
     @staticmethod
     def _planned(spans: Iterator[tuple[int, int]], visit, plan, rank: int, world: int, per_rank: int,
                  chunk: int = PLAN_CHUNK_BATCHES) -> Iterator[tuple]:
-        """``(start, stop, positions, sources, indices)`` per batch span, planned ``chunk``
+        """``(positions, sources, indices)`` per batch span, planned ``chunk``
         batches per call: the planning functions cost mostly per call, not per sample."""
         spans = iter(spans)
         while group := list(itertools.islice(spans, chunk)):
@@ -257,7 +257,7 @@ class Stream(torch.utils.data.IterableDataset):
             o = 0
             for a, b in group:
                 n = b - a
-                yield a, b, positions[o:o + n], sources[o:o + n], indices[o:o + n]
+                yield positions[o:o + n], sources[o:o + n], indices[o:o + n]
                 o += n
 
     def _fetch(self, plan, position: int, source: int, index: int) -> Any:

@@ -15,6 +15,7 @@ import torch
 
 from .stream import Stream
 
+
 def _decodes_images(stream: Stream) -> bool:
     """Whether batches decode images (work that releases the GIL, so threads run it in parallel)."""
     from .readers.image import ImageReader

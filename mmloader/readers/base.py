@@ -24,6 +24,17 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
+def accepts_views(decode: Callable) -> Callable:
+    """Mark a reader's ``decode`` as accepting any bytes-like value (``memoryview`` too)."""
+    decode.accepts_views = True  # type: ignore[attr-defined]
+    return decode
+
+
+def as_bytes(values: list) -> list:
+    """``values`` with every bytes-like view copied into ``bytes`` (None and bytes kept)."""
+    return [v if v is None or isinstance(v, bytes) else bytes(v) for v in values]
+
+
 class Reader:
     """One field of a store, decoded on access. Subclass and override :meth:`decode`
     (or pass ``decode=``) to add a modality without touching mmloader.
@@ -74,9 +85,9 @@ class Reader:
     @property
     def takes_views(self) -> bool:
         """Whether :meth:`from_column` accepts ``memoryview`` values (zero-copy store reads)
-        as well as ``bytes``. Off unless a built-in reader's own decoding is in use: a
-        subclass's ``decode`` may call ``bytes`` methods."""
-        return False
+        as well as ``bytes``: only when the ``decode`` in use is marked :func:`accepts_views`
+        (a subclass's own ``decode``, or ``decode=``, may call ``bytes`` methods)."""
+        return self._decode_fn is None and getattr(type(self).decode, "accepts_views", False)
 
     # -- decoding -------------------------------------------------------------
     def from_record(self, record: dict) -> Any:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..errors import UnsafeFieldError
-from .base import Reader
+from .base import Reader, accepts_views
 
 
 class TextReader(Reader):
@@ -21,10 +21,7 @@ class TextReader(Reader):
 
     default_field = "txt"
 
-    @property
-    def takes_views(self) -> bool:
-        return type(self).decode is TextReader.decode and self._decode_fn is None
-
+    @accepts_views
     def decode(self, data: bytes, key: str) -> str:
         return str(data, "utf-8")
 
@@ -38,10 +35,7 @@ class LabelReader(Reader):
 
     default_field = "cls"
 
-    @property
-    def takes_views(self) -> bool:
-        return type(self).decode is LabelReader.decode and self._decode_fn is None
-
+    @accepts_views
     def decode(self, data: bytes, key: str) -> int:
         text = str(data, "ascii").strip()
         try:

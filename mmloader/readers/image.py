@@ -9,7 +9,7 @@ import torch
 import torch.utils.data
 
 from ..storage import Store
-from .base import Reader
+from .base import Reader, accepts_views, as_bytes
 from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
                            probe)
 
@@ -43,7 +43,7 @@ class ImageReader(Reader):
 
     @property
     def takes_views(self) -> bool:  # raw bytes are only joined; tensors decode from views (no copy)
-        return (self.output in ("raw", "tensor") and type(self).decode is ImageReader.decode
+        return (super().takes_views and self.output in ("raw", "tensor")
                 and type(self).from_column is ImageReader.from_column
                 and type(self)._decode_into_batch is ImageReader._decode_into_batch)
 
@@ -57,7 +57,7 @@ class ImageReader(Reader):
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         if self.output != "raw":  # the per-sample decoders below take bytes
-            datas = [d if d is None or isinstance(d, bytes) else bytes(d) for d in datas]
+            datas = as_bytes(datas)
         if self.output != "raw" or self.transform is not None or self.field.endswith(".gz") \
                 or any(d is None or len(d) > self.max_field_bytes for d in datas):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
@@ -100,6 +100,7 @@ class ImageReader(Reader):
             out[i].copy_(decode_to_tensor(bytes(d), self.mode, self.size, self.max_pixels).permute(1, 2, 0))
         return Stacked(out.permute(0, 3, 1, 2))
 
+    @accepts_views  # reached with views only for "raw" (from_column hands the others bytes)
     def decode(self, data: bytes, key: str) -> Any:
         if self.output == "raw":
             return torch.frombuffer(bytearray(data), dtype=torch.uint8)
