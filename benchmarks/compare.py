@@ -26,7 +26,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MEMORY_SECTION = "## Memory as the dataset grows 10x"  # written by memory.py
 sys.path.insert(0, str(HERE))
 
 DECODED, RAW = "decoded", "raw"
@@ -426,10 +425,12 @@ def write_results(args, info, results, failures, lim) -> None:
     for name, s in info["conversion_s"].items():
         lines.append(f"| {name} | {s:.1f} | {info['count'] / s:,.0f} |")
     lines.append("")
+    from data import MEMORY_SECTION
     out_file = Path(args.results)
+    old = out_file.read_text() if out_file.exists() else ""
     kept = ""  # benchmarks/memory.py owns its section of the file: keep it
-    if out_file.exists() and MEMORY_SECTION in out_file.read_text():
-        kept = "\n" + MEMORY_SECTION + out_file.read_text().split(MEMORY_SECTION, 1)[1]
+    if MEMORY_SECTION in old:
+        kept = "\n" + MEMORY_SECTION + old.split(MEMORY_SECTION, 1)[1]
     out_file.write_text("\n".join(lines) + "\n" + kept)
     try:
         import matplotlib

@@ -70,6 +70,9 @@ if __name__ == "__main__":
     print(make_folder(sys.argv[1], int(sys.argv[2])))
 
 
+MEMORY_SECTION = "## Memory as the dataset grows 10x"  # memory.py writes it; compare.py keeps it
+
+
 def warm(path: str | os.PathLike) -> None:
     """Read every file under ``path`` once: "page cache warm" must hold for each measured run,
     and this VM's memory reclaim (kdamond) drops cold page cache between runs."""

@@ -21,7 +21,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MEMORY_SECTION = "## Memory as the dataset grows 10x"
 sys.path.insert(0, str(HERE))
 
 
@@ -93,7 +92,7 @@ def main() -> int:
         print(json.dumps(measure(args.measure[0], args.read, args.workers, args.batch_size)))
         return 0
     import io
-    from data import photo
+    from data import MEMORY_SECTION, photo
     jpegs = []
     for i in range(256):
         buf = io.BytesIO()
