@@ -21,7 +21,8 @@ from tqdm import tqdm
 import mmloader
 from mmloader.errors import MMLoaderError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+from mmloader.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
+from mmloader.storage import format_for
 
 
 class ConversionError(Exception):
@@ -203,7 +204,7 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
             raise ItemError(f"unreadable: {e.strerror}", path) from None
         if not data:
             raise ItemError("empty file", path)
-        if ("." + fname.lower()) in IMAGE_EXTENSIONS:
+        if fname.lower() in IMAGE_EXTENSIONS:
             data, new_ext = _image_bytes(data, path, opts)
             if new_ext and new_ext != fname:
                 fname = new_ext
@@ -289,7 +290,7 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
     """Write loaded samples; apply ``--on-error``; progress bar; atomic output; skip report."""
     summary = Summary()
     start = time.perf_counter()
-    fmt = args.format or ("lmdb" if dst.rstrip("/").endswith(".lmdb") else "tar")
+    fmt = format_for(dst, args.format)
     shard_opts = {"shard_size": args.shard_size, "shard_bytes": int(args.shard_bytes)} if fmt == "tar" else {}
     writer = mmloader.writer_for(dst, fmt, overwrite=args.overwrite, metadata=metadata, **shard_opts)
     report_path = Path(str(Path(dst).absolute()) + ".skipped.tsv")

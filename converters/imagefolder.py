@@ -33,7 +33,7 @@ def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
         for dirpath, _dirs, files in sorted(os.walk(root / cls, followlinks=True)):
             for name in sorted(files):
                 stem, ext = os.path.splitext(name)
-                if ext.lower() not in IMAGE_EXTENSIONS:
+                if ext[1:].lower() not in IMAGE_EXTENSIONS:
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
                 key = os.path.splitext(rel)[0]

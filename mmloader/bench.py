@@ -140,8 +140,9 @@ def main(args) -> int:
     """The CLI: ``mmloader bench PATH|CONFIG [--workers W --batch-size B --epochs E --step-ms T]``."""
     import mmloader
     from .dataloader import default_num_workers
+    from .config import is_config_path
     path = str(args.path)
-    if path.endswith((".yaml", ".yml")) or (path.endswith(".json") and not path.endswith("index.json")):
+    if is_config_path(path):
         stream = mmloader.from_config(path, batch_size=args.batch_size)
     else:
         store = mmloader.open(path)

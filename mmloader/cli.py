@@ -53,7 +53,8 @@ def _merge(args) -> int:
 
 def _preview(args) -> int:
     from .preview import contact_sheet, dataset_for_preview
-    if str(args.path).endswith((".yaml", ".yml", ".json")) and not str(args.path).endswith("index.json"):
+    from .config import is_config_path
+    if is_config_path(args.path):
         from .config import load_config, build_sources
         sources = build_sources(load_config(args.path), pil_images=True)
         indices_by = [(name, ds) for name, ds in sources.items()]

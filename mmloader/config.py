@@ -65,6 +65,31 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def is_config_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names an experiment config rather than a dataset: the one rule every
+    command uses. YAML files are configs; a JSON file is one when it holds a ``sources`` mapping
+    (a shard manifest such as ``index.json`` does not).
+
+    >>> is_config_path("samples/configs/mixed.yaml"), is_config_path("data/shapes.lmdb")
+    (True, False)
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return True
+    if suffix != ".json" or not p.is_file() or p.stat().st_size > 16 << 20:
+        return False
+    try:
+        import json
+        doc = json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "sources" in doc
+
+
 def load_config(path_or_dict: str | os.PathLike | Mapping) -> dict:
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict)

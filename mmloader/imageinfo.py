@@ -14,6 +14,24 @@ from PIL import Image
 
 from .errors import DecodeError, SizeLimitError
 
+#: Field names (file extensions, lower case) that hold images: the one list readers and converters
+#: share; the same set as torchvision's ``ImageFolder``, so an imagefolder conversion finds the same files.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
+#: Spellings of one format, folded to one field name so a dataset has one image field per format.
+_CANONICAL = {"jpeg": "jpg", "jpe": "jpg", "tiff": "tif"}
+
+
+def canonical_extension(ext: str) -> str:
+    """The field name for a file extension: lower case, one spelling per format
+    (``JPEG``, ``jpeg``, ``JPG`` -> ``jpg``; ``tiff`` -> ``tif``).
+
+    >>> canonical_extension("JPEG"), canonical_extension("png"), canonical_extension("txt.gz")
+    ('jpg', 'png', 'txt.gz')
+    """
+    ext = ext.lower()
+    return _CANONICAL.get(ext, ext)
+
+
 #: Default decoded-pixel ceiling (about 12k x 12k); raise it per reader when needed.
 DEFAULT_MAX_PIXELS = 150_000_000
 

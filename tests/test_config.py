@@ -18,7 +18,7 @@ def stores(tmp_path_factory):
     with mmloader.LMDBWriter(root / "pairs.lmdb") as w:
         for i in range(300):
             w.write({"__key__": f"p{i:04d}", "jpg": jpeg_bytes(i % 5), "txt": f"pair {i}", "cls": i % 3})
-    with mmloader.ShardWriter(root / "caps", max_samples=100) as w:
+    with mmloader.ShardWriter(root / "caps", shard_size=100) as w:
         for i in range(300):
             w.write({"__key__": f"p{i:04d}", "txt": f"caption {i}"})
     (root / "corpus.txt").write_text("".join(f"line {i}\n" for i in range(2000)))

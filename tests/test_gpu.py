@@ -17,7 +17,7 @@ from conftest import jpeg_bytes
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpu") / "imgs"
-    with mmloader.ShardWriter(path, max_samples=8) as w:
+    with mmloader.ShardWriter(path, shard_size=8) as w:
         for i in range(20):
             if i % 7 == 3:  # a PNG among JPEGs: decoded on the CPU for that item only
                 buf = io.BytesIO()

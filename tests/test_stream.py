@@ -18,7 +18,7 @@ WORLD = 2
 
 def _text_dataset(path: Path, n: int, shards: int) -> Path:
     per = max(1, math.ceil(n / shards))
-    with mmloader.ShardWriter(path, max_samples=per) as w:
+    with mmloader.ShardWriter(path, shard_size=per) as w:
         for i in range(n):
             w.write({"__key__": f"k{i:05d}", "txt": f"t{i}"})
     return path

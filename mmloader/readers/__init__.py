@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 
 from ..errors import UnsafeFieldError
+from ..imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from ..storage.textlines import TextLinesStore
 from .base import Reader
 from .basic import ArrayReader, JSONReader, LabelReader, TextReader
 from .image import ImageReader
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 PICKLE_EXTENSIONS = ("pyd", "pth", "pt", "pickle", "pkl", "pyd.gz", "pth.gz", "pickle.gz")
 
 

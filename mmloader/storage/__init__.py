@@ -12,7 +12,7 @@ from .tar_store import TarStore, build_index
 from .tar_writer import ShardWriter
 
 __all__ = ["open_store", "Store", "KeysView", "LMDBStore", "LMDBWriter", "TarStore", "ShardWriter",
-           "build_index", "writer_for"]
+           "build_index", "writer_for", "format_for", "FORMATS"]
 
 
 def open_store(path: str | os.PathLike | Store, **options) -> Store:
@@ -37,21 +37,34 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
                       f"({MANIFEST})")
 
 
-def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
-    """An :class:`LMDBWriter` or :class:`ShardWriter` for ``path``.
+FORMATS = ("lmdb", "tar")
 
-    ``format`` is ``"lmdb"`` or ``"tar"``; by default a ``.lmdb`` suffix means LMDB.
-    ``shard_size``/``shard_bytes`` apply to tar only.
+
+def format_for(path: str | os.PathLike, format: str | None = None) -> str:
+    """The output format for ``path``: ``format`` if given, else ``"lmdb"`` for a ``.lmdb``
+    suffix and ``"tar"`` (a shard directory) otherwise. The one place this rule lives.
+
+    >>> format_for("out.lmdb"), format_for("out/"), format_for("out", "lmdb")
+    ('lmdb', 'tar', 'lmdb')
     """
-    fmt = format or ("lmdb" if str(path).rstrip("/").endswith(".lmdb") else "tar")
-    shard_size = kwargs.pop("shard_size", None)
-    shard_bytes = kwargs.pop("shard_bytes", None)
+    if format is None:
+        return "lmdb" if str(path).rstrip("/").endswith(".lmdb") else "tar"
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}: expected one of {', '.join(FORMATS)}")
+    return format
+
+
+def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
+    """An :class:`LMDBWriter` or :class:`ShardWriter` for ``path`` (format by :func:`format_for`).
+
+    ``shard_size`` (samples) and ``shard_bytes`` apply to tar only (an LMDB dataset is one
+    file), so one call serves both formats.
+
+    >>> with writer_for("pairs.lmdb") as w:                               # doctest: +SKIP
+    ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a red circle"})
+    """
+    fmt = format_for(path, format)
+    shard_options = {k: kwargs.pop(k, None) for k in ("shard_size", "shard_bytes")}
     if fmt == "lmdb":
         return LMDBWriter(path, **kwargs)
-    if fmt == "tar":
-        if shard_size:
-            kwargs["max_samples"] = shard_size
-        if shard_bytes:
-            kwargs["max_bytes"] = shard_bytes
-        return ShardWriter(path, **kwargs)
-    raise ValueError(f"unknown format {fmt!r}: expected 'lmdb' or 'tar'")
+    return ShardWriter(path, **{k: v for k, v in shard_options.items() if v is not None}, **kwargs)

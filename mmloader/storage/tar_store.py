@@ -31,7 +31,7 @@ class TarStore(Store):
     >>> ds[5]["txt"], ds.get("0005")["__index__"]     # doctest: +SKIP
     """
 
-    format = "shards"
+    format = "tar"
 
     def __init__(self, path: str | os.PathLike, *, check_headers: bool = True, verify_checksums: bool = False):
         """``check_headers``: each read also fetches the 512-byte tar header before the data

@@ -13,6 +13,10 @@ from .encoding import split_sample
 from .keys import validate_field, validate_key
 from .shard_index import ShardIndexBuilder
 
+#: One default per concept, shared by the Python API and the CLI.
+DEFAULT_SHARD_SIZE = 10_000  # samples per shard
+DEFAULT_SHARD_BYTES = 1 << 30  # bytes per shard (1 GiB)
+
 
 class _HashingFile:
     """File wrapper that hashes and counts what tarfile writes (one pass, no re-read)."""
@@ -58,23 +62,24 @@ def ustar_header(name: str, size: int, mtime: int) -> bytes:
 class ShardWriter(AtomicWriter):
     """Write samples to ``DIR/NAME-000000.tar, ...`` atomically (the directory appears when closed).
 
-    Shards are cut at ``max_samples`` samples or ``max_bytes`` bytes. Member names
+    Shards are cut at ``shard_size`` samples or ``shard_bytes`` bytes. Member names
     are ``KEY.FIELD``; a sample's members are contiguous, as WebDataset expects.
     Member mtimes are fixed (``mtime``) so the same input gives identical bytes.
 
-    >>> with ShardWriter("shards/", max_samples=1000) as w:          # doctest: +SKIP
+    >>> with ShardWriter("shards/", shard_size=1000) as w:          # doctest: +SKIP
     ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a cat"})
     """
 
-    def __init__(self, directory: str | os.PathLike, *, name: str = "data", max_samples: int = 10_000,
-                 max_bytes: int = 1 << 30, overwrite: bool = False, metadata: Mapping | None = None,
+    def __init__(self, directory: str | os.PathLike, *, name: str = "data", shard_size: int = DEFAULT_SHARD_SIZE,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, metadata: Mapping | None = None,
                  mtime: int = 0):
-        if max_samples < 1 or max_bytes < 1:
-            raise ValueError("max_samples and max_bytes must be positive")
+        for option, value in (("shard_size", shard_size), ("shard_bytes", shard_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{option}={value!r}: expected a positive integer")
         validate_key(name)
         self._dir = AtomicDirectory(directory, overwrite=overwrite)
         self.path = self._dir.final
-        self.name, self.max_samples, self.max_bytes, self.mtime = name, max_samples, max_bytes, mtime
+        self.name, self.shard_size, self.shard_bytes, self.mtime = name, shard_size, shard_bytes, mtime
         self.user_metadata = dict(metadata or {})
         self._index = ShardIndexBuilder(self._dir.tmp)
         self._file: _HashingFile | None = None
@@ -126,8 +131,8 @@ class ShardWriter(AtomicWriter):
             if f not in self._known_fields:
                 self._known_fields.add(validate_field(f))
         size = sum(len(v) + 1024 for v in fields.values())
-        if self._file is not None and (self._shard_samples >= self.max_samples
-                                       or (self._shard_samples and self._file.pos + size > self.max_bytes)):
+        if self._file is not None and (self._shard_samples >= self.shard_size
+                                       or (self._shard_samples and self._file.pos + size > self.shard_bytes)):
             self._close_shard()
         if self._file is None:
             self._open_shard()
