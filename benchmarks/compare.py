@@ -151,7 +151,7 @@ def build(name: str, workload: str, paths: dict, workers: int, batch: int):
         import mmloader
         _, store, backend = name.split("-")
         path = paths["lmdb" if store == "lmdb" else "tar"]
-        ds = mmloader.zip(image=mmloader.ImageReader(path, decode="tensor" if decode else "raw"),
+        ds = mmloader.zip(image=mmloader.ImageReader(path, output="tensor" if decode else "raw"),
                           caption=mmloader.TextReader(path))
         return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers, backend=backend)
     if name.startswith("webdataset"):

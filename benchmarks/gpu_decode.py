@@ -5,10 +5,10 @@
 Builds 256-px JPEG + label datasets (tar shards and LMDB), then measures images/s
 delivered to the GPU as normalised bf16 (B, 3, 224, 224) batches by:
 
-* CPU decode: ``ImageReader(decode="tensor")`` in ``--cpu-workers`` DataLoader
+* CPU decode: ``ImageReader(output="tensor")`` in ``--cpu-workers`` DataLoader
   processes, batches copied to the GPU (pinned, non-blocking), resized and
   normalised there;
-* GPU decode: ``ImageReader(decode="raw")`` (packed bytes) in ``--gpu-workers``
+* GPU decode: ``ImageReader(output="raw")`` (packed bytes) in ``--gpu-workers``
   threads, then :class:`mmloader.GPUDecode` (batched nvJPEG on a side stream).
 
 It prints a table with both rates, their ratio and peak GPU memory; goal:
@@ -62,7 +62,7 @@ def run(path: Path, mode: str, workers: int, batch: int, passes: int) -> tuple[f
     mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1)
     decode = "tensor" if mode == "cpu" else "raw"
-    ds = mmloader.zip(image=mmloader.ImageReader(path, decode=decode), label=mmloader.LabelReader(path))
+    ds = mmloader.zip(image=mmloader.ImageReader(path, output=decode), label=mmloader.LabelReader(path))
     stream = mmloader.Stream(ds, batch_size=batch, seed=0)
     if mode == "cpu":
         loader = mmloader.loader(stream, num_workers=workers, pin_memory=True)

@@ -40,7 +40,7 @@ def measure(path: str, read: int, workers: int, batch: int) -> dict:
     from data import warm
     warm(path)  # the first batch must not wait on the disk
     from mmloader.bench import _children, smaps_rollup
-    ds = mmloader.zip(image=mmloader.ImageReader(path, decode="raw"), caption=mmloader.TextReader(path))
+    ds = mmloader.zip(image=mmloader.ImageReader(path, output="raw"), caption=mmloader.TextReader(path))
     loader = mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers,
                              persistent_workers=False)
     peaks = {"anon": 0, "uss": 0, "tree_pss": 0}

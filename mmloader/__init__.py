@@ -17,22 +17,29 @@ from .errors import (AlignmentError, ConfigError, DecodeError, FormatError, MMLo
 from .storage import LMDBWriter, ShardWriter, Store, build_index, writer_for
 from .storage import open_store as open
 
+# name -> (module, attribute): the torch-facing API, imported on first use.
 _LAZY = {
-    "SampleCache": ".cache", "Reader": ".readers", "ImageReader": ".readers", "TextReader": ".readers",
-    "LabelReader": ".readers", "JSONReader": ".readers", "ArrayReader": ".readers",
-    "TextLinesReader": ".readers", "reader_for": ".readers", "readers": ".readers",
-    "zip": ".align", "Zipped": ".align", "Collate": ".batching", "collate": ".batching", "unpack": ".batching",
-    "Stream": ".stream", "Loader": ".dataloader", "ThreadedLoader": ".dataloader", "loader": ".dataloader",
-    "Mix": ".mixture", "mix": ".mixture", "from_config": ".config", "GPUDecode": ".gpu",
+    "SampleCache": (".cache", "SampleCache"), "Reader": (".readers", "Reader"),
+    "ImageReader": (".readers", "ImageReader"), "TextReader": (".readers", "TextReader"),
+    "LabelReader": (".readers", "LabelReader"), "JSONReader": (".readers", "JSONReader"),
+    "ArrayReader": (".readers", "ArrayReader"), "TextLinesReader": (".readers", "TextLinesReader"),
+    "reader_for": (".readers", "reader_for"), "readers": (".readers", None),
+    "zip": (".align", "zip_readers"), "Zipped": (".align", "Zipped"),
+    "Collate": (".batching", "Collate"), "collate": (".batching", "collate"), "unpack": (".batching", "unpack"),
+    "Stream": (".stream", "Stream"), "Loader": (".dataloader", "Loader"),
+    "ThreadLoader": (".dataloader", "ThreadLoader"), "loader": (".dataloader", "loader"),
+    "Mix": (".mixture", "Mix"), "mix": (".mixture", "mix"), "from_config": (".config", "from_config"),
+    "GPUDecode": (".gpu", "GPUDecode"), "rng": (".seeding", "rng"),
 }
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    entry = _LAZY.get(name)
+    if entry is None:
         raise AttributeError(f"module 'mmloader' has no attribute {name!r}")
+    module, attr = entry
     mod = import_module(module, __name__)
-    value = mod if name == "readers" else getattr(mod, name)
+    value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
     return value
 
@@ -41,7 +48,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["__version__", "open", "LMDBWriter", "ShardWriter", "Store", "build_index", "writer_for",
+# ``open`` and ``zip`` are meant as ``mmloader.open`` / ``mmloader.zip``: a star import must
+# not replace the builtins of the same name in the importer's namespace.
+__all__ = ["__version__", "LMDBWriter", "ShardWriter", "Store", "build_index", "writer_for",
            "MMLoaderError", "FormatError", "SampleError", "DecodeError", "SizeLimitError",
-           "UnsafeFieldError", "RandomAccessError", "AlignmentError", "ConfigError", *_LAZY]
-__all__.remove("readers")
+           "UnsafeFieldError", "RandomAccessError", "AlignmentError", "ConfigError",
+           *(name for name in _LAZY if name not in ("zip", "readers"))]

@@ -10,6 +10,7 @@ import torch.utils.data
 
 from .cache import SampleCache
 from .errors import AlignmentError
+from .imageinfo import IMAGE_EXTENSIONS
 from .readers.base import Reader, as_bytes
 
 log = logging.getLogger("mmloader")
@@ -22,7 +23,7 @@ def _store_id(reader: Reader) -> tuple[str, str]:
 class Zipped(torch.utils.data.Dataset):
     """Aligned samples ``{"__key__": key, name: value, ...}`` from several readers.
 
-    Build it with :func:`zip`. Readers over the same store share one read per
+    Build it with ``mmloader.zip`` (:func:`zip_readers`). Readers over the same store share one read per
     sample; only the zipped fields are read.
     """
 
@@ -38,9 +39,7 @@ class Zipped(torch.utils.data.Dataset):
                 raise TypeError(f"zip(): {name}= must be a Reader, got {type(r).__name__}")
             if name.startswith("__"):
                 raise ValueError(f"zip(): modality name {name!r} is reserved")
-            if r.field not in r.store.metadata.get("field_counts", {}):
-                raise AlignmentError(f"zip(): {name}= reads field {r.field!r}, which {r.store.path} "
-                                     f"does not have (fields: {r.store.fields})")
+            _check_coverage(name, r)
         self.readers = dict(readers)
         self.transforms = dict(transforms or {})
         unknown = set(self.transforms) - set(self.readers)
@@ -127,20 +126,26 @@ class Zipped(torch.utils.data.Dataset):
         return primary.store.key(int(self.positions[index]) if self.positions is not None else index)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if self.cache is not None:
-            hit = self.cache.get(index)
-            if hit is not None:
-                return hit
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range ({n} aligned samples)")
         index %= n
+        decoded = self.cache.get(index) if self.cache is not None else None
+        if decoded is None:
+            decoded = self._decoded(index)
+            if self.cache is not None:
+                self.cache.put(index, decoded)
+        return self._transformed(decoded)
+
+    def _decoded(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` decoded, before any transform (what the cache keeps, so random
+        transforms still run on every access)."""
         pos = int(self.positions[index]) if self.positions is not None else index
         sample: dict[str, Any] = {}
         key = None
         for group in self._groups:
             store = self.readers[group[0]].store
-            fields = [self.readers[name].field for name in group]
+            fields = self._fields_of(group)
             if key is None:
                 record = store.read(pos, fields)
                 key = record["__key__"]
@@ -154,19 +159,30 @@ class Zipped(torch.utils.data.Dataset):
                 if record["__key__"] != key:
                     raise self._misaligned(pos, key, record["__key__"], store)
             for name in group:
-                value = self.readers[name].from_record(record)
-                t = self.transforms.get(name)
-                sample[name] = t(value) if t is not None else value
+                sample[name] = self.readers[name].decode_record(record)
         sample["__key__"] = key
-        if self.cache is not None:
-            self.cache.put(index, sample)
         return sample
 
-    def get_batch(self, indices: list[int]) -> dict[str, Any]:
+    def _transformed(self, decoded: dict[str, Any]) -> dict[str, Any]:
+        sample = {}
+        for name, value in decoded.items():
+            reader = self.readers.get(name)
+            if reader is not None and reader.transform is not None:
+                value = reader.transform(value)
+            t = self.transforms.get(name)
+            sample[name] = t(value) if t is not None else value
+        return sample
+
+    def _fields_of(self, group: list[str]) -> list[str]:
+        """The store fields a group of readers needs (alternatives included), each once."""
+        return list(dict.fromkeys(f for name in group for f in self.readers[name].fields))
+
+    def get_batch(self, indices: list[int], *, share_memory: bool = False) -> dict[str, Any]:
         """Columns for a batch (``name -> values``; packed for raw images), one store call per store.
 
         Same values as ``[self[i] for i in indices]``; used by :class:`mmloader.Stream` to cut
-        per-sample overhead.
+        per-sample overhead. ``share_memory``: the batch goes to another process (readers that
+        allocate batch tensors put them in shared memory).
         """
         if self.by_key or self.cache is not None:
             rows = [self[i] for i in indices]
@@ -180,9 +196,8 @@ class Zipped(torch.utils.data.Dataset):
         keys = None
         for group in self._groups:
             store = self.readers[group[0]].store
-            fields = [self.readers[name].field for name in group]
             views = any(self.readers[name].takes_views for name in group)
-            group_keys, raw = store.read_many(pos, fields, views=views)
+            group_keys, raw = store.read_many(pos, self._fields_of(group), views=views)
             if keys is None:
                 keys = group_keys
             elif group_keys != keys:
@@ -190,18 +205,81 @@ class Zipped(torch.utils.data.Dataset):
                 raise self._misaligned(pos[bad], keys[bad], group_keys[bad], store)
             for name in group:
                 reader = self.readers[name]
-                column = raw[reader.field]
+                if len(reader.fields) == 1:
+                    column = raw[reader.field]
+                else:  # alternatives: each sample's first present field
+                    column = [next((raw[f][j] for f in reader.fields if raw[f][j] is not None), None)
+                              for j in range(len(pos))]
                 if views and not reader.takes_views:
                     column = as_bytes(column)
-                values = reader.from_column(column, keys)
+                values = reader.from_column(column, keys, share_memory=share_memory)
                 t = self.transforms.get(name)
                 columns[name] = [t(v) for v in values] if t is not None else values
         columns["__key__"] = keys
         return columns
 
+    def lengths(self, indices: Sequence[int], modality: str) -> np.ndarray:
+        """Stored byte size of ``modality`` for each sample (0 where absent), for length
+        bucketing: read from the offset index or B-tree, nothing is decoded."""
+        reader = self.readers[modality]
+        out = np.zeros(len(indices), dtype=np.int64)
+        for n, i in enumerate(indices):
+            pos = int(self.positions[i]) if self.positions is not None else int(i)
+            if self.by_key and reader is not self._primary:  # this store may order samples differently
+                pos = reader.store.index_of(self.key(int(i)))
+            out[n] = max(reader.store.field_size(pos, f) for f in reader.fields)
+        return out
+
+    @property
+    def packed_modalities(self) -> list[str]:
+        """Modalities whose values are encoded bytes packed into one buffer per batch."""
+        return [name for name, r in self.readers.items() if r.packs_bytes and name not in self.transforms]
+
+    def python_work(self) -> list[str]:
+        """User Python run per sample: transforms, ``decode=`` callables, reader subclasses."""
+        from .readers import BUILTIN_READERS
+        reasons = [f"a transform on {name!r}" for name in self.transforms]
+        for name, r in self.readers.items():
+            if type(r) not in BUILTIN_READERS:
+                reasons.append(f"a custom reader ({type(r).__name__}) for {name!r}")
+            elif r.transform is not None or r._decode_fn is not None:
+                reasons.append(f"a {'transform' if r.transform is not None else 'decode='} on {name!r}")
+        return reasons
+
+    @property
+    def releases_gil(self) -> bool:
+        """Whether building a batch is mostly decoding that releases the GIL (threads run it in parallel)."""
+        return any(r.releases_gil for r in self.readers.values())
+
     def __repr__(self) -> str:
         mods = ", ".join(f"{n}={r!r}" for n, r in self.readers.items())
         return f"Zipped({mods}, {len(self)} samples{', by key' if self.by_key else ''})"
+
+
+def _check_coverage(name: str, reader: Reader) -> None:
+    """Every sample must have the reader's field (or one of its alternatives): checked from the
+    per-field counts in the metadata, so a field that only some samples have fails here, naming
+    it, instead of at the first sample without it, mid-epoch."""
+    store = reader.store
+    counts = store.metadata.get("field_counts", {})
+    found = [f for f in reader.fields if f in counts]
+    if not found:
+        raise AlignmentError(f"zip(): {name}= reads field {reader.field!r}, which {store.path} "
+                             f"does not have (fields: {store.fields})")
+    covered, total = sum(counts[f] for f in found), len(store)
+    if covered < total:
+        is_image = lambda f: f.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS  # noqa: E731
+        images = any(is_image(f) for f in reader.fields)
+        others = {f: c for f, c in counts.items() if f not in reader.fields and (not images or is_image(f))}
+        message = (f"zip(): {name}= reads field {reader.field!r}, which only {covered} of the {total} "
+                   f"samples of {store.path} have")
+        if others:
+            ranked = sorted(others, key=lambda f: -others[f])
+            alt = ";".join([*reader.fields, *ranked[:3]])
+            message += (f"; other {'image ' if images else ''}fields there: "
+                        f"{', '.join(f'{f} ({others[f]})' for f in ranked[:6])}. Read alternatives with "
+                        f"field={alt!r} (each sample takes the first it has)")
+        raise AlignmentError(message)
 
 
 class _KeysAt(Sequence):
@@ -219,8 +297,8 @@ class _KeysAt(Sequence):
         return self._store.key(int(self._positions[i]))
 
 
-def zip(align: str = "strict", transforms: Mapping[str, Callable] | None = None,
-        cache: SampleCache | None = None, **readers: Reader) -> Zipped:
+def zip_readers(align: str = "strict", transforms: Mapping[str, Callable] | None = None,
+                cache: SampleCache | None = None, **readers: Reader) -> Zipped:
     """Zip readers (possibly over different stores) into aligned samples named by the keywords.
 
     Same key sequence in every store -> zip by position (checked per sample);

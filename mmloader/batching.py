@@ -5,10 +5,16 @@
 and ``"__present__": {name: bool tensor (B,)}`` for modalities some samples lack
 (mixed sources); missing tensor entries are zero, missing others are None.
 
-1-D ``uint8`` tensors — encoded bytes, e.g. ``ImageReader(decode="raw")`` — are
-*packed*: ``batch[name]`` is their concatenation and ``batch["__offsets__"][name]``
-the ``B + 1`` boundaries (:func:`unpack` gives the list back). One contiguous
-buffer is one shared-memory segment between processes and one host-to-device copy.
+Images (uint8 ``(C, H, W)`` tensors, C in 1, 3, 4) of one size stack into a
+``(B, C, H, W)`` batch in channels_last memory, on every path, so a batch has the
+same layout whichever way it was built.
+
+Encoded bytes — modalities named in ``pack``, e.g. ``ImageReader(output="raw")``,
+which :class:`mmloader.Stream` passes — are *packed*: ``batch[name]`` is their
+concatenation and ``batch["__offsets__"][name]`` the ``B + 1`` boundaries
+(:func:`unpack` gives the list back). One contiguous buffer is one shared-memory
+segment between processes and one host-to-device copy. Other 1-D uint8 tensors are
+ordinary tensors: stacked, or padded with a mask.
 """
 from __future__ import annotations
 
@@ -45,17 +51,21 @@ class Collate:
     >>> stream = mmloader.Stream(ds, batch_size=32, collate_fn=Collate(masks=["caption"]))  # doctest: +SKIP
     """
 
-    def __init__(self, masks: Sequence[str] = (), pad_value: float = 0):
-        self.masks, self.pad_value = tuple(masks), pad_value
+    def __init__(self, masks: Sequence[str] = (), pad_value: float = 0, pack: Sequence[str] = ()):
+        self.masks, self.pad_value, self.pack = tuple(masks), pad_value, tuple(pack)
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        return collate(samples, self.pad_value, self.masks)
+        return collate(samples, self.pad_value, self.masks, self.pack)
 
     def columns(self, columns: dict[str, Any]) -> dict[str, Any]:
-        return collate_columns(columns, self.pad_value, self.masks)
+        return collate_columns(columns, self.pad_value, self.masks, self.pack)
+
+    def packing(self, pack: Sequence[str]) -> "Collate":
+        """The same collate, also packing the modalities ``pack``."""
+        return Collate(self.masks, self.pad_value, tuple(dict.fromkeys([*self.pack, *pack])))
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate 1-D tensors; returns (flat, offsets) with ``len(offsets) == len(tensors) + 1``."""
     lengths = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
     offsets = torch.zeros(len(tensors) + 1, dtype=torch.int64)
@@ -66,7 +76,7 @@ def pack(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
     """The per-sample tensors of a packed modality (views, no copy).
 
-    >>> flat, offsets = pack([torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3], dtype=torch.uint8)])
+    >>> flat, offsets = pack_bytes([torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3], dtype=torch.uint8)])
     >>> [t.tolist() for t in unpack({"x": flat, "__offsets__": {"x": offsets}}, "x")]
     [[1, 2], [3]]
     """
@@ -75,27 +85,43 @@ def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
 
 
 class Packed(NamedTuple):
-    """A column already packed by its reader (``ImageReader(decode="raw")`` in the batched path)."""
+    """A column already packed by its reader (``ImageReader(output="raw")`` in the batched path)."""
     flat: torch.Tensor
     offsets: torch.Tensor
 
 
 class Stacked(NamedTuple):
-    """A column its reader already assembled into one batch tensor (decoded in a thread pool)."""
+    """A column its reader already assembled into one batch tensor (images decoded in place)."""
     tensor: torch.Tensor
 
 
-def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = ()) -> dict[str, Any]:
+def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = (),
+            pack: Sequence[str] = ()) -> dict[str, Any]:
     """The default collate for :class:`mmloader.Stream` batches (rows of samples)."""
     names: dict[str, None] = {}
     for s in samples:
         names.update(dict.fromkeys(s))
     columns = {name: [s.get(name, _MISSING) for s in samples] for name in names}
-    return collate_columns(columns, pad_value, masks)
+    return collate_columns(columns, pad_value, masks, pack)
 
 
-def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequence[str] = ()) -> dict[str, Any]:
-    """The same batch from columns (``name -> list of values``, or :class:`Packed`)."""
+def is_image(t: torch.Tensor) -> bool:
+    """A decoded image: uint8, (C, H, W) with 1, 3 or 4 channels."""
+    return t.dtype == torch.uint8 and t.dim() == 3 and t.shape[0] in (1, 3, 4)
+
+
+def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Images of one shape -> (B, C, H, W) in channels_last memory (the batched decoders' layout)."""
+    c, h, w = images[0].shape
+    out = torch.empty((len(images), h, w, c), dtype=torch.uint8).permute(0, 3, 1, 2)
+    for i, im in enumerate(images):
+        out[i].copy_(im)
+    return out
+
+
+def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequence[str] = (),
+                    pack: Sequence[str] = ()) -> dict[str, Any]:
+    """The same batch from columns (``name -> list of values``, or :class:`Packed` / :class:`Stacked`)."""
     batch: dict[str, Any] = {}
     always_mask = set(masks)
     masks_out: dict[str, torch.Tensor] = {}
@@ -114,12 +140,13 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
         real = [v for v in values if v is not _MISSING]
         first = real[0]
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in real):
-            if all(v.dim() == 1 and v.dtype == torch.uint8 for v in real):
+            if name in pack and all(v.dim() == 1 and v.dtype == torch.uint8 for v in real):
                 empty = first.new_empty(0)
-                batch[name], offsets_out[name] = pack([v if h else empty for v, h in zip(values, have)])
+                batch[name], offsets_out[name] = pack_bytes([v if h else empty for v, h in zip(values, have)])
             elif all(v.shape == first.shape for v in real) and name not in always_mask:
                 filler = torch.zeros_like(first)
-                batch[name] = torch.stack([v if h else filler for v, h in zip(values, have)])
+                filled = [v if h else filler for v, h in zip(values, have)]
+                batch[name] = stack_images(filled) if is_image(first) else torch.stack(filled)
             else:
                 filler = first.new_zeros((0,) * first.dim())
                 padded, mask = pad_stack([v if h else filler for v, h in zip(values, have)], pad_value)
@@ -135,3 +162,31 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
     if present:
         batch["__present__"] = present
     return batch
+
+
+def merge_columns(parts: Sequence[tuple[Sequence[int], dict[str, Any]]], size: int) -> dict[str, Any]:
+    """One batch's columns from several sources' columns: ``parts`` are ``(rows, columns)`` with
+    ``rows`` the batch rows each source filled. Same-shape image batches are copied once into one
+    channels_last tensor; other columns become per-row lists (absent rows: missing)."""
+    names = list(dict.fromkeys(name for _rows, cols in parts for name in cols))
+    out: dict[str, Any] = {}
+    for name in names:
+        have = [(rows, cols[name]) for rows, cols in parts if name in cols]
+        if len(have) == len(parts) and all(isinstance(c, Stacked) for _r, c in have) \
+                and len({(c.tensor.shape[1:], c.tensor.dtype) for _r, c in have}) == 1:
+            first = have[0][1].tensor
+            merged = torch.empty((size, *first.shape[2:], first.shape[1]), dtype=first.dtype).permute(0, 3, 1, 2)
+            for rows, column in have:
+                merged[torch.as_tensor(list(rows))] = column.tensor
+            out[name] = Stacked(merged)
+            continue
+        values: list[Any] = [_MISSING] * size
+        for rows, column in have:
+            if isinstance(column, Stacked):
+                column = list(column.tensor.unbind(0))
+            elif isinstance(column, Packed):
+                column = unpack({name: column.flat, "__offsets__": {name: column.offsets}}, name)
+            for r, v in zip(rows, column):
+                values[r] = v
+        out[name] = values
+    return out

@@ -149,7 +149,7 @@ def main(args) -> int:
         readers = {}
         for f in store.fields:
             try:
-                opts = {"decode": "raw"} if args.raw and f.rsplit(".", 1)[-1].lower() in mmloader.readers.IMAGE_EXTENSIONS else {}
+                opts = {"output": "raw"} if args.raw and f.rsplit(".", 1)[-1].lower() in mmloader.readers.IMAGE_EXTENSIONS else {}
                 readers[f.replace(".", "_")] = mmloader.reader_for(store, f, **opts)
             except mmloader.MMLoaderError:
                 continue

@@ -81,7 +81,7 @@ def _preview(args) -> int:
 
 
 def _plan(args) -> int:
-    from .config import describe_plan
+    from .planview import describe_plan
     print(describe_plan(args.config, world=args.world, workers=args.workers))
     return 0
 

@@ -19,8 +19,13 @@ A config is a YAML file or the equivalent dict::
         modalities:
           caption: {field: txt}
 
-Relative paths are taken from ``root`` (default: the working directory). Every
-error names the config key at fault.
+Relative paths are taken from ``root`` (default: the working directory). A
+``path`` is an mmloader dataset (an LMDB directory, a shard directory or its
+``index.json``) or a text file (``.txt``: one sample per line, field ``txt``;
+``index_path`` says where its line index goes, default beside the file). One
+source without ``mix`` is streamed as it is (no mix around it). Every error
+names the config key at fault, and every option is checked when the config is
+read, not at the first batch.
 """
 from __future__ import annotations
 
@@ -37,13 +42,15 @@ from .readers import IMAGE_EXTENSIONS, reader_for
 from .storage import open_store
 from .storage.textlines import TextLinesStore
 from .stream import Stream
-from .align import Zipped, zip as zip_readers
+from .align import Zipped, zip_readers
 
 TOP_KEYS = {"seed", "batch_size", "shuffle", "drop_last", "batch_composition", "mix", "sources", "root",
-            "block_size", "window_blocks", "on_error", "align"}
-SOURCE_KEYS = {"path", "weight", "modalities", "align"}
+            "block_size", "window_blocks", "on_error", "align", "bucket_by", "bucket_window"}
+SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align"}
 MIX_KEYS = {"mode", "epoch_size"}
-READER_KEYS = {"field", "path", "reader", "decode", "mode", "size", "max_pixels", "transform", "allow_pickle"}
+READER_KEYS = {"field", "path", "index_path", "reader", "output", "mode", "size", "max_pixels", "transform",
+               "allow_pickle"}
+TEXT_SUFFIXES = (".txt", ".text")
 READERS = {"image", "text", "label", "json", "array", "bytes"}
 
 
@@ -146,13 +153,21 @@ def _modalities(spec: Any, where: str) -> list[tuple[str, dict]]:
     return items
 
 
-def _open(path: str, root: Path, where: str):
+def _open(path: str, root: Path, where: str, index_path: str | None = None):
     p = Path(path)
     p = p if p.is_absolute() else root / p
     if not p.exists():
         raise ConfigError(f"{where}: {p} does not exist")
-    if p.is_file() and p.suffix != ".json":
-        return TextLinesStore(p)
+    if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES:
+        if index_path is not None:
+            index_path = str(index_path if Path(index_path).is_absolute() else root / index_path)
+        return TextLinesStore(p, index_path=index_path)
+    if index_path is not None:
+        raise ConfigError(f"{where}: index_path applies to text files ({', '.join(TEXT_SUFFIXES)}), not to {p}")
+    if p.is_file() and p.suffix.lower() != ".json":
+        kind = "a tar shard" if p.name.endswith((".tar", ".tgz", ".tar.gz")) else "a file"
+        raise ConfigError(f"{where}: {p} is {kind}, not a dataset: give the dataset directory (LMDB, or shards "
+                          f"with index.json) or a text file ({', '.join(TEXT_SUFFIXES)}, one sample per line)")
     try:
         return open_store(p)
     except (MMLoaderError, OSError) as e:
@@ -160,18 +175,24 @@ def _open(path: str, root: Path, where: str):
 
 
 def _reader(store, name: str, opts: dict, where: str, pil_images: bool):
+    if "decode" in opts:
+        raise ConfigError(f"{where}.decode: the key is now 'output' (output: {opts['decode']}); "
+                          "decode is a Python callable, not a config value")
     _unknown(opts, READER_KEYS, where)
     field = opts.pop("field", None) or name
     kind = opts.pop("reader", None)
     if kind is not None and kind not in READERS:
         raise ConfigError(f"{where}.reader: {kind!r} is not one of {sorted(READERS)}")
-    if field not in store.metadata.get("field_counts", {}):
+    counts = store.metadata.get("field_counts", {})
+    if not any(f in counts for f in field.split(";")):
         raise ConfigError(f"{where}.field: {field!r} is not a field of {store.path} (fields: {store.fields})")
     if "transform" in opts:
         opts["transform"] = import_object(str(opts["transform"]), f"{where}.transform")
-    ext = field.rsplit(".", 1)[-1].lower()
+    ext = field.split(";")[0].rsplit(".", 1)[-1].lower()
+    if "output" in opts and not (kind == "image" or ext in IMAGE_EXTENSIONS):
+        raise ConfigError(f"{where}.output: applies to image modalities; {field!r} is not an image field")
     if pil_images and (kind == "image" or ext in IMAGE_EXTENSIONS):
-        opts["decode"] = "pil"
+        opts["output"] = "pil"
         opts.pop("transform", None)
     import mmloader
     classes = {"image": mmloader.ImageReader, "text": mmloader.TextReader, "label": mmloader.LabelReader,
@@ -202,18 +223,17 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
         _unknown(src, SOURCE_KEYS, where)
         stores: dict[str, Any] = {}
 
-        def store_for(path, key):
-            if path not in stores:
-                stores[path] = _open(path, root, key)
-            return stores[path]
         readers = {}
         for mname, opts in _modalities(src.get("modalities"), f"{where}.modalities"):
             mwhere = f"{where}.modalities.{mname}"
-            path = opts.pop("path", None) or src.get("path")
+            own = opts.pop("path", None)
+            index_path = opts.pop("index_path", None) if own else src.get("index_path")
+            path = own or src.get("path")
             if not path:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
-            store = store_for(str(path), f"{mwhere}.path" if "path" in opts else f"{where}.path")
-            readers[mname] = _reader(store, mname, opts, mwhere, pil_images)
+            if str(path) not in stores:
+                stores[str(path)] = _open(str(path), root, f"{mwhere if own else where}.path", index_path)
+            readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images)
         try:
             out[sname] = zip_readers(align=src.get("align", cfg.get("align", "strict")), **readers)
         except (AlignmentError, ValueError) as e:
@@ -238,63 +258,34 @@ def _weights(cfg: Mapping) -> list[float]:
 def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream:
     """A ready :class:`Stream` from a config file or dict; ``overrides`` replace top-level keys.
 
+    One source without ``mix`` is streamed directly (the same batches, layout and speed as the
+    Python API); several sources, or a ``mix`` section, are mixed (:func:`mmloader.mix`).
+
     >>> stream = mmloader.from_config("samples/configs/mixed.yaml", batch_size=64)   # doctest: +SKIP
     >>> loader = mmloader.loader(stream)                                               # doctest: +SKIP
     """
     cfg = {**load_config(config), **overrides}
     sources = build_sources(cfg)
     weights = _weights(cfg)
-    mix_cfg = dict(cfg.get("mix") or {})
+    mix_cfg = cfg.get("mix")
+    if mix_cfg is not None and not isinstance(mix_cfg, Mapping):
+        raise ConfigError(f"mix: expected a mapping such as {{mode: proportion, epoch_size: 1000}}, got {mix_cfg!r}")
+    mix_cfg = dict(mix_cfg or {})
     _unknown(mix_cfg, MIX_KEYS, "mix")
+    composition = cfg.get("batch_composition", "sample")
+    if composition not in ("sample", "source"):
+        raise ConfigError(f"batch_composition: {composition!r} is not one of 'sample', 'source'")
+    if len(sources) == 1 and not mix_cfg:
+        dataset: Any = next(iter(sources.values()))
+    else:
+        try:
+            dataset = Mix(list(sources.values()), weights, mode=mix_cfg.get("mode", "proportion"),
+                          epoch_size=mix_cfg.get("epoch_size"), names=list(sources), batch_composition=composition)
+        except ValueError as e:
+            raise ConfigError(f"mix: {e}") from None
+    options = {k: cfg[k] for k in ("batch_size", "shuffle", "seed", "drop_last", "block_size", "window_blocks",
+                                   "on_error", "bucket_by", "bucket_window") if k in cfg}
     try:
-        mixed = Mix(list(sources.values()), weights, mode=mix_cfg.get("mode", "proportion"),
-                    epoch_size=mix_cfg.get("epoch_size"), names=list(sources),
-                    batch_composition=cfg.get("batch_composition", "sample"))
-    except ValueError as e:
-        raise ConfigError(f"mix: {e}") from None
-    try:
-        return Stream(mixed, batch_size=cfg.get("batch_size"), shuffle=cfg.get("shuffle", True),
-                      seed=cfg.get("seed", 0), drop_last=cfg.get("drop_last", False),
-                      block_size=cfg.get("block_size", 1024), window_blocks=cfg.get("window_blocks", 16),
-                      on_error=cfg.get("on_error", "raise"))
+        return Stream(dataset, **options)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config: {e}") from None
-
-
-def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1,
-                  preview: int = 2) -> str:
-    """The resolved plan of a config as text (what ``mmloader plan`` prints)."""
-    stream = from_config(config)
-    stream.set_world(0, world)
-    mix = stream.mix
-    unit = stream.batch_size if mix.composition == "source" else 1
-    plan = stream.plan(0)
-    g = stream.geometry()
-    lines = [f"epoch plan: {len(plan)} samples from {len(mix.datasets)} source(s), mode {mix.mode}, "
-             f"batch composition {mix.composition}"]
-    lines.append(f"  {'source':<16} {'size':>9} {'per epoch':>10} {'share':>7} {'repeats':>8}  modalities")
-    for row, ds in zip(mix.summary(unit), mix.datasets):
-        lines.append(f"  {row['name']:<16} {row['size']:>9} {row['per_epoch']:>10} {row['proportion']:>7.1%} "
-                     f"{row['repeats']:>8.2f}  {', '.join(ds.modalities)}")
-    bs = stream.batch_size
-    lines.append(f"world {world} x {workers} workers: {g['samples_per_rank']} samples per rank"
-                 + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
-                 + f"; padding {g['padding']}; every rank equal")
-    if preview:
-        lines.append("preview:")
-        for name, ds in zip(mix.names, mix.datasets):
-            for i in range(min(preview, len(ds))):
-                try:
-                    s = ds[i]
-                    desc = ", ".join(f"{k}={_short(v)}" for k, v in s.items() if k != "__key__")
-                    lines.append(f"  {name}[{s['__key__']}]: {desc}")
-                except Exception as e:
-                    lines.append(f"  {name}[{i}]: unreadable: {e}")
-    return "\n".join(lines)
-
-
-def _short(v: Any) -> str:
-    if hasattr(v, "shape"):
-        return f"{type(v).__name__}{tuple(v.shape)}"
-    text = repr(v)
-    return text if len(text) < 50 else text[:47] + "..."

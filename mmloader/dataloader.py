@@ -1,14 +1,29 @@
-"""``mmloader.loader``: a loader set up right for a :class:`Stream`, with mid-epoch resume."""
+"""``mmloader.loader``: a loader set up right for a :class:`Stream`, with mid-epoch resume.
+
+Two backends build the same batches in the same order: worker processes
+(:class:`Loader`, a real ``torch.utils.data.DataLoader``) and threads of the
+training process (:class:`mmloader.threaded.ThreadLoader`). ``backend="auto"``
+(the default) picks by what the pipeline runs: only built-in decoders (JPEG/PNG
+decoding and store reads release the GIL or are short) -> threads, which need no
+pickling or shared-memory copies and measured fastest here for decoded and raw
+batches alike; user Python per sample (transforms, custom decoders or readers, a
+custom collate), which holds the GIL -> worker processes.
+"""
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator
 
 import torch
 import torch.utils.data
 
 from .distributed import available_cpus, local_world_size
+from .resumable import Resumable
 from .stream import Stream
 from .threaded import ThreadLoader
+
+log = logging.getLogger("mmloader")
+BACKENDS = ("auto", "thread", "process")
 
 
 def default_num_workers() -> int:
@@ -16,42 +31,14 @@ def default_num_workers() -> int:
     return max(1, available_cpus() // max(local_world_size(), 1))
 
 
-class _Resumable:
-    """Counts delivered batches; ``state_dict``/``load_state_dict`` resume by arithmetic."""
-
-    stream: Stream
-    batches_seen = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches_seen = 0
-        self.stream.set_epoch(epoch)
-
-    def _counted(self, iterator) -> Iterator[Any]:
-        for batch in iterator:
-            self.batches_seen += 1
-            yield batch
-        # A full pass ended: the next pass (same epoch or next) starts from the beginning.
-        self.batches_seen = 0
-        self.stream.end_of_pass()
-
-    def state_dict(self) -> dict:
-        """Where this rank is: epoch plus delivered batches (and the plan geometry to check against)."""
-        return self.stream.progress(self.batches_seen)
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume mid-epoch at exactly the next unseen batch (also on another world size or worker count)."""
-        self.stream.resume(state)
-        self.batches_seen = 0
-
-
-class Loader(_Resumable, torch.utils.data.DataLoader):
+class Loader(Resumable, torch.utils.data.DataLoader):
     """A :class:`torch.utils.data.DataLoader` over a :class:`Stream` that knows where it is.
 
     ``state_dict()`` records the epoch and how many batches this rank has
     delivered; ``load_state_dict()`` resumes at exactly the next unseen batch by
     arithmetic (nothing is replayed), also onto another world size or worker count.
 
-    >>> loader = mmloader.loader(stream)                         # doctest: +SKIP
+    >>> loader = mmloader.loader(stream, backend="process")     # doctest: +SKIP
     >>> for epoch in range(start_epoch, 100):                    # doctest: +SKIP
     ...     loader.set_epoch(epoch)
     ...     for batch in loader:
@@ -82,45 +69,69 @@ class Loader(_Resumable, torch.utils.data.DataLoader):
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
             iterator._IterableDataset_len_called = len(self.stream)
-        return self._counted(iterator)
+        return self._counted(self._stop_workers_on_error(iterator))
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume mid-epoch. Persistent workers restart once so they see the new plan."""
-        super().load_state_dict(state)
+    def _stop_workers_on_error(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from iterator
+        except BaseException:
+            # A worker died or raised: stop the others now. Left running, they stay registered
+            # with the DataLoader's SIGCHLD handler, which would raise later in unrelated code.
+            self._shutdown()
+            raise
+
+    def _shutdown(self) -> None:
         if getattr(self, "_iterator", None) is not None:
             self._iterator._shutdown_workers()
             self._iterator = None
 
-
-class ThreadedLoader(_Resumable, ThreadLoader):
-    """The thread backend (:class:`mmloader.threaded.ThreadLoader`) with the same resume API."""
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        return self._counted(ThreadLoader.__iter__(self))
+    def load_state_dict(self, state: dict) -> None:
+        """Resume mid-epoch. Persistent workers restart once so they see the new plan."""
+        super().load_state_dict(state)
+        self._shutdown()
 
 
-def loader(stream: Stream, num_workers: int | None = None, *, backend: str = "process",
-           **kwargs: Any) -> Loader | ThreadedLoader:
+def choose_backend(stream: Stream) -> tuple[str, str]:
+    """(backend, why) for ``backend="auto"``: threads unless user Python runs per sample."""
+    work = stream.python_work()
+    if work:
+        return "process", f"{', '.join(work[:3])} run(s) Python per sample, which holds the GIL"
+    return "thread", "only built-in decoders run (they release the GIL)"
+
+
+def loader(stream: Stream, num_workers: int | None = None, *, backend: str = "auto",
+           **kwargs: Any) -> Loader | ThreadLoader:
     """A loader for ``stream``: workers from the CPUs per local rank, pinned memory with CUDA,
-    persistent workers, worker RNGs seeded from (seed, epoch, rank, worker).
+    the same batches in the same order on either backend, ``state_dict``/``load_state_dict``.
 
-    ``backend="process"`` (default) is a :class:`torch.utils.data.DataLoader` with worker
-    processes; ``backend="thread"`` builds batches in threads of this process — faster when
-    decoding dominates and cores are few (no pickling, no shared-memory copies).
+    ``backend="auto"`` (default) uses threads when the pipeline runs only mmloader's own
+    decoders and worker processes when it runs user Python per sample (transforms, custom
+    readers or decoders, a custom collate), and logs which and why; ``"thread"`` or
+    ``"process"`` choose. Process-only options (``persistent_workers``,
+    ``multiprocessing_context``...) select the process backend under ``"auto"``.
 
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+    thread_options = {"pin_memory", "prefetch_factor", "producers"}
+    if backend == "auto":
+        process_only = sorted(set(kwargs) - thread_options)
+        if process_only:
+            backend, why = "process", f"process-only options {process_only} were given"
+        else:
+            backend, why = choose_backend(stream)
+        log.info("mmloader.loader: backend=%s (%s); pass backend= to choose", backend, why)
+    workers = default_num_workers() if num_workers is None else num_workers
     if backend == "thread":
-        if not isinstance(stream, Stream):
-            raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
-        workers = default_num_workers() if num_workers is None else num_workers
-        pin = kwargs.pop("pin_memory", None)
-        prefetch = kwargs.pop("prefetch_factor", None) or 2
-        producers = kwargs.pop("producers", None)
-        if kwargs:
-            raise TypeError(f"backend='thread' does not take {sorted(kwargs)}")
-        return ThreadedLoader(stream, workers, prefetch, torch.cuda.is_available() if pin is None else pin,
-                              producers)
-    if backend != "process":
-        raise ValueError(f"backend={backend!r}: expected 'process' or 'thread'")
+        unknown = sorted(set(kwargs) - thread_options)
+        if unknown:
+            raise TypeError(f"backend='thread' does not take {unknown}")
+        pin = kwargs.get("pin_memory")
+        return ThreadLoader(stream, workers, kwargs.get("prefetch_factor") or 2,
+                            torch.cuda.is_available() if pin is None else pin, kwargs.get("producers"))
+    if "producers" in kwargs:
+        raise TypeError("producers= is an option of backend='thread'")
     return Loader(stream, num_workers=num_workers, **kwargs)

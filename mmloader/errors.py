@@ -57,3 +57,7 @@ class AlignmentError(MMLoaderError):
 
 class ConfigError(MMLoaderError, ValueError):
     """An experiment config is wrong; the message names the offending config key."""
+
+
+class ResumeError(MMLoaderError, ValueError):
+    """A resume state that does not fit this stream (another seed, another dataset, unknown version)."""

@@ -1,6 +1,6 @@
 """``mmloader.GPUDecode``: decode a batch's JPEGs on the GPU (nvJPEG through torchvision).
 
-Batches come from a loader over ``ImageReader(decode="raw")``: the encoded bytes
+Batches come from a loader over ``ImageReader(output="raw")``: the encoded bytes
 of a batch arrive packed in one buffer (``batch[name]`` + ``batch["__offsets__"][name]``).
 GPUDecode moves nothing but those bytes, decodes the whole batch with one call of
 ``torchvision.io.decode_jpeg(list, device="cuda")``, optionally resizes, crops,
@@ -32,7 +32,7 @@ class GPUDecode:
     output dtype (uint8 keeps pixels; float types scale to [0, 1] before normalising).
 
     >>> loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(
-    ...     "train/", decode="raw"), label=mmloader.LabelReader("train/")), batch_size=256))   # doctest: +SKIP
+    ...     "train/", output="raw"), label=mmloader.LabelReader("train/")), batch_size=256))   # doctest: +SKIP
     >>> for batch in mmloader.GPUDecode(loader, size=(224, 224), dtype=torch.bfloat16,
     ...                                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):  # doctest: +SKIP
     ...     model(batch["image"])

@@ -29,7 +29,7 @@ class Mix:
         self.names = list(names) if names else [f"source{i}" for i in range(len(self.datasets))]
         self.sizes = [len(d) for d in self.datasets]
         self.weights = list(weights) if weights is not None else [1.0] * len(self.datasets)
-        self.mode, self.composition = mode, batch_composition
+        self.mode, self.composition, self.epoch_size = mode, batch_composition, epoch_size
         self.quotas = quotas(self.sizes, self.weights, mode=mode, epoch_size=epoch_size)
 
     def __len__(self) -> int:
@@ -38,12 +38,44 @@ class Mix:
     def order(self, *, unit: int = 1, **kwargs) -> MixOrder:
         return MixOrder(self.sizes, self.quotas, unit=unit, **kwargs)
 
-    def summary(self, unit: int = 1) -> list[dict]:
-        """Per source: size, samples per epoch, realised proportion, repeats."""
-        q = self.order(unit=unit).quotas
+    def unit(self, batch_size: int | None) -> int:
+        """Plan positions kept together from one source: a whole batch with ``"source"`` composition."""
+        return batch_size if self.composition == "source" and batch_size else 1
+
+    def summary(self, batch_size: int | None = None) -> list[dict]:
+        """Per source: size, samples per epoch as delivered (whole batches with ``"source"``
+        composition), realised proportion, repeats.
+
+        >>> mmloader.mix([a, b], [0.5, 0.5]).summary(batch_size=64)    # doctest: +SKIP
+        """
+        q = self.order(unit=self.unit(batch_size)).quotas
         total = max(int(q.sum()), 1)
         return [{"name": n, "size": s, "per_epoch": int(k), "proportion": int(k) / total,
                  "repeats": int(k) / s if s else 0.0} for n, s, k in zip(self.names, self.sizes, q)]
+
+    def problems(self, batch_size: int | None = None) -> tuple[str | None, list[str]]:
+        """(error, warnings) for an epoch that would be empty or degenerate."""
+        rows = self.summary(batch_size)
+        total = sum(r["per_epoch"] for r in rows)
+        warnings: list[str] = []
+        if total == 0:
+            why = (f" in whole batches of {batch_size} (batch_composition='source')"
+                   if self.unit(batch_size) > 1 else "")
+            return (f"the mix plans 0 samples per epoch{why}: quotas {[int(q) for q in self.quotas]} for "
+                    f"sources {self.names}; raise mix epoch_size or use mode='repeat'"), warnings
+        for r, w in zip(rows, self.weights):
+            if w > 0 and r["per_epoch"] == 0:
+                warnings.append(f"source {r['name']!r} has weight {w} but delivers 0 samples per epoch")
+        if batch_size and total < batch_size:
+            warnings.append(f"the epoch holds {total} samples, fewer than one batch of {batch_size}")
+        data = sum(size for size, w in zip(self.sizes, self.weights) if w > 0)
+        if self.epoch_size is None and self.mode == "proportion" and total < 0.01 * data:
+            active = [(size / w, n, size) for n, size, w in zip(self.names, self.sizes, self.weights) if w > 0]
+            _, name, size = min(active)
+            warnings.append(f"the epoch holds {total} of {data} samples: by default no source repeats, and "
+                            f"source {name!r} ({size} samples) limits the epoch; set epoch_size (mix: "
+                            "{epoch_size: N}) or mode='repeat' to read more of the others")
+        return None, warnings
 
 
 def mix(datasets: Sequence[Any], weights: Sequence[float] | None = None, **kwargs: Any) -> Mix:

@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .readers import IMAGE_EXTENSIONS, reader_for
 from .storage import open_store
-from .align import zip as zip_readers
+from .align import zip_readers
 
 THUMB = 160
 
@@ -21,7 +21,7 @@ def dataset_for_preview(path: str | os.PathLike):
     for f in store.fields:
         ext = f.rsplit(".", 1)[-1].lower()
         try:
-            readers[f.replace(".", "_")] = reader_for(store, f, **({"decode": "pil"} if ext in IMAGE_EXTENSIONS else {}))
+            readers[f.replace(".", "_")] = reader_for(store, f, **({"output": "pil"} if ext in IMAGE_EXTENSIONS else {}))
         except Exception:
             continue  # e.g. pickle fields: never previewed
     return zip_readers(**readers)

@@ -1,34 +1,38 @@
-"""``mmloader.Stream``: an epoch plan streamed to one rank's DataLoader workers."""
+"""``mmloader.Stream``: an epoch plan streamed to one rank's DataLoader workers.
+
+The Stream composes the parts that each do one job: :mod:`mmloader.control`
+(state shared with workers: epoch, place in the world, resume flag, skip
+counts), :mod:`mmloader.planning` (the epoch plan, the rank/worker split, resume
+arithmetic — pure functions), :mod:`mmloader.seeding` (per-batch seeds) and
+:mod:`mmloader.building` (reading and collating a batch, the error policy).
+"""
 from __future__ import annotations
 
 import functools
 import itertools
 import logging
-import random
+import warnings
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 import torch.utils.data
 
-from .batching import Collate, collate, collate_columns
-from .distributed import rank_and_world
-from .errors import MMLoaderError, SampleError
-from .planning import RangeList, rank_positions, remaining_ranges, samples_per_rank, worker_batches
-from .planning.bucketing import BucketedOrder
-from .planning.mixing import SingleOrder
+from .batching import Collate, collate
+from .building import BatchBuilder
+from .control import SharedControl
+from .planning import RangeList, rank_positions, samples_per_rank, worker_batches
+from .planning.epoch import epoch_plan
 from .planning.partition import batches_per_rank
+from .planning.resume import progress_state, resume_ranges
+from .seeding import batch_seed, enter_batch
 
 log = logging.getLogger("mmloader")
 PLAN_CHUNK_BATCHES = 16  # batches a worker plans per call (shuffle + partition lookups are vectorised)
 
-# Slots of the shared state tensor: the main process writes, workers (also
-# persistent ones, under fork or spawn) read at the start of every epoch.
-_EPOCH, _RANK, _WORLD, _RESUMING = range(4)
-
 
 class Stream(torch.utils.data.IterableDataset):
-    """Deterministic, rank- and worker-aware stream over a map-style dataset (or a :func:`mix`).
+    """Deterministic, rank- and worker-aware stream over a map-style dataset (or a :func:`mmloader.mix`).
 
     * The epoch's order is a pure function of ``(seed, epoch)`` (blockwise shuffle:
       blocks of ``block_size`` samples, shuffled within ``window_blocks`` blocks),
@@ -37,15 +41,20 @@ class Stream(torch.utils.data.IterableDataset):
       (repeating from the plan's start) or ``drop_last`` keeps batch counts equal.
     * With ``batch_size``, workers build whole batches (use ``mmloader.loader``).
     * ``on_error="skip"`` replaces a bad sample with the next one in the plan
-      (counted in ``skipped``, logged with its key), so batch counts stay equal.
+      (counted in :attr:`skipped` across workers, logged with its key), so batch
+      counts stay equal; ``"raise"`` (default) raises it, naming key, field and store.
     * ``bucket_by`` (a modality name — its stored byte size is the length — or a
       callable ``index -> length``) groups samples of similar length into batches
       within windows of ``bucket_window`` batches, to cut padding.
+    * Randomness: every batch has a seed from (seed, epoch, rank, its first plan
+      position); :func:`mmloader.rng` gives it, and worker processes also reseed the
+      global RNGs with it (see :mod:`mmloader.seeding`).
 
     >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
+    >>> loader = mmloader.loader(stream)                    # doctest: +SKIP
     >>> for epoch in range(10):                             # doctest: +SKIP
-    ...     stream.set_epoch(epoch)
-    ...     for batch in mmloader.loader(stream): ...
+    ...     loader.set_epoch(epoch)
+    ...     for batch in loader: ...
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
@@ -54,10 +63,9 @@ class Stream(torch.utils.data.IterableDataset):
                  max_consecutive_errors: int = 100, seed_workers: bool = True,
                  bucket_by: str | Callable[[int], int] | None = None, bucket_window: int = 64):
         from .mixture import Mix
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={on_error!r}: expected 'raise' or 'skip'")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError("batch_size must be >= 1 or None")
+        _check_options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                       block_size=block_size, window_blocks=window_blocks, bucket_window=bucket_window,
+                       max_consecutive_errors=max_consecutive_errors)
         self.mix = dataset if isinstance(dataset, Mix) else None
         if self.mix is None:
             try:
@@ -65,78 +73,87 @@ class Stream(torch.utils.data.IterableDataset):
             except TypeError:
                 raise TypeError(f"Stream needs a dataset with a known length, got {type(dataset).__name__}") \
                     from None
-        if self.mix is not None and self.mix.composition == "source" and not batch_size:
+        elif self.mix.composition == "source" and not batch_size:
             raise ValueError("mix(batch_composition='source') needs Stream(batch_size=...)")
         self.datasets = self.mix.datasets if self.mix is not None else [dataset]
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, int(seed), drop_last
         self.block_size, self.window_blocks = block_size, window_blocks
-        self.collate_fn, self.on_error, self.max_consecutive_errors = collate_fn, on_error, max_consecutive_errors
         self.seed_workers = seed_workers
         if bucket_by is not None and not batch_size:
             raise ValueError("bucket_by needs batch_size")
-        if isinstance(bucket_by, str) and self.mix is None:
-            readers = getattr(dataset, "readers", {})
-            if bucket_by not in readers:
-                raise ValueError(f"bucket_by={bucket_by!r} is not a modality of the dataset ({sorted(readers)})")
+        if isinstance(bucket_by, str):
+            for ds in self.datasets:
+                if bucket_by not in getattr(ds, "readers", {}) or not hasattr(ds, "lengths"):
+                    raise ValueError(f"bucket_by={bucket_by!r} is not a modality of every dataset "
+                                     f"({sorted(getattr(ds, 'readers', {}))})")
         self.bucket_by, self.bucket_window = bucket_by, bucket_window
-        self._state = torch.zeros(4, dtype=torch.int64).share_memory_()
+        self.control = SharedControl()
+        self.builder = BatchBuilder(self.datasets, self.mix.names if self.mix is not None else None,
+                                    collate_fn, on_error, max_consecutive_errors, self.control)
+        self.collate_fn, self.on_error = collate_fn, on_error
         self._resume: dict | None = None
-        self.skipped = 0
+        if self.mix is not None:
+            error, problems = self.mix.problems(batch_size)
+            if error:
+                raise ValueError(error)
+            for problem in problems:
+                warnings.warn(f"mmloader.mix: {problem}", stacklevel=2)
 
     # -- epoch, place in the world, resume -------------------------------------
     @property
     def epoch(self) -> int:
-        return int(self._state[_EPOCH])
+        return self.control.epoch
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped so far under ``on_error="skip"``, by every worker (process or thread)."""
+        return self.control.skipped
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch's plan; persistent workers see it on their next pass."""
-        self._state[_EPOCH] = int(epoch)
-        self._state[_RESUMING] = 0
+        """Select the epoch's plan; persistent workers see it on their next pass.
+
+        A resume pending for this very epoch is kept (the natural loop
+        ``load_state_dict(state)`` ... ``set_epoch(epoch)`` continues mid-epoch);
+        one pending for another epoch is dropped, with a warning.
+        """
+        epoch = int(epoch)
+        pending = self._resume
+        if self.control.resuming and (pending is None or pending["epoch"] != epoch):
+            if pending is not None:
+                warnings.warn(f"set_epoch({epoch}) drops the pending resume of epoch {pending['epoch']} "
+                              "(load_state_dict): that epoch's unseen samples will not be delivered",
+                              stacklevel=2)
+            self.control.resuming = False
+        self.control.epoch = epoch
 
     def set_world(self, rank: int, world: int) -> None:
         """Fix (rank, world); by default they are detected at first use."""
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} outside world {world}")
-        self._state[_RANK], self._state[_WORLD] = rank, world
+        self.control.set_world(rank, world)
 
     def _where(self) -> tuple[int, int]:
-        if int(self._state[_WORLD]) == 0:
-            rank, world = rank_and_world()
-            self._state[_RANK], self._state[_WORLD] = rank, world
-        return int(self._state[_RANK]), int(self._state[_WORLD])
+        return self.control.world()
 
     def plan(self, epoch: int | None = None):
         """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``."""
-        e = self.epoch if epoch is None else epoch
-        opts = dict(seed=self.seed, epoch=e, shuffle=self.shuffle, block_size=self.block_size,
-                    window_blocks=self.window_blocks)
-        if self.mix is not None:
-            unit = self.batch_size if self.mix.composition == "source" else 1
-            plan = self.mix.order(unit=unit, **opts)
-        else:
-            plan = SingleOrder(len(self.datasets[0]), **opts)
-        if self.bucket_by is not None:
-            plan = BucketedOrder(plan, self._lengths, self.batch_size, self.bucket_window, self.seed, e)
-        return plan
+        return epoch_plan(None if self.mix is not None else len(self.datasets[0]), self.mix, seed=self.seed,
+                          epoch=self.epoch if epoch is None else epoch, shuffle=self.shuffle,
+                          block_size=self.block_size, window_blocks=self.window_blocks,
+                          batch_size=self.batch_size, bucket_window=self.bucket_window,
+                          lengths=self._lengths if self.bucket_by is not None else None)
 
     def _lengths(self, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
         if callable(self.bucket_by):
             return np.array([self.bucket_by(int(i)) if self.mix is None else self.bucket_by(int(s), int(i))
-                             for s, i in zip(sources, indices)])
+                             for s, i in zip(sources.tolist(), indices.tolist())])
         out = np.zeros(len(indices), dtype=np.int64)
-        for n, (s, i) in enumerate(zip(sources.tolist(), indices.tolist())):
-            ds = self.datasets[s]
-            reader = getattr(ds, "readers", {}).get(self.bucket_by)
-            if reader is not None:
-                pos = int(ds.positions[i]) if getattr(ds, "positions", None) is not None else i
-                if getattr(ds, "by_key", False):  # the reader's store may order samples differently
-                    pos = reader.store.index_of(ds.key(i))
-                out[n] = reader.store.field_size(pos, reader.field)
+        for s in np.unique(sources).tolist():
+            sel = sources == s
+            out[sel] = self.datasets[s].lengths(indices[sel].tolist(), self.bucket_by)
         return out
 
-    def _visit(self, plan) -> RangeList:
+    def _visit(self, plan, epoch: int) -> RangeList:
         r = self._resume
-        if int(self._state[_RESUMING]) and r is not None and r["epoch"] == self.epoch:
+        if self.control.resuming and r is not None and r["epoch"] == epoch:
             return RangeList(r["ranges"])
         return RangeList([(0, len(plan))])
 
@@ -145,11 +162,12 @@ class Stream(torch.utils.data.IterableDataset):
             return samples_per_rank(len(visit) // plan.unit, world, None, self.drop_last) * plan.unit
         return samples_per_rank(len(visit), world, self.batch_size, self.drop_last)
 
-    def _layout(self):
-        """(rank, world, plan, visit, samples per rank) of the current epoch."""
+    def _layout(self, epoch: int | None = None):
+        """(rank, world, plan, visit, samples per rank) of the current (or given) epoch."""
         rank, world = self._where()
-        plan = self.plan()
-        visit = self._visit(plan)
+        e = self.epoch if epoch is None else epoch
+        plan = self.plan(e)
+        visit = self._visit(plan, e)
         return rank, world, plan, visit, self._per_rank(plan, visit, world)
 
     def geometry(self) -> dict[str, int]:
@@ -164,13 +182,18 @@ class Stream(torch.utils.data.IterableDataset):
         g = self.geometry()
         return g["batches_per_rank"] if self.batch_size else g["samples_per_rank"]
 
-    def progress(self, batches_seen: int) -> dict:
-        """A resumable state after this rank delivered ``batches_seen`` batches (all ranks step together)."""
-        _rank, world, plan, visit, per_rank = self._layout()
-        return {"version": 1, "seed": self.seed, "epoch": self.epoch, "world": world,
-                "plan_len": len(plan), "ranges": visit.as_list(), "samples_per_rank": per_rank,
-                "consumed": min(batches_seen * (self.batch_size or 1), per_rank),
-                "batch_size": self.batch_size, "drop_last": self.drop_last}
+    def progress(self, batches_seen: int, epoch_done: bool = False) -> dict:
+        """A resumable state after this rank delivered ``batches_seen`` batches of the current
+        epoch (all ranks step together). ``epoch_done``: the epoch's last batch was delivered,
+        so the state points at the start of the next epoch."""
+        epoch = self.epoch + 1 if epoch_done else self.epoch
+        _rank, world, plan, visit, per_rank = self._layout(epoch)
+        if epoch_done:
+            visit, per_rank = RangeList([(0, len(plan))]), self._per_rank(plan, RangeList([(0, len(plan))]), world)
+        return progress_state(seed=self.seed, epoch=epoch, world=world, plan_len=len(plan),
+                              ranges=visit.as_list(), samples_per_rank=per_rank,
+                              consumed=0 if epoch_done else batches_seen * (self.batch_size or 1),
+                              batch_size=self.batch_size, drop_last=self.drop_last)
 
     def resume(self, state: dict) -> None:
         """Continue ``state``'s epoch with only the samples it had not delivered.
@@ -178,71 +201,53 @@ class Stream(torch.utils.data.IterableDataset):
         Same world size: the remaining batches are exactly those of an uninterrupted
         run. Another world size or worker count: every unseen sample exactly once.
         """
-        if state.get("version") != 1:
-            raise MMLoaderError(f"unknown stream state version {state.get('version')!r}")
-        if state["seed"] != self.seed:
-            raise MMLoaderError(f"state was saved with seed {state['seed']}, this stream has seed {self.seed}")
-        self._state[_EPOCH] = state["epoch"]
-        plan = self.plan()
-        if len(plan) != state["plan_len"]:
-            raise MMLoaderError(f"the dataset changed since the state was saved: the epoch plan has "
-                                f"{len(plan)} positions, the state {state['plan_len']}")
         _rank, world = self._where()
-        ranges = remaining_ranges(state["ranges"], state["world"], state["samples_per_rank"],
-                                  state["consumed"], keep_padding=world == state["world"])
+        ranges = resume_ranges(state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world)
+        self.control.epoch = state["epoch"]
         self._resume = {"epoch": state["epoch"], "ranges": ranges}
-        self._state[_RESUMING] = 1
+        self.control.resuming = True
 
     def end_of_pass(self) -> None:
         """Called when a full pass over the epoch finished: a repeat pass is a full epoch."""
-        self._state[_RESUMING] = 0
+        self.control.resuming = False
 
-    @property
-    def _columnar(self):
-        """The column collate to use with ``get_batch``, or None when the batch path does not apply."""
-        if self.mix is not None or not hasattr(self.datasets[0], "get_batch"):
-            return None
-        if self.collate_fn is collate:
-            return collate_columns
-        if isinstance(self.collate_fn, Collate):
-            return self.collate_fn.columns
-        return None
+    def python_work(self) -> list[str]:
+        """What in this pipeline runs user Python per sample or batch (transforms, custom
+        decoders or readers, a custom collate): it holds the GIL, so worker processes suit it
+        better than threads. Empty when only built-in decoders run."""
+        reasons = [why for ds in self.datasets for why in getattr(ds, "python_work", lambda: [
+            f"a dataset of type {type(ds).__name__}"])()]
+        if self.collate_fn is not collate and not isinstance(self.collate_fn, Collate):
+            reasons.append("a custom collate_fn")
+        return list(dict.fromkeys(reasons))
 
     # -- iteration (runs in the DataLoader workers) ---------------------------
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return self.iter_worker(worker, workers, seed_rngs=info is not None and self.seed_workers)
+        return self.iter_worker(worker, workers, seed_globals=info is not None and self.seed_workers)
 
-    def iter_worker(self, worker: int, workers: int, seed_rngs: bool = False) -> Iterator[Any]:
+    def iter_worker(self, worker: int, workers: int, seed_globals: bool = False) -> Iterator[Any]:
         """The batches (or samples) worker ``worker`` of ``workers`` produces: j % workers == worker."""
-        for build in self.batch_tasks(worker, workers, seed_rngs):
+        for build in self.batch_tasks(worker, workers, seed_globals):
             yield build()
 
-    def batch_tasks(self, worker: int = 0, workers: int = 1, seed_rngs: bool = False) -> Iterator[Callable[[], Any]]:
+    def batch_tasks(self, worker: int = 0, workers: int = 1,
+                    seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
         """What :meth:`iter_worker` yields, as zero-argument callables that build each batch
         (or sample) when called: planning stays in order here, building can happen on any
-        thread (the thread backend's producers take them from one shared sequence)."""
+        thread (the thread backend's producers take them from one shared sequence).
+        ``seed_globals``: also reseed the process-wide RNGs per batch (worker processes only)."""
         rank, world, plan, visit, per_rank = self._layout()
-        if seed_rngs:
-            s = int(np.random.SeedSequence([self.seed, self.epoch, rank, worker]).generate_state(1)[0])
-            random.seed(s)
-            np.random.seed(s)
-            torch.manual_seed(s)
-        for positions, sources, indices in self._planned(
-                worker_batches(per_rank, self.batch_size, workers, worker), visit, plan, rank, world, per_rank):
-            yield functools.partial(self._build, plan, positions, sources, indices)
+        epoch = self.epoch
+        spans = worker_batches(per_rank, self.batch_size, workers, worker)
+        for positions, sources, indices in self._planned(spans, visit, plan, rank, world, per_rank):
+            seed = batch_seed(self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
+            yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals)
 
-    def _build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray) -> Any:
-        if self.batch_size and self._columnar is not None:
-            try:  # whole-batch path: one store call per store, raw images packed directly
-                return self._columnar(self.datasets[0].get_batch(indices.tolist()))
-            except SampleError:
-                pass  # the per-sample path below reports (or skips) the culprit by key
-        samples = [self._fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
-        if self.batch_size:
-            return self.collate_fn(samples) if self.collate_fn is not None else samples
-        return samples[0]
+    def _build(self, plan, positions, sources, indices, seed: int, seed_globals: bool) -> Any:
+        enter_batch(seed, seed_globals)
+        return self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
 
     @staticmethod
     def _planned(spans: Iterator[tuple[int, int]], visit, plan, rank: int, world: int, per_rank: int,
@@ -260,20 +265,21 @@ class Stream(torch.utils.data.IterableDataset):
                 yield positions[o:o + n], sources[o:o + n], indices[o:o + n]
                 o += n
 
-    def _fetch(self, plan, position: int, source: int, index: int) -> Any:
-        for _ in range(self.max_consecutive_errors + 1):
-            try:
-                sample = self.datasets[source][index]
-                if self.mix is not None and isinstance(sample, dict):
-                    sample = {**sample, "__source__": self.mix.names[source]}
-                return sample
-            except SampleError as e:
-                if self.on_error == "raise":
-                    raise
-                self.skipped += 1
-                log.warning("skipping sample (replaced by the next in the plan): %s", e)
-                position = (position + 1) % len(plan)
-                (s,), (i,) = plan.lookup(np.array([position]))
-                source, index = int(s), int(i)
-        raise MMLoaderError(f"{self.max_consecutive_errors} consecutive samples failed to load; "
-                            "the dataset looks broken (run `mmloader verify`)")
+
+def _check_options(**options: Any) -> None:
+    """Each option checked where it is given, named, with what is allowed."""
+    def whole(name: str, minimum: int, allow_none: bool = False) -> None:
+        v = options[name]
+        if v is None and allow_none:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+            raise ValueError(f"{name}={v!r}: expected an integer >= {minimum}" + (" or None" if allow_none else ""))
+    whole("batch_size", 1, allow_none=True)
+    whole("block_size", 1)
+    whole("window_blocks", 1)
+    whole("bucket_window", 1)
+    whole("max_consecutive_errors", 0)
+    whole("seed", 0)
+    for name in ("shuffle", "drop_last"):
+        if not isinstance(options[name], (bool, np.bool_)):
+            raise ValueError(f"{name}={options[name]!r}: expected true or false")

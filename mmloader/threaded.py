@@ -13,21 +13,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .resumable import Resumable
 from .stream import Stream
 
 
-def _decodes_images(stream: Stream) -> bool:
-    """Whether batches decode images (work that releases the GIL, so threads run it in parallel)."""
-    from .readers.image import ImageReader
-    for ds in stream.datasets:
-        for reader in getattr(ds, "readers", {}).values():
-            if isinstance(reader, ImageReader) and reader.output != "raw":
-                return True
-    return False
-
-
-class ThreadLoader:
-    """Batches in plan order from threads of this process.
+class ThreadLoader(Resumable):
+    """Batches in plan order from threads of this process, with the same resume API as
+    the process backend (``set_epoch``, ``state_dict``, ``load_state_dict``).
 
     Producer threads take batches in order from one shared sequence and build them
     ahead of the consumer (at most ``prefetch_factor`` per producer). When batches
@@ -36,28 +28,33 @@ class ThreadLoader:
     Python-bound, more threads would only fight over the GIL, and one producer builds.
     (Letting the idle consumer build batches too was measured and rejected: two
     threads in GIL-bound work ran ~20% slower than one.) Batches arrive in the same
-    order as with the process backend, so ``state_dict`` / ``load_state_dict`` mean
-    the same thing. Worker RNGs are not reseeded (threads share the process's RNGs).
+    order as with the process backend, so states mean the same thing. The global RNGs
+    are left alone (they belong to the training loop); :func:`mmloader.rng` gives each
+    batch its seeded generators.
 
     >>> loader = mmloader.loader(stream, backend="thread")     # doctest: +SKIP
     """
 
     def __init__(self, stream: Stream, num_workers: int = 2, prefetch_factor: int = 2,
                  pin_memory: bool = False, producers: int | None = None):
+        if not isinstance(stream, Stream):
+            raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
         self.stream = stream
         self.num_workers = max(1, num_workers)
         self.prefetch_factor = max(1, prefetch_factor)
         self.pin_memory = pin_memory
         self.producers = producers
+        self.batches_seen = 0
 
     def __len__(self) -> int:
         return len(self.stream)
 
     def __iter__(self) -> Iterator[Any]:
         self.stream._where()
-        producers = self.producers or (self.num_workers if _decodes_images(self.stream) else 1)
-        return _Run(self.stream.batch_tasks(0, 1), producers, self.prefetch_factor * producers,
-                    self.pin_memory).batches()
+        parallel = any(getattr(ds, "releases_gil", False) for ds in self.stream.datasets)
+        producers = self.producers or (self.num_workers if parallel else 1)
+        run = _Run(self.stream.batch_tasks(0, 1), producers, self.prefetch_factor * producers, self.pin_memory)
+        return self._counted(run.batches())
 
 
 class _Run:

@@ -29,7 +29,7 @@ def mixed(tmp_path_factory):
 
 
 def _loader(path, decode, backend="thread"):
-    ds = mmloader.zip(image=mmloader.ImageReader(path, decode=decode), label=mmloader.LabelReader(path))
+    ds = mmloader.zip(image=mmloader.ImageReader(path, output=decode), label=mmloader.LabelReader(path))
     return mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=3), num_workers=2, backend=backend)
 
 
@@ -93,7 +93,7 @@ def test_mixed_sizes_need_a_size(mixed, tmp_path):
     with mmloader.ShardWriter(path) as w:
         for i in range(4):
             w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, size=(40 + 8 * i, 32))})
-    loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, decode="raw")),
+    loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, output="raw")),
                                              batch_size=4), num_workers=0)
     with pytest.raises(ValueError, match="differ in size"):
         next(iter(mmloader.GPUDecode(loader, device="cpu")))

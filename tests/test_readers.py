@@ -58,9 +58,9 @@ def test_image_reader_modes_and_outputs(tmp_path):
         w.write({"__key__": "a", "png": CASES["png-alpha"](), "jpg": CASES["baseline-jpeg"]()})
     assert mmloader.ImageReader(path, "png", mode="RGBA")[0].shape == (4, 61, 97)
     assert mmloader.ImageReader(path, "png", mode="L")[0].shape == (1, 61, 97)
-    pil = mmloader.ImageReader(path, decode="pil")[0]
+    pil = mmloader.ImageReader(path, output="pil")[0]
     assert isinstance(pil, Image.Image) and pil.size == (97, 61)
-    raw = mmloader.ImageReader(path, decode="raw")[0]
+    raw = mmloader.ImageReader(path, output="raw")[0]
     assert raw.dtype == torch.uint8 and raw.dim() == 1 and bytes(raw.numpy()) == CASES["baseline-jpeg"]()
     sized = mmloader.ImageReader(path, size=(30, 40))[0]
     assert sized.shape == (3, 30, 40)
@@ -239,7 +239,7 @@ def test_only_zipped_fields_are_read(any_ds, monkeypatch):
 
 
 def test_transforms_and_bounded_cache(lmdb_ds):
-    cache = mmloader.SampleCache(max_bytes=3 * (3 * 32 * 48 * 4 + 400))  # three float32 samples
+    cache = mmloader.SampleCache(max_bytes=3 * (3 * 32 * 48 + 400))  # three decoded (uint8) samples
     ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(lmdb_ds),
                       transforms={"image": lambda t: t.float() / 255}, cache=cache)
     for _ in range(3):
@@ -250,6 +250,21 @@ def test_transforms_and_bounded_cache(lmdb_ds):
     assert st["misses"] == 30
     ds[9]
     assert cache.stats()["hits"] == 1
+
+
+def test_cache_keeps_decoded_samples_and_random_transforms_run_every_time(lmdb_ds):
+    """Defect 13.7: a cached sample must not freeze a random augmentation."""
+    draws = iter(range(1_000_000))
+    flips = mmloader.zip(image=mmloader.ImageReader(lmdb_ds, transform=lambda t: t + 0 * next(draws)),
+                         caption=mmloader.TextReader(lmdb_ds), transforms={"caption": lambda c: (c, next(draws))},
+                         cache=mmloader.SampleCache(max_bytes=1 << 24))
+    first, second = flips[3], flips[3]
+    assert flips.cache.stats()["hits"] == 1
+    assert first["caption"][1] != second["caption"][1]  # the transform ran again on the cached sample
+    assert torch.equal(first["image"], second["image"]) and first["image"].dtype == torch.uint8
+    # the cache holds what was decoded, before any transform
+    cached = flips.cache.get(3)
+    assert isinstance(cached["caption"], str) and cached["image"].dtype == torch.uint8
 
 
 class _Take(torch.utils.data.Dataset):
@@ -296,7 +311,7 @@ def test_subclassed_readers_get_bytes_in_batches(any_ds):
         def decode(self, data, key):
             assert isinstance(data, bytes)
             return data.decode("utf-8").upper()
-    ds = mmloader.zip(image=mmloader.ImageReader(any_ds, decode="raw"), caption=Upper(any_ds),
+    ds = mmloader.zip(image=mmloader.ImageReader(any_ds, output="raw"), caption=Upper(any_ds),
                       plain=mmloader.TextReader(any_ds))
     # get_batch itself, not a Stream: a Stream would hide a failure by retrying sample by sample
     from mmloader.batching import collate_columns

@@ -5,7 +5,9 @@ window, positions are sorted by sample length and cut into batches, and the orde
 of those batches is shuffled (seeded from seed, epoch and window). The result is
 another permutation of the plan — a pure function of (lengths, seed, epoch) — so
 exactly-once, equal batches per rank and mid-epoch resume are untouched, while
-each batch pads only to lengths close to its own.
+each batch pads only to lengths close to its own. With single-source batches
+(``batch_composition="source"``) each source is bucketed on its own, so batches
+stay single-source.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class BucketedOrder:
                  window_batches: int = 64, seed: int = 0, epoch: int = 0):
         self.plan, self.lengths = plan, lengths
         self.unit = plan.unit
+        if self.unit > 1 and self.unit != batch_size:
+            raise ValueError(f"bucketing single-source batches needs unit == batch_size ({self.unit} != {batch_size})")
         self.batch_size, self.window = batch_size, batch_size * window_batches
         self.seed, self.epoch = seed, epoch
         self._cache: dict[int, np.ndarray] = {}
@@ -42,8 +46,18 @@ class BucketedOrder:
         if hit is None:
             positions = np.arange(w * self.window, min((w + 1) * self.window, len(self.plan)), dtype=np.int64)
             src, idx = self.plan.lookup(positions)
-            by_length = positions[np.argsort(np.asarray(self.lengths(src, idx)), kind="stable")]
-            batches = [by_length[a:a + self.batch_size] for a in range(0, len(by_length), self.batch_size)]
+            lengths = np.asarray(self.lengths(src, idx))
+            if self.unit > 1:
+                # Whole single-source batches (batch_composition="source"): bucket each source's
+                # positions apart. A window holds whole units, so every source fills whole batches.
+                groups = [positions[src == s] for s in np.unique(src)]
+                lengths_of = [lengths[src == s] for s in np.unique(src)]
+            else:
+                groups, lengths_of = [positions], [lengths]
+            batches = []
+            for group, group_lengths in zip(groups, lengths_of):
+                by_length = group[np.argsort(group_lengths, kind="stable")]
+                batches += [by_length[a:a + self.batch_size] for a in range(0, len(by_length), self.batch_size)]
             order = epoch_rng(self.seed, self.epoch, 0x62756B, w).permutation(len(batches))
             hit = np.concatenate([batches[i] for i in order]) if batches else positions
             if len(self._cache) >= 4:

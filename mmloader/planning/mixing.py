@@ -67,6 +67,38 @@ def quotas(sizes: list[int], weights: list[float] | None = None, *, mode: str = 
     return q
 
 
+FULL_CYCLE, REMAINDER = 1, 2  # the two kinds of shuffled cycles a quota draws from
+
+
+def quota_indices(size: int, quota: int, epoch: int, local: np.ndarray, order) -> np.ndarray:
+    """Which samples of a source of ``size`` fill positions ``local`` of its ``quota`` in ``epoch``.
+
+    ``quota = a * size + r``: the epoch takes ``a`` whole shuffled cycles (each sample ``a``
+    times) plus ``r`` samples from a remainder cycle, so within an epoch every sample appears
+    ``a`` or ``a + 1`` times and, when the quota fits (``a == 0``), never twice. A remainder
+    cycle is shared by ``k = size // r`` consecutive epochs, which take disjoint slices of it:
+    successive epochs walk through the source (all of it when ``r`` divides ``size``) instead of
+    re-reading one part. ``order(kind, cycle)`` gives the shuffled order of a cycle (``.take``).
+
+    >>> from mmloader.planning.order import ShuffledOrder
+    >>> order = lambda kind, cycle: ShuffledOrder(10, 0, cycle, stream=(kind,))
+    >>> sorted(np.concatenate([quota_indices(10, 5, e, np.arange(5), order) for e in (0, 1)]).tolist())
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    local = np.asarray(local, dtype=np.int64)
+    whole, rest = divmod(int(quota), int(size))
+    out = np.empty_like(local)
+    full = local < whole * size
+    for c in np.unique(local[full] // size):  # whole cycles: a fresh shuffle per epoch and cycle
+        sel = full & (local // size == c)
+        out[sel] = order(FULL_CYCLE, int(epoch) * whole + int(c)).take(local[sel] - c * size)
+    if rest and (~full).any():
+        per_cycle = size // rest  # epochs sharing one remainder cycle
+        cycle, slot = divmod(int(epoch), per_cycle)
+        out[~full] = order(REMAINDER, cycle).take(slot * rest + local[~full] - whole * size)
+    return out
+
+
 class MixOrder:
     """Epoch position -> (source, sample index). ``unit`` > 1 keeps runs of ``unit``
     consecutive positions from one source (``batch_composition="source"``).
@@ -123,23 +155,21 @@ class MixOrder:
         return hit
 
     def _source_indices(self, s: int, local: np.ndarray) -> np.ndarray:
-        """Sample indices for source-local positions of this epoch (continuing across epochs)."""
-        size = self.sizes[s]
-        pos = self.epoch * int(self.quotas[s]) + local
-        cycles = pos // size
-        out = np.empty_like(pos)
-        for c in np.unique(cycles):
-            key = (s, int(c))
-            order = self._orders.get(key)
-            if order is None:
-                order = ShuffledOrder(size, self.seed, int(c), self.shuffle, self.block_size,
-                                      self.window_blocks, stream=(s + 1,))
-                if len(self._orders) >= 2 * len(self.sizes):
+        """Sample indices of source ``s`` for positions ``local`` (0 <= local < quota) of this epoch."""
+        return quota_indices(self.sizes[s], int(self.quotas[s]), self.epoch, local, self._order_for(s))
+
+    def _order_for(self, s: int):
+        def order(kind: int, cycle: int) -> ShuffledOrder:
+            key = (s, kind, cycle)
+            hit = self._orders.get(key)
+            if hit is None:
+                hit = ShuffledOrder(self.sizes[s], self.seed, cycle, self.shuffle, self.block_size,
+                                    self.window_blocks, stream=(s + 1, kind))
+                if len(self._orders) >= 4 * len(self.sizes):
                     self._orders.pop(next(iter(self._orders)))
-                self._orders[key] = order
-            sel = cycles == c
-            out[sel] = order.take(pos[sel] - c * size)
-        return out
+                self._orders[key] = hit
+            return hit
+        return order
 
     def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         p = np.asarray(positions, dtype=np.int64)

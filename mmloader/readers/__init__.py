@@ -53,5 +53,8 @@ def reader_for(source: str | os.PathLike | Store, field: str, *, allow_pickle: b
     return Reader(source, field, **options)
 
 
+#: Readers whose decoding is mmloader's own (C decoders, no user Python per sample).
+BUILTIN_READERS = (Reader, ImageReader, TextReader, LabelReader, JSONReader, ArrayReader)
+
 __all__ = ["Reader", "ImageReader", "TextReader", "LabelReader", "JSONReader", "ArrayReader",
            "TextLinesReader", "reader_for"]

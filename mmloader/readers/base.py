@@ -50,18 +50,46 @@ class Reader:
     """
 
     default_field: str = ""
+    #: Whether decoding releases the GIL (C decoders), so threads decode batches in parallel.
+    releases_gil: bool = False
+    #: Whether values are encoded bytes to pack into one buffer per batch (``batching.pack``).
+    packs_bytes: bool = False
 
     def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
                  decode: Callable[[bytes], Any] | None = None,
                  transform: Callable[[Any], Any] | None = None,
                  max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES):
         self.store = open_store(source)
-        self.field = field or self.default_field
-        if not self.field:
+        if field is None and not (self.default_field or type(self)._default_field is not Reader._default_field):
             raise ValueError(f"{type(self).__name__} needs a field name")
+        self._field = field  # None: the reader's default, resolved on first use (nothing opened here)
+        self._fields: tuple[str, ...] | None = None
+        if decode is not None and not callable(decode):
+            raise TypeError(f"decode= must be a callable bytes -> value, got {decode!r}")
         self._decode_fn = decode
         self.transform = transform
         self.max_field_bytes = max_field_bytes
+
+    def _default_field(self) -> str:
+        return self.default_field
+
+    @property
+    def field(self) -> str:
+        """The field read, as given: ``"jpg"``, or alternatives ``"jpg;png"`` (WebDataset's
+        spelling: each sample reads the first of them it has)."""
+        if self._field is None:
+            self._field = self._default_field()
+        return self._field
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        if self._fields is None:
+            self._fields = tuple(f for f in self.field.split(";") if f)
+        return self._fields
+
+    @property
+    def gzipped(self) -> bool:
+        return any(f.endswith(".gz") for f in self.fields)
 
     # -- the map-style view ---------------------------------------------------
     def __len__(self) -> int:
@@ -72,11 +100,10 @@ class Reader:
         return self.store.keys
 
     def __getitem__(self, index: int) -> Any:
-        raw = self.store.read(index, (self.field,))
-        return self.from_record(raw)
+        return self.from_record(self.store.read(index, self.fields))
 
     def get(self, key: str) -> Any:
-        return self.from_record(self.store.get(key, (self.field,)))
+        return self.from_record(self.store.get(key, self.fields))
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
@@ -90,38 +117,55 @@ class Reader:
         return self._decode_fn is None and getattr(type(self).decode, "accepts_views", False)
 
     # -- decoding -------------------------------------------------------------
+    def pick(self, record: dict) -> tuple[str, Any]:
+        """(field, bytes) of the first of this reader's fields the record has (bytes None if none)."""
+        for f in self.fields:
+            data = record.get(f)
+            if data is not None:
+                return f, data
+        return self.field, None
+
     def from_record(self, record: dict) -> Any:
-        """Decode this reader's field of a record returned by ``store.read``."""
+        """Decode this reader's field of a record returned by ``store.read``, then ``transform``."""
+        value = self.decode_record(record)
+        return self.transform(value) if self.transform is not None else value
+
+    def decode_record(self, record: dict) -> Any:
+        """The decoded value, before ``transform`` (what a sample cache keeps: random
+        transforms must run again on every access)."""
         key = record["__key__"]
-        data = record.get(self.field)
+        field, data = self.pick(record)
         if data is None:
             raise SampleError("sample has no such field", key=key, field=self.field, where=self.store.path)
         if len(data) > self.max_field_bytes:
             raise SizeLimitError(f"field is {len(data)} bytes, over the {self.max_field_bytes}-byte limit "
-                                 "(max_field_bytes)", key=key, field=self.field, where=self.store.path)
+                                 "(max_field_bytes)", key=key, field=field, where=self.store.path)
         try:
-            if self.field.endswith(".gz"):
+            if field.endswith(".gz"):
                 data = _gunzip(data, self.max_field_bytes)
-            value = self.decode(data, key)
+            return self.decode(data, key)
         except SampleError as e:
             if e.key is None:  # add the location the decoder could not know
-                raise type(e)(str(e), key=key, field=self.field, where=self.store.path) from e
+                raise type(e)(str(e), key=key, field=field, where=self.store.path) from e
             raise
         except Exception as e:
-            raise DecodeError(f"cannot decode: {type(e).__name__}: {e}", key=key, field=self.field,
+            raise DecodeError(f"cannot decode: {type(e).__name__}: {e}", key=key, field=field,
                               where=self.store.path) from e
-        return self.transform(value) if self.transform is not None else value
 
-    def from_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
-        """Decode this field for a whole batch (a list of values, or a packed column)."""
+    def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
+        """Decode this field for a whole batch (a list of values, or a packed column).
+
+        ``share_memory``: the batch will be sent to another process (a DataLoader worker's
+        output), so a reader that allocates the batch tensor itself may put it in shared memory.
+        """
         limit = self.max_field_bytes
-        if not self.field.endswith(".gz") and all(d is not None and len(d) <= limit for d in datas):
+        if not self.gzipped and all(d is not None and len(d) <= limit for d in datas):
             try:  # the common case without per-sample bookkeeping
                 values = [self.decode(d, k) for d, k in zip(datas, keys)]
                 return values if self.transform is None else [self.transform(v) for v in values]
             except Exception:
                 pass  # redo sample by sample: the error must name its key
-        return [self.from_record({"__key__": k, self.field: d} if d is not None else {"__key__": k})
+        return [self.from_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
                 for d, k in zip(datas, keys)]
 
     def decode(self, data: bytes, key: str) -> Any:

@@ -2,28 +2,35 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.utils.data
 
+from ..imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from .base import Reader, accepts_views, as_bytes
 from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
                            probe)
 
+OUTPUTS = ("tensor", "pil", "raw")
+
+
 class ImageReader(Reader):
     """An image field, decoded lazily.
 
-    ``decode="tensor"`` -> uint8 CHW tensor; ``"pil"`` -> PIL image; ``"raw"`` -> the
+    ``output="tensor"`` -> uint8 CHW tensor; ``"pil"`` -> PIL image; ``"raw"`` -> the
     encoded bytes as a 1-D uint8 tensor (for :class:`mmloader.GPUDecode`).
     ``mode`` is ``"RGB"`` (default), ``"L"``, ``"RGBA"`` or ``"unchanged"``;
     grayscale, CMYK, palette and alpha images are converted as asked. ``size``
     (torchvision ``Resize`` semantics) decodes large JPEGs at reduced DCT scale
-    first, then resizes.
+    first, then resizes. ``decode=`` takes a callable, as on every reader.
 
-    >>> images = ImageReader("pairs.lmdb", field="jpg", size=224)   # doctest: +SKIP
+    Without ``field``, the store's image fields are read as alternatives (``"jpg;png"``:
+    each sample decodes whichever it has), so a dataset that mixes formats needs no option.
+
+    >>> images = ImageReader("pairs.lmdb", "jpg", size=224)         # doctest: +SKIP
     >>> images[0].shape                                              # doctest: +SKIP
     torch.Size([3, 224, 298])
     """
@@ -31,15 +38,44 @@ class ImageReader(Reader):
     default_field = "jpg"
 
     def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
-                 decode: str = "tensor", mode: str = "RGB", size: int | tuple[int, int] | None = None,
+                 output: str = "tensor", mode: str = "RGB", size: int | tuple[int, int] | None = None,
                  max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                 transform: Callable[[Any], Any] | None = None, **kwargs):
-        if decode not in ("tensor", "pil", "raw"):
-            raise ValueError(f"decode={decode!r}: expected 'tensor', 'pil' or 'raw'")
+                 transform: Callable[[Any], Any] | None = None, decode: Any = None, **kwargs):
+        if isinstance(decode, str):  # the old spelling of output=
+            warnings.warn(f"ImageReader(decode={decode!r}) is now ImageReader(output={decode!r}); "
+                          "decode= takes a callable, as on every reader", DeprecationWarning, stacklevel=2)
+            output, decode = decode, None
+        if output not in OUTPUTS:
+            raise ValueError(f"output={output!r}: expected one of {', '.join(OUTPUTS)}")
         if mode not in MODES:
-            raise ValueError(f"mode={mode!r}: expected one of {MODES}")
-        super().__init__(source, field, transform=transform, **kwargs)
-        self.output, self.mode, self.size, self.max_pixels = decode, mode, size, max_pixels
+            raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+        if size is not None:
+            sizes = (size,) if isinstance(size, int) else tuple(size)
+            if len(sizes) not in (1, 2) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                                for v in sizes):
+                raise ValueError(f"size={size!r}: expected a positive int (shorter side) or (height, width)")
+        if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int)
+                                       or max_pixels < 1):
+            raise ValueError(f"max_pixels={max_pixels!r}: expected a positive int or None")
+        super().__init__(source, field, transform=transform, decode=decode, **kwargs)
+        self.output, self.mode, self.size, self.max_pixels = output, mode, size, max_pixels
+
+    def _default_field(self) -> str:
+        try:
+            present = self.store.metadata.get("field_counts", {})
+        except Exception:  # metadata problems are reported where the store is used
+            return self.default_field
+        images = [f for ext in IMAGE_EXTENSIONS for f in sorted(present) if f.lower() == ext]
+        return ";".join(images) or self.default_field
+
+    @property
+    def releases_gil(self) -> bool:  # type: ignore[override]
+        return self.output != "raw" and self._decode_fn is None
+
+    @property
+    def packs_bytes(self) -> bool:
+        """Raw encoded bytes are packed into one buffer per batch (see :mod:`mmloader.batching`)."""
+        return self.output == "raw" and self._decode_fn is None and self.transform is None
 
     @property
     def takes_views(self) -> bool:  # raw bytes are only joined; tensors decode from views (no copy)
@@ -47,29 +83,29 @@ class ImageReader(Reader):
                 and type(self).from_column is ImageReader.from_column
                 and type(self)._decode_into_batch is ImageReader._decode_into_batch)
 
-    def from_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
-        if self.output == "tensor" and self.transform is None and not self.field.endswith(".gz") \
-                and all(d is not None and len(d) <= self.max_field_bytes for d in datas):
+    def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
+        plain = (self._decode_fn is None and self.transform is None and not self.gzipped
+                 and all(d is not None and len(d) <= self.max_field_bytes for d in datas))
+        if self.output == "tensor" and plain:
             try:
-                stacked = self._decode_into_batch(datas)
+                stacked = self._decode_into_batch(datas, share_memory)
                 if stacked is not None:
                     return stacked
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         if self.output != "raw":  # the per-sample decoders below take bytes
             datas = as_bytes(datas)
-        if self.output != "raw" or self.transform is not None or self.field.endswith(".gz") \
-                or any(d is None or len(d) > self.max_field_bytes for d in datas):
+        if self.output != "raw" or not plain:
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment.
         from ..batching import Packed
         offsets = np.zeros(len(datas) + 1, dtype=np.int64)
         np.cumsum([len(d) for d in datas], out=offsets[1:])
-        offsets = torch.from_numpy(offsets)
-        return Packed(torch.frombuffer(bytearray().join(datas), dtype=torch.uint8) if datas
-                      else torch.empty(0, dtype=torch.uint8), offsets)
+        flat = (torch.frombuffer(bytearray().join(datas), dtype=torch.uint8) if offsets[-1]
+                else torch.empty(0, dtype=torch.uint8))
+        return Packed(flat, torch.from_numpy(offsets))
 
-    def _decode_into_batch(self, datas: list[bytes]) -> Any:
+    def _decode_into_batch(self, datas: list[bytes], share_memory: bool = False) -> Any:
         """Decode straight into one batch tensor when every image has one size: no stack copy.
 
         The batch is (B, C, H, W) in channels_last memory (B, H, W, C underneath): libjpeg
@@ -87,10 +123,10 @@ class ImageReader(Reader):
         w, h = shapes.pop()
         h, w = tuple(self.size) if self.size is not None else (h, w)
         out = torch.empty((len(datas), h, w, {"RGB": 3, "L": 1, "RGBA": 4}[self.mode]), dtype=torch.uint8)
-        if torch.utils.data.get_worker_info() is not None:
-            # In a worker process the batch goes to the trainer through shared memory anyway:
-            # decode straight into it (no copy when it is sent, and no freed 12 MB heap block
-            # per batch, which glibc otherwise keeps as the worker's private memory).
+        if share_memory:
+            # The batch goes to the trainer through shared memory anyway: decode straight into
+            # it (no copy when it is sent, and no freed 12 MB heap block per batch, which glibc
+            # otherwise keeps as the worker's private memory).
             out.share_memory_()
         buffers = out.numpy()
         for i, (d, info) in enumerate(zip(datas, infos)):
@@ -102,6 +138,8 @@ class ImageReader(Reader):
 
     @accepts_views  # reached with views only for "raw" (from_column hands the others bytes)
     def decode(self, data: bytes, key: str) -> Any:
+        if self._decode_fn is not None:
+            return self._decode_fn(data)
         if self.output == "raw":
             return torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if self.output == "pil":

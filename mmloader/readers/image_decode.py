@@ -3,8 +3,11 @@ Pillow for the rest.
 
 simplejpeg was measured here at 282 us per 256-px photo against torchvision's
 338 us, releases the GIL, and can decode straight into a caller's buffer (so a
-batch needs no stack copy); its pixels equal Pillow's (tested). torchvision stays
-the fallback (and the GPU path, nvJPEG).
+batch needs no stack copy); its pixels equal Pillow's (tested). It is also the
+only JPEG decoder here that reports libjpeg's *recoverable* errors ("Corrupt
+JPEG data: premature end of data segment"): torchvision and Pillow print them on
+stderr and return a gray or garbled image. Every JPEG therefore goes through it
+in strict mode, and such an image is a :class:`DecodeError`, never passed on.
 
 Every path checks the pixel count from the header (``mmloader.imageinfo``) *before*
 decoding, so a decompression bomb costs a header parse, not gigabytes.
@@ -15,23 +18,19 @@ import io
 import warnings
 
 import numpy as np
+import simplejpeg
 import torch
 from PIL import Image
 # Imported here, not at first decode: a forked DataLoader worker would otherwise pay for the
 # import (about a second) on its first image.
-from torchvision.io import ImageReadMode, decode_jpeg, decode_png
+from torchvision.io import ImageReadMode, decode_png
 from torchvision.transforms.v2.functional import resize
-
-try:
-    import simplejpeg
-except ImportError:  # optional at run time: torchvision decodes then
-    simplejpeg = None
 
 from ..errors import DecodeError
 from ..imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
-# fastest CPU JPEG path measured here, so keep using them without warning every user.
+# PNG path (and nvJPEG on GPUs), so keep using them without warning every user.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
                         category=DeprecationWarning)
 
@@ -76,59 +75,77 @@ def rgb_to_luma(image: torch.Tensor) -> torch.Tensor:
     return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).to(torch.uint8).unsqueeze(0)
 
 
-def jpeg_into(data: bytes, info: ImageInfo, mode: str, out: np.ndarray | None = None) -> np.ndarray | None:
-    """Decode a baseline/progressive RGB or grayscale JPEG to HWC uint8 (into ``out`` if given)
-    with simplejpeg; None when this path does not apply (CMYK, colour -> "L", no simplejpeg)."""
-    if simplejpeg is None or info.format != "jpeg" or info.components not in (1, 3):
+def _simplejpeg(data, colorspace: str, out: np.ndarray | None = None,
+                min_hw: tuple[int, int] | None = None) -> np.ndarray:
+    """simplejpeg in strict mode: a recoverable libjpeg error (truncated or corrupt data) raises."""
+    try:
+        if min_hw is not None:
+            return simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True,
+                                          min_height=min_hw[0], min_width=min_hw[1])
+        return simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out, strict=True)
+    except ValueError as e:
+        raise DecodeError(f"corrupt JPEG: {e}") from None
+
+
+def jpeg_into(data, info: ImageInfo, mode: str, out: np.ndarray | None = None,
+              min_hw: tuple[int, int] | None = None) -> np.ndarray | None:
+    """Decode an RGB or grayscale JPEG to HWC uint8 in ``mode`` (into ``out`` if given; at the
+    smallest DCT scale >= ``min_hw`` if given). None when this path does not apply (CMYK,
+    colour -> "L", which needs Pillow's luma formula). Corrupt data raises :class:`DecodeError`."""
+    if info.format != "jpeg" or info.components not in (1, 3):
         return None
     if mode == "RGB":
-        colorspace = "rgb"
-    elif mode == "L" and info.components == 1:
-        colorspace = "gray"
-    else:
+        return _simplejpeg(data, "RGB", out, min_hw)
+    if mode == "RGBA":
+        return _simplejpeg(data, "RGBA", out, min_hw)
+    if mode in ("L", "unchanged") and info.components == 1:
+        return _simplejpeg(data, "GRAY", out, min_hw)
+    if mode == "unchanged":
+        return _simplejpeg(data, "RGB", out, min_hw)
+    return None
+
+
+def _draft_hw(info: ImageInfo, target: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The size to decode a JPEG at before resizing to ``target``: libjpeg decodes at 1/2, 1/4
+    or 1/8 scale (far less work) while staying >= the target."""
+    if target is None or info.format != "jpeg" or info.height < 2 * target[0] or info.width < 2 * target[1]:
         return None
-    try:
-        return simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out)
-    except ValueError:
-        return None  # let the other decoders try, and report their error if they fail too
+    return target
 
 
-def decode_to_tensor(data: bytes, mode: str = "RGB", size: int | tuple[int, int] | None = None,
+def decode_to_tensor(data, mode: str = "RGB", size: int | tuple[int, int] | None = None,
                      max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """Encoded image -> uint8 CHW tensor in ``mode`` (optionally resized to ``size``)."""
     info = probe(data)
     check_pixels(info, max_pixels)
     target = target_hw(size, info.height, info.width) if size is not None else None
-    tv_mode = {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY, "RGBA": ImageReadMode.RGB_ALPHA,
-               "unchanged": ImageReadMode.UNCHANGED}[mode]
+    draft = _draft_hw(info, target)
     image = None
-    draft = (target is not None and info.format == "jpeg"
-             and info.height >= 2 * target[0] and info.width >= 2 * target[1])
-    # Colour -> "L": decode RGB and apply Pillow's luma formula, so pixels equal Pillow's
-    # (libjpeg's own grayscale output is the raw Y channel, which differs by a few levels).
-    to_luma = mode == "L" and info.components == 3
-    if to_luma:
-        tv_mode = ImageReadMode.RGB
-    if target is None:
-        hwc = jpeg_into(data, info, mode)
+    if info.format == "jpeg":
+        # Colour -> "L" decodes RGB and applies Pillow's luma formula, so pixels equal Pillow's
+        # (libjpeg's own grayscale output is the raw Y channel, which differs by a few levels).
+        to_luma = mode == "L" and info.components == 3
+        hwc = jpeg_into(data, info, "RGB" if to_luma else mode, min_hw=draft)
         if hwc is not None:
             image = torch.from_numpy(hwc).permute(2, 0, 1)
-    if image is None and info.format == "jpeg" and info.components in (1, 3) and mode != "RGBA" and not draft:
-        try:
-            image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv_mode)
-        except RuntimeError:
-            image = None  # let Pillow try, and report its error if it fails too
-    elif image is None and info.format == "png" and info.components in (1, 3) and mode in ("RGB", "L", "unchanged"):
+            if to_luma:
+                image = rgb_to_luma(image)
+        else:  # CMYK: strict decode to find corrupt data, then Pillow's colour conversion
+            _simplejpeg(data, "CMYK" if info.components == 4 else "RGB", min_hw=draft)
+    elif info.format == "png" and info.components in (1, 3) and mode in ("RGB", "L", "unchanged"):
+        to_luma = mode == "L" and info.components == 3
+        tv_mode = ImageReadMode.RGB if to_luma else {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY,
+                                                     "unchanged": ImageReadMode.UNCHANGED}[mode]
         try:
             image = decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv_mode)
         except RuntimeError:
-            image = None
-    if image is not None and to_luma:
-        image = rgb_to_luma(image)
+            image = None  # let Pillow try, and report its error if it fails too
+        if image is not None and to_luma:
+            image = rgb_to_luma(image)
     if image is None:
-        # CMYK JPEGs, alpha/palette PNGs, WebP, GIF, BMP, TIFF...: Pillow converts as asked.
+        # CMYK JPEGs, alpha/palette PNGs, WebP, BMP, TIFF...: Pillow converts as asked.
         try:
-            image = pil_to_tensor(_pil_open(data, mode, target if draft else None))
+            image = pil_to_tensor(_pil_open(data, mode, draft))
         except Exception as e:
             raise DecodeError(f"cannot decode {info.format} image: {e}") from None
     if target is not None and tuple(image.shape[-2:]) != target:
@@ -136,15 +153,22 @@ def decode_to_tensor(data: bytes, mode: str = "RGB", size: int | tuple[int, int]
     return image
 
 
-def decode_to_pil(data: bytes, mode: str = "RGB", size: int | tuple[int, int] | None = None,
+def decode_to_pil(data, mode: str = "RGB", size: int | tuple[int, int] | None = None,
                   max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
     info = probe(data)
     check_pixels(info, max_pixels)
     target = target_hw(size, info.height, info.width) if size is not None else None
-    try:
-        im = _pil_open(data, mode, target)
-    except Exception as e:
-        raise DecodeError(f"cannot decode {info.format} image: {e}") from None
+    draft = _draft_hw(info, target)
+    hwc = jpeg_into(data, info, mode, min_hw=draft) if mode in ("RGB", "L") else None
+    if hwc is not None:
+        im = Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc, "L" if hwc.shape[2] == 1 else "RGB")
+    else:
+        if info.format == "jpeg":  # strict decode first: Pillow passes corrupt data on silently
+            _simplejpeg(data, "CMYK" if info.components == 4 else "RGB", min_hw=draft)
+        try:
+            im = _pil_open(data, mode, draft)
+        except Exception as e:
+            raise DecodeError(f"cannot decode {info.format} image: {e}") from None
     if target is not None and (im.height, im.width) != target:
         im = im.resize((target[1], target[0]), Image.BILINEAR)
     return im

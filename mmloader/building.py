@@ -1,0 +1,100 @@
+"""Building one planned batch: the whole-batch read path, the per-sample path, the error policy.
+
+The whole-batch path reads each source's part of a batch with one ``get_batch``
+(one store call per store, images decoded straight into the batch tensor) and
+collates columns; a batch that mixes sources is merged from the sources' columns.
+When a sample fails there, the batch is built again sample by sample, where the
+error policy applies: ``"raise"`` re-raises the error (naming key, field and
+store), ``"skip"`` logs it, counts it (:attr:`mmloader.Stream.skipped`, across
+worker processes) and takes the next sample of the plan instead, so batch counts
+stay equal.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch.utils.data
+
+from .batching import Collate, collate, merge_columns
+from .control import SharedControl
+from .errors import MMLoaderError, SampleError
+
+log = logging.getLogger("mmloader")
+
+ON_ERROR = ("raise", "skip")
+
+
+class BatchBuilder:
+    """Turns planned ``(positions, sources, indices)`` into a batch (or one sample).
+
+    >>> builder = BatchBuilder([dataset], None, collate, "raise", 100, SharedControl())  # doctest: +SKIP
+    >>> builder.build(plan, positions, sources, indices, batched=True)                      # doctest: +SKIP
+    """
+
+    def __init__(self, datasets: Sequence[Any], source_names: Sequence[str] | None,
+                 collate_fn: Callable[[list], Any] | None, on_error: str, max_consecutive_errors: int,
+                 control: SharedControl):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(map(repr, ON_ERROR))}")
+        self.datasets, self.source_names = list(datasets), source_names
+        self.on_error, self.max_consecutive_errors, self.control = on_error, max_consecutive_errors, control
+        self.collate_fn = _with_packing(collate_fn, self.datasets)
+        columnar = self.collate_fn.columns if isinstance(self.collate_fn, Collate) else None
+        # The whole-batch path needs column-wise collation and datasets that read whole batches.
+        self._columns = columnar if all(hasattr(d, "get_batch") for d in self.datasets) else None
+
+    def build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray,
+              batched: bool) -> Any:
+        if batched and self._columns is not None:
+            try:
+                return self._columns(self._batch_columns(sources, indices))
+            except SampleError:
+                pass  # the per-sample path below reports (or skips) the culprit by key
+        samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
+        if not batched:
+            return samples[0]
+        return self.collate_fn(samples) if self.collate_fn is not None else samples
+
+    def _batch_columns(self, sources: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
+        share = torch.utils.data.get_worker_info() is not None  # the batch goes to another process
+        groups = [(s, np.flatnonzero(sources == s)) for s in np.unique(sources).tolist()]
+        parts = [(rows.tolist(), self.datasets[s].get_batch(indices[rows].tolist(), share_memory=share))
+                 for s, rows in groups]
+        columns = parts[0][1] if len(parts) == 1 else merge_columns(parts, len(indices))
+        if self.source_names is not None:
+            columns["__source__"] = [self.source_names[int(s)] for s in sources]
+        return columns
+
+    def fetch(self, plan, position: int, source: int, index: int) -> Any:
+        """One sample, with the error policy: the next sample of the plan replaces a bad one."""
+        for _ in range(self.max_consecutive_errors + 1):
+            try:
+                sample = self.datasets[source][index]
+                if self.source_names is not None and isinstance(sample, dict):
+                    sample = {**sample, "__source__": self.source_names[source]}
+                return sample
+            except SampleError as e:
+                if self.on_error == "raise":
+                    raise
+                info = torch.utils.data.get_worker_info()
+                self.control.count_skip(info.id if info is not None else None)
+                log.warning("skipping sample (replaced by the next in the plan): %s", e)
+                position = (position + 1) % len(plan)
+                (s,), (i,) = plan.lookup(np.array([position]))
+                source, index = int(s), int(i)
+        raise MMLoaderError(f"{self.max_consecutive_errors} consecutive samples failed to load; "
+                            "the dataset looks broken (run `mmloader verify`)")
+
+
+def _with_packing(collate_fn, datasets) -> Callable | None:
+    """The default collate (or a :class:`Collate`) that also packs the modalities whose readers
+    deliver encoded bytes (``ImageReader(output="raw")``): packing is declared, never guessed
+    from a tensor's dtype."""
+    pack = [name for d in datasets for name in getattr(d, "packed_modalities", [])]
+    if collate_fn is collate:
+        return Collate(pack=pack)
+    if isinstance(collate_fn, Collate):
+        return collate_fn.packing(pack)
+    return collate_fn

@@ -1,0 +1,76 @@
+"""State the training process shares with its DataLoader workers, in one shared-memory tensor.
+
+Persistent workers keep the dataset object they were started with, so attribute
+changes made in the training process never reach them (a classic trap:
+``set_epoch`` that workers do not see). The epoch, place in the world and the
+resume flag therefore live in a small tensor in shared memory, which forked,
+spawned and forkserver workers all map; so do per-worker counters of skipped
+samples, so the training process can report them.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .distributed import rank_and_world
+
+_EPOCH, _RANK, _WORLD, _RESUMING = range(4)
+_SKIP_SLOTS = 257  # slot 0: this process (thread backend); slot w + 1: DataLoader worker w
+
+
+class SharedControl:
+    """Epoch, (rank, world), resume flag and skip counters, visible to every worker.
+
+    >>> c = SharedControl(); c.epoch = 3; c.epoch
+    3
+    """
+
+    def __init__(self):
+        self._t = torch.zeros(4 + _SKIP_SLOTS, dtype=torch.int64).share_memory_()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {"_t": self._t}
+
+    def __setstate__(self, state: dict) -> None:
+        self._t = state["_t"]
+        self._lock = threading.Lock()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._t[_EPOCH])
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._t[_EPOCH] = int(value)
+
+    @property
+    def resuming(self) -> bool:
+        return bool(self._t[_RESUMING])
+
+    @resuming.setter
+    def resuming(self, value: bool) -> None:
+        self._t[_RESUMING] = int(bool(value))
+
+    def set_world(self, rank: int, world: int) -> None:
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside world {world}")
+        self._t[_RANK], self._t[_WORLD] = rank, world
+
+    def world(self) -> tuple[int, int]:
+        """(rank, world): fixed on first use from ``torch.distributed`` or the environment."""
+        if int(self._t[_WORLD]) == 0:
+            self.set_world(*rank_and_world())
+        return int(self._t[_RANK]), int(self._t[_WORLD])
+
+    def count_skip(self, worker: int | None) -> None:
+        """One more skipped sample, counted by the worker process ``worker`` (None: this process).
+        Each slot has one writing process; threads of one process take the lock."""
+        slot = 4 + (0 if worker is None else 1 + worker % (_SKIP_SLOTS - 1))
+        with self._lock:
+            self._t[slot] += 1
+
+    @property
+    def skipped(self) -> int:
+        return int(self._t[4:].sum())

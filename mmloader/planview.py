@@ -1,0 +1,55 @@
+"""``mmloader plan``: an experiment config's resolved epoch plan, as text."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from .config import from_config
+
+
+def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1,
+                  preview: int = 2) -> str:
+    """The resolved plan of a config as text (what ``mmloader plan`` prints).
+
+    >>> print(describe_plan("samples/configs/mixed.yaml", world=2))    # doctest: +SKIP
+    """
+    stream = from_config(config)
+    stream.set_world(0, world)
+    plan = stream.plan(0)
+    g = stream.geometry()
+    bs = stream.batch_size
+    mix = stream.mix
+    if mix is not None:
+        names, datasets, rows = mix.names, mix.datasets, mix.summary(bs)
+        head = f"epoch plan: {len(plan)} samples from {len(datasets)} source(s), mode {mix.mode}, " \
+               f"batch composition {mix.composition}"
+    else:
+        names, datasets = ["source"], stream.datasets
+        rows = [{"name": names[0], "size": len(datasets[0]), "per_epoch": len(plan), "proportion": 1.0,
+                 "repeats": len(plan) / max(len(datasets[0]), 1)}]
+        head = f"epoch plan: {len(plan)} samples from 1 source (no mix)"
+    lines = [head, f"  {'source':<16} {'size':>9} {'per epoch':>10} {'share':>7} {'repeats':>8}  modalities"]
+    for row, ds in zip(rows, datasets):
+        lines.append(f"  {row['name']:<16} {row['size']:>9} {row['per_epoch']:>10} {row['proportion']:>7.1%} "
+                     f"{row['repeats']:>8.2f}  {', '.join(ds.modalities)}")
+    lines.append(f"world {world} x {workers} workers: {g['samples_per_rank']} samples per rank"
+                 + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
+                 + f"; padding {g['padding']}; every rank equal")
+    if preview:
+        lines.append("preview:")
+        for name, ds in zip(names, datasets):
+            for i in range(min(preview, len(ds))):
+                try:
+                    s = ds[i]
+                    desc = ", ".join(f"{k}={_short(v)}" for k, v in s.items() if k != "__key__")
+                    lines.append(f"  {name}[{s['__key__']}]: {desc}")
+                except Exception as e:
+                    lines.append(f"  {name}[{i}]: unreadable: {e}")
+    return "\n".join(lines)
+
+
+def _short(v: Any) -> str:
+    if hasattr(v, "shape"):
+        return f"{type(v).__name__}{tuple(v.shape)}"
+    text = repr(v)
+    return text if len(text) < 50 else text[:47] + "..."
