@@ -12,6 +12,7 @@ custom collate), which holds the GIL -> worker processes.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterator
 
 import torch
@@ -74,11 +75,29 @@ class Loader(Resumable, torch.utils.data.DataLoader):
     def _stop_workers_on_error(self, iterator: Iterator[Any]) -> Iterator[Any]:
         try:
             yield from iterator
+        except (OSError, EOFError) as e:  # e.g. ConnectionResetError: a worker died handing over a batch
+            dead = self._dead_workers()
+            self._shutdown()
+            if dead:
+                raise RuntimeError(f"DataLoader worker(s) exited unexpectedly ({', '.join(dead)}) while "
+                                   f"sending a batch ({type(e).__name__}: {e})") from e
+            raise
         except BaseException:
             # A worker died or raised: stop the others now. Left running, they stay registered
             # with the DataLoader's SIGCHLD handler, which would raise later in unrelated code.
             self._shutdown()
             raise
+
+    def _dead_workers(self, wait_s: float = 2.0) -> list[str]:
+        """Workers that exited, waiting a moment for one whose death broke the connection."""
+        workers = getattr(getattr(self, "_iterator", None), "_workers", [])
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [f"pid {w.pid} killed by signal {-w.exitcode}" if w.exitcode < 0
+                    else f"pid {w.pid} exit code {w.exitcode}" for w in workers if w.exitcode is not None]
+            if dead or not workers or time.monotonic() > deadline:
+                return dead
+            time.sleep(0.05)
 
     def _shutdown(self) -> None:
         if getattr(self, "_iterator", None) is not None:

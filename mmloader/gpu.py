@@ -5,13 +5,21 @@ of a batch arrive packed in one buffer (``batch[name]`` + ``batch["__offsets__"]
 GPUDecode moves nothing but those bytes, decodes the whole batch with one call of
 ``torchvision.io.decode_jpeg(list, device="cuda")``, optionally resizes, crops,
 flips and normalises on the GPU, converts the dtype, and hands the trainer a
-ready ``(B, C, H, W)`` tensor. Batch *n + 1* is decoded on a side CUDA stream
-while the model trains on batch *n*. Non-JPEG images fall back to the CPU
-decoder for those items only. Without CUDA the same code decodes on the CPU with
-the same decoder as ``ImageReader`` (pixel-identical), so code and tests run anywhere.
+ready ``(B, C, H, W)`` tensor. Batch *n + 1* is decoded ahead (on a side CUDA
+stream) while the model trains on batch *n*; ``state_dict()`` describes what the
+caller has received, not what was read ahead, so a resume never skips the batch
+held. Non-JPEG images fall back to the CPU decoder for those items only. Without
+CUDA the same code (read-ahead included) decodes on the CPU with the same decoder
+as ``ImageReader`` (pixel-identical), so code and tests run anywhere.
+
+Random crops and flips draw from a generator seeded by (stream seed, epoch, the
+batch's keys): the same seed gives the same augmentations on either backend,
+with any worker count, and after a resume.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
@@ -53,13 +61,49 @@ class GPUDecode:
             raise ValueError("normalising needs a floating dtype (e.g. torch.bfloat16)")
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
+        self._held_state: Any = None  # the loader's state when the batch the caller holds was taken
+
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
-    def __getattr__(self, attr: str) -> Any:  # set_epoch, state_dict, load_state_dict... of the loader
-        if attr in ("loader", "__setstate__"):
+    def __getattr__(self, attr: str) -> Any:  # epoch, stream... of the loader
+        if attr in ("loader", "__setstate__", "_held_state"):
             raise AttributeError(attr)
         return getattr(self.loader, attr)
+
+    # -- resume: what the caller received, not what was read ahead ------------------------------
+    def state_dict(self) -> dict:
+        """The loader's state as of the last batch handed to the caller (the batch decoded ahead
+        is not counted: resuming from this state delivers it again)."""
+        held = self._held_state
+        if held is None:
+            return self.loader.state_dict()  # type: ignore[attr-defined]
+        return held() if callable(held) else held
+
+    def load_state_dict(self, state: dict) -> None:
+        self._held_state = None
+        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+
+    def set_epoch(self, epoch: int) -> None:
+        self._held_state = None
+        self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    def _snapshot(self) -> Any:
+        """The loader's state right now, cheaply: mmloader's loaders give a deferred state."""
+        snap = getattr(self.loader, "snapshot", None)
+        if snap is not None:
+            return snap()
+        state = getattr(self.loader, "state_dict", None)
+        return state() if state is not None else None
+
+    def _generator(self, batch: dict) -> torch.Generator:
+        """Per-batch randomness from (seed, epoch, keys): independent of backend, workers and resume."""
+        stream = getattr(self.loader, "stream", None)
+        h = hashlib.blake2b(digest_size=8)
+        h.update(f"{getattr(stream, 'seed', 0)}/{getattr(stream, 'epoch', 0)}/".encode())
+        for key in batch.get("__key__", ()):
+            h.update(str(key).encode() + b"\0")
+        return torch.Generator().manual_seed(int.from_bytes(h.digest(), "little") >> 1)
 
     # -- decoding -------------------------------------------------------------------------------
     def decode_images(self, encoded: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -79,8 +123,9 @@ class GPUDecode:
                 out[i] = decode_to_tensor(t.numpy().tobytes(), self.mode).to(self.device, non_blocking=True)
         return out  # type: ignore[return-value]
 
-    def transform(self, images: list[torch.Tensor]) -> torch.Tensor:
+    def transform(self, images: list[torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as F
+        generator = generator or torch.Generator().manual_seed(0)
         if self.size is not None:
             images = [F.resize(im, list(self.size), antialias=True) for im in images]
         if self.crop is not None:
@@ -88,8 +133,8 @@ class GPUDecode:
             if self.random_crop:
                 cropped = []
                 for im in images:
-                    top = int(torch.randint(0, im.shape[-2] - h + 1, (1,)))
-                    left = int(torch.randint(0, im.shape[-1] - w + 1, (1,)))
+                    top = int(torch.randint(0, im.shape[-2] - h + 1, (1,), generator=generator))
+                    left = int(torch.randint(0, im.shape[-1] - w + 1, (1,), generator=generator))
                     cropped.append(im[..., top:top + h, left:left + w])
                 images = cropped
             else:
@@ -99,7 +144,7 @@ class GPUDecode:
                              "give GPUDecode(size=...) or crop=... to batch them")
         batch = torch.stack(images)
         if self.flip:
-            flip = torch.rand(len(images), device=batch.device) < self.flip
+            flip = (torch.rand(len(images), generator=generator) < self.flip).to(batch.device)
             batch = torch.where(flip[:, None, None, None], batch.flip(-1), batch)
         if self.dtype.is_floating_point:
             batch = batch.to(self.dtype).div_(255)
@@ -113,35 +158,37 @@ class GPUDecode:
 
     def _process(self, batch: dict) -> dict:
         encoded = unpack(batch, self.name)  # views of one (pinned, with CUDA) buffer: no copies
-        batch = dict(batch)
-        batch[self.name] = self.transform(self.decode_images(encoded))
-        offsets = dict(batch.get("__offsets__", {}))
+        out = dict(batch)
+        out[self.name] = self.transform(self.decode_images(encoded), self._generator(batch))
+        offsets = dict(out.get("__offsets__", {}))
         offsets.pop(self.name, None)
-        batch["__offsets__"] = offsets
+        out["__offsets__"] = offsets
         if not offsets:
-            del batch["__offsets__"]
-        return batch
+            del out["__offsets__"]
+        return out
 
     def __iter__(self) -> Iterator[dict]:
-        if self._side is None:
-            for batch in self.loader:
-                yield self._process(batch)
-            return
-        # Decode batch n+1 on a side stream while the caller's stream works on batch n.
+        # Batch n+1 is decoded (on the side stream with CUDA) while the caller works on batch n.
+        # The same read-ahead runs on the CPU, so its bookkeeping is tested without a GPU.
         pending = None
         for batch in self.loader:
-            with torch.cuda.stream(self._side):
+            state = self._snapshot()  # taken before the next batch is read ahead
+            with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
                 ready = self._process(batch)
-                event = torch.cuda.Event()
-                event.record(self._side)
+                event = None
+                if self._side is not None:
+                    event = torch.cuda.Event()
+                    event.record(self._side)
             if pending is not None:
                 yield self._handoff(*pending)
-            pending = (ready, event)
+            pending = (ready, event, state)
         if pending is not None:
             yield self._handoff(*pending)
 
-    def _handoff(self, batch: dict, event: torch.cuda.Event) -> dict:
-        torch.cuda.current_stream(self.device).wait_event(event)
-        image = batch[self.name]
-        image.record_stream(torch.cuda.current_stream(self.device))  # its memory now belongs to the caller's stream
+    def _handoff(self, batch: dict, event: Any, state: Any) -> dict:
+        self._held_state = state
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+            image = batch[self.name]
+            image.record_stream(torch.cuda.current_stream(self.device))  # its memory now belongs to the caller's stream
         return batch

@@ -1,6 +1,7 @@
 """The resume protocol both loader backends share: ``set_epoch``, ``state_dict``, ``load_state_dict``."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator
 
 from .stream import Stream
@@ -43,6 +44,10 @@ class Resumable:
         """Where this rank is: epoch plus delivered batches (and the plan geometry to check against).
         After the epoch's last batch: the start of the next epoch."""
         return self.stream.progress(self.batches_seen, epoch_done=self.epoch_done)
+
+    def snapshot(self):
+        """A deferred :meth:`state_dict` of this very moment (cheap: computed only if called)."""
+        return functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at exactly the next unseen batch (also on another world size or worker count)."""

@@ -81,11 +81,9 @@ class Stream(torch.utils.data.IterableDataset):
         self.seed_workers = seed_workers
         if bucket_by is not None and not batch_size:
             raise ValueError("bucket_by needs batch_size")
-        if isinstance(bucket_by, str):
-            for ds in self.datasets:
-                if bucket_by not in getattr(ds, "readers", {}) or not hasattr(ds, "lengths"):
-                    raise ValueError(f"bucket_by={bucket_by!r} is not a modality of every dataset "
-                                     f"({sorted(getattr(ds, 'readers', {}))})")
+        if isinstance(bucket_by, str) and not any(bucket_by in getattr(ds, "readers", {}) for ds in self.datasets):
+            names = sorted({n for ds in self.datasets for n in getattr(ds, "readers", {})})
+            raise ValueError(f"bucket_by={bucket_by!r} is not a modality of the dataset ({names})")
         self.bucket_by, self.bucket_window = bucket_by, bucket_window
         self.control = SharedControl()
         self.builder = BatchBuilder(self.datasets, self.mix.names if self.mix is not None else None,
@@ -145,10 +143,11 @@ class Stream(torch.utils.data.IterableDataset):
         if callable(self.bucket_by):
             return np.array([self.bucket_by(int(i)) if self.mix is None else self.bucket_by(int(s), int(i))
                              for s, i in zip(sources.tolist(), indices.tolist())])
-        out = np.zeros(len(indices), dtype=np.int64)
+        out = np.zeros(len(indices), dtype=np.int64)  # 0 for sources without the modality
         for s in np.unique(sources).tolist():
-            sel = sources == s
-            out[sel] = self.datasets[s].lengths(indices[sel].tolist(), self.bucket_by)
+            ds, sel = self.datasets[s], sources == s
+            if self.bucket_by in getattr(ds, "readers", {}):
+                out[sel] = ds.lengths(indices[sel].tolist(), self.bucket_by)
         return out
 
     def _visit(self, plan, epoch: int) -> RangeList:

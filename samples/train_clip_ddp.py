@@ -94,7 +94,7 @@ def main() -> None:
         model.load_state_dict(ckpt["model"])
         optim.load_state_dict(ckpt["optim"])
         loader.load_state_dict(ckpt["loader"])
-        start_epoch, step = ckpt["loader"]["epoch"], ckpt["step"]
+        start_epoch, step = loader.epoch, ckpt["step"]  # the epoch the checkpoint stopped in
         if rank == 0:
             print(f"resumed at epoch {start_epoch}, step {step}: {ckpt['loader']['consumed']} samples of "
                   f"this epoch already seen per rank; continuing with the next unseen batch", flush=True)
@@ -104,8 +104,7 @@ def main() -> None:
               f"{loader.num_workers} workers per rank", flush=True)
 
     for epoch in range(start_epoch, args.epochs):
-        if not (args.resume and epoch == start_epoch and step):
-            loader.set_epoch(epoch)
+        loader.set_epoch(epoch)  # keeps a resume pending for this epoch
         losses, correct, seen = [], 0, 0
         t0 = time.perf_counter()
         for batch in loader:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 
 import mmloader
 from mmloader.cli import main as cli
@@ -164,3 +165,127 @@ def test_plan_cli(stores, tmp_path, capsys):
     assert "image_text" in out and "5000" in out and "50.0%" in out and "30.0%" in out
     assert "2500 samples per rank = 125 batches of 20" in out
     assert "text_only[0000000000]: caption='line 0'" in out
+
+
+# -- issue 13: one road for one source; mixes batched; degenerate mixes; paths -----------------
+def _single(stores, **over):
+    return {"seed": 4, "batch_size": 16, "sources": {"pairs": {
+        "path": str(stores / "pairs.lmdb"),
+        "modalities": {"image": {"field": "jpg"}, "caption": {"field": "txt", "path": str(stores / "caps")}}}},
+        **over}
+
+
+def test_single_source_config_is_the_python_api(stores, monkeypatch):
+    """Defect 5: no mix around one source: the batched path, no __source__, channels_last."""
+    calls = Counter()
+    real = mmloader.Zipped.get_batch
+
+    def counting(self, indices, **kw):
+        calls["get_batch"] += 1
+        return real(self, indices, **kw)
+    monkeypatch.setattr(mmloader.Zipped, "get_batch", counting)
+    stream = mmloader.from_config(_single(stores))
+    assert stream.mix is None
+    api = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(stores / "pairs.lmdb", "jpg"),
+                                       caption=mmloader.TextReader(stores / "caps", "txt")), batch_size=16, seed=4)
+    got = list(mmloader.loader(stream, backend="thread"))
+    want = list(mmloader.loader(api, backend="thread"))
+    assert calls["get_batch"] == len(got) + len(want)  # every batch read whole
+    assert [b["__key__"] for b in got] == [b["__key__"] for b in want]
+    for a, b in zip(got, want):
+        assert set(a) == set(b) and "__source__" not in a
+        assert a["image"].is_contiguous(memory_format=torch.channels_last) and torch.equal(a["image"], b["image"])
+
+
+def test_mixes_read_whole_batches_per_source(stores, monkeypatch):
+    calls = Counter()
+    real_batch, real_item = mmloader.Zipped.get_batch, mmloader.Zipped.__getitem__
+    monkeypatch.setattr(mmloader.Zipped, "get_batch",
+                        lambda self, idx, **kw: (calls.update(["batch"]), real_batch(self, idx, **kw))[1])
+    monkeypatch.setattr(mmloader.Zipped, "__getitem__",
+                        lambda self, i: (calls.update(["sample"]), real_item(self, i))[1])
+    stream = mmloader.from_config(config(stores, mix={"epoch_size": 400}))
+    batches = list(mmloader.loader(stream, backend="thread"))
+    assert calls["sample"] == 0 and calls["batch"] >= len(batches)
+    mixed = next(b for b in batches if len(set(b["__source__"])) == 3)
+    present = mixed["__present__"]["image"]
+    assert mixed["image"].shape[0] == 20 and mixed["image"].is_contiguous(memory_format=torch.channels_last)
+    assert not mixed["image"][~present].any()  # rows of sources without images are zeros
+    # the same rows read one by one give the same values
+    for row, (key, src) in enumerate(zip(mixed["__key__"], mixed["__source__"])):
+        if src == "text_only":
+            assert mixed["caption"][row] == f"line {int(key)}"
+
+
+def test_bucketing_with_source_composition_through_a_config(stores):
+    """Defect 6: batch_composition='source' with bucket_by keeps every batch single-source."""
+    stream = mmloader.from_config(config(stores, batch_composition="source", bucket_by="caption",
+                                         mix={"epoch_size": 1000}))
+    batches = list(mmloader.loader(stream, backend="thread"))
+    assert batches and all(len(set(b["__source__"])) == 1 for b in batches)
+
+
+def test_degenerate_mixes_are_refused_or_warned(stores):
+    """Defect 12: a 1-sample source 0.5/0.5 with a big one."""
+    with mmloader.LMDBWriter(stores / "one.lmdb") as w:
+        w.write({"__key__": "only", "txt": "lonely"})
+    cfg = {"batch_size": 8, "sources": {
+        "tiny": {"path": str(stores / "one.lmdb"), "weight": 0.5, "modalities": {"caption": {"field": "txt"}}},
+        "big": {"path": str(stores / "corpus.txt"), "weight": 0.5, "modalities": {"caption": {"field": "txt"}}}}}
+    with pytest.warns(UserWarning, match="source 'tiny' .1 samples. limits the epoch"):
+        stream = mmloader.from_config(cfg)
+    assert len(stream.plan()) == 2
+    with pytest.raises(ConfigError, match="0 samples per epoch in whole batches of 8"):
+        mmloader.from_config({**cfg, "batch_composition": "source"})
+
+
+def test_mix_summary_equals_what_is_delivered(stores):
+    stream = mmloader.from_config(config(stores, batch_composition="source", batch_size=64,
+                                         mix={"epoch_size": 1500}))
+    delivered = Counter(s for b in mmloader.loader(stream, backend="thread") for s in b["__source__"])
+    summary = {r["name"]: r["per_epoch"] for r in stream.mix.summary(stream.batch_size)}
+    assert summary == dict(delivered)
+    assert all(v % 64 == 0 for v in summary.values())
+
+
+def test_config_path_that_is_a_tar_file_is_a_config_error(stores, tmp_path):
+    """Defect 15: only text files are taken as line files; nothing is written into the dataset."""
+    shard = next((stores / "caps").glob("*.tar"))
+    before = set((stores / "caps").iterdir())
+    cfg = {"sources": {"s": {"path": str(shard), "modalities": {"caption": {"field": "txt"}}}}}
+    with pytest.raises(ConfigError, match=r"sources\.s\.path: .*is a tar shard, not a dataset"):
+        mmloader.from_config(cfg)
+    assert set((stores / "caps").iterdir()) == before
+
+
+def test_config_text_file_with_its_index_path(stores, tmp_path):
+    index = tmp_path / "idx" / "corpus.lines.npy"
+    index.parent.mkdir()
+    cfg = {"batch_size": 5, "sources": {"s": {"path": str(stores / "corpus.txt"), "index_path": str(index),
+                                              "modalities": {"caption": {"field": "txt"}}}}}
+    batch = next(iter(mmloader.loader(mmloader.from_config(cfg), backend="thread")))
+    assert index.is_file() and len(batch["caption"]) == 5 and batch["caption"][0].startswith("line ")
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"block_size": 0}, "config: block_size=0: expected an integer >= 1"),
+    ({"shuffle": "false"}, "config: shuffle='false': expected true or false"),
+    ({"batch_size": -2}, "config: batch_size=-2"),
+    ({"on_error": "ignore"}, "config: on_error='ignore'"),
+    ({"batch_composition": "mixed"}, "batch_composition: 'mixed' is not one of"),
+])
+def test_config_options_checked_when_read(stores, over, message):
+    """Issue 18, item 11: bad option values are named where they are given, not at iteration."""
+    with pytest.raises(ConfigError) as e:
+        mmloader.from_config(_single(stores, **over))
+    assert message in str(e.value)
+
+
+def test_config_reader_options_checked_when_read(stores):
+    cfg = _single(stores)
+    cfg["sources"]["pairs"]["modalities"]["image"]["size"] = -5
+    with pytest.raises(ConfigError, match=r"sources\.pairs\.modalities\.image: bad reader option: size=-5"):
+        mmloader.from_config(cfg)
+    cfg["sources"]["pairs"]["modalities"]["image"] = {"field": "jpg", "decode": "raw"}
+    with pytest.raises(ConfigError, match="the key is now 'output'"):
+        mmloader.from_config(cfg)

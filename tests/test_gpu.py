@@ -98,3 +98,41 @@ def test_mixed_sizes_need_a_size(mixed, tmp_path):
     with pytest.raises(ValueError, match="differ in size"):
         next(iter(mmloader.GPUDecode(loader, device="cpu")))
     assert next(iter(mmloader.GPUDecode(loader, device="cpu", size=(32, 32))))["image"].shape == (4, 3, 32, 32)
+
+
+# -- issue 13, defect 2: the batch decoded ahead is not counted as delivered ---------------------
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_state_describes_what_the_caller_received_not_the_read_ahead(mixed, backend):
+    full = [b["__key__"] for b in _loader(mixed, "raw", backend)]
+    loader = _loader(mixed, "raw", backend)
+    stage = mmloader.GPUDecode(loader, device="cpu")
+    it = iter(stage)
+    got = [next(it)["__key__"] for _ in range(2)]
+    assert loader.batches_seen == 3  # the read-ahead ran (on the CPU, the same code path as CUDA)
+    state = stage.state_dict()
+    assert state["consumed"] == 12  # two batches of 6 received, not three
+    del it
+    resumed_loader = _loader(mixed, "raw", backend)
+    resumed = mmloader.GPUDecode(resumed_loader, device="cpu")
+    resumed.load_state_dict(state)
+    assert got + [b["__key__"] for b in resumed] == full
+
+
+def test_state_after_the_last_batch_points_at_the_next_epoch(mixed):
+    stage = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu")
+    batches = list(stage)
+    assert len(batches) == 4 and stage.state_dict()["epoch"] == 1
+
+
+# -- issue 13, defect 8: augmentations from the plan, not from the global RNG ------------------
+def test_random_crop_and_flip_follow_the_seed_on_both_backends(mixed):
+    def run(backend, workers=2, epoch=0):
+        loader = _loader(mixed, "raw", backend)
+        loader.set_epoch(epoch)
+        torch.manual_seed(12345 + workers)  # the global RNG must not matter
+        stage = mmloader.GPUDecode(loader, device="cpu", size=(32, 48), crop=(24, 24), random_crop=True, flip=0.5)
+        return [b["image"] for b in stage]
+    a, b = run("thread"), run("process")
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    c = run("thread", epoch=1)
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))

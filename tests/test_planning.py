@@ -176,3 +176,51 @@ def test_rank_positions_slices_equal_the_whole(visit_len, world):
         for a in range(per + 1):
             for b in range(a, per + 2):
                 assert rank_positions(visit_len, world, rank, per, a, b).tolist() == whole[a:b].tolist()
+
+
+# -- issue 13, defect 11: a quota never repeats a sample unless it exceeds the source -----------
+@pytest.mark.parametrize("size", list(range(1, 14)) + [97, 1000])
+def test_quota_counts_even_within_every_epoch_and_cycles_walk_the_source(size):
+    from mmloader.planning.mixing import quota_indices
+    orders = {}
+
+    def order(kind, cycle):
+        return orders.setdefault((kind, cycle), ShuffledOrder(size, 5, cycle, block_size=4, window_blocks=2,
+                                                             stream=(kind,)))
+    for quota in sorted({*range(1, 3 * size + 2), size * 10 + 3} if size < 20 else {1, 7, 600, size, 2 * size + 1}):
+        whole, rest = divmod(quota, size)
+        for epoch in range(6):
+            got = quota_indices(size, quota, epoch, np.arange(quota), order)
+            counts = np.bincount(got, minlength=size)
+            assert len(got) == quota and counts.min() >= whole and counts.max() <= whole + (rest > 0), \
+                (size, quota, epoch)
+        if whole == 0:  # epochs sharing a remainder cycle take disjoint slices of it
+            per_cycle = size // quota
+            seen = np.concatenate([quota_indices(size, quota, e, np.arange(quota), order) for e in range(per_cycle)])
+            assert len(set(seen.tolist())) == per_cycle * quota
+
+
+def test_mix_quota_crossing_a_cycle_no_longer_repeats():
+    """The reported case: a 1,000-sample source with a quota of 600, seed 5."""
+    sizes, q = [1000, 400], np.array([600, 400])
+    for epoch in range(4):
+        src, idx = MixOrder(sizes, q, seed=5, epoch=epoch).lookup(np.arange(1000))
+        assert len(set(idx[src == 0].tolist())) == 600
+
+
+# -- issue 13, defect 6: bucketing keeps single-source batches ---------------------------------
+@pytest.mark.parametrize("seed", range(5))
+def test_bucketing_with_source_composition_keeps_batches_single_source(seed):
+    from mmloader.planning.bucketing import BucketedOrder
+    batch = 8
+    m = MixOrder([300, 200, 90], quotas([300, 200, 90], [0.5, 0.3, 0.2], epoch_size=480), seed=seed, epoch=1,
+                 unit=batch)
+    plan = BucketedOrder(m, lambda src, idx: (idx * 7919) % 101, batch, window_batches=20, seed=seed, epoch=1)
+    src, idx = plan.lookup(np.arange(len(plan)))
+    assert all(len(set(src[a:a + batch].tolist())) == 1 for a in range(0, len(plan), batch))
+    base_src, base_idx = m.lookup(np.arange(len(m)))
+    assert sorted(zip(src.tolist(), idx.tolist())) == sorted(zip(base_src.tolist(), base_idx.tolist()))
+    lengths = (idx * 7919) % 101
+    spread = [np.ptp(lengths[a:a + batch]) for a in range(0, len(plan), batch)]
+    base_spread = [np.ptp(((base_idx * 7919) % 101)[a:a + batch]) for a in range(0, len(m), batch)]
+    assert np.mean(spread) < np.mean(base_spread) / 2  # still buckets by length

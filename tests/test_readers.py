@@ -13,6 +13,7 @@ from PIL import Image
 import mmloader
 from mmloader.errors import AlignmentError, DecodeError, SizeLimitError, UnsafeFieldError
 from mmloader.readers.image_decode import decode_to_tensor, pil_to_tensor
+from torchvision.transforms.v2.functional import resize as torchvision_resize
 
 from conftest import jpeg_bytes, write_dataset
 
@@ -67,15 +68,23 @@ def test_image_reader_modes_and_outputs(tmp_path):
 
 
 def test_draft_mode_for_large_jpegs(tmp_path):
+    import simplejpeg
     big = _encode(_photo(1600, 1200), "JPEG")
     path = tmp_path / "big.lmdb"
     with mmloader.LMDBWriter(path) as w:
         w.write({"__key__": "a", "jpg": big})
-    small = mmloader.ImageReader(path, size=150)[0]
-    assert small.shape == (3, 150, 200)
-    full = torch.nn.functional.interpolate(decode_to_tensor(big)[None].float(), size=(150, 200),
-                                           mode="bilinear", antialias=True)[0]
-    assert (small.float() - full).abs().mean() < 8  # reduced-DCT decode stays close
+    for reader, target in ((mmloader.ImageReader(path, size=140), (140, 187)),
+                           (mmloader.ImageReader(path, size=(140, 190)), (140, 190))):
+        small = reader[0]
+        assert small.shape == (3, *target)
+        # decoded at reduced DCT scale (1/8 here: 200x150 >= the target), then resized: exactly that
+        reduced = torch.from_numpy(simplejpeg.decode_jpeg(big, min_height=target[0], min_width=target[1]))
+        assert reduced.shape == (150, 200, 3)
+        expect = torchvision_resize(reduced.permute(2, 0, 1), list(target), antialias=True)
+        assert torch.equal(small, expect)
+        full = torchvision_resize(decode_to_tensor(big), list(target), antialias=True)
+        assert not torch.equal(small, full)  # which is not what a full decode gives
+        assert (small.float() - full.float()).abs().mean() < 8  # but close to it
 
 
 def test_decompression_bomb_raises_naming_key(tmp_path):
@@ -321,3 +330,71 @@ def test_subclassed_readers_get_bytes_in_batches(any_ds):
     store = mmloader.open(any_ds)
     assert [bytes(t.numpy()) for t in mmloader.unpack(batch, "image")] == \
         [store.get(k)["jpg"] for k in batch["__key__"]]
+
+
+# -- issue 13, defect 13: a field only some samples have -----------------------------------------
+def _imagefolder_like(tmp_path):
+    """What an imagefolder with .jpg, .png files gives: two image fields, each on some samples."""
+    path = tmp_path / "mixed.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(12):
+            fmt = "png" if i % 4 == 3 else "jpg"
+            data = _encode(_photo(40, 30), "PNG") if fmt == "png" else jpeg_bytes(i, size=(40, 30))
+            w.write({"__key__": f"k{i:02d}", fmt: data, "cls": i % 2})
+    return path
+
+
+def test_zip_refuses_a_field_that_only_some_samples_have(tmp_path):
+    path = _imagefolder_like(tmp_path)
+    with pytest.raises(AlignmentError) as e:
+        mmloader.zip(image=mmloader.ImageReader(path, "jpg"), label=mmloader.LabelReader(path))
+    msg = str(e.value)
+    assert "'jpg', which only 9 of the 12 samples" in msg and "png (3)" in msg and "field='jpg;png'" in msg
+
+
+def test_alternative_fields_and_the_default_image_field(tmp_path):
+    path = _imagefolder_like(tmp_path)
+    for reader in (mmloader.ImageReader(path, "jpg;png"), mmloader.ImageReader(path)):
+        assert reader.field == "jpg;png"
+        ds = mmloader.zip(image=reader, label=mmloader.LabelReader(path))
+        rows = [ds[i]["image"] for i in range(12)]
+        assert all(r.shape == (3, 30, 40) for r in rows)
+        batch = ds.get_batch(list(range(12)))
+        assert all(torch.equal(a, b) for a, b in zip(batch["image"].tensor, rows))
+
+
+# -- issue 13, defect 14: corrupt data that libjpeg only warns about is an error ----------------
+def _half_jpeg() -> bytes:
+    whole = jpeg_bytes(7, size=(256, 256))
+    return whole[:len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
+
+
+@pytest.mark.parametrize("options", [{}, {"output": "pil"}, {"size": 64}, {"size": (64, 64)}, {"mode": "L"},
+                                     {"mode": "RGBA"}, {"output": "pil", "size": 64}])
+def test_jpeg_missing_its_second_half_is_a_decode_error(tmp_path, options):
+    path = tmp_path / "half.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "good", "jpg": jpeg_bytes(1, size=(256, 256))})
+        w.write({"__key__": "halved", "jpg": _half_jpeg()})
+    reader = mmloader.ImageReader(path, "jpg", **options)
+    reader[0]
+    with pytest.raises(DecodeError, match=r"(?s)premature end.*halved.*'jpg'"):
+        reader[1]
+    ds = mmloader.zip(image=reader)
+    with pytest.raises(DecodeError, match="halved"):  # the whole-batch path reports it too
+        ds.get_batch([0, 1])
+
+
+def test_cmyk_jpeg_missing_its_second_half_is_a_decode_error():
+    whole = CASES["cmyk-jpeg"]()
+    with pytest.raises(DecodeError, match="premature end"):
+        decode_to_tensor(whole[:len(whole) // 2] + b"\xff\xd9")
+
+
+def test_verify_decode_reports_the_halved_jpeg(tmp_path):
+    from mmloader.verify import verify
+    path = tmp_path / "half.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "halved", "jpg": _half_jpeg()})
+    report = verify(path, decode=True, progress=False)
+    assert not report.ok and "halved" in report.summary()

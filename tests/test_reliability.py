@@ -296,45 +296,38 @@ def _in_flight(target: str) -> bool:
     return target.startswith("socket:") or "/dev/shm/torch_" in target or target.startswith("pipe:")
 
 
-def _proc_figures() -> tuple[int, int, int, int]:
-    pid = os.getpid()
-    rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+def _proc_figures(pid: int) -> tuple[int, int, int]:
+    """(RSS kB, open descriptors, mapped regions) of a live process, read from outside it."""
+    rss = int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")).split()[1])
     fds = 0
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            fds += not _in_flight(os.readlink(f"/proc/self/fd/{fd}"))
+            fds += not _in_flight(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
             pass
-    maps = sum(1 for line in open("/proc/self/maps") if not _in_flight(line.rstrip().split(" ")[-1]))
-    return pid, rss, fds, maps
+    maps = sum(1 for line in open(f"/proc/{pid}/maps") if not _in_flight(line.rstrip().split(" ")[-1]))
+    return rss, fds, maps
 
 
-class _WithFigures(torch.utils.data.Dataset):
-    def __init__(self, ds):
-        self.ds = ds
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        return {**self.ds[i], "__figures__": _proc_figures()}
-
-
-def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys):
-    path = write_dataset(tmp_path / "e.lmdb", 32, "lmdb")
-    shards = write_dataset(tmp_path / "e", 32, "tar", shard_size=5)
-    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(shards),
-                      cache=mmloader.SampleCache(max_bytes=20_000))
-    loader = mmloader.loader(mmloader.Stream(_WithFigures(ds), batch_size=8), num_workers=2,
-                             persistent_workers=True)
+def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
+    """The default path, unwrapped: whole-batch reads with zero-copy views from LMDB, pread from
+    shards, images decoded into shared memory, the LMDB map trimmer active. The workers are
+    measured from this process, so nothing in them changes to be observed."""
+    from mmloader.bench import _children
+    from mmloader.storage import map_trimmer
+    path = write_dataset(tmp_path / "e.lmdb", 64, "lmdb")
+    shards = write_dataset(tmp_path / "e", 64, "tar", shard_size=5)
+    # trim a file this small too (forked workers inherit the setting): the trimmer runs every epoch
+    monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", os.path.getsize(path / "data.mdb") // 4)
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(shards))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=8), num_workers=2, backend="process",
+                             persistent_workers=True, multiprocessing_context="fork")
+    others = set(_children(os.getpid()))  # helpers earlier tests left (resource tracker, forkserver)
     per_epoch = []
     for epoch in range(50):
         loader.set_epoch(epoch)
-        figures = {}
-        for batch in loader:
-            for pid, rss, fds, maps in batch["__figures__"]:
-                figures[pid] = (rss, fds, maps)
-        per_epoch.append(figures)
+        assert sum(len(b["__key__"]) for b in loader) == 64
+        per_epoch.append({pid: _proc_figures(pid) for pid in set(_children(os.getpid())) - others})
     first, last = per_epoch[1], per_epoch[-1]  # epoch 0 includes first-touch warm-up
     assert set(first) == set(last) and len(first) == 2, "the same two persistent workers all along"
     with capsys.disabled():
@@ -346,8 +339,18 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys):
     for pid in first:
         assert last[pid][0] - first[pid][0] < 4096, "worker RSS grew by more than 4 MB over 50 epochs"
         assert last[pid][1] == warm[pid][1], "open file descriptors kept growing"
-        assert last[pid][1] - first[pid][1] <= 7, "more descriptors than shards were added"
+        assert last[pid][1] - first[pid][1] <= 13, "more descriptors than shards were added"
         assert last[pid][2] - warm[pid][2] <= 2, "memory-mapped regions kept growing"
+
+
+def test_forkserver_workers_deliver_the_same_batches(tmp_path):
+    path = write_dataset(tmp_path / "f.lmdb", 24, "lmdb")
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    threads = list(mmloader.loader(mmloader.Stream(ds, batch_size=5, seed=2), num_workers=2, backend="thread"))
+    forkserver = list(mmloader.loader(mmloader.Stream(ds, batch_size=5, seed=2), num_workers=2, backend="process",
+                                      multiprocessing_context="forkserver", persistent_workers=False))
+    assert [b["__key__"] for b in forkserver] == [b["__key__"] for b in threads]
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(forkserver, threads))
 
 
 def test_two_loaders_same_store_one_process(tmp_path):

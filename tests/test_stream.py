@@ -288,3 +288,178 @@ def test_thread_backend_many_producers_same_batches(tmp_path):
     expect = _keys(mmloader.loader(_stream(path, 3), num_workers=1, backend="thread"))
     for producers in (2, 5):
         assert _keys(mmloader.threaded.ThreadLoader(_stream(path, 3), producers=producers)) == expect
+
+
+# -- issue 13: the documented paths -------------------------------------------------------------
+BACKENDS = ["thread", "process"]
+
+
+def _train(loader, start_epoch, epochs, stop_after=None):
+    """The README's training loop, as written there: returns (keys delivered, last state)."""
+    seen, state, steps = [], None, 0
+    for epoch in range(start_epoch, epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            seen.append((epoch, list(batch["__key__"])))
+            state = loader.state_dict()
+            steps += 1
+            if steps == stop_after:
+                return seen, state
+    return seen, state
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_readme_resume_loop_continues_mid_epoch(tmp_path, backend):
+    """Defect 1: load_state_dict then the loop's set_epoch(start_epoch) must not replay the epoch."""
+    path = _text_dataset(tmp_path / "d", 40, 2)
+    full, _ = _train(mmloader.loader(_stream(path, 4), num_workers=2, backend=backend), 0, 2)
+    first, state = _train(mmloader.loader(_stream(path, 4), num_workers=2, backend=backend), 0, 2, stop_after=3)
+    loader = mmloader.loader(_stream(path, 4), num_workers=2, backend=backend)
+    loader.load_state_dict(state)
+    rest, _ = _train(loader, loader.epoch, 2)
+    assert len([b for e, b in rest if e == 0]) == 7  # the 7 unseen batches, not the 10 of a whole epoch
+    assert first + rest == full
+
+
+def test_set_epoch_of_another_epoch_drops_a_pending_resume_with_a_warning(tmp_path):
+    path = _text_dataset(tmp_path / "d", 40, 2)
+    loader = mmloader.loader(_stream(path, 4), num_workers=1, backend="thread")
+    _, state = _train(loader, 0, 1, stop_after=3)
+    resumed = mmloader.loader(_stream(path, 4), num_workers=1, backend="thread")
+    resumed.load_state_dict(state)
+    with pytest.warns(UserWarning, match="drops the pending resume of epoch 0"):
+        resumed.set_epoch(1)
+    assert len(_keys(resumed)) == 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_after_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path, backend):
+    """Defect 10: a checkpoint after the last batch of epoch 0 must not replay epoch 0."""
+    path = _text_dataset(tmp_path / "d", 40, 2)
+    full, _ = _train(mmloader.loader(_stream(path, 4), num_workers=2, backend=backend), 0, 2)
+    first, state = _train(mmloader.loader(_stream(path, 4), num_workers=2, backend=backend), 0, 2, stop_after=10)
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    loader = mmloader.loader(_stream(path, 4), num_workers=2, backend=backend)
+    loader.set_epoch(0)
+    list(loader)
+    assert loader.state_dict()["epoch"] == 1  # also when taken after the loop ended
+    resumed = mmloader.loader(_stream(path, 4), num_workers=2, backend=backend)
+    resumed.load_state_dict(state)
+    rest, _ = _train(resumed, resumed.epoch, 2)
+    assert first + rest == full
+
+
+def _corrupt_pairs(tmp_path, n=24, bad=(5, 17)):
+    from conftest import jpeg_bytes
+    path = tmp_path / "pairs.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(n):
+            img = jpeg_bytes(i)
+            w.write({"__key__": f"k{i:03d}", "jpg": img[:len(img) // 2] + b"\xff\xd9" if i in bad else img,
+                     "txt": f"t{i}"})
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_skipped_samples_counted_across_workers(tmp_path, backend, caplog):
+    """Defect 4: stream.skipped counts skips made in worker processes and threads."""
+    path = _corrupt_pairs(tmp_path)
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    stream = mmloader.Stream(ds, batch_size=4, seed=1, on_error="skip")
+    batches = list(mmloader.loader(stream, num_workers=2, backend=backend))
+    keys = [k for b in batches for k in b["__key__"]]
+    assert "k005" not in keys and "k017" not in keys and len(keys) == 24
+    assert stream.skipped == 2
+    if backend == "thread":
+        assert "k005" in caplog.text and "k017" in caplog.text
+
+
+def _augmented_stream(path, workers_global: bool):
+    def augment(text):  # draws from the batch's generator, or from the global RNG
+        return float(torch.rand(1)) if workers_global else float(mmloader.rng().torch_rand())
+    ds = mmloader.zip(caption=mmloader.TextReader(str(path), transform=augment))
+    return mmloader.Stream(ds, batch_size=4, seed=3)
+
+
+def test_same_seed_same_augmentations_on_both_backends_any_worker_count(tmp_path):
+    """Defect 8: per-batch seeds, not per-worker streams: backend, workers and resume do not matter."""
+    path = _text_dataset(tmp_path / "d", 32, 2)
+
+    def draws(backend, workers, global_rng=False, epoch=0):
+        loader = mmloader.loader(_augmented_stream(path, global_rng), num_workers=workers, backend=backend,
+                                 **({"persistent_workers": False} if backend == "process" else {}))
+        loader.set_epoch(epoch)
+        return [(b["__key__"], b["caption"].tolist()) for b in loader]
+    reference = draws("thread", 1)
+    assert draws("thread", 2) == reference == draws("process", 2) == draws("process", 1)
+    assert draws("process", 2, global_rng=True) == draws("process", 1, global_rng=True)
+    assert draws("thread", 1, epoch=1) != reference
+    assert len({v for _k, vs in reference for v in vs}) == 32  # every sample drew its own value
+
+
+def test_misaligned_batch_raises_alignment_error_naming_key_and_stores(tmp_path):
+    """Defect 3: mmloader's own zip() shadowed the builtin inside get_batch."""
+    a, b = tmp_path / "a.lmdb", tmp_path / "b"
+    with mmloader.LMDBWriter(a) as wa, mmloader.ShardWriter(b) as wb:
+        for i in range(1000):  # same keys, one pair swapped where the 64-key fingerprint does not look
+            wa.write({"__key__": f"k{i:04d}", "txt": "a"})
+            j = {10: 11, 11: 10}.get(i, i)
+            wb.write({"__key__": f"k{j:04d}", "txt": "b"})
+    ds = mmloader.zip(x=mmloader.TextReader(a), y=mmloader.TextReader(b))
+    assert not ds.by_key  # zipped by position, checked per batch
+    with pytest.raises(mmloader.AlignmentError, match=r"key 'k0010'.*'k0011'"):
+        ds.get_batch(list(range(8, 16)))
+
+
+def test_star_import_keeps_the_builtins():
+    namespace: dict = {}
+    exec("from mmloader import *", namespace)
+    assert "open" not in namespace and "zip" not in namespace
+    assert mmloader.zip.__module__ == "mmloader.align" and callable(mmloader.open)
+
+
+def test_no_module_shadows_a_builtin_it_uses():
+    import ast
+    import builtins
+    names = set(dir(builtins))
+    offenders = []
+    for path in Path(mmloader.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        bound = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+                bound.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Assign):
+                bound.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        offenders += [f"{path.name}: {n}" for n in sorted(bound & names & used)]
+    assert not offenders, offenders
+
+
+def test_collate_packs_only_declared_raw_modalities():
+    """Defect 9: a 1-D uint8 tensor is data unless its reader says it is encoded bytes."""
+    rows = [{"__key__": "a", "m": torch.ones(3, dtype=torch.uint8)},
+            {"__key__": "b", "m": torch.ones(5, dtype=torch.uint8)}]
+    out = mmloader.Collate(masks=["m"])(rows)
+    assert out["m"].shape == (2, 5) and out["__mask__"]["m"].sum() == 8 and "__offsets__" not in out
+    packed = mmloader.Collate(pack=["m"])(rows)
+    assert packed["m"].shape == (8,) and packed["__offsets__"]["m"].tolist() == [0, 3, 8]
+
+
+def test_raw_images_packed_on_the_per_sample_path_too(tmp_path):
+    path = _corrupt_pairs(tmp_path, n=8, bad=(2,))
+    ds = mmloader.zip(image=mmloader.ImageReader(path, output="raw"), caption=mmloader.TextReader(path))
+    batch = next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=8, shuffle=False), backend="thread")))
+    assert "__offsets__" in batch and len(batch["__offsets__"]["image"]) == 9
+
+
+def test_images_are_channels_last_on_every_path(tmp_path):
+    path = _corrupt_pairs(tmp_path, n=8, bad=())
+    ds = mmloader.zip(image=mmloader.ImageReader(path))
+    batched = next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=8, shuffle=False), backend="thread")))
+    rows = mmloader.collate([ds[i] for i in range(8)])
+    for image in (batched["image"], rows["image"]):
+        assert image.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(batched["image"], rows["image"])

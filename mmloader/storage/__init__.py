@@ -7,8 +7,8 @@ from pathlib import Path
 from ..errors import FormatError
 from .base import KeysView, Store
 from .lmdb_store import LMDBStore, LMDBWriter
-from .shard_index import MANIFEST
-from .tar_store import TarStore, build_index
+from .shard_index import MANIFEST, build_index
+from .tar_store import TarStore
 from .tar_writer import ShardWriter
 
 __all__ = ["open_store", "Store", "KeysView", "LMDBStore", "LMDBWriter", "TarStore", "ShardWriter",

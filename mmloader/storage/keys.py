@@ -20,10 +20,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_KEY_BYTES = 400  # LMDB's default max key size is 511 bytes; leave room for encoding
 
 
-def index_key(i: int) -> bytes:
-    return INDEX_KEY.pack(i)
-
-
 def validate_key(key: object) -> str:
     """Return ``key`` if it can name a sample in every format, else raise naming it."""
     if not isinstance(key, str):
@@ -55,16 +51,23 @@ def validate_field(field: object) -> str:
     if "/" in field or _CONTROL.search(field) or field.startswith(".") or field.endswith("."):
         raise KeyValidationError(f"field name {field!r} must not contain '/' or control characters "
                                  "or start/end with '.'")
+    if field != field.lower():
+        raise KeyValidationError(f"field name {field!r} has upper-case letters; WebDataset lower-cases "
+                                 f"extensions when it reads a shard, so it would not round-trip: use "
+                                 f"{field.lower()!r}")
     return field
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
-    """Split a tar member name into (key, field) exactly as WebDataset does.
+    """Split a tar member name into (key, field) as WebDataset's ``base_plus_ext`` and
+    ``group_by_keys`` do: the key ends at the first dot of the basename, and the field is
+    lower-cased (``x.JPG`` is field ``jpg``, for WebDataset and for mmloader alike).
 
-    ``a/b/0001.txt.gz`` -> ``("a/b/0001", "txt.gz")``; None when there is no extension.
+    >>> split_member_name("a/b/0001.txt.gz"), split_member_name("x.JPG"), split_member_name("noext")
+    (('a/b/0001', 'txt.gz'), ('x', 'jpg'), None)
     """
     slash = name.rfind("/")
     dot = name.find(".", slash + 1)
     if dot <= slash + 1 or dot == len(name) - 1:
         return None
-    return name[:dot], name[dot + 1:]
+    return name[:dot], name[dot + 1:].lower()

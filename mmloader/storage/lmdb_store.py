@@ -13,7 +13,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import lmdb
 
@@ -23,6 +23,7 @@ from .encoding import split_sample
 from .keys import INDEX_KEY, validate_field, validate_key
 from .meta import LMDB_FORMAT, FieldStats, make_metadata
 from .base import Store
+from .map_trimmer import MapTrimmer, forget_trimmers, trimmer_for
 
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
 MAX_DBS = 1024
@@ -42,82 +43,7 @@ def _forget_inherited_envs() -> None:
         except Exception:
             pass
     _ENVS.clear()
-    _TRIMMERS.clear()
-
-
-TRIM_AFTER_BYTES = 256 << 20  # mapped bytes (estimated) a process reads before it unmaps them
-_FAULT_AROUND = 64 << 10  # Linux maps cached pages around each fault (64 KiB by default, whole large folios)
-_MADV_DONTNEED = 4
-_INLINE_MAX = 2048  # larger values live on overflow pages of their own
-
-
-class MapTrimmer:
-    """Bounds how much of an LMDB data file stays mapped in this process.
-
-    Pages read through LMDB's memory map stay mapped until the map is closed, and
-    the kernel maps 64 KiB or more around each fault: a worker reading random samples
-    of a dataset much larger than what it reads would map ever more of it (measured:
-    10k reads of a 100k-sample dataset added 124 MB to the workers' PSS; over many
-    epochs every process would map the whole file, and RSS-based monitors count it
-    once per process). For data files over twice ``TRIM_AFTER_BYTES``, every
-    ``TRIM_AFTER_BYTES`` read (estimated) this drops the process's mappings of the
-    file (``madvise(MADV_DONTNEED)``): the page cache keeps the data, later reads map
-    it back from memory, nothing is copied or lost. The price is those refaults:
-    ~15% of raw-bytes throughput after the first epoch, measured here. Linux only;
-    elsewhere a no-op.
-    """
-
-    def __init__(self, data_file: str):
-        # A file up to twice the budget is left mapped: trimming would only cost refaults.
-        small = os.path.getsize(data_file) <= 2 * TRIM_AFTER_BYTES
-        self.region = None if small else _mapping_of(data_file)
-        self.pending = 0
-
-    def account(self, values) -> None:
-        """Count values just read (only those on overflow pages of their own map new pages)."""
-        if self.region is not None:
-            big = [len(v) for v in values if v is not None and len(v) > _INLINE_MAX]
-            self.pending += sum(big) + _FAULT_AROUND * len(big)
-
-    def maybe_trim(self) -> None:
-        """Called before a read. Safe at any time, also while another thread uses views into
-        the map: a page touched after the trim is faulted back in from the page cache."""
-        if self.pending >= TRIM_AFTER_BYTES:
-            self.pending = 0
-            if self.region is not None and _madvise(*self.region, _MADV_DONTNEED) != 0:
-                self.region = None  # not allowed here: stop trying
-
-
-_TRIMMERS: dict[str, MapTrimmer] = {}
-
-
-def _mapping_of(path: str) -> tuple[int, int] | None:
-    """(start, length) of this process's memory map of ``path``, from /proc/self/maps."""
-    try:
-        target = os.path.realpath(path)
-        spans = []
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].rstrip("\n") == target:
-                    a, b = parts[0].split("-")
-                    spans.append((int(a, 16), int(b, 16)))
-    except (OSError, ValueError):
-        return None
-    if not spans:
-        return None
-    start = min(a for a, _b in spans)
-    return start, max(b for _a, b in spans) - start
-
-
-def _madvise(start: int, length: int, advice: int) -> int:
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return int(libc.madvise(start, length, advice))
-    except (OSError, AttributeError):
-        return -1
+    forget_trimmers()
 
 
 os.register_at_fork(after_in_child=_forget_inherited_envs)
@@ -150,7 +76,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                     except lmdb.Error:
                         pass  # a plain key in the main database, not a sub-database
                 hit = _ENVS[path] = (env, dbs)
-                _TRIMMERS[path] = MapTrimmer(os.path.join(path, "data.mdb"))
+                MapTrimmer.start(path, os.path.join(path, "data.mdb"))
     return hit
 
 
@@ -253,7 +179,7 @@ class LMDBStore(Store):
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
         keys_db, pack, get = self._db(KEYS_DB), INDEX_KEY.pack, txn.get
         dbs = [self._db(f.encode()) for f in fields]
-        trimmer = _TRIMMERS.get(self.path)
+        trimmer = trimmer_for(self.path)
         if trimmer is not None:
             trimmer.maybe_trim()
         ks = []
@@ -272,6 +198,28 @@ class LMDBStore(Store):
     def field_size(self, index: int, field: str) -> int:
         v = self._handles().get(INDEX_KEY.pack(self._check_index(index)), db=self._db(field.encode()))
         return 0 if v is None else len(v)
+
+    # -- the records as stored, for integrity checks (``mmloader verify``) -----------------------
+    def key_records(self) -> Iterator[tuple[int, bytes, int | None]]:
+        """The key table as stored, in order: ``(index, key bytes, index the key maps back to)``;
+        index -1 for a record whose key is not an 8-byte index, back None for a key that maps nowhere.
+
+        >>> [i for i, key, back in store.key_records() if back != i]    # doctest: +SKIP
+        []
+        """
+        txn = self._handles()
+        index_db = self._db(INDEX_DB)
+        with txn.cursor(db=self._db(KEYS_DB)) as cur:
+            for k, v in cur:
+                back = txn.get(v, db=index_db)
+                yield (INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1, bytes(v),
+                       INDEX_KEY.unpack(back)[0] if back is not None and len(back) == 8 else None)
+
+    def field_records(self, field: str) -> Iterator[tuple[int, bytes]]:
+        """Every stored value of ``field`` in index order: ``(index, bytes)`` (index -1 when malformed)."""
+        with self._handles().cursor(db=self._db(field.encode())) as cur:
+            for k, v in cur:
+                yield (INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1), v
 
 
 class LMDBWriter(AtomicWriter):

@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 from tqdm import tqdm
 
 from ..errors import FormatError
@@ -46,7 +45,7 @@ def merge(parts: Sequence[str | os.PathLike], dst: str | os.PathLike, *, format:
             bar = tqdm(total=total, desc="merging", unit="sample", disable=not progress)
             n = 0
             for store in stores:
-                keys, _ = store._key_arrays()
+                keys, _ = store.key_table()
                 for s, shard in enumerate(store.shards):
                     if shard["compressed"]:
                         raise FormatError(f"cannot merge compressed shard {store.shard_path(s)}")
@@ -55,8 +54,8 @@ def merge(parts: Sequence[str | os.PathLike], dst: str | os.PathLike, *, format:
                         os.link(store.shard_path(s), out.tmp / name)
                     except OSError:
                         shutil.copyfile(store.shard_path(s), out.tmp / name)
-                    table = np.load(os.path.join(store.path, shard["index"]), mmap_mode="r")
-                    start = store.metadata["_starts"][s]
+                    table = store.offset_table(s)
+                    start = store.first_index(s)
                     for row in range(shard["count"]):
                         offsets = {f: (int(table[row, c, 0]), int(table[row, c, 1]))
                                    for c, f in enumerate(shard["fields"]) if table[row, c, 0] >= 0}

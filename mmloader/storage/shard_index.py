@@ -9,15 +9,18 @@ number of samples.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from ..errors import DuplicateKeyError
+from ..errors import DuplicateKeyError, FormatError
 from .meta import SHARDS_FORMAT, FieldStats, make_metadata
+from .tar_stages import group_samples, is_compressed, tar_members
 
 MANIFEST = "index.json"
 KEYS_FILE = "keys.npy"
@@ -101,3 +104,56 @@ class ShardIndexBuilder:
         tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
         os.replace(tmp, self.out_dir / MANIFEST)  # the manifest appears last: its presence means complete
         return manifest
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def build_index(directory: str | os.PathLike, output: str | os.PathLike | None = None,
+                pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"), progress: bool = True) -> dict:
+    """Index tar shards written by any tool: manifest + offset indexes + key index.
+
+    Shards are read sequentially once (compressed ones too). ``output`` defaults to
+    ``directory``; when it differs, the manifest refers to the shards by absolute path.
+
+    >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
+    """
+    src = Path(directory).resolve()
+    out = Path(output).resolve() if output else src
+    if not src.is_dir():
+        raise FormatError(f"{src} is not a directory")
+    files = sorted({p for pat in pattern for p in src.glob(pat)})
+    if not files:
+        raise FormatError(f"{src} holds no tar shards matching {', '.join(pattern)}")
+    out.mkdir(parents=True, exist_ok=True)
+    builder = ShardIndexBuilder(out, unique_keys=False)
+    for path in tqdm(files, desc="indexing shards", unit="shard", disable=not progress):
+        compressed = is_compressed(path)
+        h = hashlib.sha256()
+
+        class _Tee:  # hash the raw file while tarfile reads it: one pass
+            def __init__(self, f):
+                self.f = f
+
+            def read(self, n=-1):
+                b = self.f.read(n)
+                h.update(b)
+                return b
+
+        with open(path, "rb") as raw:
+            tee = _Tee(raw)
+            try:
+                for sample in group_samples(tar_members(path, with_data=False, fileobj=tee), where=str(path)):
+                    builder.add_sample(sample["__key__"], sample["__offsets__"])
+            except Exception as e:  # tarfile.ReadError, EOFError, zlib.error ...
+                raise FormatError(f"shard {path} is not a readable tar file: {e}") from e
+            while raw_bytes := raw.read(1 << 22):  # trailing padding tarfile did not read
+                h.update(raw_bytes)
+        file = path.name if out == src else str(path)
+        builder.end_shard(file, path.stat().st_size, h.hexdigest(), compressed=compressed)
+    return builder.finish(indexed_from=str(src))

@@ -11,6 +11,7 @@ import os
 import tarfile
 from typing import IO, Iterable, Iterator
 
+from ..errors import FormatError
 from .keys import split_member_name
 
 log = logging.getLogger("mmloader")
@@ -73,9 +74,9 @@ def group_samples(members: Iterable[tuple[str, int, int, bytes | None]], where: 
             current = None
         if current is None:
             current = {"__key__": key, "__offsets__": {}}
-        if field in current["__offsets__"]:
-            log.warning("%s: sample %r has field %r twice; keeping the first", where, key, field)
-            continue
+        if field in current["__offsets__"]:  # e.g. x.jpg and x.JPG: WebDataset refuses it too
+            raise FormatError(f"{where}: sample {key!r} has field {field!r} twice (member {name!r}); "
+                              "one of them would be dropped: remove or rename it")
         current["__offsets__"][field] = (offset, size)
         if data is not None:
             current[field] = data

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import mmap
 import os
@@ -13,13 +12,12 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from ..errors import FormatError, RandomAccessError, SampleError
 from .base import Store
 from .meta import SHARDS_FORMAT
-from .shard_index import MANIFEST, ShardIndexBuilder
-from .tar_stages import group_samples, is_compressed, tar_members
+from .shard_index import MANIFEST, sha256_file
+from .tar_stages import group_samples, tar_members
 
 MAX_OPEN_SHARDS = 64  # bounded per-process cache of open shard files and index maps
 
@@ -109,6 +107,20 @@ class TarStore(Store):
     def _local(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: never reuse the parent's descriptors
             self._reset_handles()
+
+    def key_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, order): every key as fixed-width bytes in index order, and the argsort that
+        sorts them (both memory-mapped), e.g. for ``verify`` and ``merge``."""
+        return self._key_arrays()
+
+    def first_index(self, s: int) -> int:
+        """Dataset index of shard ``s``'s first sample."""
+        return self.metadata["_starts"][s]
+
+    def offset_table(self, s: int) -> np.ndarray:
+        """Shard ``s``'s offset index: (samples, fields, 2) int64 data offsets and sizes (-1: absent),
+        columns in the order of ``shards[s]["fields"]``."""
+        return self._shard_index(s)
 
     def _key_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         self._local()
@@ -352,56 +364,3 @@ def _header_problem(header: bytes, member: str, size: int) -> str | None:
     if len(encoded) < 100 and encoded.isascii() and full != member:
         return f"the member there is {full!r}, expected {member!r}"
     return None
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
-def build_index(directory: str | os.PathLike, output: str | os.PathLike | None = None,
-                pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"), progress: bool = True) -> dict:
-    """Index tar shards written by any tool: manifest + offset indexes + key index.
-
-    Shards are read sequentially once (compressed ones too). ``output`` defaults to
-    ``directory``; when it differs, the manifest refers to the shards by absolute path.
-
-    >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
-    """
-    src = Path(directory).resolve()
-    out = Path(output).resolve() if output else src
-    if not src.is_dir():
-        raise FormatError(f"{src} is not a directory")
-    files = sorted({p for pat in pattern for p in src.glob(pat)})
-    if not files:
-        raise FormatError(f"{src} holds no tar shards matching {', '.join(pattern)}")
-    out.mkdir(parents=True, exist_ok=True)
-    builder = ShardIndexBuilder(out, unique_keys=False)
-    for path in tqdm(files, desc="indexing shards", unit="shard", disable=not progress):
-        compressed = is_compressed(path)
-        h = hashlib.sha256()
-
-        class _Tee:  # hash the raw file while tarfile reads it: one pass
-            def __init__(self, f):
-                self.f = f
-
-            def read(self, n=-1):
-                b = self.f.read(n)
-                h.update(b)
-                return b
-
-        with open(path, "rb") as raw:
-            tee = _Tee(raw)
-            try:
-                for sample in group_samples(tar_members(path, with_data=False, fileobj=tee), where=str(path)):
-                    builder.add_sample(sample["__key__"], sample["__offsets__"])
-            except Exception as e:  # tarfile.ReadError, EOFError, zlib.error ...
-                raise FormatError(f"shard {path} is not a readable tar file: {e}") from e
-            while raw_bytes := raw.read(1 << 22):  # trailing padding tarfile did not read
-                h.update(raw_bytes)
-        file = path.name if out == src else str(path)
-        builder.end_shard(file, path.stat().st_size, h.hexdigest(), compressed=compressed)
-    return builder.finish(indexed_from=str(src))
