@@ -147,17 +147,17 @@ def test_textlines_boundaries_every_line_once_in_order(tmp_path, monkeypatch, wo
 def test_textlines_parts_and_blank_policy(tmp_path):
     src = tmp_path / "c.txt"
     src.write_bytes(b"a\n\nb\nc\n\xff\xfe\nd")
-    assert run("textlines", src, tmp_path / "all.lmdb") == 0
+    assert run("textlines", src, tmp_path / "all.lmdb", "--on-error", "skip") == 0
     report = (tmp_path / "all.lmdb.skipped.tsv").read_text()
     assert "blank line" in report and "not UTF-8" in report and "c.txt:5" in report
     assert [mmloader.open(tmp_path / "all.lmdb")[i]["txt"] for i in range(4)] == [b"a", b"b", b"c", b"d"]
-    assert run("textlines", src, tmp_path / "keep.lmdb", "--blank-lines", "keep") == 0
+    assert run("textlines", src, tmp_path / "keep.lmdb", "--blank-lines", "keep", "--on-error", "skip") == 0
     assert len(mmloader.open(tmp_path / "keep.lmdb")) == 5
-    assert run("textlines", src, tmp_path / "fail.lmdb", "--blank-lines", "error", "--on-error", "fail") != 0
+    assert run("textlines", src, tmp_path / "fail.lmdb", "--blank-lines", "error") != 0
     assert not (tmp_path / "fail.lmdb").exists()
     parts = []
     for i in range(3):
-        assert run("textlines", src, tmp_path / f"p{i}", "--part", f"{i}/3") == 0
+        assert run("textlines", src, tmp_path / f"p{i}", "--part", f"{i}/3", "--on-error", "skip") == 0
         parts.append(tmp_path / f"p{i}")
     assert cli(["merge", *map(str, parts), str(tmp_path / "merged"), "-q"]) == 0
     merged = mmloader.open(tmp_path / "merged")
@@ -214,7 +214,7 @@ def bad_dir(tmp_path) -> Path:
 
 def test_bad_input_skipped_and_reported(bad_dir, tmp_path):
     dst = tmp_path / "out"
-    assert run("pairs", bad_dir, dst, "--require", "jpg,txt", "--check-decode") == 0
+    assert run("pairs", bad_dir, dst, "--require", "jpg,txt", "--check-decode", "--on-error", "skip") == 0
     assert list(mmloader.open(dst).keys) == ["good"]
     report = (tmp_path / "out.skipped.tsv").read_text()
     for key, why in [("corrupt", "bad image"), ("trunc", "does not decode"), ("latin", "not UTF-8"),
@@ -225,20 +225,22 @@ def test_bad_input_skipped_and_reported(bad_dir, tmp_path):
 
 
 def test_header_check_by_default_full_decode_on_request(bad_dir, tmp_path):
-    assert run("pairs", bad_dir, tmp_path / "quick", "--require", "jpg,txt") == 0
+    assert run("pairs", bad_dir, tmp_path / "quick", "--require", "jpg,txt", "--on-error", "skip") == 0
     assert "trunc" in set(mmloader.open(tmp_path / "quick").keys)  # header is fine; only decode finds it
 
 
-def test_on_error_fail_leaves_nothing(bad_dir, tmp_path):
+def test_on_error_raise_is_the_default_and_leaves_nothing(bad_dir, tmp_path, capsys):
     dst = tmp_path / "out"
-    assert run("pairs", bad_dir, dst, "--on-error", "fail") != 0
+    assert run("pairs", bad_dir, dst) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "corrupt.jpg: bad image" in err and "--on-error skip" in err
     assert not dst.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
 def test_duplicate_keys_in_manifest(tmp_path):
     man = tmp_path / "m.jsonl"
     man.write_text('{"id": "a", "t": "1"}\n{"id": "b", "t": "2"}\n{"id": "a", "t": "3"}\n')
-    assert run("manifest", man, tmp_path / "o", "--key-column", "id", "--text-column", "t") == 0
+    assert run("manifest", man, tmp_path / "o", "--key-column", "id", "--text-column", "t", "--on-error", "skip") == 0
     assert list(mmloader.open(tmp_path / "o").keys) == ["a", "b"]
     assert "duplicate key 'a'" in (tmp_path / "o.skipped.tsv").read_text()
 
