@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
 import time
@@ -420,6 +421,8 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
     first :data:`PROBE_BYTES` before the rest is read."""
     from mmloader.imageinfo import probe
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open; a device never ends
+            raise ItemError("not a regular file", path)
         f = open(path, "rb")
     except OSError as e:
         raise ItemError(f"unreadable: {e.strerror or e}", path) from None
@@ -429,22 +432,23 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
             if size > limit:
                 raise ItemError(f"over --max-file-bytes: {size:,} bytes, the limit is {limit:,} (raise it with "
                                 "--max-file-bytes to include this file)", path)
-            if not image:
-                data = f.read(limit + 1)
-            else:
-                data = f.read(PROBE_BYTES)
-                if data and len(data) == PROBE_BYTES:
-                    try:
-                        probe(data)
-                    except MMLoaderError as e:
-                        if not _needs_more(data):
-                            raise ItemError(f"bad image: {e} (header checked in the first {PROBE_BYTES // 1024} "
-                                            "KiB)", path) from None
-                    data += f.read(limit + 1 - len(data))
+            if image and size > PROBE_BYTES:
+                head = f.read(PROBE_BYTES)
+                try:
+                    probe(head)
+                except MMLoaderError as e:
+                    if not _needs_more(head):
+                        raise ItemError(f"bad image: {e} (header checked in the first {PROBE_BYTES // 1024} "
+                                        "KiB)", path) from None
+                f.seek(0)
+            data = f.read(size + 1)  # one allocation of the right size; +1 notices a file that grew
+        except MemoryError:
+            raise ItemError(f"not enough memory to read its {size:,} bytes (lower --workers or "
+                            "--max-file-bytes)", path) from None
         except OSError as e:
             raise ItemError(f"unreadable: {e.strerror or e}", path) from None
-    if len(data) > limit:
-        raise ItemError(f"over --max-file-bytes: more than {limit:,} bytes (the file grew while read)", path)
+    if len(data) > size:
+        raise ItemError("the file grew while it was read (still being written?)", path)
     if not data:
         raise ItemError("empty file", path)
     return data
@@ -712,10 +716,10 @@ def run(build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item],
         opts = options_from(args)
         loaded = ordered_map(_load_safe, ((it, opts) for it in items), args.workers)
         return write_samples(loaded, args.dst, args, metadata, total=len(items), notes=notes)
-    return report_errors(convert, args.dst)
+    return report_errors(convert, args.dst, parser.prog)
 
 
-def report_errors(convert: Callable[[], Summary], dst: str) -> int:
+def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloader convert") -> int:
     """Run a conversion; print its summary, or a one-line error and exit status 1 (2 for an
     option that cannot work)."""
     try:
@@ -723,11 +727,13 @@ def report_errors(convert: Callable[[], Summary], dst: str) -> int:
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # the caller's business (mmloader's CLI exits quietly)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except (ConversionError, MMLoaderError, OSError, lmdb.Error) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     print(summary.text(dst))
     return 0

@@ -172,12 +172,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    parser_ = parser()
+    args = parser_.parse_args(argv)
 
     def checked() -> Summary:
         notes = check_paths(args.src, args.dst, args.overwrite)
         return convert(args, notes)
-    return report_errors(checked, args.dst)
+    return report_errors(checked, args.dst, parser_.prog)
 
 
 if __name__ == "__main__":

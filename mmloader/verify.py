@@ -54,6 +54,7 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
 
     >>> r = verify("shards/", decode=True); print(r.summary())    # doctest: +SKIP
     """
+    import lmdb
     try:
         store = open_store(path)
         meta = store.metadata
@@ -61,9 +62,16 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
         report = Report(str(path))
         report.add(str(path), str(e))
         return report
+    except lmdb.Error as e:  # e.g. data.mdb unreadable: lmdb.ReadonlyError
+        report = Report(str(path))
+        report.add(str(path), f"cannot open the LMDB environment: {e}")
+        return report
     report = Report(store.path)
     if isinstance(store, LMDBStore):
-        _verify_lmdb(store, meta, report, decode, progress)
+        try:
+            _verify_lmdb(store, meta, report, decode, progress)
+        except (lmdb.Error, OSError) as e:
+            report.add(store.path, f"LMDB unreadable: {type(e).__name__}: {e}")
     elif isinstance(store, TarStore):
         _verify_shards(store, meta, report, decode, progress)
     return report
@@ -131,9 +139,13 @@ def _verify_shards(store: TarStore, meta: dict, report: Report, decode: bool, pr
         if size != shard["bytes"]:
             report.add(name, f"size {size} bytes, manifest says {shard['bytes']} (truncated or replaced?)")
         h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while b := f.read(1 << 22):
-                h.update(b)
+        try:
+            with open(path, "rb") as f:
+                while b := f.read(1 << 22):
+                    h.update(b)
+        except OSError as e:  # one unreadable shard is a problem to list, not the end of the check
+            report.add(name, f"unreadable: {e.strerror or e}")
+            continue
         if h.hexdigest() != shard["sha256"]:
             report.add(name, "sha256 checksum mismatch: the file changed since it was written/indexed")
         try:
