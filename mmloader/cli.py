@@ -30,8 +30,10 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
+    from .describe import open_with_metadata
     from .verify import verify
-    report = verify(args.path, decode=args.decode, progress=not args.quiet)
+    store, _ = open_with_metadata(args.path)  # not a dataset at all: a one-line error, like every command
+    report = verify(store, decode=args.decode, progress=not args.quiet)
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -599,13 +599,13 @@ def _dead_pid() -> int:
 
 
 def _fake_partial(dst: Path, pid: int, host: str | None = None) -> Path:
-    from mmloader.storage.atomic import WRITER_RECORD, writer_record
+    """A partial as a conversion killed on this host leaves it: data and the writer's record."""
+    import socket
     p = dst.parent / f".{dst.name}.partial-{pid}-abcdef"
     p.mkdir()
     (p / "data-000000.tar").write_bytes(b"\0" * 100_000)
-    rec = writer_record()
-    rec.update(pid=pid, start_time=None, **({"host": host} if host else {}))
-    (p / WRITER_RECORD).write_text(json.dumps(rec))
+    record = {"host": host or socket.gethostname(), "pid": pid, "boot_id": None, "start_time": None}
+    (p / ".mmloader-writer.json").write_text(json.dumps(record))
     return p
 
 
