@@ -286,8 +286,8 @@ class AtomicDirectory:
                 raise FileExistsError(f"{self.final} already exists; pass overwrite=True (CLI: --overwrite) "
                                       "to replace it")
             self.stale = clean_stale_partials(self.final)
-            for p in self.stale:
-                log.warning("%s", p)
+            for p in self.stale:  # a removal is news; a partial left alone was there before and stays
+                log.log(logging.WARNING if p.removed else logging.INFO, "%s", p)
             self.tmp = parent / f".{self.final.name}.partial-{os.getpid()}-{secrets.token_hex(3)}"
             self.tmp.mkdir()
             (self.tmp / WRITER_RECORD).write_text(json.dumps(writer_record()))
