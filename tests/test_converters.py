@@ -526,6 +526,10 @@ def test_csv_with_a_byte_order_mark_and_missing_column_named_with_repr(tmp_path,
     weird.write_bytes(b"\xef\xbb\xbffile ,caption\nx,y\n")
     assert run("manifest", weird, tmp_path / "o3", "--image-column", "file") == 2
     assert "(columns: 'file ', 'caption')" in capsys.readouterr().err
+    jsonl = tmp_path / "b.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"t": "a", "label": 2}\n{"t": "b", "label": 3}\n')
+    assert run("manifest", jsonl, tmp_path / "o4", "--text-column", "t", "--label-column", "label") == 0
+    assert _labels(tmp_path / "o4") == {"a": 2, "b": 3}
 
 
 def test_csv_row_with_wrong_cell_count_is_a_bad_sample(tmp_path):
