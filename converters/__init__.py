@@ -1,5 +1,7 @@
 """Raw-folder converters built on mmloader's public writer API.
 
-Each module converts one raw layout and runs as ``python -m converters.<layout>``
-or ``mmloader convert <layout>``. mmloader itself never imports this package.
+Each module converts one raw layout and runs as ``python -m converters.<layout>`` or
+``mmloader convert <layout>``. mmloader's library modules never import this package; only
+the CLI's ``convert`` subcommand does, by module name (``importlib.import_module``), so
+``import mmloader`` does not load it. Converters import no torch.
 """

@@ -1,10 +1,14 @@
-"""``ROOT/CLASS/*.jpg`` -> image field (its real extension) + ``cls``.
+"""``ROOT/CLASS/*.jpg`` -> image field (named by format: ``jpg``, ``png``, ...) + ``cls``.
 
-Class indices are exactly those of ``torchvision.datasets.ImageFolder`` on the
-same folder (sorted class directory names); the class names go into the
-dataset metadata as ``classes``.
-
-    python -m converters.imagefolder train/ train.lmdb --workers 2
+Class indices are those of ``torchvision.datasets.ImageFolder`` on the same folder
+(sorted class folder names; the names go into the dataset metadata as ``classes``),
+with one difference: hidden folders and files (``.ipynb_checkpoints``, ``.DS_Store``)
+and datasets found under ROOT (the destination, an earlier conversion) are not input,
+where torchvision would make a hidden folder a class. Image files are found by the same
+extensions as torchvision (jpg jpeg png ppm bmp pgm tif tiff webp, any case), and the
+field names the format, not the spelling: ``.jpg``, ``.jpeg`` and ``.JPEG`` files all
+give field ``jpg``. A folder that cannot be read is a bad sample; a class folder
+without images is kept (indices do not shift) and noted in the summary.
 """
 from __future__ import annotations
 
@@ -14,40 +18,66 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import ConversionError, IMAGE_EXTENSIONS, Item, layout_parser, run
+from .common import (ConversionError, IMAGE_EXTENSIONS, Item, SourceWalker, canonical_extension,
+                     layout_parser, run)
+
+EXAMPLES = ("mmloader convert imagefolder train/ train.lmdb --workers 2",
+            "mmloader convert imagefolder train/ train-shards/ --shard-size 5000 --resize-max 512")
+LOOKED_FOR = f"ROOT/CLASS/ folders holding image files ({', '.join(IMAGE_EXTENSIONS)})"
 
 
-def find_classes(root: Path) -> list[str]:
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+def find_classes(root: Path, walker: SourceWalker) -> list[str]:
+    try:
+        entries = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except NotADirectoryError:
+        raise ConversionError(f"{root} is a file; imagefolder converts a folder ROOT/CLASS/images") from None
+    except OSError as e:
+        raise ConversionError(f"cannot read the source {root}: {e.strerror or e}") from None
+    classes = [c for c in entries if not walker.excluded_dir(str(root), c)]
     if not classes:
-        raise ConversionError(f"{root} has no class directories (expected ROOT/CLASS/image files)")
+        raise ConversionError(f"no samples found in {root}: looked for {LOOKED_FOR}, found no class folder"
+                              + (f"; {'; '.join(walker.notes())}" if walker.notes() else ""))
     return classes
 
 
-def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
+def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item], dict]:
     root = Path(args.src)
-    classes = find_classes(root)
+    walker = SourceWalker(root, args.dst, followlinks=True)
+    classes = find_classes(root, walker)
     items: list[Item] = []
+    other: list[str] = []
+    empty: list[str] = []
     for index, cls in enumerate(classes):
         # torchvision walks sorted(os.walk(class_dir, followlinks=True)) with sorted file names.
-        for dirpath, _dirs, files in sorted(os.walk(root / cls, followlinks=True)):
-            for name in sorted(files):
-                stem, ext = os.path.splitext(name)
-                if ext[1:].lower() not in IMAGE_EXTENSIONS:
+        found = len(items)
+        for dirpath, files in sorted(walker.walk(str(root / cls))):
+            for name in files:
+                ext = os.path.splitext(name)[1][1:].lower()
+                if ext not in IMAGE_EXTENSIONS:
+                    other.append(os.path.join(dirpath, name))
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
                 key = os.path.splitext(rel)[0]
-                items.append(Item(key=key, files={ext[1:].lower(): os.path.join(dirpath, name)},
+                items.append(Item(key=key, files={canonical_extension(ext): os.path.join(dirpath, name)},
                                   values={"cls": index}, where=os.path.join(dirpath, name)))
+        errors = [e for e in walker.error_items() if e.key == cls or e.key.startswith(cls + "/")]
+        if len(items) == found and not errors:
+            empty.append(cls)
+    items += walker.error_items()
+    notes += walker.notes()
+    if other:
+        notes.append(f"not input: {len(other)} file(s) that are not images, e.g. {other[0]}")
+    if empty:
+        notes.append(f"class folder(s) without images (kept, so indices match): {', '.join(empty)}")
     return items, {"layout": "imagefolder", "classes": classes, "source": str(root.resolve())}
 
 
 def parser() -> argparse.ArgumentParser:
-    return layout_parser("imagefolder", __doc__)
+    return layout_parser("imagefolder", __doc__, EXAMPLES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv)
+    return run(build_items, parser(), argv, LOOKED_FOR)
 
 
 if __name__ == "__main__":

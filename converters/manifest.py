@@ -1,12 +1,22 @@
 """A JSONL or CSV manifest, one row per sample -> image/txt/cls/json fields.
 
-``--image-column`` names an image path relative to the manifest; ``--text-column``
-and ``--label-column`` become ``txt`` and ``cls`` (labels that are not integers
-are treated as class names: sorted, indexed, stored in the metadata as
-``classes``). The other columns go into a ``json`` field, or only those listed
-in ``--keep-columns``. Keys are the row numbers, or ``--key-column``.
+``--image-column`` names an image path relative to the manifest (the field is named by
+format: ``.jpeg``/``.JPG`` give ``jpg``; a path without an image extension is named by its
+header); ``--text-column`` and ``--label-column`` become ``txt`` and ``cls``. The other
+columns go into a ``json`` field, or only those listed in ``--keep-columns``. Keys are the
+row numbers, or ``--key-column``.
 
-    python -m converters.manifest captions.jsonl out/ --image-column file --text-column caption
+Labels: integral numbers are integers whatever their spelling (``1``, ``"1"``, ``1.0``,
+``"1.0"`` are all 1). A column holding any other text is a column of class names: the
+distinct names, sorted (Python string order: by code point, so ``B`` before ``a``), are
+numbered 0, 1, 2, ... and stored in the metadata as ``classes``; numbers in such a column
+are names too, as written, and the summary says so. An empty or absent label is a missing
+label, never a class: a bad sample. A non-integral number (``1.5``) or a text that looks
+like a number and is not one (``"²"``) is a bad sample with its reason.
+
+Rows: a JSONL line that is not a JSON object, a CSV row with more or fewer cells than the
+header, or text that is not UTF-8 is a bad sample named by file and line. A UTF-8
+byte-order mark (as Excel writes) is ignored.
 """
 from __future__ import annotations
 
@@ -15,67 +25,174 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from .common import ConversionError, Item, layout_parser, run
+from .common import (IMAGE_EXTENSIONS, ConversionError, Item, UsageError, canonical_extension, label_kind,
+                     layout_parser, run)
 
-
-def read_rows(path: Path) -> list[dict]:
-    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise ConversionError(f"{path}:{n}: not valid JSON: {e}") from None
-                if not isinstance(row, dict):
-                    raise ConversionError(f"{path}:{n}: a row must be a JSON object")
-                rows.append(row)
-        return rows
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+EXAMPLES = ("mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
+            "mmloader convert manifest labels.csv out.lmdb --image-column path --label-column label "
+            "--keep-columns width,height")
+LOOKED_FOR = "rows (JSON objects, one a line, in .jsonl/.ndjson/.json; otherwise CSV with a header)"
 
 
-def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
+class Row:
+    """One manifest row: its values, or what is wrong with it; ``where`` is FILE:LINE."""
+
+    def __init__(self, where: str, values: dict | None = None, error: str | None = None):
+        self.where, self.values, self.error = where, values or {}, error
+
+
+def _decode(raw: bytes, first: bool) -> str:
+    if first and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    return raw.decode("utf-8")
+
+
+def read_jsonl(path: Path) -> list[Row]:
+    rows = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            where = f"{path}:{n}"
+            try:
+                line = _decode(raw, n == 1)
+            except UnicodeDecodeError as e:
+                rows.append(Row(where, error=f"not UTF-8 ({e.reason} at byte {e.start} of the line)"))
+                continue
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                rows.append(Row(where, error=f"not valid JSON: {e}"))
+                continue
+            if not isinstance(row, dict):
+                rows.append(Row(where, error=f"a row must be a JSON object, not a {type(row).__name__}"))
+                continue
+            rows.append(Row(where, row))
+    return rows
+
+
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def read_csv(path: Path) -> tuple[list[Row], list[str]]:
+    rows = []
+    # surrogateescape: a row with bytes that are not UTF-8 becomes a bad row, not a failed conversion
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return [], []
+        if any(_has_surrogates(h) for h in header):
+            raise ConversionError(f"{path}:1: the header is not UTF-8")
+        for cells in reader:
+            where = f"{path}:{reader.line_num}"
+            if not cells:  # csv gives [] for a blank line
+                continue
+            if any(_has_surrogates(c) for c in cells):
+                rows.append(Row(where, error="not UTF-8"))
+            elif len(cells) != len(header):
+                rows.append(Row(where, error=f"{len(cells)} cells, the header has {len(header)}"))
+            else:
+                rows.append(Row(where, dict(zip(header, cells))))
+    return rows, header
+
+
+def _columns_text(columns) -> str:
+    return ", ".join(repr(c) for c in columns)
+
+
+def label_classes(rows: list[Row], column: str, notes: list[str]) -> tuple[list[str] | None, dict[int, Any]]:
+    """(class names or None for numeric labels, {row number: int label or error text})."""
+    kinds = [label_kind(r.values.get(column)) if r.error is None else ("skip", None) for r in rows]
+    names = any(k == "name" for k, _ in kinds)
+    out: dict[int, Any] = {}
+    if not names:
+        for n, (kind, value) in enumerate(kinds):
+            if kind == "number":
+                out[n] = value if isinstance(value, int) else f"bad label: {value!r} is not an integer"
+            elif kind == "missing":
+                out[n] = f"missing label: {column!r} is empty"
+            elif kind == "bad":
+                out[n] = f"bad label: {value}"
+        return None, out
+    def as_name(kind, value, raw):
+        return value if kind == "name" else (raw.strip() if isinstance(raw, str) else json.dumps(raw))
+    numbers = [r.values.get(column) for r, (k, _) in zip(rows, kinds) if k == "number"]
+    classes = sorted({as_name(k, v, r.values.get(column)) for r, (k, v) in zip(rows, kinds)
+                      if k in ("name", "number")})
+    index = {c: i for i, c in enumerate(classes)}
+    for n, ((kind, value), row) in enumerate(zip(kinds, rows)):
+        if kind in ("name", "number"):
+            out[n] = index[as_name(kind, value, row.values.get(column))]
+        elif kind == "missing":
+            out[n] = f"missing label: {column!r} is empty"
+        elif kind == "bad":
+            out[n] = f"bad label: {value}"
+    if numbers:
+        notes.append(f"label column {column!r} mixes class names and numbers: {len(numbers)} numeric label(s), "
+                     f"e.g. {numbers[0]!r}, are class names as written (classes are sorted names)")
+    return classes, out
+
+
+def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item], dict]:
     path = Path(args.src)
     if not path.is_file():
-        raise ConversionError(f"manifest {path} is not a file")
-    rows = read_rows(path)
-    base = path.parent
-    columns = set().union(*(r.keys() for r in rows)) if rows else set()
+        raise ConversionError(f"{path} is a folder; manifest converts one .jsonl or .csv file")
+    if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+        rows = read_jsonl(path)
+        columns = list(dict.fromkeys(k for r in rows for k in r.values))
+    else:
+        rows, columns = read_csv(path)
     for opt in ("image_column", "text_column", "label_column", "key_column"):
         col = getattr(args, opt)
         if col and col not in columns:
-            raise ConversionError(f"--{opt.replace('_', '-')} {col!r} is not a column of {path} "
-                             f"(columns: {', '.join(sorted(columns))})")
-    used = {c for c in (args.image_column, args.text_column, args.label_column, args.key_column) if c}
+            raise UsageError(f"--{opt.replace('_', '-')} {col!r} is not a column of {path} "
+                             f"(columns: {_columns_text(columns) or 'none'})")
     keep = [c for c in args.keep_columns.split(",") if c] if args.keep_columns is not None else None
-    labels = [r.get(args.label_column) for r in rows] if args.label_column else []
-    classes = None
-    if labels and not all(isinstance(l, int) or (isinstance(l, str) and l.strip().lstrip("-").isdigit())
-                          for l in labels if l is not None):
-        classes = sorted({str(l) for l in labels if l is not None})
+    unknown = [c for c in keep or () if c not in columns]
+    if unknown:
+        raise UsageError(f"--keep-columns {','.join(unknown)}: not a column of {path} "
+                         f"(columns: {_columns_text(columns) or 'none'})")
+    used = {c for c in (args.image_column, args.text_column, args.label_column, args.key_column) if c}
+    classes, labels = label_classes(rows, args.label_column, notes) if args.label_column else (None, {})
+    base = path.parent
     width = max(len(str(len(rows))), 9)
     items = []
     for n, row in enumerate(rows):
-        key = str(row[args.key_column]) if args.key_column else f"{n:0{width}d}"
-        item = Item(key=key, where=f"{path}:row {n + 1}")
-        if args.image_column and row.get(args.image_column):
-            img = base / str(row[args.image_column])
-            ext = img.suffix[1:].lower() or "jpg"
-            item.files[ext] = str(img)
-        if args.text_column and row.get(args.text_column) is not None:
-            item.values["txt"] = str(row[args.text_column])
-        if args.label_column and row.get(args.label_column) not in (None, ""):
-            label = row[args.label_column]
-            item.values["cls"] = classes.index(str(label)) if classes else int(label)
-        rest = {k: v for k, v in row.items() if k not in used and (keep is None or k in keep)}
+        values = row.values
+        key = f"{n:0{width}d}"
+        if args.key_column and row.error is None:
+            raw = values.get(args.key_column)
+            key = "" if raw is None else str(raw)
+        item = Item(key=key or f"{n:0{width}d}", where=row.where, error=row.error)
+        items.append(item)
+        if row.error is not None:
+            continue
+        if args.key_column and not key:
+            item.error = f"empty key: {args.key_column!r} is empty"
+            continue
+        if args.image_column and values.get(args.image_column):
+            img = base / str(values[args.image_column])
+            ext = canonical_extension(img.suffix[1:])
+            item.files[ext if ext in IMAGE_EXTENSIONS else ""] = str(img)
+        if args.text_column and values.get(args.text_column) is not None:
+            item.values["txt"] = str(values[args.text_column])
+        if args.label_column:
+            label = labels[n]
+            if isinstance(label, str):
+                item.error = label
+                continue
+            item.values["cls"] = label
+        rest = {k: v for k, v in values.items() if k not in used and (keep is None or k in keep)}
         if rest:
             item.values["json"] = rest
-        items.append(item)
     meta = {"layout": "manifest", "source": str(path.resolve())}
     if classes:
         meta["classes"] = classes
@@ -83,10 +200,11 @@ def build_items(args: argparse.Namespace) -> tuple[list[Item], dict]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = layout_parser("manifest", __doc__)
+    p = layout_parser("manifest", __doc__, EXAMPLES)
     p.add_argument("--image-column", help="column holding an image path relative to the manifest")
     p.add_argument("--text-column", help="column stored as the txt field")
-    p.add_argument("--label-column", help="column stored as the cls field")
+    p.add_argument("--label-column", help="column stored as the cls field: integers as they are, class "
+                   "names numbered in sorted order (see above)")
     p.add_argument("--key-column", help="column used as the sample key (default: row number)")
     p.add_argument("--keep-columns", default=None,
                    help="comma-separated other columns to keep in the json field (default: all)")
@@ -94,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv)
+    return run(build_items, parser(), argv, LOOKED_FOR)
 
 
 if __name__ == "__main__":

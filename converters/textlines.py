@@ -4,9 +4,8 @@ Constant memory for files of any size. With ``--workers N`` the file is cut into
 byte ranges; a line belongs to the range where it starts, so a line crossing a
 boundary is read exactly once, and ranges are written in file order. CRLF line
 ends and a last line without a newline are handled. ``--blank-lines`` says what
-a blank line is: skipped and reported (default), kept, or an error.
-
-    python -m converters.textlines corpus.txt corpus.lmdb --workers 2
+a blank line is: skipped and reported (default; a skipped blank line is not an
+error), kept, or an error (a bad sample, like a line that is not UTF-8).
 """
 from __future__ import annotations
 
@@ -21,8 +20,12 @@ import numpy as np
 
 from mmloader.storage.textlines import TextLinesStore, line_key
 
-from .common import (ConversionError, Item, ItemError, Skipped, Summary, layout_parser,
-                     check_paths, ordered_map, parse_part, report_errors, write_samples)
+from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageError, layout_parser,
+                     check_paths, check_required_fields, ordered_map, parse_part, report_errors,
+                     write_samples)
+
+EXAMPLES = ("mmloader convert textlines corpus.txt corpus.lmdb --workers 2",
+            "mmloader convert textlines corpus.txt shards/ --format tar --shard-size 100000 --blank-lines keep")
 
 CHUNK_BYTES = 4 << 20
 
@@ -113,13 +116,16 @@ def _samples(items_with_results, path: str, blank: str) -> Iterator[tuple[Item, 
             yield item, {"__key__": item.key, "txt": text}, None
 
 
-def convert(args: argparse.Namespace) -> Summary:
+def convert(args: argparse.Namespace, notes: list[str]) -> Summary:
     path = Path(args.src)
     if not path.is_file():
-        raise ConversionError(f"{path} is not a text file")
+        raise ConversionError(f"{path} is a folder; textlines converts one text file, one sample a line")
     if args.resize_max or args.check_decode:
-        raise ConversionError("--resize-max/--check-decode apply to images; a text file has none")
+        raise UsageError("--resize-max/--check-decode apply to images; a text file has none")
+    check_required_fields(args.require, [], layout_fields=["txt"])
     size = path.stat().st_size
+    if size == 0:
+        raise ConversionError(f"no samples found in {path}: the file is empty (looked for lines of text)")
     part = parse_part(args.part)
     meta = {"layout": "textlines", "source": str(path.resolve())}
     if args.shuffle_seed is not None:
@@ -133,7 +139,8 @@ def convert(args: argparse.Namespace) -> Summary:
             jobs = ((str(path), index_path, order[a:a + 4096].tolist(), args.blank_lines)
                     for a in range(0, len(order), 4096))
             results = (r for batch in ordered_map(_load_lines, jobs, args.workers, chunksize=1) for r in batch)
-            summary = write_samples(_samples(results, str(path), args.blank_lines), args.dst, args, meta, total=len(order))
+            summary = write_samples(_samples(results, str(path), args.blank_lines), args.dst, args, meta,
+                                    total=len(order), notes=notes)
     else:
         with open(path, "rb") as f:
             start, end = 0, size
@@ -151,25 +158,27 @@ def convert(args: argparse.Namespace) -> Summary:
                 for text, reason in batch:
                     yield n, text, reason
                     n += 1
-        summary = write_samples(_samples(numbered(), str(path), args.blank_lines), args.dst, args, meta, total=None)
+        summary = write_samples(_samples(numbered(), str(path), args.blank_lines), args.dst, args, meta,
+                                total=None, notes=notes)
     return summary
 
 
 def parser() -> argparse.ArgumentParser:
-    p = layout_parser("textlines", __doc__)
+    p = layout_parser("textlines", __doc__, EXAMPLES)
     p.add_argument("--blank-lines", choices=("skip", "keep", "error"), default="skip",
-                   help="blank lines: skip (listed in the report), keep as samples, or an error "
-                        "(fails with --on-error fail)")
+                   help="blank lines: skip (default: listed in the report, not an error), keep as samples, "
+                        "or error (a bad sample: stops the conversion under --on-error raise)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    parser_ = parser()
+    args = parser_.parse_args(argv)
 
     def checked() -> Summary:
-        check_paths(args.src, args.dst, args.overwrite)
-        return convert(args)
-    return report_errors(checked, args.dst)
+        notes = check_paths(args.src, args.dst, args.overwrite)
+        return convert(args, notes)
+    return report_errors(checked, args.dst, parser_.prog)
 
 
 if __name__ == "__main__":

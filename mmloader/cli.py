@@ -1,9 +1,16 @@
-"""The ``mmloader`` command: inspect, verify, index, convert, merge, preview, plan, bench."""
+"""The ``mmloader`` command: inspect, verify, index, convert, merge, preview, plan, bench.
+
+Exit status, the same for every subcommand (argparse's conventions): 0 on success and for
+``--help``; 2 for a usage error (an unknown or missing option, a bad option value, an
+unknown layout); 1 for a failure (a missing or unreadable dataset or source, bad data,
+``verify`` finding problems). Errors are one line on stderr, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -11,6 +18,9 @@ from ._version import __version__
 from .errors import MMLoaderError
 
 CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines")
+#: Exit status when the reader of our output went away (``mmloader inspect X | head``): what a
+#: Unix tool killed by SIGPIPE reports (128 + 13), so ``set -o pipefail`` scripts see the usual.
+EXIT_BROKEN_PIPE = 141
 
 
 def _inspect(args) -> int:
@@ -20,8 +30,10 @@ def _inspect(args) -> int:
 
 
 def _verify(args) -> int:
+    from .describe import open_with_metadata
     from .verify import verify
-    report = verify(args.path, decode=args.decode, progress=not args.quiet)
+    store, _ = open_with_metadata(args.path)  # not a dataset at all: a one-line error, like every command
+    report = verify(store, decode=args.decode, progress=not args.quiet)
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -38,8 +50,8 @@ def _index(args) -> int:
     return 0
 
 
-def _convert(args, rest: list[str]) -> int:
-    module = importlib.import_module(f"converters.{args.layout}")
+def _convert(layout: str, rest: list[str]) -> int:
+    module = importlib.import_module(f"converters.{layout}")
     return module.main(rest)
 
 
@@ -91,84 +103,170 @@ def _bench(args) -> int:
     return bench_main(args)
 
 
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value}: must be {low} or more")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a number more than 0")
+    return value
+
+
+def _sub(sub, name: str, help: str, examples: Sequence[str], **kw) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=help, description=help, epilog="examples:\n" + "\n".join(
+        f"  {e}" for e in examples), formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmloader", description="Multi-modal datasets for PyTorch over LMDB "
-                                "and tar shards.")
+                                "and tar shards.", epilog="examples:\n  mmloader convert pairs RAW/ out.lmdb\n"
+                                "  mmloader inspect out.lmdb\n  mmloader verify out.lmdb --decode\n\n"
+                                "exit status: 0 ok, 1 failure (missing or bad data), 2 usage error",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"mmloader {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("inspect", help="format, counts, fields, shards and a preview of a dataset")
-    s.add_argument("path")
-    s.add_argument("-n", "--preview", type=int, default=3, help="samples to preview (default 3)")
+    s = _sub(sub, "inspect", "format, counts, fields, shards and a preview of a dataset",
+             ["mmloader inspect out.lmdb", "mmloader inspect shards/ -n 0"])
+    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory")
+    s.add_argument("-n", "--preview", type=_int_at_least(0), default=3, help="samples to preview (default 3)")
     s.set_defaults(func=_inspect)
 
-    s = sub.add_parser("verify", help="check manifest, checksums, indexes and fields; exit 1 on problems")
-    s.add_argument("path")
+    s = _sub(sub, "verify", "check manifest, checksums, indexes and fields; exit 1 listing each problem",
+             ["mmloader verify out.lmdb", "mmloader verify shards/ --decode -q"])
+    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory")
     s.add_argument("--decode", action="store_true", help="also decode every image")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_verify)
 
-    s = sub.add_parser("index", help="build manifest and offset indexes for tar shards written by other tools")
-    s.add_argument("dir")
+    s = _sub(sub, "index", "build manifest and offset indexes for tar shards written by other tools",
+             ["mmloader index webdataset-shards/", "mmloader index shards/ -o shards-index/"])
+    s.add_argument("dir", help="a folder of .tar/.tgz/.tar.gz shards")
     s.add_argument("-o", "--output", help="where to write the index (default: DIR)")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_index)
 
-    s = sub.add_parser("convert", help="convert a raw folder (see `mmloader convert LAYOUT --help`)",
-                       add_help=False)
-    s.add_argument("layout", choices=CONVERTERS)
+    s = _sub(sub, "convert", "convert a raw folder or file into a dataset (see `mmloader convert LAYOUT --help`)",
+             ["mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
+              "mmloader convert imagefolder train/ train-shards/ --shard-size 5000",
+              "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
+              "mmloader convert textlines corpus.txt corpus.lmdb",
+              "mmloader convert pairs --help"])
+    s.add_argument("layout", choices=CONVERTERS, help="pairs: files grouped by stem; imagefolder: ROOT/CLASS/"
+                   "images; manifest: a JSONL/CSV file, one row a sample; textlines: a text file, one "
+                   "sample a line")
+    s.add_argument("options", nargs=argparse.REMAINDER, help="SRC DST and the layout's options")
     s.set_defaults(func=None)
 
-    s = sub.add_parser("merge", help="combine converted parts into one dataset (no re-encoding)")
-    s.add_argument("parts", nargs="+")
+    s = _sub(sub, "merge", "combine converted parts into one dataset (no re-encoding)",
+             ["mmloader merge out.part0 out.part1 out.part2 out/",
+              "mmloader merge p0.lmdb p1.lmdb all.lmdb --overwrite"])
+    s.add_argument("parts", nargs="+", help="datasets written with --part I/N, in order")
     s.add_argument("dst")
     s.add_argument("--format", choices=("lmdb", "tar"))
     s.add_argument("--overwrite", action="store_true")
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_merge)
 
-    s = sub.add_parser("preview", help="contact sheet of samples (image + caption/label/key)")
+    s = _sub(sub, "preview", "contact sheet of samples (image + caption/label/key)",
+             ["mmloader preview out.lmdb -o grid.png -n 16", "mmloader preview samples/configs/mixed.yaml"])
     s.add_argument("path", help="a dataset or an experiment config")
-    s.add_argument("-o", "--output", default="preview.png")
-    s.add_argument("-n", type=int, default=16)
-    s.add_argument("--columns", type=int, default=4)
+    s.add_argument("-o", "--output", default="preview.png", help="the image to write (default preview.png)")
+    s.add_argument("-n", type=_int_at_least(1), default=16, help="samples to show (default 16)")
+    s.add_argument("--columns", type=_int_at_least(1), default=4, help="columns of the sheet (default 4)")
     s.set_defaults(func=_preview)
 
-    s = sub.add_parser("plan", help="print an experiment config's resolved epoch plan")
-    s.add_argument("config")
-    s.add_argument("--world", type=int, default=1)
-    s.add_argument("--workers", type=int, default=1)
+    s = _sub(sub, "plan", "print an experiment config's resolved epoch plan",
+             ["mmloader plan samples/configs/mixed.yaml --world 8 --workers 4"])
+    s.add_argument("config", help="an experiment config (YAML, or JSON with 'sources')")
+    s.add_argument("--world", type=_int_at_least(1), default=1, help="ranks (default 1)")
+    s.add_argument("--workers", type=_int_at_least(0), default=1, help="workers per rank (default 1)")
     s.set_defaults(func=_plan)
 
-    s = sub.add_parser("bench", help="measure throughput, first-batch latency and memory on your data")
+    s = _sub(sub, "bench", "measure throughput, first-batch latency and memory on your data",
+             ["mmloader bench out.lmdb --epochs 1", "mmloader bench samples/configs/mixed.yaml --step-ms 120"])
     s.add_argument("path", help="a dataset or an experiment config")
-    s.add_argument("--workers", type=int, default=None)
-    s.add_argument("--batch-size", type=int, default=64)
-    s.add_argument("--epochs", type=int, default=2)
-    s.add_argument("--step-ms", type=float, default=None, help="training step time to compare against")
+    s.add_argument("--workers", type=_int_at_least(0), default=None, help="loader workers (default: CPUs "
+                   "per local rank)")
+    s.add_argument("--batch-size", type=_int_at_least(1), default=64, help="samples per batch (default 64)")
+    s.add_argument("--epochs", type=_int_at_least(1), default=2, help="epochs to time (default 2)")
+    s.add_argument("--step-ms", type=_positive_float, default=None, help="training step time to compare against")
     s.add_argument("--raw", action="store_true", help="raw bytes (no image decode)")
     s.add_argument("--backend", choices=("thread", "process"), default="thread")
     s.set_defaults(func=_bench)
     return p
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def _failure(command: str, e: BaseException) -> int:
+    text = str(e) or type(e).__name__
+    print(f"mmloader {command}: error: {text}", file=sys.stderr)
+    return 1
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="mmloader: %(levelname)s: %(message)s")
-    parser = build_parser()
-    if argv[:1] == ["convert"]:
-        if len(argv) < 2 or argv[1] not in CONVERTERS:
-            parser.error(f"convert needs a layout: one of {', '.join(CONVERTERS)}")
-        return _convert(argparse.Namespace(layout=argv[1]), argv[2:])
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
-    except (MMLoaderError, FileNotFoundError, FileExistsError, PermissionError) as e:
-        print(f"mmloader {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        status = _run(argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be handled, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _run(argv: list[str]) -> int:
+    parser = build_parser()
+    if argv[:1] == ["convert"]:
+        convert = _subparser(parser, "convert")
+        if len(argv) < 2:
+            convert.error(f"which layout? one of {', '.join(CONVERTERS)} (see --help)")
+        if argv[1] in ("-h", "--help"):
+            convert.print_help()
+            return 0
+        if argv[1] not in CONVERTERS:
+            convert.error(f"unknown layout {argv[1]!r}: one of {', '.join(CONVERTERS)}")
+        return _convert(argv[1], argv[2:])
+    args = parser.parse_args(argv)
+    import lmdb
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        raise
+    except (MMLoaderError, OSError, lmdb.Error, ValueError) as e:
+        return _failure(args.command, e)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,9 @@ def load_config(path_or_dict: str | os.PathLike | Mapping) -> dict:
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict)
     path = Path(path_or_dict)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder; an experiment config is a file (YAML, or JSON with a "
+                          "'sources' mapping)")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:

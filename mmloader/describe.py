@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import os
 
+from .errors import FormatError
 from .readers import IMAGE_EXTENSIONS
 from .readers.image_decode import probe
-from .storage import Store, TarStore, open_store
+from .storage import LMDBStore, Store, TarStore, open_store
 
 
 def human_bytes(n: float) -> str:
@@ -38,10 +39,26 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
     return f"<{len(data)} bytes>"
 
 
+def open_with_metadata(path: str | os.PathLike | Store) -> tuple[Store, dict]:
+    """The store and its metadata; an LMDB environment that cannot be opened (unreadable
+    ``data.mdb``, not an LMDB file) is a :class:`FormatError` naming it, not an ``lmdb`` error."""
+    import lmdb
+    try:
+        store = open_store(path)
+        return store, store.metadata
+    except lmdb.Error as e:
+        raise FormatError(f"{path}: cannot open the LMDB environment: {e}") from None
+
+
+def format_name(store: Store) -> str:
+    """The format's name as every option spells it: ``lmdb`` or ``tar``."""
+    return "lmdb" if isinstance(store, LMDBStore) else "tar" if isinstance(store, TarStore) else type(store).__name__
+
+
 def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
-    store = open_store(path)
-    meta = store.metadata
-    lines = [f"path:    {store.path}", f"format:  {meta['format']} v{meta.get('version', '?')}",
+    store, meta = open_with_metadata(path)
+    lines = [f"path:    {store.path}",
+             f"format:  {format_name(store)} ({meta['format']} v{meta.get('version', '?')})",
              f"samples: {len(store)}"]
     if meta.get("created"):
         lines.append(f"created: {meta['created']} by {meta.get('tool', '?')}")

@@ -13,8 +13,6 @@ from .errors import MMLoaderError
 from .readers import IMAGE_EXTENSIONS
 from .readers.image_decode import decode_to_tensor
 from .storage import LMDBStore, Store, TarStore, open_store
-from .storage.keys import INDEX_KEY
-from .storage.lmdb_store import INDEX_DB, KEYS_DB
 from .storage.tar_stages import group_samples, tar_members
 
 
@@ -54,6 +52,7 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
 
     >>> r = verify("shards/", decode=True); print(r.summary())    # doctest: +SKIP
     """
+    import lmdb
     try:
         store = open_store(path)
         meta = store.metadata
@@ -61,9 +60,16 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
         report = Report(str(path))
         report.add(str(path), str(e))
         return report
+    except lmdb.Error as e:  # e.g. data.mdb unreadable: lmdb.ReadonlyError
+        report = Report(str(path))
+        report.add(str(path), f"cannot open the LMDB environment: {e}")
+        return report
     report = Report(store.path)
     if isinstance(store, LMDBStore):
-        _verify_lmdb(store, meta, report, decode, progress)
+        try:
+            _verify_lmdb(store, meta, report, decode, progress)
+        except (lmdb.Error, OSError) as e:
+            report.add(store.path, f"LMDB unreadable: {type(e).__name__}: {e}")
     elif isinstance(store, TarStore):
         _verify_shards(store, meta, report, decode, progress)
     return report
@@ -71,35 +77,31 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
 
 def _verify_lmdb(store: LMDBStore, meta: dict, report: Report, decode: bool, progress: bool) -> None:
     n = int(meta["count"])
-    txn = store._handles()
     where = store.path
     seen = 0
-    with txn.cursor(db=store._db(KEYS_DB)) as cur:
-        for i, (k, v) in enumerate(tqdm(cur, total=n, desc="keys", disable=not progress, unit="sample")):
-            idx = INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1
-            if idx != i:
-                report.add(where, f"key table out of order at entry {i} (index {idx})")
-                break
-            back = txn.get(v, db=store._db(INDEX_DB))
-            if back != k:
-                report.add(where, f"key {v.decode(errors='replace')!r} does not map back to index {i}")
-            seen += 1
+    records = store.key_records()
+    for i, (idx, key, back) in enumerate(tqdm(records, total=n, desc="keys", disable=not progress, unit="sample")):
+        if idx != i:
+            report.add(where, f"key table out of order at entry {i} (index {idx})")
+            break
+        if back != i:
+            report.add(where, f"key {key.decode(errors='replace')!r} does not map back to index {i}")
+        seen += 1
     if seen != n:
         report.add(where, f"metadata says {n} samples, the key table holds {seen}")
     for f in meta["fields"]:
         want_count = meta["field_counts"][f]
         count = nbytes = crc = 0
-        with txn.cursor(db=store._db(f.encode())) as cur:
-            for k, v in tqdm(cur, total=want_count, desc=f"field {f}", disable=not progress, unit="sample"):
-                idx = INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1
-                if not 0 <= idx < n:
-                    report.add(where, f"field {f!r} has a record for index {idx}, outside 0..{n - 1}")
-                    continue
-                count += 1
-                nbytes += len(v)
-                crc = zlib.crc32(v, crc)
-                if decode and _is_image(f):
-                    _try_decode(report, where, store.key(idx), f, v)
+        values = store.field_records(f)
+        for idx, v in tqdm(values, total=want_count, desc=f"field {f}", disable=not progress, unit="sample"):
+            if not 0 <= idx < n:
+                report.add(where, f"field {f!r} has a record for index {idx}, outside 0..{n - 1}")
+                continue
+            count += 1
+            nbytes += len(v)
+            crc = zlib.crc32(v, crc)
+            if decode and _is_image(f):
+                _try_decode(report, where, store.key(idx), f, v)
         if count != want_count:
             missing = "" if want_count != n else " (every sample should have it)"
             report.add(where, f"field {f!r}: {count} records, metadata says {want_count}{missing}")
@@ -112,7 +114,7 @@ def _verify_lmdb(store: LMDBStore, meta: dict, report: Report, decode: bool, pro
 
 def _verify_shards(store: TarStore, meta: dict, report: Report, decode: bool, progress: bool) -> None:
     try:
-        keys, _order = store._key_arrays()
+        keys, _order = store.key_table()
         if len(keys) != meta["count"] or len(_order) != meta["count"]:
             report.add(store.path, f"key index holds {len(keys)} keys, manifest says {meta['count']}")
             keys = None
@@ -131,9 +133,13 @@ def _verify_shards(store: TarStore, meta: dict, report: Report, decode: bool, pr
         if size != shard["bytes"]:
             report.add(name, f"size {size} bytes, manifest says {shard['bytes']} (truncated or replaced?)")
         h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while b := f.read(1 << 22):
-                h.update(b)
+        try:
+            with open(path, "rb") as f:
+                while b := f.read(1 << 22):
+                    h.update(b)
+        except OSError as e:  # one unreadable shard is a problem to list, not the end of the check
+            report.add(name, f"unreadable: {e.strerror or e}")
+            continue
         if h.hexdigest() != shard["sha256"]:
             report.add(name, "sha256 checksum mismatch: the file changed since it was written/indexed")
         try:

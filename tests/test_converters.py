@@ -147,17 +147,17 @@ def test_textlines_boundaries_every_line_once_in_order(tmp_path, monkeypatch, wo
 def test_textlines_parts_and_blank_policy(tmp_path):
     src = tmp_path / "c.txt"
     src.write_bytes(b"a\n\nb\nc\n\xff\xfe\nd")
-    assert run("textlines", src, tmp_path / "all.lmdb") == 0
+    assert run("textlines", src, tmp_path / "all.lmdb", "--on-error", "skip") == 0
     report = (tmp_path / "all.lmdb.skipped.tsv").read_text()
     assert "blank line" in report and "not UTF-8" in report and "c.txt:5" in report
     assert [mmloader.open(tmp_path / "all.lmdb")[i]["txt"] for i in range(4)] == [b"a", b"b", b"c", b"d"]
-    assert run("textlines", src, tmp_path / "keep.lmdb", "--blank-lines", "keep") == 0
+    assert run("textlines", src, tmp_path / "keep.lmdb", "--blank-lines", "keep", "--on-error", "skip") == 0
     assert len(mmloader.open(tmp_path / "keep.lmdb")) == 5
-    assert run("textlines", src, tmp_path / "fail.lmdb", "--blank-lines", "error", "--on-error", "fail") != 0
+    assert run("textlines", src, tmp_path / "fail.lmdb", "--blank-lines", "error") != 0
     assert not (tmp_path / "fail.lmdb").exists()
     parts = []
     for i in range(3):
-        assert run("textlines", src, tmp_path / f"p{i}", "--part", f"{i}/3") == 0
+        assert run("textlines", src, tmp_path / f"p{i}", "--part", f"{i}/3", "--on-error", "skip") == 0
         parts.append(tmp_path / f"p{i}")
     assert cli(["merge", *map(str, parts), str(tmp_path / "merged"), "-q"]) == 0
     merged = mmloader.open(tmp_path / "merged")
@@ -214,7 +214,7 @@ def bad_dir(tmp_path) -> Path:
 
 def test_bad_input_skipped_and_reported(bad_dir, tmp_path):
     dst = tmp_path / "out"
-    assert run("pairs", bad_dir, dst, "--require", "jpg,txt", "--check-decode") == 0
+    assert run("pairs", bad_dir, dst, "--require", "jpg,txt", "--check-decode", "--on-error", "skip") == 0
     assert list(mmloader.open(dst).keys) == ["good"]
     report = (tmp_path / "out.skipped.tsv").read_text()
     for key, why in [("corrupt", "bad image"), ("trunc", "does not decode"), ("latin", "not UTF-8"),
@@ -225,20 +225,22 @@ def test_bad_input_skipped_and_reported(bad_dir, tmp_path):
 
 
 def test_header_check_by_default_full_decode_on_request(bad_dir, tmp_path):
-    assert run("pairs", bad_dir, tmp_path / "quick", "--require", "jpg,txt") == 0
+    assert run("pairs", bad_dir, tmp_path / "quick", "--require", "jpg,txt", "--on-error", "skip") == 0
     assert "trunc" in set(mmloader.open(tmp_path / "quick").keys)  # header is fine; only decode finds it
 
 
-def test_on_error_fail_leaves_nothing(bad_dir, tmp_path):
+def test_on_error_raise_is_the_default_and_leaves_nothing(bad_dir, tmp_path, capsys):
     dst = tmp_path / "out"
-    assert run("pairs", bad_dir, dst, "--on-error", "fail") != 0
+    assert run("pairs", bad_dir, dst) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "corrupt.jpg: bad image" in err and "--on-error skip" in err
     assert not dst.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
 def test_duplicate_keys_in_manifest(tmp_path):
     man = tmp_path / "m.jsonl"
     man.write_text('{"id": "a", "t": "1"}\n{"id": "b", "t": "2"}\n{"id": "a", "t": "3"}\n')
-    assert run("manifest", man, tmp_path / "o", "--key-column", "id", "--text-column", "t") == 0
+    assert run("manifest", man, tmp_path / "o", "--key-column", "id", "--text-column", "t", "--on-error", "skip") == 0
     assert list(mmloader.open(tmp_path / "o").keys) == ["a", "b"]
     assert "duplicate key 'a'" in (tmp_path / "o.skipped.tsv").read_text()
 
@@ -254,23 +256,489 @@ def test_path_errors(pairs_dir, tmp_path, capsys):
     assert "cannot write" in capsys.readouterr().err
 
 
-def test_sigkill_mid_conversion_leaves_nothing(tmp_path):
-    raw = write_pairs_folder(tmp_path / "raw", 3000, 256)
-    dst = tmp_path / "out.lmdb"
-    proc = subprocess.Popen([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--check-decode"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline and not any(p.name.startswith(".out.lmdb.partial") for p in tmp_path.iterdir()):
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not dst.exists()
-    assert subprocess.run([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "-q"], cwd=ROOT).returncode == 0
-    assert len(mmloader.open(dst)) == 3000
-
-
 def test_python_m_entry_point(pairs_dir, tmp_path):
     out = subprocess.run([sys.executable, "-m", "converters.pairs", str(pairs_dir), str(tmp_path / "o"), "-q"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "wrote 12 samples" in out.stdout and "skipped 0" in out.stdout
+
+
+# -- issue 18: never silently wrong -------------------------------------------------------------
+AS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def unreadable(monkeypatch):
+    """Make a folder or file unreadable: chmod 000, undone at teardown. As root, mode 000 does not
+    stop a read, so the refusal the kernel would give (EACCES) is raised in this process instead,
+    by os.scandir (folders, what os.walk lists with) and by the converters' and verify's open."""
+    import errno
+    import builtins
+    import converters.common
+    import mmloader.verify
+    chmodded = []
+    denied: set[str] = set()
+
+    def deny(path: Path) -> None:
+        if not AS_ROOT:
+            chmodded.append((path, path.stat().st_mode))
+            path.chmod(0)
+            return
+        denied.add(os.path.realpath(path))
+        real_scandir, real_open = os.scandir, builtins.open
+
+        def scandir(p="."):
+            if isinstance(p, (str, os.PathLike)) and os.path.realpath(p) in denied:
+                raise PermissionError(errno.EACCES, "Permission denied", str(p))
+            return real_scandir(p)
+
+        def open_(file, *a, **kw):
+            if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in denied:
+                raise PermissionError(errno.EACCES, "Permission denied", str(file))
+            return real_open(file, *a, **kw)
+        monkeypatch.setattr(os, "scandir", scandir)
+        monkeypatch.setattr(converters.common, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.verify, "open", open_, raising=False)
+    yield deny
+    for path, mode in chmodded:
+        path.chmod(mode)
+
+
+def _pairs3(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (root / f"{i}.jpg").write_bytes(jpeg_bytes(i))
+        (root / f"{i}.txt").write_text(f"t{i}")
+    return root
+
+
+def _manifest(tmp_path, kind: str, labels: list, bom: bool = False) -> Path:
+    man = tmp_path / f"m.{kind}"
+    if kind == "jsonl":
+        man.write_text("".join(json.dumps({"t": f"r{i}", "label": l}) + "\n" for i, l in enumerate(labels)))
+    else:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["t", "label"])
+        w.writerows([f"r{i}", l] for i, l in enumerate(labels))
+        man.write_bytes((b"\xef\xbb\xbf" if bom else b"") + buf.getvalue().encode())
+    return man
+
+
+def _labels(path) -> dict[str, int]:
+    ds = mmloader.open(path)
+    return {ds[i]["txt"].decode(): int(ds[i]["cls"]) for i in range(len(ds))}
+
+
+# item 1: labels
+def test_labels_empty_cell_is_a_missing_label_not_a_class(tmp_path, capsys):
+    man = _manifest(tmp_path, "csv", ["cat", "dog", "", "cat"])
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label",
+               "--on-error", "skip") == 0
+    ds = mmloader.open(tmp_path / "o")
+    assert ds.metadata["metadata"]["classes"] == ["cat", "dog"]  # no phantom '' class 0
+    assert _labels(tmp_path / "o") == {"r0": 0, "r1": 1, "r3": 0}
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    assert "m.csv:4\tmissing label: 'label' is empty" in report
+    capsys.readouterr()
+    assert run("manifest", man, tmp_path / "o2", "--text-column", "t", "--label-column", "label") == 1
+    err = capsys.readouterr().err
+    assert "m.csv:4: missing label" in err and "--on-error skip" in err and not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_labels_integral_numbers_are_ints_whatever_their_spelling(tmp_path, kind):
+    labels = [0.0, 1.0, 2.0, 10.0, "1", 1, "2.0", " 3 ", "1e1"] if kind == "jsonl" else \
+        ["0.0", "1.0", "2.0", "10.0", "1", "1", "2.0", " 3 ", "1e1"]
+    man = _manifest(tmp_path, kind, labels)
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label") == 0
+    assert list(_labels(tmp_path / "o").values()) == [0, 1, 2, 10, 1, 1, 2, 3, 10]
+    assert "classes" not in mmloader.open(tmp_path / "o").metadata["metadata"]
+
+
+def test_labels_that_are_neither_integer_nor_name_are_bad_samples(tmp_path):
+    man = _manifest(tmp_path, "jsonl", [0, "²", 1.5, 2, True, "1.2.3", None])
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label",
+               "--on-error", "skip") == 0
+    assert _labels(tmp_path / "o") == {"r0": 0, "r3": 2}
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    for line, why in [(2, "'²' looks like a number but is not one"), (3, "1.5 is not an integer"),
+                      (5, "True is a boolean"), (6, "'1.2.3' looks like a number"), (7, "missing label")]:
+        assert f"m.jsonl:{line}\t" in report and why in report, (line, why, report)
+
+
+def test_label_names_are_sorted_and_numbers_among_names_are_noted(tmp_path, capsys):
+    man = _manifest(tmp_path, "csv", ["dog", "Cat", "cat", "7"])
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label") == 0
+    assert mmloader.open(tmp_path / "o").metadata["metadata"]["classes"] == ["7", "Cat", "cat", "dog"]
+    assert _labels(tmp_path / "o") == {"r0": 3, "r1": 1, "r2": 2, "r3": 0}
+    assert "mixes class names and numbers" in capsys.readouterr().out
+
+
+def test_cls_files_in_pairs_one_spelling_per_integer(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name, text in [("a", "1.0"), ("b", " 1\n"), ("c", "²"), ("d", "cat")]:
+        (raw / f"{name}.cls").write_text(text)
+    assert run("pairs", raw, tmp_path / "o", "--on-error", "skip") == 0
+    ds = mmloader.open(tmp_path / "o")
+    assert [(ds.key(i), ds[i]["cls"]) for i in range(len(ds))] == [("a", b"1"), ("b", b"1")]
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    assert "c.cls\tbad label: '²' looks like a number" in report and "'cat' is not an integer" in report
+
+
+# item 2: destination inside the source, hidden files, datasets under the source
+@pytest.mark.parametrize("suffix", [".lmdb", ""])
+def test_destination_inside_the_source_is_not_input(tmp_path, suffix, capsys):
+    raw = _pairs3(tmp_path / "raw")
+    (raw / ".DS_Store").write_bytes(b"\0\1")
+    (raw / ".cache").mkdir()
+    (raw / ".cache" / "x.jpg").write_bytes(jpeg_bytes(9))
+    dst = raw / f"out{suffix}"
+    for attempt in range(2):
+        assert run("pairs", raw, dst, "--overwrite") == 0
+        ds = mmloader.open(dst)
+        assert list(ds.keys) == ["0", "1", "2"] and ds.fields == ["jpg", "txt"]
+    out = capsys.readouterr().out
+    assert "not input: the destination" in out and "hidden" in out
+    # an earlier dataset (and its report) under the source is not input either
+    assert run("pairs", raw, tmp_path / "again.lmdb") == 0
+    assert list(mmloader.open(tmp_path / "again.lmdb").keys) == ["0", "1", "2"]
+    assert "not input: 1 dataset(s) inside the source" in capsys.readouterr().out
+
+
+def test_destination_inside_imagefolder_root_is_not_a_class(tmp_path):
+    root = tmp_path / "train"
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir(parents=True)
+        (root / cls / "a.jpg").write_bytes(jpeg_bytes(len(cls)))
+    (root / ".ipynb_checkpoints").mkdir()
+    (root / ".ipynb_checkpoints" / "b.jpg").write_bytes(jpeg_bytes(1))
+    for attempt in range(2):
+        assert run("imagefolder", root, root / "out.lmdb", "--overwrite") == 0
+        ds = mmloader.open(root / "out.lmdb")
+        assert ds.metadata["metadata"]["classes"] == ["cat", "dog"] and len(ds) == 2
+
+
+def test_destination_that_is_or_holds_the_source_is_refused(tmp_path, capsys):
+    raw = _pairs3(tmp_path / "raw")
+    assert run("pairs", raw, raw, "--overwrite") == 1
+    assert run("pairs", raw, tmp_path, "--overwrite") == 1
+    assert "--overwrite would delete the source" in capsys.readouterr().err
+    assert len(list(raw.iterdir())) == 6
+
+
+def test_overwrite_replaces_only_a_dataset(tmp_path, capsys):
+    raw = _pairs3(tmp_path / "raw")
+    precious = tmp_path / "docs"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("years of work")
+    assert run("pairs", raw, precious, "--overwrite") == 1
+    assert "not an mmloader dataset" in capsys.readouterr().err
+    assert (precious / "thesis.txt").read_text() == "years of work"
+
+
+# item 3: unreadable folders and files
+def test_unreadable_class_folder_is_reported(tmp_path, unreadable, capsys):
+    root = tmp_path / "train"
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3 if cls == "cat" else 2):
+            (root / cls / f"{i}.jpg").write_bytes(jpeg_bytes(i))
+    unreadable(root / "dog")
+    assert run("imagefolder", root, tmp_path / "o.lmdb") == 1  # default: raise, naming the folder
+    err = capsys.readouterr().err
+    assert f"{root / 'dog'}: unreadable folder: Permission denied" in err and not (tmp_path / "o.lmdb").exists()
+    assert run("imagefolder", root, tmp_path / "o.lmdb", "--on-error", "skip") == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 (unreadable folder: 1)" in out
+    assert f"dog\t{root / 'dog'}\tunreadable folder: Permission denied" in (tmp_path / "o.lmdb.skipped.tsv").read_text()
+    ds = mmloader.open(tmp_path / "o.lmdb")
+    assert len(ds) == 3 and ds.metadata["metadata"]["classes"] == ["cat", "dog"]  # indices stay torchvision's
+
+
+def test_unreadable_subfolder_and_file_in_pairs_are_reported(tmp_path, unreadable, capsys):
+    raw = _pairs3(tmp_path / "raw")
+    _pairs3(raw / "locked")
+    unreadable(raw / "locked")
+    unreadable(raw / "1.txt")
+    assert run("pairs", raw, tmp_path / "o", "--on-error", "skip") == 0
+    assert "skipped 2 (unreadable: 1, unreadable folder: 1)" in capsys.readouterr().out
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    assert "locked\t" in report and "1\t" in report and list(mmloader.open(tmp_path / "o").keys) == ["0", "2"]
+
+
+# item 5: empty input
+def test_empty_input_is_an_error_naming_source_and_what_was_looked_for(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "hidden-only").mkdir()
+    (tmp_path / "hidden-only" / ".x.jpg").write_bytes(jpeg_bytes(1))
+    (tmp_path / "f.jpg").write_bytes(jpeg_bytes(1))
+    (tmp_path / "classes" / "cat").mkdir(parents=True)
+    (tmp_path / "m.jsonl").write_text("\n\n")
+    (tmp_path / "e.txt").write_text("")
+    cases = [(("pairs", tmp_path / "empty"), "no samples found in", "grouped by stem"),
+             (("pairs", tmp_path / "hidden-only"), "no samples found in", "1 hidden"),
+             (("pairs", tmp_path / "f.jpg"), "is a file", "grouped by stem"),
+             (("imagefolder", tmp_path / "empty"), "no samples found in", "ROOT/CLASS"),
+             (("imagefolder", tmp_path / "classes"), "no samples found in", "ROOT/CLASS"),
+             (("manifest", tmp_path / "m.jsonl"), "no samples found in", "rows"),
+             (("textlines", tmp_path / "e.txt"), "no samples found in", "empty")]
+    for (layout, src), what, looked in cases:
+        dst = tmp_path / "out.lmdb"
+        assert run(layout, src, dst) == 1, (layout, src)
+        err = capsys.readouterr().err
+        assert what in err and str(src) in err and looked in err and err.count("\n") == 1, err
+        assert not dst.exists()
+
+
+def test_all_samples_skipped_is_a_failure(tmp_path, capsys):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.jpg").write_bytes(b"not a jpeg")
+    assert run("pairs", raw, tmp_path / "o", "--on-error", "skip") == 1
+    assert "all 1 were skipped" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert "a.jpg" in (tmp_path / "o.skipped.tsv").read_text()
+
+
+# items 6 and 7: manifest rows
+def test_bad_jsonl_line_is_a_bad_sample(tmp_path, capsys):
+    man = tmp_path / "m.jsonl"
+    man.write_bytes(b'{"t": "a"}\n{"t": "b"\n\n[1, 2]\n{"t": "caf\xe9"}\n{"t": "d"}\n')
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--on-error", "skip") == 0
+    ds = mmloader.open(tmp_path / "o")
+    assert [ds[i]["txt"] for i in range(len(ds))] == [b"a", b"d"]
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    for where, why in [("m.jsonl:2", "not valid JSON"), ("m.jsonl:4", "must be a JSON object"),
+                       ("m.jsonl:5", "not UTF-8")]:
+        assert where in report and why in report
+    assert "skipped 3" in capsys.readouterr().out
+    assert run("manifest", man, tmp_path / "o2", "--text-column", "t") == 1
+    assert "m.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_csv_with_a_byte_order_mark_and_missing_column_named_with_repr(tmp_path, capsys):
+    man = _manifest(tmp_path, "csv", ["cat", "dog"], bom=True)
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label") == 0
+    assert _labels(tmp_path / "o") == {"r0": 0, "r1": 1}
+    assert run("manifest", man, tmp_path / "o2", "--text-column", "caption") == 2
+    assert "--text-column 'caption' is not a column of" in capsys.readouterr().err
+    weird = tmp_path / "w.csv"
+    weird.write_bytes(b"\xef\xbb\xbffile ,caption\nx,y\n")
+    assert run("manifest", weird, tmp_path / "o3", "--image-column", "file") == 2
+    assert "(columns: 'file ', 'caption')" in capsys.readouterr().err
+    jsonl = tmp_path / "b.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"t": "a", "label": 2}\n{"t": "b", "label": 3}\n')
+    assert run("manifest", jsonl, tmp_path / "o4", "--text-column", "t", "--label-column", "label") == 0
+    assert _labels(tmp_path / "o4") == {"a": 2, "b": 3}
+
+
+def test_csv_row_with_wrong_cell_count_is_a_bad_sample(tmp_path):
+    man = tmp_path / "m.csv"
+    man.write_text("t,label\na,1\nb,2,extra\nc\nd,3\n")
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label",
+               "--on-error", "skip") == 0
+    assert _labels(tmp_path / "o") == {"a": 1, "d": 3}
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    assert "m.csv:3\t3 cells, the header has 2" in report and "m.csv:4\t1 cells" in report
+
+
+# item 8: bounded reads
+def _limited_run(args, tmp_path, limit_bytes=1 << 30) -> subprocess.CompletedProcess:
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    return subprocess.run([sys.executable, "-m", "converters.pairs", *map(str, args), "-q"], cwd=ROOT,
+                          capture_output=True, text=True, preexec_fn=cap, timeout=120)
+
+
+def test_huge_file_refused_before_it_is_read(tmp_path):
+    raw = _pairs3(tmp_path / "raw")
+    with open(raw / "big.jpg", "wb") as f:  # a real JPEG header, then 2 GB of (sparse) zeros
+        f.write(jpeg_bytes(1)[:600])
+        f.truncate(2 << 30)
+    with open(raw / "soi.jpg", "wb") as f:  # only a JPEG signature, then zeros
+        f.write(b"\xff\xd8\xff\xe0")
+        f.truncate(2 << 30)
+    start = time.perf_counter()
+    out = _limited_run([raw, tmp_path / "o", "--on-error", "skip"], tmp_path)  # 1 GiB address space
+    assert out.returncode == 0, out.stderr
+    assert time.perf_counter() - start < 30
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    assert "big\t" in report and "over --max-file-bytes: 2,147,483,648 bytes" in report
+    # with the limit raised, a file whose header is bad is still rejected from its first 64 KiB
+    (raw / "big.jpg").unlink()
+    out = _limited_run([raw, tmp_path / "o2", "--on-error", "skip", "--max-file-bytes", "4G"],
+                       tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = (tmp_path / "o2.skipped.tsv").read_text()
+    assert "soi.jpg\tbad image: JPEG without a frame header" in report
+
+
+def test_header_beyond_the_first_64k_still_found(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    im = Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", icc_profile=bytes(150_000))  # three APP2 segments before the frame header
+    from mmloader.imageinfo import probe
+    assert buf.getvalue().index(b"\xff\xc0") > 128 << 10 and probe(buf.getvalue()).width == 8
+    with pytest.raises(mmloader.DecodeError):
+        probe(buf.getvalue()[:64 << 10])
+    (raw / "icc.jpg").write_bytes(buf.getvalue())
+    (raw / "small.txt").write_text("x" * 5000)
+    (raw / "ok.txt").write_text("fits")
+    assert run("pairs", raw, tmp_path / "o", "--on-error", "skip", "--max-file-bytes", "4K") == 0
+    report = (tmp_path / "o.skipped.tsv").read_text()
+    assert "icc.jpg\tover --max-file-bytes" in report and "small.txt\tover --max-file-bytes" in report
+    assert run("pairs", raw, tmp_path / "o2") == 0
+    assert mmloader.open(tmp_path / "o2").get("icc")["jpg"] == buf.getvalue()
+
+
+# item 9 (+ items 4): stale partials, concurrent writers, publish-time check
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _fake_partial(dst: Path, pid: int, host: str | None = None) -> Path:
+    """A partial as a conversion killed on this host leaves it: data and the writer's record."""
+    import socket
+    p = dst.parent / f".{dst.name}.partial-{pid}-abcdef"
+    p.mkdir()
+    (p / "data-000000.tar").write_bytes(b"\0" * 100_000)
+    record = {"host": host or socket.gethostname(), "pid": pid, "boot_id": None, "start_time": None}
+    (p / ".mmloader-writer.json").write_text(json.dumps(record))
+    return p
+
+
+def test_stale_partial_of_a_dead_writer_is_removed_and_reported(tmp_path, capsys):
+    raw = _pairs3(tmp_path / "raw")
+    dst = tmp_path / "out"
+    dead = _fake_partial(dst, _dead_pid())
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = _fake_partial(dst, sleeper.pid)
+        remote = _fake_partial(dst, 1, host="another-host")
+        other = _fake_partial(tmp_path / "other", _dead_pid())  # another destination's: not ours
+        assert run("pairs", raw, dst) == 0
+        out = capsys.readouterr().out
+        assert not dead.exists() and f"removed stale partial {dead} (0.1 MB)" in out
+        assert live.exists() and f"left alone: {live}" in out and "still running" in out
+        assert remote.exists() and "another host" in out
+        assert other.exists()
+        assert len(mmloader.open(dst)) == 3
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_second_conversion_to_a_busy_destination_fails_clearly(tmp_path, capsys):
+    raw = _pairs3(tmp_path / "raw")
+    dst = tmp_path / "out.lmdb"
+    first = mmloader.writer_for(dst)  # a conversion in progress (holds the destination)
+    first.write({"__key__": "x", "txt": "first"})
+    for extra in ([], ["--overwrite"]):
+        assert run("pairs", raw, dst, *extra) == 1
+        assert "is being written by another writer" in capsys.readouterr().err
+    first.close()
+    assert list(mmloader.open(dst).keys) == ["x"]
+    assert run("pairs", raw, dst) == 1 and "already exists" in capsys.readouterr().err
+
+
+def test_publish_never_replaces_a_dataset_that_appeared_meanwhile(tmp_path):
+    dst = tmp_path / "out"
+    w = mmloader.writer_for(dst, "tar")
+    w.write({"__key__": "late", "txt": "mine"})
+    with mmloader.writer_for(tmp_path / "other", "tar") as other:  # someone else's dataset...
+        other.write({"__key__": "theirs", "txt": "theirs"})
+    os.rename(tmp_path / "other", dst)  # ...appears under our name while we write
+    with pytest.raises(FileExistsError, match="appeared while"):
+        w.close()
+    assert list(mmloader.open(dst).keys) == ["theirs"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no partial, no lock left
+
+
+def test_two_concurrent_conversion_processes(tmp_path):
+    raw = write_pairs_folder(tmp_path / "raw", 600, 64)
+    dst = tmp_path / "out"
+    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(dst), "-q", "--shard-size", "50"]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".out.partial-*")) and time.time() < deadline:
+        time.sleep(0.005)
+    first.send_signal(signal.SIGSTOP)  # frozen mid-write, whatever the machine's speed
+    try:
+        assert list(tmp_path.glob(".out.partial-*")) and not dst.exists()
+        second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        assert second.returncode == 1 and "being written by another writer" in second.stderr
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(60) == 0
+    assert len(mmloader.open(dst)) == 600 and verify(dst, progress=False).ok
+
+
+# item 11: option values checked where they are given
+@pytest.mark.parametrize("option,message", [
+    (["--resize-max", "-5"], "argument --resize-max: -5: must be 1 or more"),
+    (["--quality", "0"], "argument --quality: 0: must be from 1 to 100"),
+    (["--workers", "0"], "argument --workers: 0: must be 1 or more"),
+    (["--shuffle-seed", "-1"], "argument --shuffle-seed: -1: must be 0 or more"),
+    (["--shard-size", "-1"], "argument --shard-size: -1: must be 1 or more"),
+    (["--shard-bytes", "0"], "argument --shard-bytes: '0': must be more than 0 bytes"),
+    (["--shard-bytes", "lots"], "'lots' is not a size"),
+    (["--max-file-bytes", "-1K"], "argument --max-file-bytes"),
+    (["--part", "3/3"], "need 0 <= I < N"),
+    (["--on-error", "fail"], "invalid choice: 'fail'"),
+    (["--require", "jpgg"], "--require jpgg: no sample has this field (fields found: jpg, txt)"),
+])
+def test_bad_option_values_are_usage_errors_naming_the_option(tmp_path, capsys, option, message):
+    raw = _pairs3(tmp_path / "raw")
+    assert run("pairs", raw, tmp_path / "o", *option) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_sizes_parse_like_coreutils():
+    from converters.common import parse_size
+    assert [parse_size(s) for s in ("1G", "512M", "64K", "1e9", "1000000", "1GiB", "1GB", "1.5K")] == \
+        [1 << 30, 512 << 20, 64 << 10, 10 ** 9, 10 ** 6, 1 << 30, 10 ** 9, 1536]
+    for bad in ("", "G", "1Q", "0.5", "1e-3", "-1"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+# issue 13 defect 13: one field per image format, whatever the file's spelling
+def test_image_spellings_fold_to_one_field(tmp_path):
+    root = tmp_path / "train"
+    (root / "cat").mkdir(parents=True)
+    for i, ext in enumerate(["jpg", "jpeg", "JPEG", "JPG"]):
+        (root / "cat" / f"{i}.{ext}").write_bytes(jpeg_bytes(i))
+    (root / "cat" / "4.PNG").write_bytes(_png(4))
+    assert run("imagefolder", root, tmp_path / "o.lmdb") == 0
+    ds = mmloader.open(tmp_path / "o.lmdb")
+    assert ds.fields == ["cls", "jpg", "png"] and ds.metadata["field_counts"]["jpg"] == 4
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.jpeg").write_bytes(jpeg_bytes(1))
+    (raw / "b.JPG").write_bytes(jpeg_bytes(2))
+    (raw / "c.jpg").write_bytes(jpeg_bytes(3))
+    (raw / "c.JPEG").write_bytes(jpeg_bytes(4))
+    assert run("pairs", raw, tmp_path / "p", "--on-error", "skip") == 0
+    ds = mmloader.open(tmp_path / "p")
+    assert ds.fields == ["jpg"] and list(ds.keys) == ["a", "b"]
+    assert "two files for field 'jpg'" in (tmp_path / "p.skipped.tsv").read_text()
+    man = tmp_path / "m.jsonl"
+    man.write_text(json.dumps({"f": "raw/a.jpeg"}) + "\n" + json.dumps({"f": "raw/b.JPG"}) + "\n")
+    assert run("manifest", man, tmp_path / "m", "--image-column", "f") == 0
+    assert mmloader.open(tmp_path / "m").fields == ["jpg"]
+
+
+def test_converters_import_no_torch():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "converters.pairs", "--help"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "examples:" in out.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert "torch" not in imported and "converters.common" in imported and "lmdb" in imported

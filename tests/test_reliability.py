@@ -224,27 +224,60 @@ def test_npy_with_objects_refused(tmp_path):
 
 
 # -- faults ------------------------------------------------------------------------------------
-def test_conversion_killed_at_random_points(tmp_path):
+def _partial_holding_data(parent: Path, name: str, proc: subprocess.Popen, min_bytes: int) -> Path:
+    """Wait until a hidden ``.NAME.partial-*`` of ``proc`` holds ``min_bytes`` of written data."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        for p in parent.glob(f".{name}.partial-{proc.pid}-*"):
+            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file() and f.suffix in (".tar", ".mdb"))
+            if size >= min_bytes:
+                return p
+        assert proc.poll() is None, "the conversion ended before it was killed"
+        time.sleep(0.002)
+    raise AssertionError("no partial with data appeared")
+
+
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_conversion_killed_at_random_points(tmp_path, fmt):
+    """SIGKILL inside the write window, deterministically: once the hidden partial holds data the
+    converter is stopped (SIGSTOP: it can no longer publish), checked, then killed. Not finding the
+    window fails the test, so this never passes by killing too early or too late."""
     raw = write_pairs_folder(tmp_path / "raw", 1500, 128)
-    rng = random.Random(1234)
-    dst = tmp_path / "out"
-    outcomes = []
-    for attempt in range(4):
-        proc = subprocess.Popen([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--overwrite",
-                                 "--shard-size", "100", "--check-decode", "-q"], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, 3.0))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if dst.exists():  # a complete, verifiable dataset or nothing
-            assert verify(dst, progress=False).ok and len(mmloader.open(dst)) == 1500
-            outcomes.append("complete")
-        else:
-            outcomes.append("nothing")
-    print("kill outcomes:", outcomes)
-    assert subprocess.run([sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--overwrite", "-q"],
-                          cwd=ROOT).returncode == 0
+    name = "out.lmdb" if fmt == "lmdb" else "out"
+    dst = tmp_path / name
+    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--shard-size", "100", "--check-decode", "-q"]
+    # LMDB writes pages at its commits (every 1000 samples); tar streams each shard as it goes.
+    min_bytes = {"tar": 300_000, "lmdb": 1_000_000}[fmt]
+
+    def kill_inside_the_write_window(*extra: str) -> Path:
+        proc = subprocess.Popen([*cmd, *extra], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        partial = _partial_holding_data(tmp_path, name, proc, min_bytes)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            assert partial.is_dir() and proc.poll() is None  # frozen before its rename into place
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        return partial
+
+    # 1. nothing there yet: the final path holds nothing; the partial stays (its writer was killed)
+    partial = kill_inside_the_write_window()
+    assert not dst.exists() and partial.is_dir()
+    # 2. a rerun succeeds, removes that partial and says so
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"removed stale partial {partial}" in out.stdout and "no longer runs" in out.stdout
+    assert not partial.exists()
+    first = [mmloader.open(dst)[i] for i in range(1500)]
+    assert verify(dst, progress=False).ok
+    # 3. killed while replacing it (--overwrite): the old complete dataset is untouched
+    partial = kill_inside_the_write_window("--overwrite")
+    assert verify(dst, progress=False).ok and [mmloader.open(dst)[i] for i in range(1500)] == first
+    # 4. the next run (--overwrite) succeeds and cleans up; nothing hidden is left behind
+    out = subprocess.run([*cmd, "--overwrite"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and f"removed stale partial {partial}" in out.stdout
     assert verify(dst, progress=False).ok and len(mmloader.open(dst)) == 1500
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".{name}")]
 
 
 class _Suicidal(torch.utils.data.Dataset):
