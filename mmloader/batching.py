@@ -18,9 +18,11 @@ ordinary tensors: stacked, or padded with a mask.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import torch
+
+from .readers.columns import Packed, Stacked
 
 _MISSING = object()
 
@@ -82,17 +84,6 @@ def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
     """
     flat, offsets = batch[name], batch["__offsets__"][name].tolist()
     return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-
-
-class Packed(NamedTuple):
-    """A column already packed by its reader (``ImageReader(output="raw")`` in the batched path)."""
-    flat: torch.Tensor
-    offsets: torch.Tensor
-
-
-class Stacked(NamedTuple):
-    """A column its reader already assembled into one batch tensor (images decoded in place)."""
-    tensor: torch.Tensor
 
 
 def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = (),
