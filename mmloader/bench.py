@@ -136,6 +136,26 @@ def measure(loader: Iterable, epochs: int = 1, set_epoch: bool = True) -> dict:
             "peak_main_uss_mb": mem.peak_main_uss / 2**20, "peak_worker_uss_mb": mem.peak_worker_uss / 2**20}
 
 
+def dataset_for_bench(path: str, raw: bool = False):
+    """Every field of a dataset that all samples have, with the natural reader; the image fields
+    as one ``image`` modality (alternatives, e.g. ``jpg;png``), raw bytes with ``raw``."""
+    import mmloader
+    from .imageinfo import IMAGE_EXTENSIONS
+    store = mmloader.open(path)
+    counts = store.metadata.get("field_counts", {})
+    readers = {}
+    if any(f.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS for f in counts):
+        readers["image"] = mmloader.ImageReader(store, output="raw" if raw else "tensor")
+    for f, n in counts.items():
+        if f.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS or n != len(store):
+            continue
+        try:
+            readers[f.replace(".", "_")] = mmloader.reader_for(store, f)
+        except mmloader.MMLoaderError:
+            continue  # e.g. pickled fields: never read
+    return mmloader.zip(**readers)
+
+
 def main(args) -> int:
     """The CLI: ``mmloader bench PATH|CONFIG [--workers W --batch-size B --epochs E --step-ms T]``."""
     import mmloader
@@ -145,17 +165,12 @@ def main(args) -> int:
     if is_config_path(path):
         stream = mmloader.from_config(path, batch_size=args.batch_size)
     else:
-        store = mmloader.open(path)
-        readers = {}
-        for f in store.fields:
-            try:
-                opts = {"output": "raw"} if args.raw and f.rsplit(".", 1)[-1].lower() in mmloader.readers.IMAGE_EXTENSIONS else {}
-                readers[f.replace(".", "_")] = mmloader.reader_for(store, f, **opts)
-            except mmloader.MMLoaderError:
-                continue
-        stream = mmloader.Stream(mmloader.zip(**readers), batch_size=args.batch_size)
+        stream = mmloader.Stream(dataset_for_bench(path, raw=args.raw), batch_size=args.batch_size)
     workers = args.workers if args.workers is not None else default_num_workers()
-    backend = getattr(args, "backend", None) or "thread"
+    backend = getattr(args, "backend", None) or "auto"
+    if backend == "auto":
+        from .dataloader import choose_backend
+        backend = choose_backend(stream)[0]
     loader = mmloader.loader(stream, num_workers=workers, backend=backend)
     r = measure(loader, epochs=args.epochs)
     print(f"{path}: {r['samples']} samples in {r['seconds']:.2f} s over {args.epochs} epoch(s), "

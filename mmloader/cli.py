@@ -206,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=_int_at_least(1), default=2, help="epochs to time (default 2)")
     s.add_argument("--step-ms", type=_positive_float, default=None, help="training step time to compare against")
     s.add_argument("--raw", action="store_true", help="raw bytes (no image decode)")
-    s.add_argument("--backend", choices=("thread", "process"), default="thread")
+    s.add_argument("--backend", choices=("auto", "thread", "process"), default="auto",
+                   help="as mmloader.loader(backend=): auto (default) picks threads for built-in decoders, "
+                        "worker processes for Python transforms")
     s.set_defaults(func=_bench)
     return p
 
