@@ -72,9 +72,6 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-
-
 def is_config_path(path: str | os.PathLike) -> bool:
     """Whether ``path`` names an experiment config rather than a dataset: the one rule every
     command uses. YAML files are configs; a JSON file is one when it holds a ``sources`` mapping

@@ -297,16 +297,6 @@ def test_zipped_readers_in_workers(lmdb_ds, tar_ds, method):
     assert [tuple(x) for x in dl] == expected  # the default collate turns tuples into lists
 
 
-def test_preview_contact_sheet(tmp_path, lmdb_ds):
-    from mmloader.cli import main
-    out = tmp_path / "grid.png"
-    assert main(["preview", str(lmdb_ds), "-o", str(out), "-n", "6"]) == 0
-    im = Image.open(out)
-    assert im.width >= 4 * 160 and im.height >= 2 * 160
-    arr = np.asarray(im.convert("L"))
-    assert arr.min() < 100  # something was drawn
-
-
 def test_inner_zip_keys_are_lazy(lmdb_ds, tmp_path):
     caps = _captions(tmp_path / "k.lmdb", [f"s{i:05d}" for i in range(0, 23, 3)])
     ds = _zip(lmdb_ds, caps, align="inner")

@@ -5,7 +5,6 @@ import io
 import json
 import os
 import pickle
-import random
 import signal
 import subprocess
 import sys
@@ -238,7 +237,7 @@ def _partial_holding_data(parent: Path, name: str, proc: subprocess.Popen, min_b
 
 
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
-def test_conversion_killed_at_random_points(tmp_path, fmt):
+def test_conversion_killed_inside_the_write_window(tmp_path, fmt):
     """SIGKILL inside the write window, deterministically: once the hidden partial holds data the
     converter is stopped (SIGSTOP: it can no longer publish), checked, then killed. Not finding the
     window fails the test, so this never passes by killing too early or too late."""

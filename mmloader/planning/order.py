@@ -33,7 +33,6 @@ class ShuffledOrder:
         self.block_size, self.window_blocks = int(block_size), int(window_blocks)
         self.seed, self.epoch, self.stream = seed, epoch, tuple(stream)
         nb = -(-self.n // self.block_size)
-        self.num_blocks = nb
         self.window_len = self.block_size * self.window_blocks
         if shuffle and self.n:
             self.blocks = epoch_rng(seed, epoch, *self.stream).permutation(nb)

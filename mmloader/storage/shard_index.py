@@ -53,7 +53,7 @@ class ShardIndexBuilder:
         self._shard_fields: dict[str, int] = {}
 
     def add_sample(self, key: str, offsets: dict[str, tuple[int, int]],
-                   sizes_for_stats: dict[str, bytes] | None = None, nbytes: dict[str, int] | None = None):
+                   sizes_for_stats: dict[str, bytes] | None = None):
         kb = key.encode("utf-8")
         self._keyfile.write(kb + b"\n")
         self._max_key = max(self._max_key, len(kb))
