@@ -359,3 +359,38 @@ def test_lmdb_readers_unmap_what_they_read_from_big_files(tmp_path, monkeypatch)
     # Without trimming every page read stays mapped (the whole 6.6 MB file; the kernel maps
     # more than the bytes read around each fault); with it, what was read since the last trim.
     assert _mapped_kb(path / "data.mdb") < 0.6 * os.path.getsize(path / "data.mdb") / 1024
+
+
+def _tar_with(path: Path, members: list[tuple[str, bytes]]) -> None:
+    import io
+    import tarfile
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_field_names_are_lower_case_as_webdataset_reads_them(tmp_path):
+    """keys.split_member_name follows WebDataset, which lower-cases extensions when it reads."""
+    src = tmp_path / "foreign" / "a.tar"
+    _tar_with(src, [("x.JPG", b"jpeg-bytes"), ("x.Txt", b"caption"), ("y.jpg", b"j2"), ("y.txt", b"c2")])
+    wds_fields = [sorted(k for k in s if not k.startswith("__")) for s in wds.WebDataset(str(src), shardshuffle=False)]
+    assert wds_fields == [["jpg", "txt"], ["jpg", "txt"]]
+    mmloader.build_index(src.parent, progress=False)
+    store = mmloader.open(src.parent)
+    assert store.fields == ["jpg", "txt"] and store.read(0) == {"__key__": "x", "__index__": 0, "jpg": b"jpeg-bytes",
+                                                               "txt": b"caption"}
+    with pytest.raises(KeyValidationError, match="upper-case.*use 'jpg'"):
+        with mmloader.writer_for(tmp_path / "out", "tar") as w:
+            w.write({"__key__": "k", "JPG": b"x"})
+
+
+def test_a_field_twice_in_one_sample_is_refused_when_indexing(tmp_path):
+    src = tmp_path / "dup" / "a.tar"
+    _tar_with(src, [("x.jpg", b"1"), ("x.JPG", b"2")])
+    with pytest.raises(FormatError, match=r"sample 'x' has field 'jpg' twice"):
+        mmloader.build_index(src.parent, progress=False)
+    with pytest.raises(ValueError, match="duplicate"):  # WebDataset refuses it too
+        list(wds.WebDataset(str(src), shardshuffle=False))

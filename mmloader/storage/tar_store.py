@@ -17,6 +17,7 @@ from ..errors import FormatError, RandomAccessError, SampleError
 from .base import Store
 from .meta import SHARDS_FORMAT
 from .shard_index import MANIFEST, sha256_file
+from .keys import split_member_name
 from .tar_stages import group_samples, tar_members
 
 MAX_OPEN_SHARDS = 64  # bounded per-process cache of open shard files and index maps
@@ -361,6 +362,9 @@ def _header_problem(header: bytes, member: str, size: int) -> str | None:
     encoded = member.encode("utf-8")
     # Long or non-ASCII names live in a PAX/GNU header before this one; the plain name is then
     # truncated or replaced, so only short ASCII names can be compared exactly.
-    if len(encoded) < 100 and encoded.isascii() and full != member:
+    # Field names are read lower-cased, as WebDataset does (member ``x.JPG`` is field ``jpg``).
+    as_read = split_member_name(full)
+    if len(encoded) < 100 and encoded.isascii() and full != member \
+            and (as_read is None or f"{as_read[0]}.{as_read[1]}" != member):
         return f"the member there is {full!r}, expected {member!r}"
     return None
