@@ -21,7 +21,8 @@ import torch.utils.data
 from .distributed import available_cpus, local_world_size
 from .resumable import Resumable
 from .stream import Stream
-from .threaded import ThreadLoader
+from .ring import BatchRing
+from .threaded import ThreadLoader, _pin
 
 log = logging.getLogger("mmloader")
 BACKENDS = ("auto", "thread", "process")
@@ -47,7 +48,8 @@ class Loader(Resumable, torch.utils.data.DataLoader):
     """
 
     def __init__(self, stream: Stream, num_workers: int | None = None, *, pin_memory: bool | None = None,
-                 persistent_workers: bool | None = None, prefetch_factor: int | None = None, **kwargs: Any):
+                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
+                 ring: bool = True, **kwargs: Any):
         if not isinstance(stream, Stream):
             raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
         workers = default_num_workers() if num_workers is None else num_workers
@@ -57,7 +59,12 @@ class Loader(Resumable, torch.utils.data.DataLoader):
             pin_memory = torch.cuda.is_available()
         if workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
-        super().__init__(stream, batch_size=None, num_workers=workers, pin_memory=pin_memory,
+        # Batches cross from the workers through a ring of shared-memory slots (mmloader.ring);
+        # with pinned memory they are pinned here, after the ring, not by the DataLoader's thread.
+        self.ring = BatchRing(workers, prefetch_factor + 2) if ring and workers > 0 else None
+        self.pin_batches = bool(pin_memory and self.ring is not None)
+        super().__init__(_RingStream(stream, self.ring) if self.ring is not None else stream, batch_size=None,
+                         num_workers=workers, pin_memory=pin_memory and not self.pin_batches,
                          persistent_workers=persistent_workers and workers > 0,
                          prefetch_factor=prefetch_factor if workers > 0 else None, **kwargs)
         self.stream = stream
@@ -70,7 +77,16 @@ class Loader(Resumable, torch.utils.data.DataLoader):
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
             iterator._IterableDataset_len_called = len(self.stream)
-        return self._counted(self._stop_workers_on_error(iterator))
+        return self._counted(self._stop_workers_on_error(self._received(iterator)))
+
+    def _received(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        if self.ring is None:
+            yield from iterator
+            return
+        for item in iterator:
+            batch = self.ring.receive(item)
+            del item
+            yield _pin(batch) if self.pin_batches else batch
 
     def _stop_workers_on_error(self, iterator: Iterator[Any]) -> Iterator[Any]:
         try:
@@ -108,6 +124,24 @@ class Loader(Resumable, torch.utils.data.DataLoader):
         """Resume mid-epoch. Persistent workers restart once so they see the new plan."""
         super().load_state_dict(state)
         self._shutdown()
+
+
+class _RingStream(torch.utils.data.IterableDataset):
+    """What the DataLoader's workers iterate: the stream's batches, each built into a ring slot."""
+
+    def __init__(self, stream: Stream, ring: BatchRing):
+        self.stream, self.ring = stream, ring
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        if info is None:  # num_workers=0 never gets here (no ring); keep it correct anyway
+            yield from self.stream
+            return
+        for build in self.stream.batch_tasks(info.id, info.num_workers, seed_globals=self.stream.seed_workers):
+            yield self.ring.send(build, info.id)
 
 
 def choose_backend(stream: Stream) -> tuple[str, str]:

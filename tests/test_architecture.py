@@ -16,7 +16,7 @@ LAYERS = {
     2: ["readers", "cache"],
     3: ["align", "batching"],
     4: ["mixture", "control", "seeding", "building", "stream"],
-    5: ["resumable", "threaded", "dataloader", "gpu"],
+    5: ["resumable", "threaded", "ring", "dataloader", "gpu"],
     6: ["config", "planview", "preview", "describe", "verify", "bench"],
     7: ["cli", "__init__"],
 }

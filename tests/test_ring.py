@@ -1,0 +1,171 @@
+"""The process backend's shared-memory ring (mmloader.ring): same batches, no overwrites, no leaks."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import mmloader
+from mmloader.ring import RingBatch
+
+from conftest import write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("ring") / "p.lmdb", 60, "lmdb")
+
+
+def _loader(path, output="tensor", workers=2, **kw):
+    ds = mmloader.zip(image=mmloader.ImageReader(path, output=output), caption=mmloader.TextReader(path),
+                      label=mmloader.LabelReader(path))
+    return mmloader.loader(mmloader.Stream(ds, batch_size=8, seed=5), num_workers=workers, backend="process",
+                           multiprocessing_context="fork", **kw)
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            if not _same(x, y):
+                return False
+        elif isinstance(x, torch.Tensor):
+            if not (torch.equal(x, y) and x.stride() == y.stride()):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("output", ["tensor", "raw"])
+def test_ring_gives_the_batches_of_the_thread_backend(pairs, output):
+    ring = _loader(pairs, output)
+    assert ring.ring is not None
+    seen = []
+    receive = ring.ring.receive
+    ring.ring.receive = lambda item: (seen.append(type(item)), receive(item))[1]
+    got = list(ring)
+    ds = mmloader.zip(image=mmloader.ImageReader(pairs, output=output), caption=mmloader.TextReader(pairs),
+                      label=mmloader.LabelReader(pairs))
+    want = list(mmloader.loader(mmloader.Stream(ds, batch_size=8, seed=5), num_workers=2, backend="thread"))
+    assert len(got) == len(want) == 8 and all(_same(a, b) for a, b in zip(got, want))
+    assert seen.count(RingBatch) >= 6  # all but the workers' first batches came through slots
+    if output == "tensor":
+        assert got[-1]["image"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_ring_resume_onto_another_worker_count(pairs):
+    full = [b["__key__"] for b in _loader(pairs)]
+    first = _loader(pairs)
+    it = iter(first)
+    taken = [next(it)["__key__"] for _ in range(3)]
+    state = first.state_dict()
+    del it
+    resumed = _loader(pairs, workers=3)
+    resumed.load_state_dict(state)
+    assert taken + [b["__key__"] for b in resumed] == full
+
+
+def test_batches_the_caller_holds_are_never_overwritten(pairs):
+    """A slow consumer that keeps every batch: the worker must not reuse a slot still referenced."""
+    reference = [b for b in _loader(pairs, workers=1, ring=False)]
+    kept, kinds = [], []
+    loader = _loader(pairs, workers=1, prefetch_factor=1)  # 3 slots for 8 batches
+    receive = loader.ring.receive
+    loader.ring.receive = lambda item: (kinds.append(type(item)), receive(item))[1]
+    for batch in loader:
+        kept.append(batch)  # held: its slot may not be reused
+        kept.append({"view": batch["image"][1:3]})  # a derived view holds the slot too
+        time.sleep(0.01)
+    batches = kept[0::2]
+    assert 1 <= kinds.count(RingBatch) <= 3 < len(kinds)  # the rest went the ordinary way
+    assert all(_same(a, b) for a, b in zip(batches, reference))
+    assert all(torch.equal(v["view"], b["image"][1:3]) for v, b in zip(kept[1::2], reference))
+
+
+def test_slots_are_handed_back_when_dropped(pairs):
+    loader = _loader(pairs, workers=1, prefetch_factor=1, persistent_workers=True)
+    kinds = []
+    receive = loader.ring.receive
+    loader.ring.receive = lambda item: (kinds.append(type(item)), receive(item))[1]
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            del batch
+    assert kinds.count(RingBatch) == len(kinds) == 24  # every batch through a slot: slots came back
+    assert len(loader.ring._cache) == 3
+
+
+def test_restarted_workers_do_not_grow_the_slot_cache(pairs):
+    loader = _loader(pairs, workers=2, persistent_workers=False)
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        list(loader)
+    assert len(loader.ring._cache) <= 2 * loader.ring.slots_per_worker + 2 * loader.ring.slots_per_worker
+
+
+def _shm_state() -> tuple[int, int]:
+    """(files in /dev/shm, shared-memory mappings of this process)."""
+    files = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+    maps = sum(1 for line in open(f"/proc/{os.getpid()}/maps") if "/dev/shm/" in line or "torch_" in line)
+    return files, maps
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_twenty_loader_lifetimes_leave_no_shared_memory(pairs):
+    import gc
+    list(_loader(pairs))  # warm: torch's own lazily created segments
+    gc.collect()
+    before = _shm_state()
+    for _ in range(20):
+        loader = _loader(pairs, persistent_workers=False)
+        for batch in loader:
+            pass
+        del loader, batch
+        gc.collect()
+    assert _shm_state() == before
+
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, {tests!r})
+    import torch, mmloader
+    ds = mmloader.zip(image=mmloader.ImageReader({path!r}), caption=mmloader.TextReader({path!r}))
+    class Slow(torch.utils.data.Dataset):  # not needed: slow down by sleeping in the loop
+        pass
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4), num_workers=2, backend="process",
+                             multiprocessing_context="fork")
+    for i, batch in enumerate(loader):
+        if i == 2:
+            print("workers", *[w.pid for w in loader._iterator._workers], flush=True)
+            {action}
+        time.sleep(0.2)
+""")
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.parametrize("action", ["os.kill(os.getpid(), signal.SIGINT)",
+                                    "os.kill(loader._iterator._workers[0].pid, signal.SIGKILL)"])
+def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
+    before = set(os.listdir("/dev/shm"))
+    script = SCRIPT.format(tests=str(Path(__file__).parent), path=str(pairs), action=action)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode != 0  # interrupted, or the dead worker surfaced as an error
+    assert "KeyboardInterrupt" in done.stderr or "exited unexpectedly" in done.stderr or "killed" in done.stderr
+    pids = [int(p) for p in done.stdout.split()[1:]]
+    time.sleep(0.5)
+    for pid in pids:  # no worker left behind
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert set(os.listdir("/dev/shm")) - before == set()
