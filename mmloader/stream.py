@@ -9,7 +9,6 @@ arithmetic — pure functions), :mod:`mmloader.seeding` (per-batch seeds) and
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import warnings
 from typing import Any, Callable, Iterator
@@ -21,14 +20,13 @@ import torch.utils.data
 from .batching import Collate, collate
 from .building import BatchBuilder
 from .control import SharedControl
-from .planning import RangeList, rank_positions, samples_per_rank, worker_batches
+from .planning import RangeList, worker_batches
 from .planning.epoch import epoch_plan
-from .planning.partition import batches_per_rank
+from .planning.partition import batches_per_rank, planned_batches, unit_samples_per_rank
 from .planning.resume import progress_state, resume_ranges
 from .seeding import batch_seed, enter_batch
 
 log = logging.getLogger("mmloader")
-PLAN_CHUNK_BATCHES = 16  # batches a worker plans per call (shuffle + partition lookups are vectorised)
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -157,9 +155,7 @@ class Stream(torch.utils.data.IterableDataset):
         return RangeList([(0, len(plan))])
 
     def _per_rank(self, plan, visit: RangeList, world: int) -> int:
-        if plan.unit > 1:  # whole single-source batches
-            return samples_per_rank(len(visit) // plan.unit, world, None, self.drop_last) * plan.unit
-        return samples_per_rank(len(visit), world, self.batch_size, self.drop_last)
+        return unit_samples_per_rank(len(visit), plan.unit, world, self.batch_size, self.drop_last)
 
     def _layout(self, epoch: int | None = None):
         """(rank, world, plan, visit, samples per rank) of the current (or given) epoch."""
@@ -240,29 +236,13 @@ class Stream(torch.utils.data.IterableDataset):
         rank, world, plan, visit, per_rank = self._layout()
         epoch = self.epoch
         spans = worker_batches(per_rank, self.batch_size, workers, worker)
-        for positions, sources, indices in self._planned(spans, visit, plan, rank, world, per_rank):
+        for positions, sources, indices in planned_batches(spans, visit, plan, rank, world, per_rank):
             seed = batch_seed(self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
             yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals)
 
     def _build(self, plan, positions, sources, indices, seed: int, seed_globals: bool) -> Any:
         enter_batch(seed, seed_globals)
         return self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
-
-    @staticmethod
-    def _planned(spans: Iterator[tuple[int, int]], visit, plan, rank: int, world: int, per_rank: int,
-                 chunk: int = PLAN_CHUNK_BATCHES) -> Iterator[tuple]:
-        """``(positions, sources, indices)`` per batch span, planned ``chunk``
-        batches per call: the planning functions cost mostly per call, not per sample."""
-        spans = iter(spans)
-        while group := list(itertools.islice(spans, chunk)):
-            flat = np.concatenate([rank_positions(len(visit), world, rank, per_rank, a, b) for a, b in group])
-            positions = visit.take(flat)
-            sources, indices = plan.lookup(positions)
-            o = 0
-            for a, b in group:
-                n = b - a
-                yield positions[o:o + n], sources[o:o + n], indices[o:o + n]
-                o += n
 
 
 def _check_options(**options: Any) -> None:

@@ -71,3 +71,19 @@ def test_planning_is_pure():
         text = path.read_text()
         for forbidden in ("import torch", "open(", "import os", "import lmdb", "from ..storage"):
             assert forbidden not in text, f"{path.name} uses {forbidden!r}"
+
+
+def test_docstring_examples_of_the_pure_modules_run():
+    """The examples in docstrings that need no dataset are executed, so they cannot drift."""
+    import doctest
+    import importlib
+    names = ["mmloader.planning.order", "mmloader.planning.partition", "mmloader.planning.mixing",
+             "mmloader.planning.bucketing", "mmloader.planning.epoch", "mmloader.planning.resume",
+             "mmloader.storage.keys", "mmloader.storage", "mmloader.imageinfo", "mmloader.batching",
+             "mmloader.seeding", "mmloader.control", "mmloader.cache", "mmloader.config"]
+    attempted = 0
+    for name in names:
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, f"{name}: {result.failed} docstring example(s) failed"
+        attempted += result.attempted
+    assert attempted >= 20

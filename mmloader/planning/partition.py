@@ -12,6 +12,7 @@ worker count, which makes mid-epoch resume pure arithmetic.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -147,3 +148,40 @@ def remaining_ranges(ranges: Iterable[Sequence[int]], world: int, per_rank: int,
                 out += visit.sub(u, u + run)
                 v += run
     return _merge(out)
+
+
+def unit_samples_per_rank(visit_len: int, unit: int, world: int, batch_size: int | None, drop_last: bool) -> int:
+    """Samples per rank when the plan keeps runs of ``unit`` positions together (whole
+    single-source batches): ranks split at unit boundaries.
+
+    >>> unit_samples_per_rank(40, 8, 2, 8, False), unit_samples_per_rank(10, 1, 4, None, False)
+    (24, 3)
+    """
+    if unit > 1:
+        return samples_per_rank(visit_len // unit, world, None, drop_last) * unit
+    return samples_per_rank(visit_len, world, batch_size, drop_last)
+
+
+PLAN_CHUNK_BATCHES = 16  # batches planned per call: the lookups are vectorised, so they cost per call
+
+
+def planned_batches(spans: Iterable[tuple[int, int]], visit: RangeList, plan, rank: int, world: int,
+                    per_rank: int, chunk: int = PLAN_CHUNK_BATCHES) -> Iterator[tuple]:
+    """``(positions, sources, indices)`` of each batch span of a rank (``worker_batches`` offsets),
+    planned ``chunk`` batches per call.
+
+    >>> from mmloader.planning.mixing import SingleOrder
+    >>> [p.tolist() for p, _s, _i in planned_batches([(0, 2), (4, 6)], RangeList([(0, 10)]),
+    ...                                               SingleOrder(10, shuffle=False), 0, 1, 10)]
+    [[0, 1], [4, 5]]
+    """
+    spans = iter(spans)
+    while group := list(itertools.islice(spans, chunk)):
+        flat = np.concatenate([rank_positions(len(visit), world, rank, per_rank, a, b) for a, b in group])
+        positions = visit.take(flat)
+        sources, indices = plan.lookup(positions)
+        o = 0
+        for a, b in group:
+            n = b - a
+            yield positions[o:o + n], sources[o:o + n], indices[o:o + n]
+            o += n
