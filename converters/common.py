@@ -26,7 +26,7 @@ from mmloader.errors import MMLoaderError
 from mmloader.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import format_for
 from mmloader.storage.atomic import check_not_busy, clean_stale_partials
-from mmloader.storage.meta import SHARDS_FORMAT
+from mmloader.storage.meta import TAR_FORMATS
 from mmloader.storage.shard_index import MANIFEST
 from mmloader.storage.tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
@@ -214,7 +214,8 @@ def is_dataset_dir(path: str) -> bool:
         return False
     try:
         with open(manifest, "rb") as f:
-            return SHARDS_FORMAT.encode() in f.read(1 << 16)
+            head = f.read(1 << 16)
+        return any(name.encode() in head for name in TAR_FORMATS)
     except OSError:
         return False
 

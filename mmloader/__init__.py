@@ -36,7 +36,10 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     entry = _LAZY.get(name)
     if entry is None:
-        raise AttributeError(f"module 'mmloader' has no attribute {name!r}")
+        try:  # a submodule, e.g. mmloader.config.is_config_path after a plain `import mmloader`
+            return import_module(f".{name}", __name__)
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'mmloader' has no attribute {name!r}") from None
     module, attr = entry
     mod = import_module(module, __name__)
     value = mod if attr is None else getattr(mod, attr)

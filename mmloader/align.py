@@ -8,10 +8,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch.utils.data
 
-from .cache import SampleCache
+from .cache import SampleCache, fresh_copy
 from .errors import AlignmentError
 from .imageinfo import IMAGE_EXTENSIONS
 from .readers.base import Reader, as_bytes
+from .readers.columns import per_sample
 
 log = logging.getLogger("mmloader")
 
@@ -164,8 +165,12 @@ class Zipped(torch.utils.data.Dataset):
         return sample
 
     def _transformed(self, decoded: dict[str, Any]) -> dict[str, Any]:
+        """The sample after transforms. Cached samples are copied first: a transform (or the
+        caller) that changes a value in place must not change what the cache holds."""
         sample = {}
         for name, value in decoded.items():
+            if self.cache is not None:
+                value = fresh_copy(value)
             reader = self.readers.get(name)
             if reader is not None and reader.transform is not None:
                 value = reader.transform(value)
@@ -214,7 +219,7 @@ class Zipped(torch.utils.data.Dataset):
                     column = as_bytes(column)
                 values = reader.from_column(column, keys, share_memory=share_memory)
                 t = self.transforms.get(name)
-                columns[name] = [t(v) for v in values] if t is not None else values
+                columns[name] = [t(v) for v in per_sample(values)] if t is not None else values
         columns["__key__"] = keys
         return columns
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .readers.columns import Packed, Stacked
+from .readers.columns import Packed, Stacked, per_sample
 
 _MISSING = object()
 
@@ -173,11 +173,7 @@ def merge_columns(parts: Sequence[tuple[Sequence[int], dict[str, Any]]], size: i
             continue
         values: list[Any] = [_MISSING] * size
         for rows, column in have:
-            if isinstance(column, Stacked):
-                column = list(column.tensor.unbind(0))
-            elif isinstance(column, Packed):
-                column = unpack({name: column.flat, "__offsets__": {name: column.offsets}}, name)
-            for r, v in zip(rows, column):
+            for r, v in zip(rows, per_sample(column)):
                 values[r] = v
         out[name] = values
     return out

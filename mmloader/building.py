@@ -68,8 +68,11 @@ class BatchBuilder:
         return columns
 
     def fetch(self, plan, position: int, source: int, index: int) -> Any:
-        """One sample, with the error policy: the next sample of the plan replaces a bad one."""
-        for _ in range(self.max_consecutive_errors + 1):
+        """One sample, with the error policy: the next sample of the plan replaces a bad one.
+
+        Only the planned sample counts as skipped (and is logged as a warning): a replacement
+        that is bad too is passed over quietly, since it is counted where the plan visits it."""
+        for attempt in range(self.max_consecutive_errors + 1):
             try:
                 sample = self.datasets[source][index]
                 if self.source_names is not None and isinstance(sample, dict):
@@ -78,9 +81,12 @@ class BatchBuilder:
             except SampleError as e:
                 if self.on_error == "raise":
                     raise
-                info = torch.utils.data.get_worker_info()
-                self.control.count_skip(info.id if info is not None else None)
-                log.warning("skipping sample (replaced by the next in the plan): %s", e)
+                if attempt == 0:
+                    info = torch.utils.data.get_worker_info()
+                    self.control.count_skip(info.id if info is not None else None)
+                    log.warning("skipping sample (replaced by the next in the plan): %s", e)
+                else:
+                    log.info("the replacement is bad too (reported where the plan visits it): %s", e)
                 position = (position + 1) % len(plan)
                 (s,), (i,) = plan.lookup(np.array([position]))
                 source, index = int(s), int(i)

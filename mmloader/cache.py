@@ -26,10 +26,30 @@ def nbytes(value: Any) -> int:
     return sys.getsizeof(value)
 
 
+def fresh_copy(value: Any) -> Any:
+    """A copy of a cached value that the caller may change in place: tensors cloned, PIL images
+    and containers copied; immutable values (str, int, bytes...) returned as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: fresh_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [fresh_copy(v) for v in value]
+    if isinstance(value, tuple):
+        return type(value)(*map(fresh_copy, value)) if hasattr(value, "_fields") else tuple(map(fresh_copy, value))
+    if hasattr(value, "copy") and hasattr(value, "mode") and hasattr(value, "size"):  # a PIL image
+        return value.copy()
+    if hasattr(value, "copy") and hasattr(value, "dtype"):  # a numpy array
+        return value.copy()
+    return value
+
+
 class SampleCache:
     """Keeps the most recently used samples within ``max_bytes`` (per process).
 
-    Each DataLoader worker holds its own cache, so the total is workers x max_bytes.
+    Each DataLoader worker holds its own cache, so the total is workers x max_bytes. ``zip``
+    keeps samples here as decoded, before transforms, and hands out copies, so random and
+    in-place transforms run on fresh values every time.
 
     >>> cache = SampleCache(max_bytes=512 << 20)
     >>> ds = mmloader.zip(image=..., caption=..., cache=cache)    # doctest: +SKIP

@@ -101,8 +101,10 @@ def load_config(path_or_dict: str | os.PathLike | Mapping) -> dict:
     if path.is_dir():
         raise ConfigError(f"{path} is a folder; an experiment config is a file (YAML, or JSON with a "
                           "'sources' mapping)")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a regular file; an experiment config is a YAML or JSON file")
     try:
         cfg = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
@@ -119,7 +121,11 @@ def import_object(spec: str, where: str) -> Any:
         obj = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise ConfigError(f"{where}: cannot import {spec!r}: {e}") from None
-    return obj() if isinstance(obj, type) else obj
+    obj = obj() if isinstance(obj, type) else obj
+    if not callable(obj):
+        raise ConfigError(f"{where}: {spec!r} is a {type(obj).__name__}, not a callable (a function, or a "
+                          "class whose instances are called on each value)")
+    return obj
 
 
 def _unknown(keys, allowed, where: str) -> None:
@@ -160,8 +166,16 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
         raise ConfigError(f"{where}: {p} does not exist")
     if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES:
         if index_path is not None:
-            index_path = str(index_path if Path(index_path).is_absolute() else root / index_path)
-        return TextLinesStore(p, index_path=index_path)
+            index_path = Path(index_path) if Path(index_path).is_absolute() else root / index_path
+            if not index_path.parent.is_dir():
+                raise ConfigError(f"{where}: index_path {index_path}: its folder {index_path.parent} does not exist")
+        try:
+            store = TextLinesStore(p, index_path=index_path)
+            if len(store) == 0:
+                raise ConfigError(f"{where}: {p} holds no line: an empty source")
+        except (MMLoaderError, OSError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return store
     if index_path is not None:
         raise ConfigError(f"{where}: index_path applies to text files ({', '.join(TEXT_SUFFIXES)}), not to {p}")
     if p.is_file() and p.suffix.lower() != ".json":
@@ -197,6 +211,8 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool):
     import mmloader
     classes = {"image": mmloader.ImageReader, "text": mmloader.TextReader, "label": mmloader.LabelReader,
                "json": mmloader.JSONReader, "array": mmloader.ArrayReader, "bytes": mmloader.Reader}
+    if not isinstance(opts.get("allow_pickle", False), bool):
+        raise ConfigError(f"{where}.allow_pickle: {opts['allow_pickle']!r}: expected true or false")
     try:
         if kind is not None:
             opts.pop("allow_pickle", None)

@@ -63,6 +63,9 @@ class Loader(Resumable, torch.utils.data.DataLoader):
         # with pinned memory they are pinned here, after the ring, not by the DataLoader's thread.
         self.ring = BatchRing(workers, prefetch_factor + 2) if ring and workers > 0 else None
         self.pin_batches = bool(pin_memory and self.ring is not None)
+        # Batches leave the Stream collated: no second conversion (torch's default one turns a
+        # collate's tuples into lists, so the two backends would differ).
+        kwargs.setdefault("collate_fn", _as_is)
         super().__init__(_RingStream(stream, self.ring) if self.ring is not None else stream, batch_size=None,
                          num_workers=workers, pin_memory=pin_memory and not self.pin_batches,
                          persistent_workers=persistent_workers and workers > 0,
@@ -124,6 +127,10 @@ class Loader(Resumable, torch.utils.data.DataLoader):
         """Resume mid-epoch. Persistent workers restart once so they see the new plan."""
         super().load_state_dict(state)
         self._shutdown()
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
 
 
 class _RingStream(torch.utils.data.IterableDataset):

@@ -18,7 +18,7 @@ from .errors import DecodeError, SizeLimitError
 #: share; the same set as torchvision's ``ImageFolder``, so an imagefolder conversion finds the same files.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp")
 #: Spellings of one format, folded to one field name so a dataset has one image field per format.
-_CANONICAL = {"jpeg": "jpg", "jpe": "jpg", "tiff": "tif"}
+_CANONICAL = {"jpeg": "jpg", "jpe": "jpg", "jfif": "jpg", "tiff": "tif"}
 
 
 def canonical_extension(ext: str) -> str:

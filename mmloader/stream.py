@@ -42,8 +42,9 @@ class Stream(torch.utils.data.IterableDataset):
       (counted in :attr:`skipped` across workers, logged with its key), so batch
       counts stay equal; ``"raise"`` (default) raises it, naming key, field and store.
     * ``bucket_by`` (a modality name — its stored byte size is the length — or a
-      callable ``index -> length``) groups samples of similar length into batches
-      within windows of ``bucket_window`` batches, to cut padding.
+      callable ``index -> length``; for a mix ``(source position, index) -> length``)
+      groups samples of similar length into batches within windows of ``bucket_window``
+      batches, to cut padding.
     * Randomness: every batch has a seed from (seed, epoch, rank, its first plan
       position); :func:`mmloader.rng` gives it, and worker processes also reseed the
       global RNGs with it (see :mod:`mmloader.seeding`).
@@ -67,10 +68,12 @@ class Stream(torch.utils.data.IterableDataset):
         self.mix = dataset if isinstance(dataset, Mix) else None
         if self.mix is None:
             try:
-                len(dataset)
+                size = len(dataset)
             except TypeError:
                 raise TypeError(f"Stream needs a dataset with a known length, got {type(dataset).__name__}") \
                     from None
+            if size == 0:
+                raise ValueError(f"the dataset is empty (0 samples): {dataset!r}")
         elif self.mix.composition == "source" and not batch_size:
             raise ValueError("mix(batch_composition='source') needs Stream(batch_size=...)")
         self.datasets = self.mix.datasets if self.mix is not None else [dataset]

@@ -172,7 +172,7 @@ def test_inspect_shows_format_counts_fields_and_a_preview(capsys, lmdb_ds, tar_d
     code, out, err = call(capsys, "inspect", path, "-n", "2")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert re.fullmatch(rf"format:  {fmt} \(mmloader-(lmdb|shards) v\d+\)", lines[1]), lines[1]
+    assert re.fullmatch(rf"format:  {fmt} \(mmloader-(lmdb|tar) v\d+\)", lines[1]), lines[1]
     assert "samples: 23" in lines
     fields = {m.group(1): int(m.group(2)) for m in re.finditer(r"^  (\w+) +(\d+) samples", out, re.M)}
     assert fields == {"cls": 23, "jpg": 23, "json": 23, "npy": 23, "txt": 23}

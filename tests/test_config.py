@@ -289,3 +289,32 @@ def test_config_reader_options_checked_when_read(stores):
     cfg["sources"]["pairs"]["modalities"]["image"] = {"field": "jpg", "decode": "raw"}
     with pytest.raises(ConfigError, match="the key is now 'output'"):
         mmloader.from_config(cfg)
+
+
+def test_more_options_checked_when_read(stores, tmp_path):
+    """Review findings: mix sizes, transforms that are not callable, index paths, empty sources."""
+    bad = {"mix": {"epoch_size": -5}}
+    with pytest.raises(ConfigError, match=r"mix: epoch_size=-5: expected a whole number"):
+        mmloader.from_config(config(stores, **bad))
+    with pytest.raises(ConfigError, match="epoch_size=2.5"):
+        mmloader.from_config(config(stores, mix={"epoch_size": 2.5}))
+    with pytest.raises(ValueError, match="whole numbers of samples"):
+        mmloader.mix([range(10), range(5)], [1.5, 2], mode="count")
+    cfg = _single(stores)
+    cfg["sources"]["pairs"]["modalities"]["caption"]["transform"] = "os:sep"
+    with pytest.raises(ConfigError, match=r"caption\.transform: 'os:sep' is a str, not a callable"):
+        mmloader.from_config(cfg)
+    text = {"sources": {"t": {"path": str(stores / "corpus.txt"), "index_path": str(tmp_path / "no" / "x.npy"),
+                              "modalities": {"caption": {"field": "txt"}}}}}
+    with pytest.raises(ConfigError, match=r"sources\.t\.path: index_path .*does not exist"):
+        mmloader.from_config(text)
+    (tmp_path / "empty.txt").write_text("")
+    empty = {"sources": {"t": {"path": str(tmp_path / "empty.txt"), "modalities": {"caption": {"field": "txt"}}}}}
+    with pytest.raises(ConfigError, match="holds no line"):
+        mmloader.from_config(empty)
+    cfg = _single(stores)
+    cfg["sources"]["pairs"]["modalities"]["caption"]["allow_pickle"] = "yes"
+    with pytest.raises(ConfigError, match=r"allow_pickle: 'yes': expected true or false"):
+        mmloader.from_config(cfg)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        mmloader.from_config("/dev/null")

@@ -388,3 +388,32 @@ def test_verify_decode_reports_the_halved_jpeg(tmp_path):
         w.write({"__key__": "halved", "jpg": _half_jpeg()})
     report = verify(path, decode=True, progress=False)
     assert not report.ok and "halved" in report.summary()
+
+
+# -- review findings: transforms on the whole-batch path, cached values changed in place ---------
+@pytest.mark.parametrize("output", ["tensor", "raw"])
+def test_zip_transforms_get_one_sample_at_a_time_on_the_batch_path(lmdb_ds, output):
+    seen = []
+
+    def record(value):
+        seen.append(tuple(value.shape))
+        return value
+    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds, output=output), transforms={"image": record})
+    batch = ds.get_batch([0, 1, 2, 3])
+    rows = [ds[i]["image"] for i in range(4)]
+    assert len(batch["image"]) == 4 and all(torch.equal(a, b) for a, b in zip(batch["image"], rows))
+    assert seen[:4] == [tuple(r.shape) for r in rows]  # one call per sample, never the whole batch
+
+
+def test_cached_values_are_not_changed_by_in_place_transforms_or_callers(lmdb_ds):
+    def cutout(image):  # an in-place augmentation, like RandomErasing(inplace=True)
+        image[:, :4, :4] = 0
+        return image
+    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), transforms={"image": cutout},
+                      cache=mmloader.SampleCache(max_bytes=1 << 24))
+    plain = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), transforms={"image": cutout})
+    for _ in range(3):
+        assert torch.equal(ds[3]["image"], plain[3]["image"])  # the patch does not pile up
+    got = ds[5]["image"]
+    got.zero_()  # the caller changes what it got
+    assert torch.equal(ds[5]["image"], plain[5]["image"])

@@ -394,3 +394,24 @@ def test_a_field_twice_in_one_sample_is_refused_when_indexing(tmp_path):
         mmloader.build_index(src.parent, progress=False)
     with pytest.raises(ValueError, match="duplicate"):  # WebDataset refuses it too
         list(wds.WebDataset(str(src), shardshuffle=False))
+
+
+def test_vocabulary_leftovers(tmp_path):
+    """Review findings: the .lmdb rule ignores case, submodules are attributes, jfif is jpg."""
+    from mmloader.imageinfo import canonical_extension
+    with mmloader.writer_for(tmp_path / "UPPER.LMDB") as w:
+        w.write({"__key__": "k", "txt": "x"})
+    assert mmloader.open(tmp_path / "UPPER.LMDB").format == "lmdb"
+    done = subprocess.run([sys.executable, "-c", "import mmloader; print(mmloader.config.is_config_path('a.yaml'))"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"
+    assert canonical_extension("JFIF") == "jpg"
+
+
+def test_a_shard_that_cannot_be_opened_is_a_format_error_naming_it(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their mode")
+    path = write_dataset(tmp_path / "s", 8, "tar", shard_size=4)
+    os.chmod(next(path.glob("*.tar")), 0)
+    with pytest.raises(FormatError, match=r"data-000000\.tar .*cannot be opened: Permission denied"):
+        mmloader.open(path)[0]

@@ -463,3 +463,27 @@ def test_images_are_channels_last_on_every_path(tmp_path):
     for image in (batched["image"], rows["image"]):
         assert image.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(batched["image"], rows["image"])
+
+
+def test_adjacent_bad_samples_are_counted_and_logged_once_each(tmp_path, caplog):
+    path = _corrupt_pairs(tmp_path, n=16, bad=(5, 6))
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    stream = mmloader.Stream(ds, batch_size=4, shuffle=False, on_error="skip")
+    keys = [k for b in mmloader.loader(stream, num_workers=1, backend="thread") for k in b["__key__"]]
+    assert "k005" not in keys and "k006" not in keys and len(keys) == 16
+    assert stream.skipped == 2  # k005 replaced by k006 (bad too) then k007: k006 counted once, at its place
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("k005" in w for w in warnings) == 1 and sum("k006" in w for w in warnings) == 1
+
+
+def _tuples(samples):  # a custom collate that returns tuples
+    return tuple(s["__key__"] for s in samples), (len(samples), 1)
+
+
+def test_a_custom_collate_gives_the_same_types_on_both_backends(tmp_path):
+    path = _text_dataset(tmp_path / "d", 12, 2)
+    ds = mmloader.zip(caption=mmloader.TextReader(str(path)))
+    got = {b: next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=_tuples), num_workers=2,
+                                        backend=b))) for b in BACKENDS}
+    assert got["thread"] == got["process"] and isinstance(got["process"], tuple)
+    assert isinstance(got["process"][1], tuple)

@@ -51,6 +51,11 @@ def quotas(sizes: list[int], weights: list[float] | None = None, *, mode: str = 
         raise ValueError(f"weights must be finite and non-negative, got {w.tolist()}")
     if w.sum() <= 0:
         raise ValueError("at least one weight must be positive")
+    if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer))
+                                   or epoch_size < 1):
+        raise ValueError(f"epoch_size={epoch_size!r}: expected a whole number of samples >= 1")
+    if mode == "count" and not np.all(w == np.floor(w)):
+        raise ValueError(f"mode='count' takes whole numbers of samples as weights, got {w.tolist()}")
     if mode == "proportion":
         if epoch_size is None:
             active = w > 0

@@ -48,3 +48,14 @@ def batch_buffer(shape: tuple, dtype: torch.dtype, share_memory: bool = False) -
     # A batch for another process goes through shared memory anyway: allocating it there saves
     # a copy when it is sent (and no freed 12 MB heap block per batch stays with the worker).
     return out.share_memory_() if share_memory else out
+
+
+def per_sample(column) -> list:
+    """A column as one value per sample: a :class:`Stacked` batch as views of its rows, a
+    :class:`Packed` buffer as views of each sample's bytes, a list as itself."""
+    if isinstance(column, Stacked):
+        return list(column.tensor.unbind(0))
+    if isinstance(column, Packed):
+        bounds = column.offsets.tolist()
+        return [column.flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return column

@@ -48,7 +48,7 @@ def format_for(path: str | os.PathLike, format: str | None = None) -> str:
     ('lmdb', 'tar', 'lmdb')
     """
     if format is None:
-        return "lmdb" if str(path).rstrip("/").endswith(".lmdb") else "tar"
+        return "lmdb" if str(path).rstrip("/").lower().endswith(".lmdb") else "tar"
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {', '.join(FORMATS)}")
     return format

@@ -7,7 +7,9 @@ import zlib
 from .._version import __version__
 
 LMDB_FORMAT = "mmloader-lmdb"
-SHARDS_FORMAT = "mmloader-shards"
+TAR_FORMAT = "mmloader-tar"
+#: Earlier manifests say this; read as TAR_FORMAT.
+TAR_FORMATS = (TAR_FORMAT, "mmloader-shards")
 FORMAT_VERSION = 1
 
 

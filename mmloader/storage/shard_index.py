@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import DuplicateKeyError, FormatError
-from .meta import SHARDS_FORMAT, FieldStats, make_metadata
+from .meta import TAR_FORMAT, FieldStats, make_metadata
 from .tar_stages import group_samples, is_compressed, tar_members
 
 MANIFEST = "index.json"
@@ -98,7 +98,7 @@ class ShardIndexBuilder:
                 extra.setdefault("duplicate_keys", int(same.sum()))
         _save_npy(self.out_dir / KEYS_FILE, keys)
         _save_npy(self.out_dir / KEY_ORDER_FILE, order.astype(np.int64))
-        manifest = make_metadata(SHARDS_FORMAT, n, self.stats, user_metadata,
+        manifest = make_metadata(TAR_FORMAT, n, self.stats, user_metadata,
                                  keys=KEYS_FILE, key_order=KEY_ORDER_FILE, shards=self.shards, **extra)
         tmp = self.out_dir / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False))

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import FormatError, RandomAccessError, SampleError
 from .base import Store
-from .meta import SHARDS_FORMAT
+from .meta import TAR_FORMATS
 from .shard_index import MANIFEST, sha256_file
 from .keys import split_member_name
 from .tar_stages import group_samples, tar_members
@@ -84,7 +84,7 @@ class TarStore(Store):
                 meta = json.loads(self.manifest_path.read_text())
             except (OSError, ValueError) as e:
                 raise FormatError(f"{self.manifest_path}: unreadable manifest: {e}") from e
-            if meta.get("format") != SHARDS_FORMAT:
+            if meta.get("format") not in TAR_FORMATS:
                 raise FormatError(f"{self.manifest_path}: unknown format {meta.get('format')!r}")
             starts = [0]
             for s in meta["shards"]:
@@ -195,6 +195,9 @@ class TarStore(Store):
             except FileNotFoundError:
                 raise FormatError(f"shard {path} is listed in {self.manifest_path} but missing on disk") \
                     from None
+            except OSError as e:
+                raise FormatError(f"shard {path} (of {self.manifest_path}) cannot be opened: "
+                                  f"{e.strerror or e}") from None
             if self.verify_checksums:
                 digest = sha256_file(path)
                 if digest != self.shards[s]["sha256"]:
