@@ -84,3 +84,30 @@ def check_pixels(info: ImageInfo, max_pixels: int | None) -> None:
     if max_pixels and info.width * info.height > max_pixels:
         raise SizeLimitError(f"{info.format} image of {info.width}x{info.height} pixels exceeds "
                              f"max_pixels={max_pixels} (decompression-bomb guard)")
+
+
+def check_decodes(data: bytes, info: ImageInfo | None = None) -> ImageInfo:
+    """Decode the whole image once, strictly, and raise :class:`DecodeError` if it is corrupt.
+
+    JPEGs go through libjpeg-turbo (simplejpeg) in strict mode, where data libjpeg only warns
+    about (a file whose second half is gone but still ends with an end-of-image marker) is an
+    error; Pillow would return a gray-filled image. Other formats are decoded by Pillow, which
+    refuses truncated files. Torch-free: the converters use it for ``--check-decode``.
+    """
+    info = info or probe(data)
+    if info.format == "jpeg":
+        import simplejpeg
+        colorspace = {1: "GRAY", 4: "CMYK"}.get(info.components, "RGB")
+        try:
+            simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True)
+        except ValueError as e:
+            raise DecodeError(f"corrupt JPEG: {e}") from None
+        return info
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+    except Exception as e:
+        raise DecodeError(f"cannot decode {info.format} image: {e}") from None
+    return info
