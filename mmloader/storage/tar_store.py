@@ -9,7 +9,7 @@ import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -81,18 +81,10 @@ class TarStore(Store):
     def metadata(self) -> dict:
         if self._meta is None:
             try:
-                meta = json.loads(self.manifest_path.read_text())
-            except (OSError, ValueError) as e:
+                text = self.manifest_path.read_text()
+            except OSError as e:
                 raise FormatError(f"{self.manifest_path}: unreadable manifest: {e}") from e
-            if meta.get("format") not in TAR_FORMATS:
-                raise FormatError(f"{self.manifest_path}: unknown format {meta.get('format')!r}")
-            starts = [0]
-            for s in meta["shards"]:
-                starts.append(starts[-1] + s["count"])
-            meta["_starts"] = starts
-            meta["_starts_array"] = np.asarray(starts, dtype=np.int64)
-            meta["_columns"] = [{f: c for c, f in enumerate(s["fields"])} for s in meta["shards"]]
-            self._meta = meta
+            self._meta = prepare_manifest(text, self.manifest_path)
         return self._meta
 
     @property
@@ -227,6 +219,37 @@ class TarStore(Store):
 
         ``views``: values are zero-copy memoryviews of the bytes read, not copies.
         """
+        layout = self._batch_layout(indices, fields)
+        if layout.done:
+            return layout.keys, layout.columns
+        keys, columns, groups, shard_of = layout.keys, layout.columns, layout.groups, layout.shard_of
+        offs_l, sizes_l, lo_l, hi_l, one_read, head = (layout.offs, layout.sizes, layout.lo, layout.hi,
+                                                       layout.one_read, layout.head)
+        # Shard by shard: each descriptor is used while it is the newest in the LRU, so no other
+        # thread's eviction can close it under us.
+        for rows in groups:
+            s = int(shard_of[rows[0]])
+            fd = self._fd(s)
+            for j in rows.tolist():
+                a, b = lo_l[j], hi_l[j]
+                if b <= 0:
+                    continue  # none of the wanted fields in this sample
+                if one_read[j]:  # the sample's members are contiguous: one read
+                    span = os.pread(fd, b - a, a)
+                    for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
+                        if o >= 0:
+                            columns[f][j] = self._member(span, a, keys[j], f, o, z, s, views)
+                else:  # big fields nobody asked for sit in between: read the wanted ones alone
+                    for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
+                        if o >= 0:
+                            columns[f][j] = self._member(os.pread(fd, z + head, o - head), o - head,
+                                                         keys[j], f, o, z, s, views)
+        return keys, columns
+
+    def _batch_layout(self, indices, fields) -> "_Layout":
+        """Where a batch's wanted members lie: keys, per-shard groups of batch rows, and per row
+        the offsets and sizes of each field, the span ``[lo, hi)`` holding them with their
+        headers, and whether one read of that span is cheaper than one read per field."""
         meta = self.metadata
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
@@ -240,7 +263,7 @@ class TarStore(Store):
         keys = [k.decode("utf-8") for k in keys_arr[idx].tolist()]
         columns: dict[str, list] = {f: [None] * len(idx) for f in fields}
         if not len(idx) or not fields:
-            return keys, columns
+            return _Layout(True, keys, columns)
         starts = meta["_starts"]
         shard_of = np.searchsorted(meta["_starts_array"], idx, side="right") - 1
         # Offsets and sizes of every wanted member: one gather per shard, the rest over the batch.
@@ -262,27 +285,8 @@ class TarStore(Store):
         lo = np.where(present, offs, np.iinfo(np.int64).max).min(1) - head
         hi = np.where(present, offs + sizes, 0).max(1)
         one_read = (hi - lo <= np.where(present, sizes, 0).sum(1) + 2048 * present.sum(1)).tolist()
-        offs_l, sizes_l, lo_l, hi_l = offs.tolist(), sizes.tolist(), lo.tolist(), hi.tolist()
-        # Shard by shard: each descriptor is used while it is the newest in the LRU, so no other
-        # thread's eviction can close it under us.
-        for rows in groups:
-            s = int(shard_of[rows[0]])
-            fd = self._fd(s)
-            for j in rows.tolist():
-                a, b = lo_l[j], hi_l[j]
-                if b <= 0:
-                    continue  # none of the wanted fields in this sample
-                if one_read[j]:  # the sample's members are contiguous: one read
-                    span = os.pread(fd, b - a, a)
-                    for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
-                        if o >= 0:
-                            columns[f][j] = self._member(span, a, keys[j], f, o, z, s, views)
-                else:  # big fields nobody asked for sit in between: read the wanted ones alone
-                    for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
-                        if o >= 0:
-                            columns[f][j] = self._member(os.pread(fd, z + head, o - head), o - head,
-                                                         keys[j], f, o, z, s, views)
-        return keys, columns
+        return _Layout(False, keys, columns, groups, shard_of, offs.tolist(), sizes.tolist(), lo.tolist(),
+                       hi.tolist(), one_read, head)
 
     def _member(self, buf: bytes, base: int, key: str, field: str, offset: int, size: int, s: int,
                 view: bool = False) -> bytes | memoryview:
@@ -314,6 +318,37 @@ class TarStore(Store):
             for sample in group_samples(tar_members(self.shard_path(s)), where=self.shard_path(s)):
                 sample.pop("__offsets__")
                 yield sample
+
+
+class _Layout(NamedTuple):
+    done: bool  # nothing to read (no sample or no field): keys and columns are the answer
+    keys: list
+    columns: dict
+    groups: list = []
+    shard_of: Any = None
+    offs: list = []
+    sizes: list = []
+    lo: list = []
+    hi: list = []
+    one_read: list = []
+    head: int = 0
+
+
+def prepare_manifest(text: str | bytes, where: Any) -> dict:
+    """A parsed manifest with the lookup tables readers use (``_starts``, ``_columns``)."""
+    try:
+        meta = json.loads(text)
+    except ValueError as e:
+        raise FormatError(f"{where}: unreadable manifest: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") not in TAR_FORMATS:
+        raise FormatError(f"{where}: unknown format {meta.get('format') if isinstance(meta, dict) else None!r}")
+    starts = [0]
+    for s in meta["shards"]:
+        starts.append(starts[-1] + s["count"])
+    meta["_starts"] = starts
+    meta["_starts_array"] = np.asarray(starts, dtype=np.int64)
+    meta["_columns"] = [{f: c for c, f in enumerate(s["fields"])} for s in meta["shards"]]
+    return meta
 
 
 _OFFSETS_HEADER = re.compile(rb"\{'descr': '<i8', 'fortran_order': False, 'shape': \((\d+), (\d+), 2\), \} *\n")
