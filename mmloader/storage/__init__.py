@@ -7,11 +7,12 @@ from pathlib import Path
 from ..errors import FormatError
 from .base import KeysView, Store
 from .lmdb_store import LMDBStore, LMDBWriter
+from .remote import is_url
 from .shard_index import MANIFEST, build_index
 from .tar_store import TarStore
 from .tar_writer import ShardWriter
 
-__all__ = ["open_store", "Store", "KeysView", "LMDBStore", "LMDBWriter", "TarStore", "ShardWriter",
+__all__ = ["open_store", "open_url", "is_url", "Store", "KeysView", "LMDBStore", "LMDBWriter", "TarStore", "ShardWriter",
            "build_index", "writer_for", "format_for", "FORMATS"]
 
 
@@ -19,11 +20,15 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
     """Open an LMDB dataset or a shard directory (or its ``index.json``); nothing is read yet.
 
     Shard options: ``check_headers`` (default True), ``verify_checksums`` (default False).
+    A URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) opens the dataset on object storage:
+    see :func:`open_url` for its options.
 
     >>> ds = open_store("data.lmdb"); len(ds)    # doctest: +SKIP
     """
     if isinstance(path, Store):
         return path
+    if is_url(path):
+        return open_url(str(path), **options)
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"dataset {p} does not exist")
@@ -35,6 +40,36 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
     raise FormatError(f"{p} is neither an mmloader LMDB dataset (data.mdb) nor a shard directory "
                       f"({MANIFEST})")
+
+
+def open_url(url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
+             cache_limit: int | str | None = None, **options) -> Store:
+    """A dataset on object storage. The format follows the name as for local paths: a ``.lmdb``
+    suffix is an LMDB dataset (fetched once per node into ``cache_dir``), anything else a shard
+    directory read in place (:class:`~mmloader.storage.remote_tar.RemoteTarStore`: manifest and
+    offset indexes fetched once per process, samples by ranged reads).
+
+    ``storage_options``: client settings (``endpoint``, ``region``, ``access_key_id``, ...;
+    by default the standard environment). ``cache_dir``/``cache_limit`` (default
+    ``$MMLOADER_CACHE_DIR``/``$MMLOADER_CACHE_LIMIT``): a node-local cache of whole shards.
+    Other options: ``readahead``, ``readahead_bytes``, ``chunk_bytes``, ``coalesce``,
+    ``retry_deadline``, ``request_timeout``, ``max_in_flight``, ``check_headers``,
+    ``verify_checksums``.
+    """
+    cache_dir = cache_dir if cache_dir is not None else os.environ.get("MMLOADER_CACHE_DIR") or None
+    cache_limit = cache_limit if cache_limit is not None else os.environ.get("MMLOADER_CACHE_LIMIT") or None
+    if format_for(url) == "lmdb":
+        from .remote_lmdb import open_remote_lmdb
+        lmdb_options = {k: options.pop(k) for k in ("progress", "retry_deadline", "request_timeout") if k in options}
+        if options:
+            raise TypeError(f"{url}: options {sorted(options)} apply to shard directories, not to LMDB datasets")
+        return open_remote_lmdb(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
+                                **lmdb_options)
+    from .remote_tar import RemoteTarStore
+    store = RemoteTarStore(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
+                           **options)
+    store.metadata  # one GET: a missing or foreign dataset is an error here, naming the URL
+    return store
 
 
 FORMATS = ("lmdb", "tar")

@@ -329,10 +329,11 @@ class Location:
     def client(self, purpose: str = "data") -> "_Client":
         """This process's client. ``purpose="meta"`` (small reads while opening a dataset) prefers
         the fork-safe client while this process has not started obstore itself."""
-        kind = "obstore" if obstore_usable() else "fsspec"
-        if purpose == "meta" and kind == "obstore" and not obstore_started_here() and fsspec_usable() \
-                and self.scheme in ("s3", "http"):
-            kind = "fsspec"
+        simple = _SimpleClient.usable(self)
+        if obstore_usable() and (purpose != "meta" or obstore_started_here() or not simple):
+            kind = "obstore"
+        else:
+            kind = "simple" if simple else "fsspec"
         if kind == "fsspec" and not fsspec_usable():
             if _OBSTORE_PID not in (None, os.getpid()):
                 raise RemoteError(
@@ -347,7 +348,7 @@ class Location:
             with self._lock:
                 hit = self._clients.get(kind)
                 if hit is None or hit[0] != pid or hit[1] != env:
-                    made = _ObstoreClient(self) if kind == "obstore" else _FsspecClient(self)
+                    made = {"obstore": _ObstoreClient, "simple": _SimpleClient, "fsspec": _FsspecClient}[kind](self)
                     hit = self._clients[kind] = (pid, env, made)
         return hit[2]
 
@@ -362,6 +363,11 @@ class Location:
         if not requests:
             return []
         return self.client(purpose).get_ranges(list(requests))
+
+    def start_range(self, name: str, start: int, end: int, purpose: str = "data"):
+        """Start fetching bytes ``[start, end)`` of ``name`` in the background: a
+        ``concurrent.futures.Future`` of them."""
+        return self.client(purpose).start_range(name, start, end)
 
     def get_many(self, names: Sequence[str], purpose: str = "data") -> list[bytes]:
         """Several whole objects, concurrently."""
@@ -513,6 +519,9 @@ class _ObstoreClient(_Client):
             return await asyncio.gather(*(self._range(n, a, b) for n, a, b in requests))
         return run(all_())
 
+    def start_range(self, name: str, start: int, end: int):
+        return asyncio.run_coroutine_threadsafe(self._range(name, start, end), event_loop())
+
     def head(self, name: str) -> tuple[int | None, str | None]:
         async def once():
             try:
@@ -560,6 +569,199 @@ class _ObstoreClient(_Client):
         run(self._retrying("DELETE", name, once))
 
 
+class _HTTPStatus(OSError):
+    def __init__(self, status: int, url: str, body: bytes = b""):
+        super().__init__(f"{url}: HTTP status {status}: {body[:200].decode('utf-8', 'replace')}")
+        self.status = status
+
+
+def static_s3_credentials(options: dict) -> tuple[str, str, str | None] | None | bool:
+    """(key, secret, token) from ``storage_options`` or the environment; True for unsigned
+    requests (``skip_signature``); None when credentials come from elsewhere (profiles,
+    instance metadata, ...), which only the full clients resolve."""
+    if str(options.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", ""))).lower() in ("true", "1"):
+        return True
+    key = options.get("access_key_id") or os.environ.get("AWS_ACCESS_KEY_ID")
+    secret = options.get("secret_access_key") or os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        return key, secret, options.get("session_token") or os.environ.get("AWS_SESSION_TOKEN")
+    return None
+
+
+def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[str, str, str | None],
+                  now: float | None = None) -> dict[str, str]:
+    """AWS Signature Version 4 headers for a body-less S3 request (``path`` already quoted).
+
+    >>> h = sigv4_headers("GET", "127.0.0.1:9000", "/b/k", "us-east-1", ("AK", "SK", None), now=0)
+    >>> h["Authorization"].split(", ")[0], h["x-amz-date"]
+    ('AWS4-HMAC-SHA256 Credential=AK/19700101/us-east-1/s3/aws4_request', '19700101T000000Z')
+    """
+    import hashlib
+    import hmac
+    key, secret, token = creds
+    amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    date = amz_date[:8]
+    payload = hashlib.sha256(b"").hexdigest()
+    headers = {"host": host, "x-amz-date": amz_date, "x-amz-content-sha256": payload}
+    if token:
+        headers["x-amz-security-token"] = token
+    names = sorted(headers)
+    canonical = "\n".join([method, path, "", "".join(f"{k}:{headers[k]}\n" for k in names), ";".join(names), payload])
+    scope = f"{date}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    k = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
+    for part in (region, "s3", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+    out = {k: v for k, v in headers.items() if k != "host"}
+    out["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key}/{scope}, SignedHeaders={';'.join(names)}, "
+                            f"Signature={signature}")
+    return out
+
+
+class _SimpleClient(_Client):
+    """The standard library's HTTP client (+ SigV4 for S3 with static credentials): starts in
+    milliseconds and survives fork. Used to open datasets (a few small reads) and where obstore
+    cannot run (a process forked from one that started it)."""
+
+    def __init__(self, location: Location):
+        from urllib.parse import quote, urlsplit
+        self.location = location
+        self._quote = quote
+        self._local = threading.local()
+        opts = location.storage_options
+        if location.scheme == "http":
+            parts = urlsplit(location.url)
+            self.secure, self.host = parts.scheme == "https", parts.netloc
+            self.prefix = parts.path.rstrip("/")
+            self.creds = True
+        else:
+            bucket, _, prefix = location.url.split("://", 1)[1].partition("/")
+            self.creds = static_s3_credentials(opts)
+            self.region = opts.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") \
+                or "us-east-1"
+            endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint:
+                parts = urlsplit(endpoint)
+                self.secure, self.host = parts.scheme == "https", parts.netloc
+                self.prefix = parts.path.rstrip("/") + "/" + bucket + ("/" + prefix if prefix else "")
+            else:
+                self.secure, self.host = True, f"{bucket}.s3.{self.region}.amazonaws.com"
+                self.prefix = "/" + prefix if prefix else ""
+            self.prefix = self.prefix.rstrip("/")
+
+    @staticmethod
+    def usable(location: Location) -> bool:
+        return location.scheme == "http" or (location.scheme == "s3" and
+                                             static_s3_credentials(location.storage_options) is not None)
+
+    def _conn(self):
+        import http.client
+        c = getattr(self._local, "conn", None)
+        if c is None or getattr(self._local, "pid", None) != os.getpid():
+            cls = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
+            c = self._local.conn = cls(self.host, timeout=self.location.policy.request_timeout)
+            self._local.pid = os.getpid()
+        return c
+
+    def _request(self, method: str, name: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
+        path = self._quote(f"{self.prefix}/{name}" if name else self.prefix or "/", safe="/~")
+        hdrs = dict(headers or {})
+        if self.location.scheme == "s3" and self.creds is not True:
+            hdrs.update(sigv4_headers(method, self.host, path, self.region, self.creds))
+        for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
+            conn = self._conn()
+            try:
+                conn.request(method, path, headers=hdrs)
+                resp = conn.getresponse()
+                body = resp.read()
+                return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+            except (ConnectionError, OSError) as e:
+                conn.close()
+                self._local.conn = None
+                import http.client
+                if attempt or not isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError,
+                                                 ConnectionResetError)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _check(self, status: int, body: bytes, name: str) -> None:
+        if status == 404:
+            raise FileNotFoundError(f"{self.url(name)}: no such object")
+        if status in (401, 403):
+            raise PermissionError(f"{self.url(name)}: access denied (HTTP {status})")
+        if status >= 300:
+            raise _HTTPStatus(status, self.url(name), body)
+
+    def _retry(self, what: str, name: str, fn):
+        deadline = _Deadline(self.location.policy, self.url(name), what)
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                rebuilt = deadline.rebuilt
+                delay = deadline.next_delay(e, self.location)
+                if deadline.rebuilt and not rebuilt:
+                    self.__init__(self.location)  # credentials read again
+                time.sleep(delay)
+
+    def get(self, name: str) -> bytes:
+        def once():
+            status, headers, body = self._request("GET", name)
+            self._check(status, body, name)
+            if "content-length" in headers:
+                _check_length(body, int(headers["content-length"]), self.url(name), 0)
+            return body
+        return self._retry("GET", name, once)
+
+    def _range(self, name: str, start: int, end: int) -> bytes:
+        def once():
+            status, _headers, body = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
+            self._check(status, body, name)
+            if status == 200:  # the server ignored Range: cut the range out
+                body = body[start:end]
+            _check_length(body, end - start, self.url(name), start)
+            return body
+        return self._retry(f"GET bytes {start}-{end - 1}", name, once)
+
+    def get_many(self, names: list[str]) -> list[bytes]:
+        if len(names) == 1:
+            return [self.get(names[0])]
+        return list(_background().map(self.get, names))
+
+    def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
+        if len(requests) == 1:
+            return [self._range(*requests[0])]
+        return list(_background().map(lambda r: self._range(*r), requests))
+
+    def start_range(self, name: str, start: int, end: int):
+        return _background().submit(self._range, name, start, end)
+
+    def head(self, name: str) -> tuple[int | None, str | None]:
+        def once():
+            status, headers, body = self._request("HEAD", name)
+            if status == 404:
+                return None, None
+            self._check(status, body, name)
+            return int(headers["content-length"]), headers.get("etag")
+        return self._retry("HEAD", name, once)
+
+    def _full(self) -> "_Client":
+        return _ObstoreClient(self.location) if obstore_usable() else _FsspecClient(self.location)
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        return self._full().list(prefix)
+
+    def put_file(self, name: str, local: str) -> None:
+        self._full().put_file(name, local)
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        self._full().put_bytes(name, data)
+
+    def delete(self, name: str) -> None:
+        self._full().delete(name)
+
+
 class _FsspecClient(_Client):
     """fsspec (s3fs, gcsfs, adlfs, HTTP): fork-safe; the fallback where obstore cannot run."""
 
@@ -594,7 +796,6 @@ class _FsspecClient(_Client):
             kwargs["config_kwargs"] = {"connect_timeout": location.policy.connect_timeout,
                                        "read_timeout": location.policy.request_timeout,
                                        "retries": {"max_attempts": 1}}
-            kwargs["retries"] = 1
         for k in list(opts):
             if k in _CLIENT_OPTION_KEYS:
                 opts.pop(k)
@@ -629,6 +830,9 @@ class _FsspecClient(_Client):
 
     def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
         return self._ranges_or_whole(requests)
+
+    def start_range(self, name: str, start: int, end: int):
+        return _background().submit(lambda: self._ranges_or_whole([(name, start, end)])[0])
 
     def _ranges_or_whole(self, requests) -> list:
         out: list = [None] * len(requests)
@@ -686,6 +890,18 @@ class _FsspecClient(_Client):
             except FileNotFoundError:
                 pass
         self._retry("DELETE", name, once)
+
+
+_POOL: tuple[int, Any] | None = None
+
+
+def _background():
+    """A small per-process thread pool for background requests of the fsspec client."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        import concurrent.futures
+        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="mmloader-fetch"))
+    return _POOL[1]
 
 
 def coalesce(ranges: Iterable[tuple[int, int]], gap: int) -> list[tuple[int, int, list[int]]]:

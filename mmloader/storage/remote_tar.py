@@ -1,0 +1,520 @@
+"""Tar shards read in place on object storage: the manifest and offset indexes fetched once per
+process, samples by ranged GETs — coalesced, concurrent, each checked against its tar header
+exactly like a local read — with read-ahead along the plan and an optional node-local cache.
+
+Three ways a sample's bytes arrive, cheapest first:
+
+1. **The shard cache** (``cache_dir=``): a whole shard copied to local disk, read with ``pread``
+   as a local shard is. A shard is downloaded in the background the first time the plan touches
+   it (and the next shard with it); until it is there, the other two ways serve it.
+2. **Read-ahead chunks** (``readahead=``): the plan is blockwise (runs of ``block_size``
+   consecutive samples, shuffled within a window), so the first sample read from a region of a
+   shard announces the rest of that region within the window. The first touch of a chunk of
+   consecutive samples (about ``chunk_bytes``) starts one large ranged GET for it in the
+   background and is itself served by a small ranged GET; later samples of the chunk are sliced
+   from it. Chunks in memory never exceed ``readahead_bytes``; a chunk is dropped as soon as
+   each of its samples has been served once (so memory follows the window), or when it has sat
+   unused while room is needed. Read-ahead is on by default in the process that opened the
+   store (the thread backend, a single process) and off in worker processes, which read
+   interleaved batches (each would fetch whole chunks to use a fraction of them); the shard
+   cache is the way to share whole shards between worker processes.
+3. **Per-sample ranged GETs**, a batch at once: ranges of one shard less than ``coalesce``
+   bytes apart are merged into one request, and all requests of the batch run concurrently
+   (``max_in_flight``), without the GIL (obstore).
+
+Whatever the way, :meth:`TarStore._member` checks each member against its tar header and size:
+never wrong bytes, whatever a server or a cache returned.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import FormatError, RandomAccessError
+from .remote import Location, Policy, coalesce, join
+from .shard_cache import DEFAULT_CACHE_DIR, ShardCache, parse_limit
+from .shard_index import MANIFEST
+from .tar_stages import group_samples, tar_members
+from .tar_store import TarStore, prepare_manifest
+
+log = logging.getLogger("mmloader")
+
+MAX_INDEXES = 4096  # offset tables kept per process (16 bytes per sample and field each)
+
+
+def offsets_from_bytes(data: bytes, where: str) -> np.ndarray:
+    try:
+        table = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise FormatError(f"{where}: unreadable offset index: {e}") from None
+    if table.dtype != np.int64 or table.ndim != 3 or table.shape[2] != 2:
+        raise FormatError(f"{where}: not an offset index (dtype {table.dtype}, shape {table.shape})")
+    table.flags.writeable = False
+    return table
+
+
+class _Chunk:
+    __slots__ = ("start", "end", "first", "served", "remaining", "future", "data", "nbytes", "used")
+
+    def __init__(self, start: int, end: int, first: int, served: np.ndarray, future):
+        self.start, self.end, self.first = start, end, first
+        self.served = served
+        self.remaining = int((~served).sum())
+        self.future, self.data = future, None
+        self.nbytes = end - start
+        self.used = time.monotonic()
+
+
+class ReadAhead:
+    """Chunks of consecutive samples fetched ahead, within ``budget`` bytes (see module doc)."""
+
+    STALE_S = 5.0  # a chunk unused this long may be dropped when room is needed
+
+    def __init__(self, store: "RemoteTarStore", budget: int, chunk_bytes: int):
+        self.store, self.budget, self.chunk_bytes = store, budget, chunk_bytes
+        self.lock = threading.Lock()
+        self.chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
+        self.held = 0
+        self.seen: dict[int, np.ndarray] = {}
+        self.rows_per_chunk: dict[int, int] = {}
+        self.fetched = 0  # bytes fetched as chunks (for the benchmark's bytes-per-sample)
+
+    def _rows(self, s: int) -> int:
+        r = self.rows_per_chunk.get(s)
+        if r is None:
+            shard = self.store.shards[s]
+            r = self.rows_per_chunk[s] = max(1, int(self.chunk_bytes * shard["count"] // max(shard["bytes"], 1)))
+        return r
+
+    def _span(self, s: int, first: int, last: int) -> tuple[int, int]:
+        table = self.store._shard_index(s)[first:last]
+        offs, sizes = table[..., 0], table[..., 1]
+        present = offs >= 0
+        if not present.any():
+            return 0, 0
+        return int(offs[present].min()) - 512, int((offs + sizes)[present].max())
+
+    def serve(self, s: int, row: int, a: int, b: int):
+        """``(buffer, base)`` holding bytes ``[a, b)`` of shard ``s`` (sample row ``row``) from a
+        chunk, waiting for one in flight; None when this read goes its own way (and a chunk for
+        its region may have been started for the next ones)."""
+        r = self._rows(s)
+        c = row // r
+        with self.lock:
+            chunk = self.chunks.get((s, c))
+            seen = self.seen.get(s)
+            if seen is None:
+                seen = self.seen[s] = np.zeros(self.store.shards[s]["count"], dtype=bool)
+            first = c * r
+            if chunk is None:
+                last = min(first + r, len(seen))
+                if seen[row]:  # served before: a new pass over this region
+                    seen[first:last] = False
+                seen[row] = True
+                start, end = self._span(s, first, last)
+                if end - start > self.budget or not self._room(end - start):
+                    return None
+                name = self.store.shards[s]["file"]
+                future = self.store.location.start_range(name, start, end)
+                chunk = self.chunks[(s, c)] = _Chunk(start, end, first, seen[first:last].copy(), future)
+                self.held += chunk.nbytes
+                self.fetched += chunk.nbytes
+                return None
+            self.chunks.move_to_end((s, c))
+            chunk.used = time.monotonic()
+            future = chunk.future
+        if future is not None:
+            try:
+                data = future.result()
+            except BaseException:
+                with self.lock:
+                    if self.chunks.get((s, c)) is chunk:
+                        del self.chunks[(s, c)]
+                        self.held -= chunk.nbytes
+                raise
+            with self.lock:
+                if chunk.future is not None:
+                    chunk.data, chunk.future = bytes(data), None
+        if not (chunk.start <= a and b <= chunk.end):
+            return None
+        with self.lock:
+            k = row - chunk.first
+            seen[row] = True
+            if not chunk.served[k]:
+                chunk.served[k] = True
+                chunk.remaining -= 1
+                if chunk.remaining <= 0 and self.chunks.get((s, c)) is chunk:
+                    del self.chunks[(s, c)]  # every sample served once: the memory goes back
+                    self.held -= chunk.nbytes
+            return chunk.data, chunk.start
+
+    def _room(self, nbytes: int) -> bool:
+        if self.held + nbytes <= self.budget:
+            return True
+        now = time.monotonic()
+        for key, chunk in list(self.chunks.items()):  # least recently used first
+            if self.held + nbytes <= self.budget:
+                break
+            if chunk.future is None and now - chunk.used > self.STALE_S:
+                del self.chunks[key]
+                self.held -= chunk.nbytes
+        return self.held + nbytes <= self.budget
+
+    def clear(self) -> None:
+        with self.lock:
+            self.chunks.clear()
+            self.held = 0
+
+
+class RemoteTarStore(TarStore):
+    """A shard directory on object storage, with :class:`TarStore`'s API.
+
+    >>> ds = RemoteTarStore("s3://bucket/shards/", cache_dir="/scratch/mm", cache_limit="200G")  # doctest: +SKIP
+    >>> ds[5]["txt"], len(ds)                                                                  # doctest: +SKIP
+    """
+
+    def __init__(self, url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, readahead: bool | None = None,
+                 readahead_bytes: int = 256 << 20, chunk_bytes: int = 8 << 20, coalesce: int = 64 << 10,
+                 check_headers: bool = True, verify_checksums: bool = False, retry_deadline: float | None = None,
+                 request_timeout: float | None = None, max_in_flight: int | None = None):
+        url = url.rstrip("/")
+        if url.endswith("/" + MANIFEST):
+            url = url[:-len(MANIFEST) - 1]
+        policy = Policy.from_env(retry_deadline=retry_deadline, request_timeout=request_timeout,
+                                 max_in_flight=max_in_flight)
+        self.location = Location(url, storage_options or {}, policy)
+        self.check_headers, self.verify_checksums = check_headers, verify_checksums
+        self.path = self.url = self.location.url
+        self.manifest_path = join(self.url, MANIFEST)  # type: ignore[assignment]  # named in messages
+        self.cache_dir = str(cache_dir) if cache_dir is not None else None
+        self.cache_limit = parse_limit(cache_limit)
+        self.readahead, self.readahead_bytes, self.chunk_bytes = readahead, readahead_bytes, chunk_bytes
+        self.coalesce = coalesce
+        self._owner = os.getpid()
+        self._meta = None
+        self._idx = OrderedDict()
+        self._keys = self._order = None
+        self._reset_remote()
+
+    def _reset_remote(self) -> None:
+        """Per-process state: descriptors of cached shards, read-ahead, background downloads.
+        Index tables are plain memory and survive fork."""
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._closing = None
+        self._cache = ShardCache(self.cache_dir, self.url, self.cache_limit) if self.cache_dir else None
+        self._cache_state: dict[int, float] = {}  # shard -> when to look for it in the cache again
+        self._cached: dict[int, str] = {}
+        self._downloads: concurrent.futures.ThreadPoolExecutor | None = None
+        on = self.readahead if self.readahead is not None else (self._cache is None and os.getpid() == self._owner)
+        self._ra = ReadAhead(self, self.readahead_bytes, self.chunk_bytes) if on else None
+        self.bytes_fetched = 0  # by per-sample ranged reads in this process
+
+    def _reset_handles(self) -> None:  # TarStore's hook: keep index tables, reset the rest
+        self._reset_remote()
+
+    def _local(self) -> None:
+        if self._pid != os.getpid():
+            self._reset_remote()
+
+    def __getstate__(self) -> dict:
+        return {"location": self.location, "_meta": self._meta, "check_headers": self.check_headers,
+                "verify_checksums": self.verify_checksums, "cache_dir": self.cache_dir,
+                "cache_limit": self.cache_limit, "readahead": self.readahead,
+                "readahead_bytes": self.readahead_bytes, "chunk_bytes": self.chunk_bytes, "coalesce": self.coalesce,
+                "_owner": self._owner}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.path = self.url = self.location.url
+        self.manifest_path = join(self.url, MANIFEST)
+        self._idx = OrderedDict()
+        self._keys = self._order = None
+        self._reset_remote()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) == os.getpid():
+            for fd in list(getattr(self, "_fds", {}).values()):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def __repr__(self) -> str:
+        return f"RemoteTarStore({self.url!r})"
+
+    # -- metadata and indexes ------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict:
+        if self._meta is None:
+            try:
+                text = self.location.get(MANIFEST, purpose="meta")
+            except FileNotFoundError:
+                raise FormatError(f"{self.url} has no {MANIFEST}{self._tar_hint()}") from None
+            self._meta = prepare_manifest(text, self.manifest_path)
+        return self._meta
+
+    def _tar_hint(self) -> str:
+        try:
+            names = [n for n, _ in self.location.list(purpose="meta")]
+        except Exception:
+            return ""
+        if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names):
+            return f" (it holds tar files: run `mmloader index {self.url}` to index them)"
+        if any(n.endswith("data.mdb") for n in names):
+            return " (it holds an LMDB data.mdb: name the dataset by its .lmdb folder)"
+        return ""
+
+    def shard_path(self, s: int) -> str:
+        return join(self.url, self.shards[s]["file"])
+
+    def _key_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._keys is None:
+            meta = self.metadata
+            raw = self.location.get_many([meta["keys"], meta["key_order"]], purpose="meta")
+            keys = np.load(io.BytesIO(raw[0]), allow_pickle=False)
+            order = np.load(io.BytesIO(raw[1]), allow_pickle=False)
+            self._keys, self._order = keys, order
+        return self._keys, self._order
+
+    def _shard_index(self, s: int) -> np.ndarray:
+        table = self._idx.get(s)
+        if table is None:
+            self.fetch_indexes([s])
+            table = self._idx[s]
+        return table
+
+    def fetch_indexes(self, shards: Sequence[int]) -> None:
+        """Fetch the offset tables of ``shards`` not held yet, concurrently."""
+        missing = sorted({int(s) for s in shards if int(s) not in self._idx})
+        if not missing:
+            return
+        meta = self.metadata
+        for s in missing:
+            if meta["shards"][s]["compressed"]:
+                raise RandomAccessError(
+                    f"shard {self.shard_path(s)} is compressed: it can only be read sequentially "
+                    "(store.iter_samples()). For random access, shuffling and DDP splitting, decompress it "
+                    "and run `mmloader index` again.")
+        names = [meta["shards"][s]["index"] for s in missing]
+        try:
+            raw = self.location.get_many(names, purpose="meta")
+        except FileNotFoundError as e:
+            raise FormatError(f"{e}: an offset index listed in {self.manifest_path} is missing") from None
+        with self._lock:
+            for s, name, data in zip(missing, names, raw):
+                table = offsets_from_bytes(data, join(self.url, name))
+                if table.shape[0] != meta["shards"][s]["count"]:
+                    raise FormatError(f"{name}: {table.shape[0]} rows but the manifest lists "
+                                      f"{meta['shards'][s]['count']} samples for {meta['shards'][s]['file']}")
+                self._idx[s] = table
+                while len(self._idx) > MAX_INDEXES:
+                    self._idx.popitem(last=False)
+
+    # -- the shard cache --------------------------------------------------------------------------------
+    def _cached_fd(self, s: int) -> int | None:
+        """A descriptor of shard ``s``'s cached copy, or None (a download is started if none runs)."""
+        fd = self._fds.get(s)
+        if fd is not None:
+            self._cache.touch(self.shards[s]["file"])
+            return fd
+        now = time.monotonic()
+        if self._cache_state.get(s, 0.0) > now:
+            return None
+        shard = self.shards[s]
+        path = self._cache.lookup(shard["file"], shard["bytes"])
+        if path is None:
+            self._cache_state[s] = now + 0.5
+            self._schedule(s)
+            if s + 1 < len(self.shards):
+                self._schedule(s + 1)
+            return None
+        with self._lock:
+            fd = self._fds.get(s)
+            if fd is None:
+                fd = self._fds[s] = os.open(path, os.O_RDONLY)
+                while len(self._fds) > 64:
+                    _old, old_fd = self._fds.popitem(last=False)
+                    if self._closing is not None:
+                        os.close(self._closing)
+                    self._closing = old_fd
+        self._cache.touch(shard["file"], every=0)
+        return fd
+
+    def _schedule(self, s: int) -> None:
+        if s in self._cached or self.shards[s]["compressed"]:
+            return
+        with self._lock:
+            if s in self._cached:
+                return
+            self._cached[s] = "pending"
+            if self._downloads is None:
+                self._downloads = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="mmloader-cache")
+        self._downloads.submit(self._download_to_cache, s)
+
+    def _download_to_cache(self, s: int) -> None:
+        again = 0.0
+        try:
+            if self.cache_shard(s, wait=False) is None:
+                again = 1.0 if self._cache.refused == "busy" else 30.0
+        except Exception as e:  # reads go on remotely; a later touch tries again
+            log.warning("cache: could not download %s: %s", self.shard_path(s), e)
+            again = 30.0
+        finally:
+            with self._lock:
+                self._cached.pop(s, None)
+            self._cache_state[s] = time.monotonic() + again
+
+    def cache_shard(self, s: int, wait: bool = True, progress=None):
+        """Copy shard ``s`` into the cache (once per node); its path, or None if not cached."""
+        if self._cache is None:
+            raise ValueError(f"{self.url}: no cache_dir was given")
+        shard = self.shards[s]
+        name, size = shard["file"], shard["bytes"]
+
+        def download(fd: int, prog) -> None:
+            self.location.download(name, fd, size, progress=prog)
+            if self.verify_checksums:
+                self._check_sha(fd, s)
+        return self._cache.fetch(name, size, download, wait=wait, progress=progress)
+
+    def prefetch(self, shards: Sequence[int] | None = None, progress: bool = True) -> int:
+        """Fill the cache with ``shards`` (default: all) ahead of training, with a progress bar;
+        returns how many are cached."""
+        from tqdm import tqdm
+        todo = list(range(len(self.shards))) if shards is None else list(shards)
+        total = sum(self.shards[s]["bytes"] for s in todo)
+        done = 0
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"caching {self.url}", disable=not progress) as bar:
+            for s in todo:
+                if self.cache_shard(s, wait=True, progress=bar.update) is not None:
+                    done += 1
+        return done
+
+    def _check_sha(self, fd: int, s: int) -> None:
+        h = hashlib.sha256()
+        pos = 0
+        while chunk := os.pread(fd, 1 << 22, pos):
+            h.update(chunk)
+            pos += len(chunk)
+        if h.hexdigest() != self.shards[s]["sha256"]:
+            raise FormatError(f"shard {self.shard_path(s)}: sha256 {h.hexdigest()[:12]}... does not match the "
+                              f"manifest's {self.shards[s]['sha256'][:12]}...: the object changed since it was written")
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def read_many(self, indices, fields, views: bool = False):
+        self._local()
+        meta = self.metadata
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx):
+            valid = idx[(idx >= 0) & (idx < len(self))]
+            self.fetch_indexes(np.unique(np.searchsorted(meta["_starts_array"], valid, side="right") - 1).tolist())
+        layout = self._batch_layout(idx, fields)
+        if layout.done:
+            return layout.keys, layout.columns
+        keys, columns, head = layout.keys, layout.columns, layout.head
+        starts = meta["_starts"]
+        requests = []  # (row in batch, field or None for the whole span, shard, row in shard, start, end)
+        for rows in layout.groups:
+            s = int(layout.shard_of[rows[0]])
+            for j in rows.tolist():
+                a, b = layout.lo[j], layout.hi[j]
+                if b <= 0:
+                    continue
+                r = int(idx[j]) - starts[s]
+                if layout.one_read[j]:
+                    requests.append((j, None, s, r, a, b))
+                else:
+                    for f, o, z in zip(fields, layout.offs[j], layout.sizes[j]):
+                        if o >= 0:
+                            requests.append((j, f, s, r, o - head, o + z))
+        spans = self._fetch(requests)
+        for (j, f, s, _r, a, b), (buf, base) in zip(requests, spans):
+            for name, o, z in zip(fields, layout.offs[j], layout.sizes[j]):
+                if o >= 0 and (f is None or f == name):
+                    columns[name][j] = self._member(buf, base, keys[j], name, o, z, s, views)
+        return keys, columns
+
+    def _fetch(self, requests) -> list[tuple[Any, int]]:
+        out: list = [None] * len(requests)
+        pending = []
+        for k, (_j, _f, s, r, a, b) in enumerate(requests):
+            if self._cache is not None:
+                fd = self._cached_fd(s)
+                if fd is not None:
+                    out[k] = (os.pread(fd, b - a, a), a)
+                    continue
+            if self._ra is not None:
+                hit = self._ra.serve(s, r, a, b)
+                if hit is not None:
+                    out[k] = hit
+                    continue
+            pending.append(k)
+        if pending:
+            by_shard: dict[int, list[int]] = {}
+            for k in pending:
+                by_shard.setdefault(requests[k][2], []).append(k)
+            gets, members = [], []
+            for s, ks in by_shard.items():
+                name = self.shards[s]["file"]
+                for start, end, inside in coalesce([(requests[k][4], requests[k][5]) for k in ks], self.coalesce):
+                    gets.append((name, start, end))
+                    members.append([ks[i] for i in inside])
+            datas = self.location.get_ranges(gets)
+            for (_name, start, end), inside, data in zip(gets, members, datas):
+                self.bytes_fetched += end - start
+                buf = bytes(data)
+                for k in inside:
+                    out[k] = (buf, start)
+        return out
+
+    def field_size(self, index: int, field: str) -> int:
+        s, row = self.locate(index)
+        c = self.metadata["_columns"][s].get(field)
+        return 0 if c is None else max(int(self._shard_index(s)[row, c, 1]), 0)
+
+    # -- whole shards -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def local_shard(self, s: int, progress: bool = False) -> Iterator[str]:
+        """A local file holding shard ``s``: its cached copy, or a temporary download."""
+        if self._cache is not None:
+            path = self.cache_shard(s, wait=True)
+            if path is not None:
+                yield str(path)
+                return
+        shard = self.shards[s]
+        from tqdm import tqdm
+        with tempfile.NamedTemporaryFile(prefix=".mmloader-shard-", suffix=".tar") as tmp, \
+                tqdm(total=shard["bytes"], unit="B", unit_scale=True, desc=f"fetching {shard['file']}",
+                     disable=not progress, leave=False) as bar:
+            self.location.download(shard["file"], tmp.fileno(), shard["bytes"], progress=bar.update)
+            yield tmp.name
+
+    def iter_samples(self, shards: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
+        for s in range(len(self.shards)) if shards is None else shards:
+            with self.local_shard(s) as path:
+                for sample in group_samples(tar_members(path), where=self.shard_path(s)):
+                    sample.pop("__offsets__")
+                    yield sample
+
+    def stats(self) -> dict:
+        """Bytes fetched in this process: by per-sample ranged reads and as read-ahead chunks."""
+        return {"ranged": self.bytes_fetched, "readahead": self._ra.fetched if self._ra is not None else 0}
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("MMLOADER_CACHE_DIR") or DEFAULT_CACHE_DIR
+

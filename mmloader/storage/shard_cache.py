@@ -1,0 +1,270 @@
+"""A node-local cache of whole files from object storage (tar shards, LMDB data files).
+
+``cache_dir`` may be shared by every process and rank of a node:
+
+* **One download per file per node.** A download holds an exclusive ``flock`` on a hidden
+  ``.NAME.lock``; a second process wanting the same file either waits for it (``wait=True``)
+  or reads remotely meanwhile. The kernel drops a lock when its holder dies, SIGKILL included,
+  so no lock outlives its process.
+* **Nothing partial is ever visible.** A download goes into a hidden ``.NAME.part-PID-TOKEN``
+  (allocated at its full size, so it counts against the limit from the start), is synced and
+  renamed into place when complete. A part whose lock is free belongs to a dead process and is
+  removed.
+* **Bounded.** Before a download, least-recently-used cached files are evicted until the new one
+  fits under ``cache_limit`` bytes (counting files being downloaded); if it cannot fit, it is not
+  cached (the reader keeps reading remotely). Eviction only ever deletes files that this cache
+  wrote: regular files inside ``mmloader-*`` folders that carry the cache's marker file, never
+  anything else under ``cache_dir``. A file evicted while a reader has it open stays readable
+  through that reader's descriptor.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Callable
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+log = logging.getLogger("mmloader")
+
+MARKER = ".mmloader-cache"
+GLOBAL_LOCK = ".mmloader-cache.lock"
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "mmloader")
+
+
+def parse_limit(limit: int | str | None) -> int | None:
+    """``cache_limit`` in bytes: an integer, or ``"20G"``, ``"512M"`` (powers of 1024).
+
+    >>> parse_limit("2G"), parse_limit(1000), parse_limit(None)
+    (2147483648, 1000, None)
+    """
+    if limit is None or isinstance(limit, int):
+        if isinstance(limit, int) and limit < 1:
+            raise ValueError(f"cache_limit={limit!r}: expected a positive number of bytes")
+        return limit
+    text = str(limit).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    try:
+        value = int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise ValueError(f"cache_limit={limit!r}: expected bytes, e.g. 20G or 500000000") from None
+    if value < 1:
+        raise ValueError(f"cache_limit={limit!r}: expected a positive number of bytes")
+    return value
+
+
+def _flock(fd: int, blocking: bool) -> bool:
+    if fcntl is None:  # pragma: no cover
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        return True
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return False
+        raise
+
+
+class ShardCache:
+    """Whole files of one dataset URL under ``cache_dir/mmloader-HASH/``.
+
+    >>> cache = ShardCache("/scratch/cache", "s3://bucket/ds", limit=20 << 30)   # doctest: +SKIP
+    >>> cache.fetch("data-000000.tar", size, location)                            # doctest: +SKIP
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, url: str, limit: int | None = None, tag: str = ""):
+        self.root = Path(cache_dir).expanduser().absolute()
+        self.url, self.limit, self.tag = url, limit, tag
+        digest = hashlib.sha256(f"{url}\0{tag}".encode()).hexdigest()[:16]
+        self.dir = self.root / f"mmloader-{digest}"
+        self._touched: dict[str, float] = {}
+        self.refused = ""  # why the last fetch returned None: "busy" (another download) or "full"
+
+    def __getstate__(self) -> dict:
+        return {"root": str(self.root), "url": self.url, "limit": self.limit, "tag": self.tag}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], state["url"], state["limit"], state["tag"])
+
+    def _ensure_dir(self) -> None:
+        if not (self.dir / MARKER).is_file():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / f"{MARKER}.{os.getpid()}.{secrets.token_hex(3)}"
+            tmp.write_text(json.dumps({"url": self.url, "tag": self.tag}))
+            os.replace(tmp, self.dir / MARKER)
+
+    @staticmethod
+    def local_name(name: str) -> str:
+        return name.replace("/", "__")
+
+    def path(self, name: str) -> Path:
+        return self.dir / self.local_name(name)
+
+    def lookup(self, name: str, size: int | None = None) -> Path | None:
+        """The cached copy of ``name`` if there is one (of ``size`` bytes when given)."""
+        p = self.path(name)
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        if size is not None and st.st_size != size:
+            return None
+        return p
+
+    def touch(self, name: str, every: float = 5.0) -> None:
+        """Record a use (the file's mtime orders eviction), at most once per ``every`` seconds."""
+        now = time.monotonic()
+        if now - self._touched.get(name, -every) >= every:
+            self._touched[name] = now
+            try:
+                os.utime(self.path(name))
+            except OSError:
+                pass
+
+    # -- download ----------------------------------------------------------------------------------
+    def fetch(self, name: str, size: int, download: Callable[[int, Callable[[int], None] | None], None],
+              wait: bool = True, progress: Callable[[int], None] | None = None) -> Path | None:
+        """The cached copy of ``name``, downloading it first if needed: ``download(fd, progress)``
+        writes the ``size`` bytes into ``fd``. Returns None when the file is not cached: another
+        process is downloading it and ``wait`` is False, or it cannot fit under the limit."""
+        hit = self.lookup(name, size)
+        if hit is not None:
+            self.touch(name, every=0)
+            return hit
+        self._ensure_dir()
+        lock_fd = os.open(self.dir / f".{self.local_name(name)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _flock(lock_fd, blocking=False):
+                if not wait:
+                    self.refused = "busy"
+                    return None
+                _flock(lock_fd, blocking=True)  # another process downloads it: wait for that
+            hit = self.lookup(name, size)
+            if hit is not None:
+                self.touch(name, every=0)
+                return hit
+            final = self.path(name)
+            if final.exists():  # wrong size: a stale copy of an older version
+                final.unlink()
+            for stale in self.dir.glob(f".{self.local_name(name)}.part-*"):
+                stale.unlink(missing_ok=True)  # we hold the lock: no live writer owns these
+            part = self._reserve(name, size)
+            if part is None:
+                self.refused = "full"
+                return None
+            try:
+                fd = os.open(part, os.O_WRONLY)
+                try:
+                    download(fd, progress)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if os.path.getsize(part) != size:
+                    raise OSError(f"{self.url}/{name}: downloaded {os.path.getsize(part)} bytes, expected {size}")
+                os.replace(part, final)
+            except BaseException:
+                try:
+                    os.unlink(part)
+                except OSError:
+                    pass
+                raise
+            log.info("cached %s/%s (%d bytes) in %s", self.url, name, size, final)
+            return final
+        finally:
+            os.close(lock_fd)  # closing drops the flock
+
+    def _reserve(self, name: str, size: int) -> Path | None:
+        """Make room for ``size`` bytes (evicting least-recently-used cached files) and create the
+        part file at its full size, all under the cache-wide lock; None if it cannot fit."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        gfd = os.open(self.root / GLOBAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _flock(gfd, blocking=True)
+            if self.limit is not None:
+                finals, held = self.usage()
+                used = sum(s for _m, s, _p in finals) + held
+                if size > self.limit:
+                    log.info("%s/%s (%d bytes) is larger than cache_limit=%d: not cached", self.url, name, size,
+                             self.limit)
+                    return None
+                for _mtime, fsize, p in sorted(finals):
+                    if used + size <= self.limit:
+                        break
+                    try:
+                        p.unlink()
+                        used -= fsize
+                        log.info("cache: evicted %s (%d bytes)", p, fsize)
+                    except FileNotFoundError:
+                        used -= fsize
+                    except OSError as e:
+                        log.warning("cache: cannot evict %s: %s", p, e)
+                if used + size > self.limit:
+                    return None  # the rest is held by downloads in progress
+            part = self.dir / f".{self.local_name(name)}.part-{os.getpid()}-{secrets.token_hex(3)}"
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            return part
+        finally:
+            os.close(gfd)
+
+    def usage(self) -> tuple[list[tuple[float, int, Path]], int]:
+        """(cached files as (mtime, size, path), bytes held by live downloads) over the whole
+        ``cache_dir``; parts of dead downloads are removed on the way."""
+        finals: list[tuple[float, int, Path]] = []
+        held = 0
+        try:
+            dirs = [d for d in self.root.iterdir() if d.name.startswith("mmloader-") and (d / MARKER).is_file()]
+        except OSError:
+            return finals, held
+        for d in dirs:
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                if not e.is_file(follow_symlinks=False):
+                    continue
+                if not e.name.startswith("."):
+                    st = e.stat(follow_symlinks=False)
+                    finals.append((st.st_mtime, st.st_size, Path(e.path)))
+                elif ".part-" in e.name:
+                    base = e.name[1:].split(".part-", 1)[0]
+                    if self._owner_alive(d, base):
+                        held += e.stat(follow_symlinks=False).st_size
+                    else:
+                        try:
+                            os.unlink(e.path)
+                        except OSError:
+                            pass
+        return finals, held
+
+    @staticmethod
+    def _owner_alive(d: Path, base: str) -> bool:
+        """Whether some process holds the download lock of ``base`` (so its part is live)."""
+        try:
+            fd = os.open(d / f".{base}.lock", os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        try:
+            if _flock(fd, blocking=False):
+                return False  # free: the part's writer is gone
+            return True
+        finally:
+            os.close(fd)
+
+    def size(self) -> int:
+        """Bytes cached over the whole ``cache_dir`` (all datasets), downloads in progress included."""
+        finals, held = self.usage()
+        return sum(s for _m, s, _p in finals) + held

@@ -1,0 +1,253 @@
+"""Real servers on 127.0.0.1 for the object-storage tests, started and stopped by the tests.
+
+* :class:`MotoS3`: moto's server mode (``ThreadedMotoServer``, a real S3 HTTP API), with a bucket.
+* :class:`RangeServer`: a standard-library HTTP server over a folder that honours ``Range``.
+* :class:`FaultProxy`: an HTTP proxy in front of either, injecting latency, 5xx bursts, connection
+  resets, truncated bodies and hung requests, and that can be killed and restarted on its port.
+"""
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import socket
+import socketserver
+import struct
+import threading
+import time
+from pathlib import Path
+
+
+class MotoS3:
+    """moto's S3 server on a free loopback port, with ``bucket`` created."""
+
+    def __init__(self, bucket: str = "mmloader-test"):
+        from moto.server import ThreadedMotoServer
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.port = port
+        self.bucket = bucket
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                    "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true"}
+        self.client().create_bucket(Bucket=bucket)
+
+    def client(self, endpoint: str | None = None):
+        import boto3
+        return boto3.client("s3", endpoint_url=endpoint or self.endpoint, aws_access_key_id="testing",
+                            aws_secret_access_key="testing", region_name="us-east-1")
+
+    def upload(self, local: str | os.PathLike, prefix: str) -> str:
+        """Copy a local dataset folder to ``s3://bucket/prefix/``; returns that URL."""
+        c = self.client()
+        local = Path(local)
+        for p in sorted(local.rglob("*")):
+            if p.is_file():
+                c.upload_file(str(p), self.bucket, f"{prefix}/{p.relative_to(local).as_posix()}")
+        return f"s3://{self.bucket}/{prefix}"
+
+    def keys(self, prefix: str) -> list[str]:
+        out = self.client().list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for o in out.get("Contents", []))
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return None
+        f = open(path, "rb")
+        size = os.fstat(f.fileno()).st_size
+        start, end = 0, size
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            if a:
+                start, end = int(a), min(int(b) + 1, size) if b else size
+            else:
+                start = max(size - int(b), 0)
+            if start >= size:
+                f.close()
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("ETag", f'"{size}-{int(os.fstat(f.fileno()).st_mtime_ns)}"')
+        self.end_headers()
+        f.seek(start)
+        self._left = end - start
+        return f
+
+    def copyfile(self, source, outputfile) -> None:
+        left = self._left
+        while left > 0:
+            chunk = source.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            outputfile.write(chunk)
+            left -= len(chunk)
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class RangeServer:
+    """A static HTTP server over ``root`` on 127.0.0.1 that honours ``Range``."""
+
+    def __init__(self, root: str | os.PathLike):
+        root = str(root)
+
+        class Handler(_RangeHandler):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, directory=root, **kw)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FaultProxy:
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream`` (``host:port``) with faults to order.
+
+    ``latency`` seconds are added to every request. ``fail(n, status)`` answers the next ``n``
+    requests with ``status`` (503 SlowDown by default); ``reset(n)`` closes the next ``n``
+    connections with a TCP reset before answering; ``truncate(n)`` sends the next ``n`` bodies
+    half-way and closes; ``hang(n)`` holds the next ``n`` requests without answering until
+    :meth:`stop`. :meth:`stop` kills the server (its port refuses connections); :meth:`start`
+    brings it back on the same port. ``requests`` counts the requests seen, ``ranges`` the
+    ``Range`` headers (and ``gets`` the paths) forwarded.
+    """
+
+    def __init__(self, upstream: str, port: int = 0):
+        self.upstream = upstream
+        self.latency = 0.0
+        self.lock = threading.Lock()
+        self.faults: list[str] = []
+        self.requests = 0
+        self.ranges: list[tuple[str, str | None]] = []
+        self._hung = threading.Event()
+        self.port = port
+        self.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _next_fault(self) -> str | None:
+        with self.lock:
+            self.requests += 1
+            return self.faults.pop(0) if self.faults else None
+
+    def fail(self, n: int = 1, status: int = 503) -> None:
+        with self.lock:
+            self.faults += [f"status:{status}"] * n
+
+    def reset(self, n: int = 1) -> None:
+        with self.lock:
+            self.faults += ["reset"] * n
+
+    def truncate(self, n: int = 1) -> None:
+        with self.lock:
+            self.faults += ["truncate"] * n
+
+    def hang(self, n: int = 1) -> None:
+        with self.lock:
+            self.faults += ["hang"] * n
+
+    def start(self) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _forward(self) -> None:
+                fault = proxy._next_fault()
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if proxy.latency:
+                    time.sleep(proxy.latency)
+                if fault == "reset":
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if fault == "hang":
+                    proxy._hung.wait(120)
+                    self.close_connection = True
+                    return
+                if fault and fault.startswith("status:"):
+                    status = int(fault.split(":")[1])
+                    payload = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
+                               b"<Message>Please reduce your request rate.</Message></Error>")
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                with proxy.lock:
+                    proxy.ranges.append((self.path, self.headers.get("Range")))
+                conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length", "server",
+                                         "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if fault == "truncate" and self.command == "GET" and len(data) > 1:
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+        self._hung.clear()
+        for _ in range(50):
+            try:
+                self.httpd = _Server(("127.0.0.1", self.port), Handler)
+                break
+            except OSError:
+                time.sleep(0.1)  # the port of a server just stopped may linger a moment
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._hung.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
