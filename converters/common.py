@@ -24,7 +24,8 @@ from tqdm import tqdm
 import mmloader
 from mmloader.errors import MMLoaderError
 from mmloader.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
-from mmloader.storage import format_for
+from mmloader.storage import format_for, is_url
+from mmloader.storage.remote_write import check_remote_destination
 from mmloader.storage.atomic import check_not_busy, clean_stale_partials
 from mmloader.storage.meta import TAR_FORMATS
 from mmloader.storage.shard_index import MANIFEST
@@ -230,6 +231,9 @@ def check_paths(src: str, dst: str, overwrite: bool) -> list[str]:
     conversions; returns what it did, for the summary."""
     if not os.path.exists(src):
         raise ConversionError(f"source {src} does not exist")
+    if is_url(dst):  # object storage: written locally, uploaded, manifest last (mmloader.storage.remote_write)
+        check_remote_destination(dst, overwrite)
+        return []
     real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
     if _inside(real_src, real_dst):
         raise ConversionError(f"the destination {dst} is the source {src} or holds it: refusing "
@@ -604,6 +608,8 @@ def _reason_class(reason: str) -> str:
 
 
 def report_path_for(dst: str) -> Path:
+    if is_url(dst):  # the report stays local, in the working directory
+        return Path.cwd() / (dst.rstrip("/").rsplit("/", 1)[-1] + ".skipped.tsv")
     return Path(str(Path(dst).absolute()) + ".skipped.tsv")
 
 

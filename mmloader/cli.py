@@ -39,11 +39,15 @@ def _verify(args) -> int:
 
 
 def _index(args) -> int:
-    from .storage import build_index
-    manifest = build_index(args.dir, output=args.output, progress=not args.quiet)
+    from .storage import build_index, is_url
+    if is_url(args.dir):
+        from .storage.remote_write import build_index_remote
+        manifest = build_index_remote(args.dir, output=args.output, progress=not args.quiet)
+    else:
+        manifest = build_index(args.dir, output=args.output, progress=not args.quiet)
     comp = sum(1 for s in manifest["shards"] if s["compressed"])
     print(f"indexed {manifest['count']} samples in {len(manifest['shards'])} shards "
-          f"(fields: {', '.join(manifest['fields'])}) -> {args.output or args.dir}/index.json")
+          f"(fields: {', '.join(manifest['fields'])}) -> {(args.output or args.dir).rstrip('/')}/index.json")
     if comp:
         print(f"note: {comp} compressed shard(s) can be read sequentially only; decompress them "
               "for random access, shuffling and DDP splitting")
@@ -141,21 +145,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = _sub(sub, "inspect", "format, counts, fields, shards and a preview of a dataset",
-             ["mmloader inspect out.lmdb", "mmloader inspect shards/ -n 0"])
-    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory")
+             ["mmloader inspect out.lmdb", "mmloader inspect shards/ -n 0", "mmloader inspect s3://bucket/shards/"])
+    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory, local or a URL (s3://, gs://, az://, "
+                   "https://)")
     s.add_argument("-n", "--preview", type=_int_at_least(0), default=3, help="samples to preview (default 3)")
     s.set_defaults(func=_inspect)
 
     s = _sub(sub, "verify", "check manifest, checksums, indexes and fields; exit 1 listing each problem",
-             ["mmloader verify out.lmdb", "mmloader verify shards/ --decode -q"])
-    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory")
+             ["mmloader verify out.lmdb", "mmloader verify shards/ --decode -q", "mmloader verify s3://bucket/shards/"])
+    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory, local or a URL")
     s.add_argument("--decode", action="store_true", help="also decode every image")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_verify)
 
     s = _sub(sub, "index", "build manifest and offset indexes for tar shards written by other tools",
-             ["mmloader index webdataset-shards/", "mmloader index shards/ -o shards-index/"])
-    s.add_argument("dir", help="a folder of .tar/.tgz/.tar.gz shards")
+             ["mmloader index webdataset-shards/", "mmloader index shards/ -o shards-index/",
+              "mmloader index s3://bucket/img2dataset-shards/"])
+    s.add_argument("dir", help="a folder of .tar/.tgz/.tar.gz shards (or a URL: the index is uploaded beside them)")
     s.add_argument("-o", "--output", help="where to write the index (default: DIR)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_index)
@@ -174,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = _sub(sub, "merge", "combine converted parts into one dataset (no re-encoding)",
              ["mmloader merge out.part0 out.part1 out.part2 out/",
-              "mmloader merge p0.lmdb p1.lmdb all.lmdb --overwrite"])
+              "mmloader merge p0.lmdb p1.lmdb all.lmdb --overwrite", "mmloader merge out.part0 out.part1 s3://bucket/out/"])
     s.add_argument("parts", nargs="+", help="datasets written with --part I/N, in order")
     s.add_argument("dst")
     s.add_argument("--format", choices=("lmdb", "tar"))

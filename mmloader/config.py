@@ -21,7 +21,7 @@ A config is a YAML file or the equivalent dict::
 
 Relative paths are taken from ``root`` (default: the working directory). A
 ``path`` is an mmloader dataset (an LMDB directory, a shard directory or its
-``index.json``) or a text file (``.txt``: one sample per line, field ``txt``;
+``index.json``, local or a URL such as ``s3://bucket/shards/``) or a text file (``.txt``: one sample per line, field ``txt``;
 ``index_path`` says where its line index goes, default beside the file). One
 source without ``mix`` is streamed as it is (no mix around it). Every error
 names the config key at fault, and every option is checked when the config is
@@ -39,7 +39,7 @@ import yaml
 from .errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
 from .mixture import Mix
 from .readers import IMAGE_EXTENSIONS, reader_for
-from .storage import open_store
+from .storage import is_url, open_store
 from .storage.textlines import TextLinesStore
 from .stream import Stream
 from .align import Zipped, zip_readers
@@ -160,6 +160,15 @@ def _modalities(spec: Any, where: str) -> list[tuple[str, dict]]:
 
 
 def _open(path: str, root: Path, where: str, index_path: str | None = None):
+    if is_url(path):  # a dataset on object storage: credentials and cache from the environment
+        if path.rstrip("/").lower().endswith(TEXT_SUFFIXES):
+            raise ConfigError(f"{where}: {path}: text-file sources are read from local files; copy it first")
+        if index_path is not None:
+            raise ConfigError(f"{where}: index_path applies to text files, not to {path}")
+        try:
+            return open_store(path)
+        except (MMLoaderError, OSError, ValueError) as e:
+            raise ConfigError(f"{where}: {e}") from None
     p = Path(path)
     p = p if p.is_absolute() else root / p
     if not p.exists():

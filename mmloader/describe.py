@@ -57,7 +57,8 @@ def format_name(store: Store) -> str:
 
 def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
     store, meta = open_with_metadata(path)
-    lines = [f"path:    {store.path}",
+    lines = [f"path:    {getattr(store, 'url', store.path)}" + (f" (local copy: {store.path})" if
+                                                                  getattr(store, "url", store.path) != store.path else ""),
              f"format:  {format_name(store)} ({meta['format']} v{meta.get('version', '?')})",
              f"samples: {len(store)}"]
     if meta.get("created"):

@@ -1,6 +1,7 @@
 """``mmloader verify``: check a dataset against its own metadata, byte for byte."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zlib
@@ -13,6 +14,7 @@ from .errors import MMLoaderError
 from .readers import IMAGE_EXTENSIONS
 from .readers.image_decode import decode_to_tensor
 from .storage import LMDBStore, Store, TarStore, open_store
+from .storage.remote_tar import RemoteTarStore
 from .storage.tar_stages import group_samples, tar_members
 
 
@@ -64,7 +66,7 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
         report = Report(str(path))
         report.add(str(path), f"cannot open the LMDB environment: {e}")
         return report
-    report = Report(store.path)
+    report = Report(getattr(store, "url", store.path))
     if isinstance(store, LMDBStore):
         try:
             _verify_lmdb(store, meta, report, decode, progress)
@@ -124,58 +126,95 @@ def _verify_shards(store: TarStore, meta: dict, report: Report, decode: bool, pr
     bar = tqdm(total=int(meta["count"]), desc="verifying shards", unit="sample", disable=not progress)
     field_counts: dict[str, int] = {}
     for s, shard in enumerate(meta["shards"]):
-        path = store.shard_path(s)
-        name = shard["file"]
-        if not os.path.isfile(path):
-            report.add(name, "listed in the manifest but missing on disk")
-            continue
-        size = os.path.getsize(path)
-        if size != shard["bytes"]:
-            report.add(name, f"size {size} bytes, manifest says {shard['bytes']} (truncated or replaced?)")
-        h = hashlib.sha256()
-        try:
-            with open(path, "rb") as f:
-                while b := f.read(1 << 22):
-                    h.update(b)
-        except OSError as e:  # one unreadable shard is a problem to list, not the end of the check
-            report.add(name, f"unreadable: {e.strerror or e}")
-            continue
-        if h.hexdigest() != shard["sha256"]:
-            report.add(name, "sha256 checksum mismatch: the file changed since it was written/indexed")
-        try:
-            table = np.load(os.path.join(store.path, shard["index"]), mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as e:
-            report.add(name, f"offset index {shard['index']} unreadable: {e}")
-            continue
-        cols = {f: c for c, f in enumerate(shard["fields"])}
-        start = meta["_starts"][s]
-        row = 0
-        try:
-            for sample in group_samples(tar_members(path), where=path):
-                if row >= shard["count"]:
-                    row += 1
-                    continue
-                key = sample["__key__"]
-                if keys is not None and bytes(keys[start + row]).decode() != key:
-                    report.add(name, f"sample {row}: key {key!r} but the key index says "
-                                     f"{bytes(keys[start + row]).decode()!r}")
-                offsets = sample["__offsets__"]
-                for f, (off, sz) in offsets.items():
-                    field_counts[f] = field_counts.get(f, 0) + 1
-                    c = cols.get(f)
-                    if c is None or row >= len(table) or tuple(table[row, c]) != (off, sz):
-                        report.add(name, f"sample {key!r} field {f!r}: offset index does not match the tar "
-                                         f"(tar: {off}+{sz})")
-                    elif decode and _is_image(f):
-                        _try_decode(report, name, key, f, sample[f])
-                row += 1
-                bar.update(1)
-        except Exception as e:
-            report.add(name, f"tar unreadable after {row} samples: {type(e).__name__}: {e}")
-        if row != shard["count"]:
-            report.add(name, f"{row} samples in the tar, manifest says {shard['count']}")
-        report.samples += min(row, shard["count"])
+        with _local_copy(store, s, report) as path:
+            if path is not None:
+                _verify_shard(store, meta, report, decode, s, path, keys, bar, field_counts)
     bar.close()
     for f, want in meta["field_counts"].items():
         if field_counts.get(f, 0) != want and not report.problems:
             report.add(store.path, f"field {f!r}: {field_counts.get(f, 0)} members, manifest says {want}")
+
+
+@contextlib.contextmanager
+def _local_copy(store: TarStore, s: int, report: Report):
+    """A local file holding shard ``s`` (the shard itself, or a download of a remote one); None
+    (reported) when it is missing."""
+    name = store.shards[s]["file"]
+    if isinstance(store, RemoteTarStore):
+        if store.location.size(name) is None:
+            report.add(name, f"listed in the manifest but missing at {store.url}")
+            yield None
+            return
+        copy = store.local_shard(s)
+        try:
+            path = copy.__enter__()
+        except (MMLoaderError, OSError) as e:
+            report.add(name, f"unreadable: {e}")
+            yield None
+            return
+        try:
+            yield path
+        finally:
+            copy.__exit__(None, None, None)
+        return
+    path = store.shard_path(s)
+    if not os.path.isfile(path):
+        report.add(name, "listed in the manifest but missing on disk")
+        yield None
+        return
+    yield path
+
+
+def _verify_shard(store: TarStore, meta: dict, report: Report, decode: bool, s: int, path: str, keys, bar,
+                  field_counts: dict) -> None:
+    shard = meta["shards"][s]
+    name = shard["file"]
+    size = os.path.getsize(path)
+    if size != shard["bytes"]:
+        report.add(name, f"size {size} bytes, manifest says {shard['bytes']} (truncated or replaced?)")
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while b := f.read(1 << 22):
+                h.update(b)
+    except OSError as e:  # one unreadable shard is a problem to list, not the end of the check
+        report.add(name, f"unreadable: {e.strerror or e}")
+        return
+    if h.hexdigest() != shard["sha256"]:
+        report.add(name, "sha256 checksum mismatch: the file changed since it was written/indexed")
+    try:
+        if isinstance(store, RemoteTarStore):
+            table = store.offset_table(s)
+        else:
+            table = np.load(os.path.join(store.path, shard["index"]), mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, MMLoaderError) as e:
+        report.add(name, f"offset index {shard['index']} unreadable: {e}")
+        return
+    cols = {f: c for c, f in enumerate(shard["fields"])}
+    start = meta["_starts"][s]
+    row = 0
+    try:
+        for sample in group_samples(tar_members(path), where=path):
+            if row >= shard["count"]:
+                row += 1
+                continue
+            key = sample["__key__"]
+            if keys is not None and bytes(keys[start + row]).decode() != key:
+                report.add(name, f"sample {row}: key {key!r} but the key index says "
+                                 f"{bytes(keys[start + row]).decode()!r}")
+            offsets = sample["__offsets__"]
+            for f, (off, sz) in offsets.items():
+                field_counts[f] = field_counts.get(f, 0) + 1
+                c = cols.get(f)
+                if c is None or row >= len(table) or tuple(table[row, c]) != (off, sz):
+                    report.add(name, f"sample {key!r} field {f!r}: offset index does not match the tar "
+                                     f"(tar: {off}+{sz})")
+                elif decode and _is_image(f):
+                    _try_decode(report, name, key, f, sample[f])
+            row += 1
+            bar.update(1)
+    except Exception as e:
+        report.add(name, f"tar unreadable after {row} samples: {type(e).__name__}: {e}")
+    if row != shard["count"]:
+        report.add(name, f"{row} samples in the tar, manifest says {shard['count']}")
+    report.samples += min(row, shard["count"])

@@ -93,13 +93,18 @@ def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
     """An :class:`LMDBWriter` or :class:`ShardWriter` for ``path`` (format by :func:`format_for`).
 
     ``shard_size`` (samples) and ``shard_bytes`` apply to tar only (an LMDB dataset is one
-    file), so one call serves both formats.
+    file), so one call serves both formats. A URL (``s3://bucket/ds/``) writes locally and
+    uploads, the manifest last (``storage_options=`` for the client).
 
     >>> with writer_for("pairs.lmdb") as w:                               # doctest: +SKIP
     ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a red circle"})
     """
     fmt = format_for(path, format)
     shard_options = {k: kwargs.pop(k, None) for k in ("shard_size", "shard_bytes")}
+    if is_url(path):  # written locally, uploaded, manifest last (storage.remote_write)
+        from .remote_write import RemoteWriter
+        opts = {k: v for k, v in shard_options.items() if v is not None} if fmt == "tar" else {}
+        return RemoteWriter(str(path), fmt, **opts, **kwargs)
     if fmt == "lmdb":
         return LMDBWriter(path, **kwargs)
     return ShardWriter(path, **{k: v for k, v in shard_options.items() if v is not None}, **kwargs)

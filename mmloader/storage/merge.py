@@ -34,7 +34,20 @@ def merge(parts: Sequence[str | os.PathLike], dst: str | os.PathLike, *, format:
     >>> merge(["out.part0", "out.part1"], "out")     # doctest: +SKIP
     """
     from . import open_store
+    from .remote import is_url
+    if is_url(str(dst)):  # merged locally, then uploaded, the manifest last
+        import tempfile
+        from .remote_write import _tmp_root, upload_existing, check_destination
+        from .remote import Location
+        fmt = format or ("lmdb" if str(dst).rstrip("/").lower().endswith(".lmdb") else None)
+        for marker_fmt in ("tar", "lmdb"):
+            check_destination(Location(str(dst)), marker_fmt, overwrite)
+        with tempfile.TemporaryDirectory(prefix=".mmloader-merge-", dir=_tmp_root()) as tmp:
+            local = merge(parts, os.path.join(tmp, "merged"), format=fmt, progress=progress)
+            return upload_existing(local, str(dst), overwrite=overwrite, progress=progress)  # type: ignore[return-value]
     stores = [open_store(p) for p in parts]
+    if any(is_url(str(p)) and s.format == "tar" for p, s in zip(parts, stores)):
+        raise FormatError("merge reads tar parts from local folders; download remote parts first")
     fmt = format or ("tar" if all(isinstance(s, TarStore) for s in stores) else "lmdb")
     meta = _user_metadata(stores)
     total = sum(len(s) for s in stores)

@@ -133,27 +133,34 @@ def build_index(directory: str | os.PathLike, output: str | os.PathLike | None =
     out.mkdir(parents=True, exist_ok=True)
     builder = ShardIndexBuilder(out, unique_keys=False)
     for path in tqdm(files, desc="indexing shards", unit="shard", disable=not progress):
-        compressed = is_compressed(path)
-        h = hashlib.sha256()
-
-        class _Tee:  # hash the raw file while tarfile reads it: one pass
-            def __init__(self, f):
-                self.f = f
-
-            def read(self, n=-1):
-                b = self.f.read(n)
-                h.update(b)
-                return b
-
-        with open(path, "rb") as raw:
-            tee = _Tee(raw)
-            try:
-                for sample in group_samples(tar_members(path, with_data=False, fileobj=tee), where=str(path)):
-                    builder.add_sample(sample["__key__"], sample["__offsets__"])
-            except Exception as e:  # tarfile.ReadError, EOFError, zlib.error ...
-                raise FormatError(f"shard {path} is not a readable tar file: {e}") from e
-            while raw_bytes := raw.read(1 << 22):  # trailing padding tarfile did not read
-                h.update(raw_bytes)
-        file = path.name if out == src else str(path)
-        builder.end_shard(file, path.stat().st_size, h.hexdigest(), compressed=compressed)
+        index_shard(builder, path, path.name if out == src else str(path))
     return builder.finish(indexed_from=str(src))
+
+
+def index_shard(builder: ShardIndexBuilder, path: str | os.PathLike, file: str, where: str | None = None) -> None:
+    """Read one tar shard at ``path`` sequentially (hashing it on the way) and add its samples and
+    offsets to ``builder`` under the name ``file``."""
+    path = Path(path)
+    where = where or str(path)
+    compressed = is_compressed(path)
+    h = hashlib.sha256()
+
+    class _Tee:  # hash the raw file while tarfile reads it: one pass
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            b = self.f.read(n)
+            h.update(b)
+            return b
+
+    with open(path, "rb") as raw:
+        tee = _Tee(raw)
+        try:
+            for sample in group_samples(tar_members(path, with_data=False, fileobj=tee), where=where):
+                builder.add_sample(sample["__key__"], sample["__offsets__"])
+        except Exception as e:  # tarfile.ReadError, EOFError, zlib.error ...
+            raise FormatError(f"shard {where} is not a readable tar file: {e}") from e
+        while raw_bytes := raw.read(1 << 22):  # trailing padding tarfile did not read
+            h.update(raw_bytes)
+    builder.end_shard(file, path.stat().st_size, h.hexdigest(), compressed=compressed)

@@ -1,0 +1,239 @@
+"""Writing datasets to object storage: write locally, upload, publish the manifest last.
+
+A shard directory is written by a :class:`ShardWriter` into a local temporary folder; each shard
+is uploaded as soon as it is complete (and removed locally, so local disk holds a shard or two),
+the offset and key indexes at the end, and ``index.json`` — the manifest, whose presence is what
+makes a dataset — strictly last. Readers therefore never see half a dataset: a killed or failed
+upload leaves no manifest. Replacing a dataset (``overwrite``) first removes the old manifest, so
+a reader sees the old dataset or none, never a mixture, then removes old objects the new dataset
+does not have once the new manifest is in place. An LMDB dataset is one object (``data.mdb``),
+uploaded whole (a multipart upload becomes visible only when complete).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from tqdm import tqdm
+
+from ..errors import FormatError
+from .atomic import AtomicWriter
+from .lmdb_store import LMDBWriter
+from .remote import Location
+from .shard_index import MANIFEST, ShardIndexBuilder, index_shard
+from .tar_writer import ShardWriter
+
+
+def _tmp_root() -> str:
+    return os.environ.get("MMLOADER_TMPDIR") or tempfile.gettempdir()
+
+
+def check_destination(location: Location, fmt: str, overwrite: bool) -> None:
+    """FileExistsError when a dataset is already at ``location`` and ``overwrite`` is not given."""
+    marker = MANIFEST if fmt == "tar" else "data.mdb"
+    if not overwrite and location.exists(marker):
+        raise FileExistsError(f"{location.url} already holds a dataset ({marker}); pass overwrite=True "
+                              "(CLI: --overwrite) to replace it")
+
+
+def check_remote_destination(url: str, overwrite: bool, storage_options: dict | None = None) -> None:
+    """Fail early (FileExistsError) when ``url`` already holds a dataset of either format and
+    ``overwrite`` is not given; also checks that the location answers at all."""
+    location = Location(url, storage_options or {})
+    for fmt in ("tar", "lmdb"):
+        check_destination(location, fmt, overwrite)
+
+
+class _UploadingShardWriter(ShardWriter):
+    """A :class:`ShardWriter` that uploads each shard once it is complete and removes it locally."""
+
+    def __init__(self, directory, location: Location, **kwargs):
+        super().__init__(directory, **kwargs)
+        self.location = location
+        self._uploads: list[concurrent.futures.Future] = []
+        self._uploader = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="mmloader-upload")
+        self.uploaded: list[str] = []
+
+    def _close_shard(self) -> None:
+        if self._file is None:
+            return
+        super()._close_shard()
+        synced, name = self._syncs[-1], self._index.shards[-1]["file"]
+        path = self._dir.tmp / name
+
+        def upload() -> None:
+            synced.result()
+            self.location.put_file(name, path)
+            self.uploaded.append(name)
+            os.unlink(path)
+        self._uploads.append(self._uploader.submit(upload))
+
+    def wait_uploads(self) -> None:
+        self._uploader.shutdown(wait=True)
+        for f in self._uploads:
+            f.result()
+
+    def abort(self) -> None:
+        self._uploader.shutdown(wait=True, cancel_futures=True)
+        super().abort()
+
+
+class RemoteWriter(AtomicWriter):
+    """``writer_for("s3://bucket/ds/")``: the same ``write``/``close`` as the local writers.
+
+    >>> with RemoteWriter("s3://bucket/ds", "tar", shard_size=1000) as w:   # doctest: +SKIP
+    ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a cat"})
+    """
+
+    def __init__(self, url: str, fmt: str, *, overwrite: bool = False, storage_options: dict | None = None,
+                 progress: bool = True, metadata: Mapping | None = None, **kwargs: Any):
+        self.location = Location(url, storage_options or {})
+        self.path = self.url = self.location.url
+        self.fmt, self.overwrite, self.progress = fmt, overwrite, progress
+        check_destination(self.location, fmt, overwrite)
+        self._tmp = tempfile.mkdtemp(prefix=".mmloader-upload-", dir=_tmp_root())
+        try:
+            local = os.path.join(self._tmp, "ds.lmdb" if fmt == "lmdb" else "ds")
+            if fmt == "lmdb":
+                self._inner: Any = LMDBWriter(local, metadata=metadata, **kwargs)
+            else:
+                self._old = _old_manifest(self.location) if overwrite else None
+                if self._old is not None:
+                    self.location.delete(MANIFEST)  # readers see the old dataset or none, never a mixture
+                self._inner = _UploadingShardWriter(local, self.location, metadata=metadata, **kwargs)
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+
+    @property
+    def count(self) -> int:
+        return self._inner.count
+
+    def write(self, sample: Mapping[str, Any]) -> int:
+        return self._inner.write(sample)
+
+    def close(self) -> str:  # type: ignore[override]
+        try:
+            if self.fmt == "lmdb":
+                local = self._inner.close()
+                upload_dataset(local, self.location, "lmdb", progress=self.progress)
+            else:
+                inner: _UploadingShardWriter = self._inner
+                inner._close_shard()
+                inner.wait_uploads()
+                local = inner.close()
+                upload_dataset(local, self.location, "tar", progress=self.progress, skip=set(inner.uploaded),
+                               old=self._old)
+        except BaseException:
+            self.abort()
+            raise
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        return self.url
+
+    def abort(self) -> None:
+        try:
+            self._inner.abort()
+        except Exception:
+            pass
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _old_manifest(location: Location) -> dict | None:
+    try:
+        return json.loads(location.get(MANIFEST))
+    except FileNotFoundError:
+        return None
+
+
+def _names_of(manifest: dict) -> set[str]:
+    names = {MANIFEST, manifest.get("keys", ""), manifest.get("key_order", "")}
+    for s in manifest.get("shards", []):
+        names |= {s["file"], s["index"]}
+    return {n for n in names if n}
+
+
+def upload_dataset(local: str | os.PathLike, location: Location, fmt: str, progress: bool = True,
+                   skip: set[str] = frozenset(), old: dict | None = None) -> None:
+    """Upload a local dataset folder: every file but the manifest (shards, then indexes), then the
+    manifest. ``skip``: names already uploaded. ``old``: the manifest being replaced, whose
+    objects the new one does not list are deleted after the new manifest is in place."""
+    local = Path(local)
+    if fmt == "lmdb":
+        files = [local / "data.mdb"]
+    else:
+        files = sorted((p for p in local.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+                        and p.name not in skip), key=lambda p: (not p.name.endswith(".tar"), p.name))
+    total = sum(p.stat().st_size for p in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"uploading to {location.url}", disable=not progress,
+              leave=False) as bar:
+        with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="mmloader-upload") as pool:
+            def put(p: Path) -> None:
+                location.put_file(p.name, p)
+                bar.update(p.stat().st_size)
+            for f in [pool.submit(put, p) for p in files]:
+                f.result()
+        if fmt == "tar":
+            location.put_file(MANIFEST, local / MANIFEST)  # last: its presence means complete
+    if old is not None and fmt == "tar":
+        new = json.loads((local / MANIFEST).read_text())
+        for name in sorted(_names_of(old) - _names_of(new)):
+            location.delete(name)
+
+
+def upload_existing(local: str | os.PathLike, url: str, *, overwrite: bool = False, progress: bool = True,
+                    storage_options: dict | None = None) -> str:
+    """Upload a finished local dataset (LMDB or shard directory) to ``url``, manifest last."""
+    location = Location(url, storage_options or {})
+    local = Path(local)
+    fmt = "lmdb" if (local / "data.mdb").is_file() else "tar"
+    if fmt == "tar" and not (local / MANIFEST).is_file():
+        raise FormatError(f"{local} is not a dataset (no data.mdb or {MANIFEST})")
+    check_destination(location, fmt, overwrite)
+    old = _old_manifest(location) if (overwrite and fmt == "tar") else None
+    if old is not None:
+        location.delete(MANIFEST)
+    upload_dataset(local, location, fmt, progress=progress, old=old)
+    return location.url
+
+
+def build_index_remote(url: str, output: str | None = None, progress: bool = True,
+                       storage_options: dict | None = None,
+                       suffixes: tuple[str, ...] = (".tar", ".tgz", ".tar.gz")) -> dict:
+    """``mmloader index s3://bucket/shards/``: index tar shards already on object storage (e.g.
+    written by img2dataset). Each shard is downloaded once into a temporary file and read
+    sequentially; the offset indexes, key index and manifest are uploaded beside the shards,
+    the manifest last."""
+    location = Location(url, storage_options or {})
+    if output is not None and Location(output).url != location.url:
+        raise ValueError(f"--output {output}: an index of shards on object storage is written beside them "
+                         f"({location.url})")
+    objects = sorted((n, size) for n, size in location.list() if n.endswith(suffixes) and "/" not in n)
+    if not objects:
+        raise FormatError(f"{location.url} holds no tar shards ({', '.join('*' + s for s in suffixes)})")
+    tmp = tempfile.mkdtemp(prefix=".mmloader-index-", dir=_tmp_root())
+    try:
+        out = Path(tmp) / "index"
+        out.mkdir()
+        builder = ShardIndexBuilder(out, unique_keys=False)
+        with tqdm(total=sum(s for _n, s in objects), unit="B", unit_scale=True, desc="indexing shards",
+                  disable=not progress) as bar:
+            for name, size in objects:
+                shard = Path(tmp) / "shard"
+                fd = os.open(shard, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    location.download(name, fd, size, progress=bar.update)
+                finally:
+                    os.close(fd)
+                index_shard(builder, shard, name, where=location.name_url(name))
+                shard.unlink()
+        manifest = builder.finish(indexed_from=location.url)
+        upload_dataset(out, location, "tar", progress=progress)
+        return manifest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
