@@ -22,7 +22,9 @@ class MotoS3:
     """moto's S3 server on a free loopback port, with ``bucket`` created."""
 
     def __init__(self, bucket: str = "mmloader-test"):
+        import logging
         from moto.server import ThreadedMotoServer
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()
@@ -151,6 +153,7 @@ class FaultProxy:
         self.requests = 0
         self.ranges: list[tuple[str, str | None]] = []
         self._hung = threading.Event()
+        self._open: set = set()
         self.port = port
         self.start()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -184,6 +187,19 @@ class FaultProxy:
 
             def log_message(self, *args) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with proxy.lock:
+                    proxy._open.add(self.connection)
+
+            def finish(self) -> None:
+                with proxy.lock:
+                    proxy._open.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass
 
             def _forward(self) -> None:
                 fault = proxy._next_fault()
@@ -248,6 +264,14 @@ class FaultProxy:
         self.thread.start()
 
     def stop(self) -> None:
+        """Kill the server: no new connection is accepted and every open one is cut."""
         self._hung.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+        with self.lock:
+            conns, self._open = list(self._open), set()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

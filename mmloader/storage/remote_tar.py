@@ -378,6 +378,13 @@ class RemoteTarStore(TarStore):
                 self._cached.pop(s, None)
             self._cache_state[s] = time.monotonic() + again
 
+    def wait_for_cache(self) -> None:
+        """Wait for the background shard downloads this process started."""
+        with self._lock:
+            pool, self._downloads = self._downloads, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
     def cache_shard(self, s: int, wait: bool = True, progress=None):
         """Copy shard ``s`` into the cache (once per node); its path, or None if not cached."""
         if self._cache is None:

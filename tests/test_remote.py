@@ -1,0 +1,471 @@
+"""Datasets on object storage, against real servers on 127.0.0.1 started here: moto's S3 server,
+a standard-library HTTP server that honours Range, and a fault-injecting proxy (latency, 503
+bursts, resets, truncated bodies, hung requests, a server killed and restarted)."""
+from __future__ import annotations
+
+import doctest
+import json
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mmloader
+from mmloader.storage import remote, shard_cache
+from mmloader.storage.remote import RemoteError, RemoteUnavailableError
+from mmloader.storage.remote_tar import RemoteTarStore
+
+from conftest import make_samples, write_dataset, write_pairs_folder
+from remote_servers import FaultProxy, MotoS3, RangeServer
+
+pytest.importorskip("moto.server")
+pytest.importorskip("obstore")
+
+HERE = Path(__file__).resolve().parent
+N = 24
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoS3()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    import mmloader.storage.remote_tar as remote_tar
+    monkeypatch.delenv("MMLOADER_CACHE_DIR", raising=False)
+    monkeypatch.setattr(remote_tar, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, s3):
+    root = tmp_path_factory.mktemp("remote-data")
+    tar = write_dataset(root / "shards", N, "tar", shard_size=5)
+    lmdb_path = write_dataset(root / "ds.lmdb", N, "lmdb")
+    urls = {"tar": s3.upload(tar, "shards"), "lmdb": s3.upload(lmdb_path, "ds.lmdb")}
+    http = RangeServer(root)
+    yield {"root": root, "local": {"tar": tar, "lmdb": lmdb_path}, "s3": urls,
+           "http": {"tar": f"{http.url}/shards/", "lmdb": f"{http.url}/ds.lmdb"}, "http_server": http}
+    http.stop()
+
+
+def _all(store) -> list[dict]:
+    return [store[i] for i in range(len(store))]
+
+
+@pytest.mark.parametrize("where", ["s3", "http"])
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_every_sample_from_object_storage_equals_the_local_read(data, where, fmt, tmp_path):
+    local = mmloader.open(data["local"][fmt])
+    store = mmloader.open(data[where][fmt], cache_dir=str(tmp_path / "cache"))
+    assert len(store) == len(local) == N and store.fields == local.fields
+    assert _all(store) == _all(local)
+    order = list(np.random.default_rng(0).permutation(N))
+    for views in (False, True):
+        keys, cols = store.read_many(order, ["jpg", "txt", "cls"], views=views)
+        lkeys, lcols = local.read_many(order, ["jpg", "txt", "cls"])
+        assert keys == lkeys
+        assert {f: [bytes(v) for v in vs] for f, vs in cols.items()} == lcols
+    assert store.get("s00007") == local.get("s00007")
+    assert list(store.keys) == list(local.keys) and "s00003" in store.keys
+
+
+def test_readers_zip_stream_loader_and_configs_over_s3(data, tmp_path):
+    url = data["s3"]["tar"]
+
+    def batches(src, backend):
+        ds = mmloader.zip(image=mmloader.ImageReader(src, "jpg"), caption=mmloader.TextReader(src, "txt"))
+        loader = mmloader.loader(mmloader.Stream(ds, batch_size=5, seed=3, block_size=4), num_workers=2,
+                                 backend=backend)
+        return [(b["__key__"], b["caption"], b["image"].sum().item()) for b in loader]
+    want = batches(str(data["local"]["tar"]), "thread")
+    assert batches(url, "thread") == want
+    config = {"seed": 3, "batch_size": 5, "block_size": 4,
+              "sources": {"s": {"path": url, "modalities": {"image": {"field": "jpg"}, "caption": {"field": "txt"}}}}}
+    loader = mmloader.loader(mmloader.from_config(config), num_workers=2, backend="thread")
+    assert [(b["__key__"], b["caption"], b["image"].sum().item()) for b in loader] == want
+
+
+def test_forked_workers_after_the_parent_used_obstore_read_correctly(data):
+    """obstore's runtime does not survive fork(): workers forked from a process that used it
+    read through the fork-safe client instead, and never hang."""
+    url = data["s3"]["tar"]
+    store = mmloader.open(url, readahead=False)
+    store.read_many([0, 1], ["txt"])  # data reads: this process has started obstore
+    assert remote.obstore_started_here()
+    ds = mmloader.zip(caption=mmloader.TextReader(store, "txt", transform=str.upper))  # -> process backend
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2,
+                             multiprocessing_context="fork")
+    got = sorted(k for b in loader for k in b["__key__"])
+    assert got == sorted(mmloader.open(data["local"]["tar"]).keys)
+
+
+# -- DDP: 2 ranks x 2 worker processes over S3 ----------------------------------------------------------
+def _rank_main(rank: int, init: str, url: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    ds = mmloader.zip(caption=mmloader.TextReader(url, "txt"), label=mmloader.LabelReader(url, "cls"))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=5, block_size=4, window_blocks=2),
+                             num_workers=2, backend="process", multiprocessing_context="fork")
+    got = [list(b["__key__"]) for b in loader]
+    counts = torch.tensor([len(got)])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"batches": got, "max": int(counts),
+                                                        "client": remote.obstore_usable()}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_two_ranks_two_workers_over_s3_every_sample_once_equal_batches(data, tmp_path):
+    import torch.multiprocessing as tmp
+    tmp.spawn(_rank_main, args=(str(tmp_path / "init"), data["s3"]["tar"], str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    per_rank = [r["batches"] for r in results]
+    assert len(per_rank[0]) == len(per_rank[1]) == results[0]["max"] == math.ceil(N / 2 / 4)
+    keys = Counter(k for b in per_rank for batch in b for k in batch)
+    assert set(keys) == set(mmloader.open(data["local"]["tar"]).keys)
+    assert sum(keys.values()) == N  # 24 samples, 2 ranks x 3 batches of 4: no padding, each once
+
+
+def test_resume_mid_epoch_over_s3(data):
+    url = data["s3"]["tar"]
+
+    def loader():
+        return mmloader.loader(mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(url, "txt")), batch_size=3,
+                                               seed=2, block_size=4), num_workers=2, backend="thread")
+    full = [b["__key__"] for b in loader()]
+    first = loader()
+    it = iter(first)
+    seen = [next(it)["__key__"] for _ in range(3)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert seen + [b["__key__"] for b in resumed] == full
+
+
+def test_store_pickles_without_client_or_credentials(data):
+    store = mmloader.open(data["s3"]["tar"])
+    store.read_many([0, 5, 9], ["txt"])
+    blob = pickle.dumps(store)
+    assert b"testing" not in blob and b"obstore" not in blob  # no key from the environment, no client
+    again = pickle.loads(blob)
+    assert again[3] == store[3]
+
+
+# -- coalescing and read-ahead ------------------------------------------------------------------------------
+@pytest.fixture
+def proxied(data, s3):
+    """The S3 datasets seen through a fault-injecting proxy (its own endpoint)."""
+    proxy = FaultProxy(f"127.0.0.1:{s3.port}")
+    yield proxy, {"endpoint": proxy.url}
+    proxy.stop()
+
+
+def test_a_batch_of_adjacent_samples_is_one_coalesced_request(data, proxied):
+    proxy, opts = proxied
+    store = mmloader.open(data["s3"]["tar"], storage_options=opts, readahead=False)
+    store.read_many([0], ["txt"])
+    proxy.ranges.clear()
+    keys, cols = store.read_many([1, 2, 3, 4], ["jpg", "txt"])  # one shard (5 per shard), adjacent
+    shard_gets = [r for p, r in proxy.ranges if p.endswith(".tar")]
+    assert len(shard_gets) == 1, proxy.ranges
+    assert cols == mmloader.open(data["local"]["tar"]).read_many([1, 2, 3, 4], ["jpg", "txt"])[1]
+    proxy.ranges.clear()
+    far = RemoteTarStore(data["s3"]["tar"], storage_options=opts, readahead=False, coalesce=0)
+    far.read_many([0], ["txt"])
+    proxy.ranges.clear()
+    far.read_many([1, 2, 3, 4], ["jpg", "txt"])
+    assert len([r for p, r in proxy.ranges if p.endswith(".tar")]) == 4  # threshold 0: one request per sample
+
+
+def test_readahead_fetches_each_byte_once_within_its_budget(data):
+    local = mmloader.open(data["local"]["tar"])
+    total = sum(s["bytes"] for s in local.shards)
+    store = RemoteTarStore(data["s3"]["tar"], readahead=True, chunk_bytes=4096, readahead_bytes=3 * 4096)
+    held = []
+    for start in range(0, N, 4):  # a sequential pass
+        assert store.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1] == \
+            local.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1]
+        held.append(store._ra.held)
+    assert max(held) <= 3 * 4096
+    stats = store.stats()
+    assert stats["readahead"] > 0
+    assert stats["readahead"] + stats["ranged"] <= 1.5 * total  # no read amplification beyond the first touches
+
+
+# -- the shard cache -------------------------------------------------------------------------------------------
+def test_cache_stays_under_its_limit_over_3_epochs_and_deletes_only_cached_files(data, tmp_path):
+    local = mmloader.open(data["local"]["tar"])
+    sizes = [s["bytes"] for s in local.shards]
+    limit = sum(sizes) // 2
+    cache_dir = tmp_path / "cache"
+    (cache_dir / "mine").mkdir(parents=True)
+    (cache_dir / "mine" / "notes.tar").write_bytes(b"x" * 5000)  # the user's files: never evicted
+    (cache_dir / "big-user-file.bin").write_bytes(b"y" * limit)
+    store = mmloader.open(data["s3"]["tar"], cache_dir=str(cache_dir), cache_limit=limit)
+    cache = store._cache
+    for epoch in range(3):
+        order = np.random.default_rng(epoch).permutation(N).tolist()
+        for i in range(0, N, 4):
+            assert store.read_many(order[i:i + 4], ["jpg"])[1] == local.read_many(order[i:i + 4], ["jpg"])[1]
+            assert cache.size() <= limit
+        store.wait_for_cache()
+        assert cache.size() <= limit
+    finals, _ = cache.usage()
+    assert finals and all(p.parent == cache.dir for _m, _s, p in finals)
+    assert (cache_dir / "mine" / "notes.tar").read_bytes() == b"x" * 5000
+    assert (cache_dir / "big-user-file.bin").stat().st_size == limit
+    assert not list(cache.dir.glob(".*.part-*"))
+
+
+_SHARE = textwrap.dedent("""
+    import os, sys
+    sys.path[:0] = {paths!r}
+    import mmloader
+    store = mmloader.open({url!r}, cache_dir={cache!r}, storage_options={{"endpoint": {endpoint!r}}})
+    print(store.prefetch(progress=False))
+""")
+
+
+def test_two_processes_sharing_a_cache_download_each_shard_once(data, proxied, tmp_path):
+    proxy, opts = proxied
+    proxy.latency = 0.05  # downloads overlap
+    local = mmloader.open(data["local"]["tar"])
+    code = _SHARE.format(paths=[str(HERE.parent), str(HERE)], url=data["s3"]["tar"], cache=str(tmp_path / "c"),
+                         endpoint=opts["endpoint"])
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and [o.split()[-1] for o in outs] == ["5", "5"]
+    for shard in local.shards:
+        whole = f"bytes=0-{shard['bytes'] - 1}"
+        got = [r for path, r in proxy.ranges if path.endswith("/" + shard["file"]) and r == whole]
+        assert len(got) == 1, (shard["file"], got)
+    cached = mmloader.open(data["s3"]["tar"], cache_dir=str(tmp_path / "c"), storage_options=opts)
+    assert _all(cached) == _all(local)
+
+
+_SLOW_DOWNLOAD = textwrap.dedent("""
+    import os, sys
+    sys.path[:0] = {paths!r}
+    import mmloader
+    store = mmloader.open({url!r}, cache_dir={cache!r}, storage_options={{"endpoint": {endpoint!r}}},
+                          retry_deadline=600)
+    print("opened", flush=True)
+    sys.stdin.readline()
+    store.cache_shard(0)
+""")
+
+
+def test_kill_9_during_a_download_leaves_no_partial_visible(data, proxied, tmp_path):
+    proxy, opts = proxied
+    code = _SLOW_DOWNLOAD.format(paths=[str(HERE.parent), str(HERE)], url=data["s3"]["tar"],
+                                 cache=str(tmp_path / "c"), endpoint=opts["endpoint"])
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "opened"
+    proxy.hang(1000)  # every request hangs: the download is in progress when the process dies
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    deadline = time.monotonic() + 30
+    cache = shard_cache.ShardCache(tmp_path / "c", data["s3"]["tar"].rstrip("/"))
+    while not list(cache.dir.glob(".*.part-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(cache.dir.glob(".*.part-*")), "the download never started"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    proxy.faults.clear()
+    name = mmloader.open(data["local"]["tar"]).shards[0]["file"]
+    assert cache.lookup(name) is None and not (cache.dir / name).exists()  # nothing partial under the name
+    assert cache.size() == 0  # the dead download's part is not counted, and is removed
+    store = mmloader.open(data["s3"]["tar"], cache_dir=str(tmp_path / "c"), storage_options=opts)
+    assert store.cache_shard(0) is not None  # its lock died with it
+    assert not list(cache.dir.glob(".*.part-*"))
+    assert store[0] == mmloader.open(data["local"]["tar"])[0]
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+def test_converting_to_s3_then_reading_back_equals_the_local_conversion(s3, tmp_path):
+    from converters import pairs
+    raw = write_pairs_folder(tmp_path / "raw", 12, 16)
+    for fmt, suffix in (("tar", ""), ("lmdb", ".lmdb")):
+        assert pairs.main([str(raw), str(tmp_path / f"local{suffix}"), "--shard-size", "5", "-q"]) == 0
+        url = f"s3://{s3.bucket}/converted-{fmt}{suffix}"
+        assert pairs.main([str(raw), url, "--shard-size", "5", "-q"]) == 0
+        assert _all(mmloader.open(url, cache_dir=str(tmp_path / "c"))) == _all(mmloader.open(tmp_path / f"local{suffix}"))
+        assert pairs.main([str(raw), url, "-q"]) == 1  # exists: refused without --overwrite
+        assert pairs.main([str(raw), url, "--overwrite", "--shard-size", "3", "-q"]) == 0
+        assert len(mmloader.open(url, cache_dir=str(tmp_path / "c2"))) == 12
+    names = s3.keys("converted-tar/")
+    assert "converted-tar/index.json" in names and "converted-tar/data-000003.tar" in names  # 12 / 3 shards
+    assert "converted-tar/data-000004.tar" not in names  # objects of the replaced dataset removed
+
+
+_KILLED_UPLOAD = textwrap.dedent("""
+    import sys
+    sys.path[:0] = {paths!r}
+    import mmloader
+    from conftest import make_samples
+    with mmloader.writer_for({url!r}, shard_size=2, storage_options={{"endpoint": {endpoint!r}}}) as w:
+        for i, s in enumerate(make_samples(40)):
+            w.write(s)
+            if i == 8:
+                print("writing", flush=True)
+""")
+
+
+def test_a_killed_upload_leaves_no_manifest(s3, proxied):
+    proxy, opts = proxied
+    url = f"s3://{s3.bucket}/killed"
+    proxy.latency = 0.3
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_UPLOAD.format(paths=[str(HERE.parent), str(HERE)], url=url,
+                                                                      endpoint=opts["endpoint"])],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "writing"
+    deadline = time.monotonic() + 30
+    while not s3.keys("killed/") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert s3.keys("killed/") and "killed/index.json" not in s3.keys("killed/")  # shards, but no dataset
+    with pytest.raises(mmloader.FormatError, match="killed has no index.json"):
+        mmloader.open(url)
+
+
+def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
+    import webdataset as wds
+    from mmloader.cli import main
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with wds.ShardWriter(str(foreign / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
+        for smp in make_samples(15):
+            sw.write({"__key__": smp["__key__"], "txt": smp["txt"], "jpg": smp["jpg"]})
+    url = s3.upload(foreign, "foreign")
+    assert main(["index", url, "-q"]) == 0
+    assert main(["verify", url, "-q"]) == 0
+    assert main(["inspect", url, "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "samples: 15" in out and url in out
+    assert main(["merge", str(data["local"]["tar"]), str(data["local"]["tar"]), f"s3://{s3.bucket}/merged",
+                 "-q"]) == 1  # the same part twice: duplicate keys, refused, nothing published
+    assert "merged/index.json" not in s3.keys("merged/")
+    assert main(["merge", str(data["local"]["tar"]), f"s3://{s3.bucket}/merged", "-q"]) == 0
+    assert _all(mmloader.open(f"s3://{s3.bucket}/merged")) == _all(mmloader.open(data["local"]["tar"]))
+    assert main(["inspect", f"s3://{s3.bucket}/nothing-here"]) == 1
+    assert "s3://mmloader-test/nothing-here has no index.json" in capsys.readouterr().err
+
+
+def test_preview_bench_and_plan_on_urls(data, tmp_path, capsys):
+    from mmloader.cli import main
+    url = data["s3"]["tar"]
+    assert main(["preview", url, "-o", str(tmp_path / "p.png"), "-n", "4"]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert main(["bench", url, "--epochs", "1", "--batch-size", "8", "--workers", "1"]) == 0
+    config = tmp_path / "c.yaml"
+    config.write_text(f"batch_size: 4\nsources:\n  s:\n    path: {url}\n    modalities:\n      caption: {{field: txt}}\n")
+    assert main(["plan", str(config), "--world", "2"]) == 0
+    assert "12 samples per rank = 3 batches of 4" in capsys.readouterr().out
+
+
+# -- faults ----------------------------------------------------------------------------------------------------
+def test_503_bursts_resets_truncated_bodies_and_latency_are_retried(data, proxied):
+    proxy, opts = proxied
+    local = mmloader.open(data["local"]["tar"])
+    store = mmloader.open(data["s3"]["tar"], storage_options=opts, readahead=False, retry_deadline=30)
+    proxy.latency = 0.02
+    proxy.fail(4)
+    proxy.reset(3)
+    proxy.truncate(3)
+    proxy.fail(2, status=500)
+    proxy.fail(2, status=429)
+    for i in range(0, N, 6):
+        assert store.read_many(list(range(i, i + 6)), ["jpg", "txt"])[1] == \
+            local.read_many(list(range(i, i + 6)), ["jpg", "txt"])[1]
+    assert not proxy.faults  # every fault was served, and recovered from
+
+
+def test_a_server_restarted_mid_epoch_pauses_the_loader_then_it_continues(data, proxied):
+    proxy, opts = proxied
+    url = data["s3"]["tar"]
+    ds = mmloader.zip(caption=mmloader.TextReader(mmloader.open(url, storage_options=opts, readahead=False,
+                                                                retry_deadline=30), "txt"))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=0, block_size=4), num_workers=1, backend="thread",
+                             prefetch_factor=1)
+    got, pause = [], 0.0
+    for j, batch in enumerate(loader):
+        got += batch["__key__"]
+        if j == 1:
+            proxy.stop()
+            threading.Timer(1.5, proxy.start).start()
+            t0 = time.monotonic()
+        if j == 2:
+            pause = time.monotonic() - t0
+    assert sorted(got) == sorted(mmloader.open(data["local"]["tar"]).keys)
+    assert pause >= 0.5  # it waited for the server (the batch in flight may have been read already)
+
+
+def test_a_server_gone_raises_an_error_naming_the_url_within_the_deadline(data, proxied):
+    proxy, opts = proxied
+    store = mmloader.open(data["s3"]["tar"], storage_options=opts, readahead=False, retry_deadline=2)
+    store.read_many([0], ["txt"])
+    proxy.stop()
+    ds = mmloader.zip(caption=mmloader.TextReader(store, "txt"))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=0), num_workers=2, backend="thread")
+    t0 = time.monotonic()
+    with pytest.raises(RemoteUnavailableError, match=r"s3://mmloader-test/shards/data-00000\d\.tar.*retry_deadline=2"):
+        for _ in loader:
+            pass
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_hung_request_times_out_and_is_retried(data, proxied):
+    proxy, opts = proxied
+    store = mmloader.open(data["s3"]["tar"], storage_options=opts, readahead=False, request_timeout=1,
+                          retry_deadline=20)
+    proxy.hang(1)
+    t0 = time.monotonic()
+    assert store[3] == mmloader.open(data["local"]["tar"])[3]
+    assert time.monotonic() - t0 < 15
+
+
+def test_wrong_bytes_are_never_passed_on_and_missing_objects_fail_at_once(data, s3, tmp_path):
+    local = data["local"]["tar"]
+    bad = tmp_path / "bad"
+    import shutil
+    shutil.copytree(local, bad)
+    shard = mmloader.open(local).shards[1]["file"]
+    blob = (bad / shard).read_bytes()
+    (bad / shard).write_bytes(blob[512:] + b"\0" * 512)  # every member moved: the index no longer matches
+    url = s3.upload(bad, "bad")
+    store = mmloader.open(url, readahead=False)
+    with pytest.raises(mmloader.SampleError, match=r"offset index does not match.*bad/data-000001\.tar"):
+        store.read_many([5, 6], ["jpg"])
+    s3.client().delete_object(Bucket=s3.bucket, Key=f"bad/{mmloader.open(local).shards[2]['file']}")
+    t0 = time.monotonic()
+    with pytest.raises((FileNotFoundError, RemoteError, mmloader.FormatError), match="bad/data-000002.tar"):
+        store.read_many([11], ["jpg"])
+    assert time.monotonic() - t0 < 5  # a missing object is not retried
+
+
+def test_url_helpers_and_cache_limits_docstrings():
+    for module in (remote, shard_cache):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0
