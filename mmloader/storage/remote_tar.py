@@ -246,12 +246,12 @@ class RemoteTarStore(TarStore):
         self._reset_remote()
 
     def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():
-            for fd in list(getattr(self, "_fds", {}).values()):
-                try:
+        try:
+            if getattr(self, "_pid", None) == os.getpid():
+                for fd in list(getattr(self, "_fds", {}).values()):
                     os.close(fd)
-                except OSError:
-                    pass
+        except Exception:  # at interpreter exit, or a descriptor already closed
+            pass
 
     def __repr__(self) -> str:
         return f"RemoteTarStore({self.url!r})"
