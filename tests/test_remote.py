@@ -325,29 +325,57 @@ _KILLED_UPLOAD = textwrap.dedent("""
     import mmloader
     from conftest import make_samples
     with mmloader.writer_for({url!r}, shard_size=2, storage_options={{"endpoint": {endpoint!r}}}) as w:
-        for i, s in enumerate(make_samples(40)):
+        for s in make_samples(16):
             w.write(s)
-            if i == 8:
-                print("writing", flush=True)
+        print("closing", flush=True)  # the last uploads: shards, indexes, then the manifest
 """)
 
 
 def test_a_killed_upload_leaves_no_manifest(s3, proxied):
     proxy, opts = proxied
     url = f"s3://{s3.bucket}/killed"
-    proxy.latency = 0.3
+    proxy.latency = 0.2
     p = subprocess.Popen([sys.executable, "-c", _KILLED_UPLOAD.format(paths=[str(HERE.parent), str(HERE)], url=url,
                                                                       endpoint=opts["endpoint"])],
                          stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "writing"
-    deadline = time.monotonic() + 30
-    while not s3.keys("killed/") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.kill(p.pid, signal.SIGKILL)
+    assert p.stdout.readline().strip() == "closing"
+    deadline = time.monotonic() + 60
+    while not any(k.endswith(".idx.npy") for k in s3.keys("killed/")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)  # while the indexes upload
     p.wait()
-    assert s3.keys("killed/") and "killed/index.json" not in s3.keys("killed/")  # shards, but no dataset
+    names = s3.keys("killed/")
+    assert any(k.endswith(".tar") for k in names) and "killed/index.json" not in names  # shards, no dataset
     with pytest.raises(mmloader.FormatError, match="killed has no index.json"):
         mmloader.open(url)
+
+
+def test_an_lmdb_copy_that_does_not_match_its_metadata_is_refused_and_not_kept(s3, data, tmp_path):
+    import shutil
+    import lmdb
+    bad = tmp_path / "bad.lmdb"
+    shutil.copytree(data["local"]["lmdb"], bad)
+    env = lmdb.open(str(bad), max_dbs=1024)
+    meta_db = env.open_db(b"__meta__")
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(b"meta", db=meta_db))
+        meta["field_counts"]["jpg"] += 1  # the records no longer match what the metadata says
+        txn.put(b"meta", json.dumps(meta).encode(), db=meta_db)
+    env.close()
+    url = s3.upload(bad, "bad.lmdb")
+    with pytest.raises(mmloader.FormatError, match=r"bad\.lmdb: the fetched copy does not match its metadata"):
+        mmloader.open(url, cache_dir=str(tmp_path / "c"))
+    assert not list((tmp_path / "c").glob("mmloader-*/data.mdb"))
+
+
+def test_credentials_are_resolved_again_when_the_environment_changes(data, monkeypatch):
+    store = mmloader.open(data["s3"]["tar"], readahead=False)
+    store.read_many([0], ["txt"])
+    first = store.location.client()
+    assert store.location.client() is first
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rotated")
+    assert store.location.client() is not first  # a new client, built from the new credentials
+    assert store[1]["txt"] == mmloader.open(data["local"]["tar"])[1]["txt"]
 
 
 def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
