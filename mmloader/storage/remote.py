@@ -330,7 +330,10 @@ class Location:
         """This process's client. ``purpose="meta"`` (small reads while opening a dataset) prefers
         the fork-safe client while this process has not started obstore itself."""
         simple = _SimpleClient.usable(self)
-        if obstore_usable() and (purpose != "meta" or obstore_started_here() or not simple):
+        forced = os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower()
+        if forced in ("fsspec", "simple"):  # for testing the fallbacks, or working around a client bug
+            kind = "simple" if forced == "simple" and simple else "fsspec"
+        elif obstore_usable() and (purpose != "meta" or obstore_started_here() or not simple):
             kind = "obstore"
         else:
             kind = "simple" if simple else "fsspec"
