@@ -367,6 +367,13 @@ class Location:
             return []
         return self.client(purpose).get_ranges(list(requests))
 
+    def start_ranges(self, requests: Sequence[tuple[str, int, int]], purpose: str = "data"):
+        """:meth:`get_ranges` started in the background: a ``concurrent.futures.Future`` of the list."""
+        client = self.client(purpose)
+        if isinstance(client, _ObstoreClient):
+            return client.start_ranges(list(requests))
+        return _background().submit(client.get_ranges, list(requests))
+
     def start_range(self, name: str, start: int, end: int, purpose: str = "data"):
         """Start fetching bytes ``[start, end)`` of ``name`` in the background: a
         ``concurrent.futures.Future`` of them."""
@@ -524,6 +531,11 @@ class _ObstoreClient(_Client):
 
     def start_range(self, name: str, start: int, end: int):
         return asyncio.run_coroutine_threadsafe(self._range(name, start, end), event_loop())
+
+    def start_ranges(self, requests: list[tuple[str, int, int]]):
+        async def all_():
+            return await asyncio.gather(*(self._range(n, a, b) for n, a, b in requests))
+        return asyncio.run_coroutine_threadsafe(all_(), event_loop())
 
     def head(self, name: str) -> tuple[int | None, str | None]:
         async def once():

@@ -36,7 +36,7 @@ import os
 import tempfile
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -88,6 +88,9 @@ class ReadAhead:
         self.held = 0
         self.seen: dict[int, np.ndarray] = {}
         self.rows_per_chunk: dict[int, int] = {}
+        self.planned: list[tuple[int, _Chunk]] = []
+        self.queue: deque[tuple[int, _Chunk]] = deque()
+        self.inflight = 0
         self.fetched = 0  # bytes fetched as chunks (for the benchmark's bytes-per-sample)
 
     def _rows(self, s: int) -> int:
@@ -107,8 +110,9 @@ class ReadAhead:
 
     def serve(self, s: int, row: int, a: int, b: int):
         """``(buffer, base)`` holding bytes ``[a, b)`` of shard ``s`` (sample row ``row``) from a
-        chunk, waiting for one in flight; None when this read goes its own way (and a chunk for
-        its region may have been started for the next ones)."""
+        chunk that has arrived; None when this read goes its own way: the first read of a region
+        (which plans a chunk for the rest of it), or one whose chunk is still on its way (a small
+        read now beats waiting behind a large one)."""
         r = self._rows(s)
         c = row // r
         with self.lock:
@@ -125,39 +129,71 @@ class ReadAhead:
                 start, end = self._span(s, first, last)
                 if end - start > self.budget or not self._room(end - start):
                     return None
-                name = self.store.shards[s]["file"]
-                future = self.store.location.start_range(name, start, end)
-                chunk = self.chunks[(s, c)] = _Chunk(start, end, first, seen[first:last].copy(), future)
+                chunk = self.chunks[(s, c)] = _Chunk(start, end, first, seen[first:last].copy(), None)
                 self.held += chunk.nbytes
-                self.fetched += chunk.nbytes
+                self.planned.append((s, chunk))  # started after this batch's own reads (see start)
                 return None
             self.chunks.move_to_end((s, c))
             chunk.used = time.monotonic()
-            future = chunk.future
-        if future is not None:
-            try:
-                data = future.result()
-            except BaseException:
-                with self.lock:
-                    if self.chunks.get((s, c)) is chunk:
-                        del self.chunks[(s, c)]
-                        self.held -= chunk.nbytes
-                raise
-            with self.lock:
-                if chunk.future is not None:
-                    chunk.data, chunk.future = bytes(data), None
-        if not (chunk.start <= a and b <= chunk.end):
-            return None
-        with self.lock:
-            k = row - chunk.first
-            seen[row] = True
-            if not chunk.served[k]:
-                chunk.served[k] = True
-                chunk.remaining -= 1
-                if chunk.remaining <= 0 and self.chunks.get((s, c)) is chunk:
-                    del self.chunks[(s, c)]  # every sample served once: the memory goes back
-                    self.held -= chunk.nbytes
+            if chunk.data is None:
+                future = chunk.future
+                if future is None or not future.done():
+                    self._served(chunk, s, c, row, seen)  # read directly, now
+                    return None
+                chunk.future = None
+                try:
+                    chunk.data = bytes(future.result())
+                except Exception:  # the direct read reports the problem (or succeeds)
+                    self._drop(s, c, chunk)
+                    return None
+            if not (chunk.start <= a and b <= chunk.end):
+                return None
+            self._served(chunk, s, c, row, seen)
             return chunk.data, chunk.start
+
+    def _served(self, chunk: _Chunk, s: int, c: int, row: int, seen: np.ndarray) -> None:
+        seen[row] = True
+        k = row - chunk.first
+        if not chunk.served[k]:
+            chunk.served[k] = True
+            chunk.remaining -= 1
+            if chunk.remaining <= 0:
+                self._drop(s, c, chunk)  # every sample served once: the memory goes back
+
+    def _drop(self, s: int, c: int, chunk: _Chunk) -> None:
+        if self.chunks.get((s, c)) is chunk:
+            del self.chunks[(s, c)]
+            self.held -= chunk.nbytes
+
+    def start(self) -> None:
+        """Queue the chunks planned so far. Called after a batch's own reads were sent, so the
+        first batches are not queued behind the large reads they announce; at most
+        ``MAX_IN_FLIGHT`` chunks are fetched at once, so each arrives soon rather than all late."""
+        with self.lock:
+            self.queue.extend(self.planned)
+            self.planned = []
+        self._launch()
+
+    MAX_IN_FLIGHT = 8
+
+    def _launch(self) -> None:
+        while True:
+            with self.lock:
+                if self.inflight >= self.MAX_IN_FLIGHT or not self.queue:
+                    return
+                s, chunk = self.queue.popleft()
+                if self.chunks.get((s, (chunk.first // self._rows(s)))) is not chunk:
+                    continue  # dropped meanwhile (all its samples served directly)
+                self.inflight += 1
+                self.fetched += chunk.nbytes
+            future = self.store.location.start_range(self.store.shards[s]["file"], chunk.start, chunk.end)
+            chunk.future = future
+            future.add_done_callback(self._landed)
+
+    def _landed(self, _future) -> None:
+        with self.lock:
+            self.inflight -= 1
+        self._launch()
 
     def _room(self, nbytes: int) -> bool:
         if self.held + nbytes <= self.budget:
@@ -166,7 +202,7 @@ class ReadAhead:
         for key, chunk in list(self.chunks.items()):  # least recently used first
             if self.held + nbytes <= self.budget:
                 break
-            if chunk.future is None and now - chunk.used > self.STALE_S:
+            if chunk.future is None and chunk.data is not None and now - chunk.used > self.STALE_S:
                 del self.chunks[key]
                 self.held -= chunk.nbytes
         return self.held + nbytes <= self.budget
@@ -186,7 +222,7 @@ class RemoteTarStore(TarStore):
 
     def __init__(self, url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, readahead: bool | None = None,
-                 readahead_bytes: int = 256 << 20, chunk_bytes: int = 8 << 20, coalesce: int = 64 << 10,
+                 readahead_bytes: int = 512 << 20, chunk_bytes: int = 8 << 20, coalesce: int = 64 << 10,
                  check_headers: bool = True, verify_checksums: bool = False, retry_deadline: float | None = None,
                  request_timeout: float | None = None, max_in_flight: int | None = None):
         url = url.rstrip("/")
@@ -480,13 +516,22 @@ class RemoteTarStore(TarStore):
                 for start, end, inside in coalesce([(requests[k][4], requests[k][5]) for k in ks], self.coalesce):
                     gets.append((name, start, end))
                     members.append([ks[i] for i in inside])
-            datas = self.location.get_ranges(gets)
+            if self._ra is not None and self._ra.planned:
+                datas = self._get_then_start(gets)
+            else:
+                datas = self.location.get_ranges(gets)
             for (_name, start, end), inside, data in zip(gets, members, datas):
                 self.bytes_fetched += end - start
                 buf = bytes(data)
                 for k in inside:
                     out[k] = (buf, start)
         return out
+
+    def _get_then_start(self, gets):
+        """This batch's reads, then the read-ahead chunks they announced, queued behind them."""
+        pending = self.location.start_ranges(gets)
+        self._ra.start()
+        return pending.result()
 
     def field_size(self, index: int, field: str) -> int:
         s, row = self.locate(index)
