@@ -149,6 +149,8 @@ def build(name: str, workload: str, info: dict, endpoint: str, workers: int, bat
         return DataLoader(pipe, batch_size=None, num_workers=workers)
     if name == "mosaicml-streaming":
         from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory()  # a previous run's shared memory would be taken for this one's
 
         class MDS(StreamingDataset):
             def __getitem__(self, i):
@@ -375,7 +377,10 @@ def main() -> int:
         return 0
     info = prepare(args)
     names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
+    saved = Path(args.out) / f"results-{args.samples}-{args.workload}.json"
     results: dict = {}
+    if saved.exists() and args.only:  # a partial run updates the rows it measured
+        results = {(n, float(lat)): runs for n, lat, runs in json.loads(saved.read_text())}
     load = os.getloadavg()[0]
     for lat in latencies:
         server = Server(Path(info["root"]), lat)
@@ -385,7 +390,10 @@ def main() -> int:
                     if name == "mmloader-local" and lat != latencies[0]:
                         continue  # local disk does not see the latency
                     r = run_contender(name, args.workload, info, server, args)
-                    results.setdefault((name, lat), []).append(r)
+                    if rnd == 0:
+                        results[(name, lat)] = []
+                    results[(name, lat)].append(r)
+                    saved.write_text(json.dumps([[n, la, runs] for (n, la), runs in results.items()]))
                     print(f"latency {lat:>3.0f} ms  {name:20s} " + (
                         r["error"] if "error" in r else
                         f"first batch {r['first_batch_s'] * 1000:7.0f} ms  epoch 1 "
@@ -395,6 +403,8 @@ def main() -> int:
         finally:
             server.stop()
     load = max(load, os.getloadavg()[0])
+    latencies = sorted({lat for _n, lat in results})
+    names = [n for n in CONTENDERS if any(k[0] == n for k in results)]
     write_results(args, info, latencies, names, results, load)
     return 0
 
