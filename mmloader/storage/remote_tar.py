@@ -381,7 +381,12 @@ class RemoteTarStore(TarStore):
         with self._lock:
             fd = self._fds.get(s)
             if fd is None:
-                fd = self._fds[s] = os.open(path, os.O_RDONLY)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:  # evicted between the lookup and the open
+                    self._cache_state[s] = now + 0.5
+                    return None
+                self._fds[s] = fd
                 while len(self._fds) > 64:
                     _old, old_fd = self._fds.popitem(last=False)
                     if self._closing is not None:

@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -170,7 +171,8 @@ class ShardCache:
                     os.close(fd)
                 if os.path.getsize(part) != size:
                     raise OSError(f"{self.url}/{name}: downloaded {os.path.getsize(part)} bytes, expected {size}")
-                os.replace(part, final)
+                with self._global_lock():  # renames and usage scans never interleave
+                    os.replace(part, final)
             except BaseException:
                 try:
                     os.unlink(part)
@@ -182,13 +184,21 @@ class ShardCache:
         finally:
             os.close(lock_fd)  # closing drops the flock
 
-    def _reserve(self, name: str, size: int) -> Path | None:
-        """Make room for ``size`` bytes (evicting least-recently-used cached files) and create the
-        part file at its full size, all under the cache-wide lock; None if it cannot fit."""
+    @contextlib.contextmanager
+    def _global_lock(self):
+        """The cache-wide lock: admissions, evictions, renames into place and size scans."""
         self.root.mkdir(parents=True, exist_ok=True)
         gfd = os.open(self.root / GLOBAL_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _flock(gfd, blocking=True)
+            yield
+        finally:
+            os.close(gfd)
+
+    def _reserve(self, name: str, size: int) -> Path | None:
+        """Make room for ``size`` bytes (evicting least-recently-used cached files) and create the
+        part file at its full size, all under the cache-wide lock; None if it cannot fit."""
+        with self._global_lock():
             if self.limit is not None:
                 finals, held = self.usage()
                 used = sum(s for _m, s, _p in finals) + held
@@ -216,8 +226,6 @@ class ShardCache:
             finally:
                 os.close(fd)
             return part
-        finally:
-            os.close(gfd)
 
     def usage(self) -> tuple[list[tuple[float, int, Path]], int]:
         """(cached files as (mtime, size, path), bytes held by live downloads) over the whole
@@ -266,5 +274,6 @@ class ShardCache:
 
     def size(self) -> int:
         """Bytes cached over the whole ``cache_dir`` (all datasets), downloads in progress included."""
-        finals, held = self.usage()
+        with self._global_lock():
+            finals, held = self.usage()
         return sum(s for _m, s, _p in finals) + held
