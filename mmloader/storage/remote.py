@@ -5,14 +5,15 @@ a client, never credentials from the environment — and builds its client lazil
 process that makes the request.
 
 **Clients.** Requests go through `obstore <https://developmentseed.org/obstore>`_ (Rust:
-S3/GCS/Azure/HTTP in one package, requests run without the GIL, measured at a fifth to an
-eighth of s3fs's CPU per ranged GET here: README "Object storage"). obstore's runtime does not
-survive ``fork()``: a child forked from a process that has used it hangs on its first request.
-So a process records that it started obstore, and a process forked from one that did uses the
-fork-safe fsspec client (s3fs/gcsfs/adlfs, fsspec's HTTP) instead — never a hang. The few
-small reads of opening a dataset (manifest, offset indexes) also go through fsspec while this
-process has not started obstore itself, so DataLoader workers forked after opening a dataset
-still get obstore for the data.
+S3/GCS/Azure/HTTP in one package, requests run without the GIL; measured at a fraction of s3fs's
+CPU per ranged GET: README "Dependencies"). obstore's runtime does not survive ``fork()``: a
+child forked from a process that has used it hangs on its first request. So a process records
+that it started obstore, and a process forked from one that did reads through the standard
+library's HTTP client instead (:class:`_SimpleClient`: plain HTTP, or S3 signed with SigV4 from
+static credentials; fsspec where that does not apply) — never a hang. The few small reads of
+opening a dataset (manifest, offset indexes) also go through the standard library's client
+while this process has not started obstore itself: it starts in milliseconds, and DataLoader
+workers forked after opening a dataset still get obstore for the data.
 
 **Credentials** come from the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``GOOGLE_APPLICATION_CREDENTIALS``,
@@ -600,7 +601,27 @@ def static_s3_credentials(options: dict) -> tuple[str, str, str | None] | None |
     secret = options.get("secret_access_key") or os.environ.get("AWS_SECRET_ACCESS_KEY")
     if key and secret:
         return key, secret, options.get("session_token") or os.environ.get("AWS_SESSION_TOKEN")
-    return None
+    return _botocore_credentials()
+
+
+_BOTO: tuple[float, Any] = (0.0, None)
+
+
+def _botocore_credentials() -> tuple[str, str, str | None] | None:
+    """Credentials from botocore's chain (profiles, SSO, instance or container roles) when it is
+    installed; asked again every 5 minutes (temporary credentials expire)."""
+    global _BOTO
+    if time.monotonic() - _BOTO[0] < 300:
+        return _BOTO[1]
+    try:
+        import botocore.session
+        creds = botocore.session.get_session().get_credentials()
+        frozen = creds.get_frozen_credentials() if creds is not None else None
+        value = (frozen.access_key, frozen.secret_key, frozen.token) if frozen and frozen.access_key else None
+    except Exception:  # not installed, or no credentials anywhere
+        value = None
+    _BOTO = (time.monotonic(), value)
+    return value
 
 
 def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[str, str, str | None],
