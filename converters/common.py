@@ -664,12 +664,14 @@ def _raise_policy(error: str, dst: str) -> ConversionError:
 
 def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]], dst: str, args,
                   metadata: dict | None = None, total: int | None = None,
-                  notes: Sequence[str] = ()) -> Summary:
+                  notes: Sequence[str] = (), unique_keys: bool = False) -> Summary:
     """Write loaded samples; apply ``--on-error``; progress bar; atomic output; skip report.
 
     ``dst`` is where this process writes: ``args.dst``, or its part's dataset under ``--part``
     (then the output format is ``args.dst``'s, a published part without a manifest is replaced,
-    and a part may end up empty: only the merge fails when no sample at all was converted)."""
+    and a part may end up empty: only the merge fails when no sample at all was converted).
+    ``unique_keys``: the keys are unique by construction (row numbers): no set of seen keys is
+    kept (it would grow with the input)."""
     summary = Summary(notes=list(notes))
     start = time.perf_counter()
     part = getattr(args, "_part_dataset", None) == dst
@@ -690,14 +692,15 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
 
     try:
         for item, sample, error in samples:
-            if error is None and item.key in seen_keys:
+            if error is None and not unique_keys and item.key in seen_keys:
                 error = ItemError(f"duplicate key {item.key!r}", item.where or item.key)
             if error is not None:
                 if args.on_error == "raise" and not isinstance(error, Skipped):
                     raise _raise_policy(str(error), dst)
                 skip(item.key, error.path, error.reason)
                 continue
-            seen_keys.add(item.key)
+            if not unique_keys:
+                seen_keys.add(item.key)
             try:
                 writer.write(sample)
             except MMLoaderError as e:  # e.g. a key the format cannot hold
