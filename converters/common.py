@@ -832,14 +832,19 @@ RUN_OPTIONS = {"src", "dst", "workers", "quiet", "overwrite", "part", "engine", 
                "retries", "keep_parts"}
 
 
-def fingerprint(layout: str, args: argparse.Namespace, digest: str) -> str:
-    """The input fingerprint of a conversion: layout, the input listing's digest, every option
-    that changes the output, and the output format."""
+def options_digest(layout: str, args: argparse.Namespace) -> str:
+    """A digest of the layout, every option that changes the output, and the output format."""
     import hashlib
     opts = {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(vars(args).items())
             if k not in RUN_OPTIONS and not k.startswith("_")}
     opts["format"] = format_for(args.dst, args.format)
-    return hashlib.sha256(json.dumps([layout, digest, opts], sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([layout, opts], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fingerprint(layout: str, args: argparse.Namespace, digest: str) -> str:
+    """The input fingerprint of a conversion: the input listing's digest and the options'."""
+    import hashlib
+    return hashlib.sha256(f"{digest}\0{options_digest(layout, args)}".encode()).hexdigest()
 
 
 def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -909,12 +914,14 @@ def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Su
                        if done["skipped"] else {}, notes=notes, already=str(manifest), part=(i, n))
     fmt = format_for(args.dst, args.format)
     dataset = part_dataset(parts_dir, i, n, fmt)
+    notes += [str(p) for p in clean_stale_partials(dataset)]  # a killed attempt's partial (same host)
     args._part_dataset = str(dataset)
     summary = write((i, n), str(dataset))
     write_part_manifest(dataset, part=i, parts=n, fingerprint=fp, fmt=fmt, count=summary.written,
                         skipped=sum(summary.skipped.values()), report=summary.report,
                         shard_size=args.shard_size, shard_bytes=args.shard_bytes,
-                        extra={"layout": layout, "seconds": round(summary.seconds, 3), "bytes": summary.bytes})
+                        extra={"layout": layout, "input_digest": digest, "options_digest": options_digest(layout, args),
+                               "seconds": round(summary.seconds, 3), "bytes": summary.bytes})
     summary.part = (i, n)
     finished = [r for r in manifests_in(parts_dir) if same_conversion(r, fp, n) is None]
     if len({r["part"] for r in finished}) == n:

@@ -139,14 +139,19 @@ def manifests_in(parts_dir: str | os.PathLike) -> list[dict]:
     return out
 
 
-def same_conversion(record: dict, fingerprint: str, parts: int) -> str | None:
-    """Why ``record`` is not a part of the conversion (``fingerprint``, ``parts``), or None."""
+def same_conversion(record: dict, fingerprint: str, parts: int, like: dict | None = None) -> str | None:
+    """Why ``record`` is not a part of the conversion (``fingerprint``, ``parts``), or None;
+    ``like``: a part of that conversion, to say whether the input or the options differ."""
     if record.get("parts") != parts:
         return f"it is part {record.get('part')} of {record.get('parts')}, not of {parts}"
     if record.get("tool") != f"mmloader {__version__}":
         return f"it was written by {record.get('tool')}, this is mmloader {__version__}"
     if record.get("fingerprint") != fingerprint:
-        return "it was converted from another input or with other options (input fingerprint differs)"
+        if like and like.get("input_digest") and record.get("input_digest") != like["input_digest"]:
+            return "it was converted from another input (the input listing differs)"
+        if like and like.get("options_digest") and record.get("options_digest") != like["options_digest"]:
+            return "it was converted with other options (output format, shard limits, image or column options)"
+        return "it was converted from another input or with other options (the input fingerprint differs)"
     return None
 
 
@@ -184,13 +189,13 @@ def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
 def check_parts(records: list[dict]) -> list[dict]:
     """The parts ``0..N-1`` of one conversion, in order; :class:`PartError` naming the first part
     that is missing, duplicated or foreign."""
-    first = min(records, key=lambda r: (r.get("part", 0), r["__path__"]))
+    first = records[0]  # the first given is the reference
     n, fp = first.get("parts"), first.get("fingerprint")
     by_part: dict[int, dict] = {}
     for r in records:
-        why = same_conversion(r, fp, n)
+        why = same_conversion(r, fp, n, like=first)
         if why:
-            raise PartError(f"foreign part {r['__path__']}: {why} than {first['__path__']}")
+            raise PartError(f"foreign part {r['__path__']}: {why} (compared with {first['__path__']})")
         i = r.get("part")
         if not isinstance(i, int) or not 0 <= i < n:
             raise PartError(f"{r['__path__']}: part {i!r} is not one of 0..{n - 1}")
