@@ -182,10 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
               "mmloader convert imagefolder train/ train-shards/ --shard-size 5000",
               "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
               "mmloader convert textlines corpus.txt corpus.lmdb",
+              "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --engine ray",
               "mmloader convert pairs --help"])
     s.add_argument("layout", choices=CONVERTERS, help="pairs: files grouped by stem; imagefolder: ROOT/CLASS/"
                    "images; manifest: a JSONL/CSV file, one row a sample; textlines: a text file, one "
-                   "sample a line")
+                   "sample a line; parquet: Parquet/Arrow tables (datasets exports), one row a sample")
     s.add_argument("options", nargs=argparse.REMAINDER, help="SRC DST and the layout's options")
     s.set_defaults(func=None)
 
