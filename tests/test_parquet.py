@@ -256,17 +256,14 @@ def test_parts_of_a_parquet_input_merge_to_the_single_process_shards(tmp_path):
 
 def _big_parquet(path: Path, rows: int) -> int:
     """``rows`` rows of 100 KB incompressible images (a real JPEG header + noise) and a caption,
-    in one row group, written in small pages as a pyarrow writer with write_batch_size=16 does."""
+    in ONE row group (one ``write_table`` call), in pages of 16 values (write_batch_size=16)."""
     rng = np.random.default_rng(0)
     head = jpeg_bytes(0)
-    writer = pq.ParquetWriter(path, pa.schema([("image", pa.binary()), ("caption", pa.string())]),
-                              compression="none", use_dictionary=False, write_batch_size=16)
-    for start in range(0, rows, 200):
-        n = min(200, rows - start)
-        writer.write_batch(pa.record_batch([pa.array([head + rng.bytes(100_000) for _ in range(n)], pa.binary()),
-                                            pa.array([f"c{i}" for i in range(start, start + n)])],
-                                           names=["image", "caption"]), row_group_size=1 << 30)
-    writer.close()
+    table = pa.table({"image": pa.array([head + rng.bytes(100_000) for _ in range(rows)], pa.binary()),
+                      "caption": [f"c{i}" for i in range(rows)]})
+    pq.write_table(table, path, compression="none", use_dictionary=False, write_batch_size=16, row_group_size=rows)
+    del table
+    assert pq.ParquetFile(path).metadata.num_row_groups == 1
     return path.stat().st_size
 
 
