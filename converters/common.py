@@ -801,12 +801,17 @@ def shard_alignment(args: argparse.Namespace) -> int:
 
 def part_bounds(total: int, part: tuple[int, int], align: int = 1) -> tuple[int, int]:
     """Items ``[a, b)`` of part ``(i, n)``: contiguous, disjoint, covering, cut at multiples of
-    ``align``.
+    ``align`` when every part gets at least that many (otherwise evenly: more parts than shards
+    still all work, and merge re-cuts the shards).
 
-    >>> [part_bounds(10, (i, 3)) for i in range(3)], [part_bounds(10, (i, 3), align=4) for i in range(3)]
-    ([(0, 3), (3, 6), (6, 10)], [(0, 4), (4, 8), (8, 10)])
+    >>> [part_bounds(10, (i, 3)) for i in range(3)], [part_bounds(10, (i, 2), align=4) for i in range(2)]
+    ([(0, 3), (3, 6), (6, 10)], [(0, 4), (4, 10)])
+    >>> [part_bounds(10, (i, 3), align=4) for i in range(3)]
+    [(0, 3), (3, 6), (6, 10)]
     """
     i, n = part
+    if total < n * align:
+        align = 1
 
     def cut(j: int) -> int:
         if j >= n:
@@ -890,8 +895,8 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare
 def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Summary:
     """``--part I/N``: convert one part into ``DST.parts/`` and publish its manifest last; a part
     whose manifest is there (same input, options, N) is not converted again."""
-    from mmloader.storage.merge import (manifests_in, part_dataset, part_manifest_path, parts_dir_for,
-                                        read_part_manifest, same_conversion, write_part_manifest)
+    from mmloader.storage.merge import (PartError, check_part_files, manifests_in, part_dataset, part_manifest_path,
+                                        parts_dir_for, read_part_manifest, same_conversion, write_part_manifest)
     i, n = parse_part(args.part)
     notes = check_paths(args.src, args.dst, args.overwrite, part=True)
     digest, write = prepare(args, notes)
@@ -909,6 +914,13 @@ def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Su
         notes.append(f"removed {record['__path__']}: a part of another conversion ({why})")
     manifest = part_manifest_path(parts_dir, i, n)
     done = read_part_manifest(manifest)
+    if done is not None and done.get("part") == i:
+        try:
+            check_part_files(done)
+        except PartError as e:  # finished once, changed since: not finished any more
+            notes.append(f"converting it again: {e}")
+            _remove_part(done)
+            done = None
     if done is not None and done.get("part") == i:
         return Summary(written=done["count"], skipped={"(see the part's report)": done["skipped"]}
                        if done["skipped"] else {}, notes=notes, already=str(manifest), part=(i, n))
