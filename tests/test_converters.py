@@ -292,6 +292,28 @@ def test_aligned_parts_are_kept_as_they_are(tmp_path, capsys):
     assert os.path.samefile(part0, tmp_path / "merged" / "data-000000.tar")  # hard-linked, not copied
 
 
+def test_more_parts_than_shards_are_cut_evenly_and_merge_the_same(tmp_path, capsys):
+    raw = write_pairs_folder(tmp_path / "raw", 12, 24)
+    assert run("pairs", raw, tmp_path / "whole", "--shard-size", "5") == 0
+    _convert_parts("pairs", raw, tmp_path / "merged", 4, "--shard-size", "5")
+    counts = [json.loads(p.read_text())["count"] for p in sorted((tmp_path / "merged.parts").glob("*.json"))]
+    assert counts == [3, 3, 3, 3]  # none empty
+    capsys.readouterr()
+    assert cli(["merge", str(tmp_path / "merged")]) == 0
+    assert "3 rewritten" in capsys.readouterr().out
+    assert _shas(tmp_path / "merged") == _shas(tmp_path / "whole")
+
+
+def test_a_finished_part_whose_files_changed_is_converted_again(pairs_dir, tmp_path, capsys):
+    assert run("pairs", pairs_dir, tmp_path / "out", "--part", "0/2") == 0
+    shard = tmp_path / "out.parts" / "part-00000-of-00002" / "data-000000.tar"
+    shard.unlink()
+    capsys.readouterr()
+    assert run("pairs", pairs_dir, tmp_path / "out", "--part", "0/2") == 0
+    out = capsys.readouterr().out
+    assert "converting it again" in out and "already converted" not in out and shard.is_file()
+
+
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_a_part_killed_mid_write_and_rerun_gives_the_same_result(tmp_path, fmt):
     raw = write_pairs_folder(tmp_path / "raw", 1200, 128)
