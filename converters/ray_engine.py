@@ -67,6 +67,10 @@ def _connect(address: str | None):
 
 
 def run_on_ray(layout: str, args: argparse.Namespace, prog: str) -> int:
+    # The tasks run elsewhere (another node, another working directory): absolute paths.
+    args.src = ([os.path.abspath(s) for s in args.src] if isinstance(args.src, list) else os.path.abspath(args.src))
+    args.dst = os.path.abspath(args.dst)
+
     def convert() -> Summary:
         check_paths(args.src, args.dst, args.overwrite, part=True)
         ray, started = _connect(args.ray_address)
