@@ -83,10 +83,13 @@ def run_on_ray(layout: str, args: argparse.Namespace, prog: str) -> int:
 
 
 def _run(ray, layout: str, args: argparse.Namespace) -> Summary:
-    from mmloader.storage.merge import merge_parts, parts_dir_for
+    from mmloader.storage.merge import manifests_in, merge_parts, parts_dir_for
     start = time.perf_counter()
     cpus = int(ray.cluster_resources().get("CPU", 1))
-    n = args.parts or max(1, cpus // args.workers)
+    # Resuming without --parts: the N of the parts already there, not one from today's cluster size
+    # (parts of another N would be parts of another conversion).
+    earlier = {r.get("parts") for r in manifests_in(parts_dir_for(args.dst))}
+    n = args.parts or (earlier.pop() if len(earlier) == 1 else max(1, cpus // args.workers))
     task = ray.remote(part_task).options(num_cpus=min(args.workers, cpus), max_retries=args.retries,
                                          retry_exceptions=False)
     pending = {task.remote(layout, args, i, n): i for i in range(n)}

@@ -88,7 +88,7 @@ def test_ray_converts_only_the_parts_without_a_manifest(cluster, inputs, tmp_pat
     mtime = (tmp_path / "out.parts" / "part-00001-of-00003.json").stat().st_mtime_ns
     capsys.readouterr()
     assert cli(["convert", "pairs", str(inputs["pairs"]), str(tmp_path / "out"), *opts, "--engine", "ray",
-                "--parts", "3", "--keep-parts", "-q"]) == 0
+                "--keep-parts", "-q"]) == 0  # no --parts: the N of the parts already there, not the 2 CPUs
     out = capsys.readouterr().out
     assert "3 parts on Ray: 2 converted" in out and "1 converted before (not again)" in out, out
     assert (tmp_path / "out.parts" / "part-00001-of-00003.json").stat().st_mtime_ns == mtime
