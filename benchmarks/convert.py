@@ -251,8 +251,9 @@ def write_results(args, results, checks, mem, load) -> None:
     lines = [SECTION, "",
              f"Command: `python benchmarks/convert.py --samples {args.samples} --rounds {args.rounds}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-             f"{time.strftime('%Y-%m-%d %H:%M')}; load average before the run {load[0]:.2f} (another engineer "
-             "shares these 2 cores: figures taken under whatever load that was)  ",
+             f"{time.strftime('%Y-%m-%d %H:%M')}; load average {load[0]:.2f} before the run, "
+             f"{os.getloadavg()[0]:.2f} after it (another engineer shares these 2 cores and ran tests and "
+             "benchmarks meanwhile: every figure was taken under that load, contenders alternating)  ",
              f"Data: the {args.samples:,}-pair set of benchmarks/data.py (256-px JPEGs + captions) as a folder and as "
              "one Parquet file (row groups of 1,000). Work: every image decoded and re-encoded to at most 224 px "
              "(JPEG quality 90): mmloader `--check-decode --resize-max 224`; the peers run the same Pillow code "
