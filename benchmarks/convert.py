@@ -270,16 +270,27 @@ def write_results(args, results, checks, mem, load) -> None:
         ray_up = rows["mmloader, --engine ray --parts 2 (cluster up)"]
         ok = single / ray_up >= 1.6
         lines.append(f"- Goal, Ray on 2 cores >= 1.6x one process: **{single / ray_up:.2f}x ({'met' if ok else 'not met'})**"
-                     + ("" if ok else " — see the notes below") + ".")
+                     + ("" if ok else " (see the notes below)") + ".")
         if best_peer:
             mm = {n: s for n, s in rows.items() if n.startswith("mmloader")}
             slow = [n for n, s in mm.items() if s > best_peer]
             lines.append(f"- Goal, every mmloader row >= the fastest peer ({best_peer:.1f} s): "
                          + ("**met**" if not slow else f"**not met** for {', '.join(slow)}") + ".")
         lines.append("")
-    for source, same, n in checks:
-        lines.append(f"- {source}: every mmloader engine wrote the same {n} shards (sha256 per shard): "
-                     f"**{'yes' if same else 'NO'}**.")
+    for source in dict.fromkeys(c[0] for c in checks):
+        same = all(c[1] for c in checks if c[0] == source)
+        n = next(c[2] for c in checks if c[0] == source)
+        lines.append(f"- {source}: in every round, every mmloader engine wrote the same {n} shards (sha256 per "
+                     f"shard): **{'yes' if same else 'NO'}**.")
+    after = os.getloadavg()[0]
+    lines += ["", "Notes: \"cluster up\" is the case the goal is about (on a cluster, `ray start` ran once); \"starts "
+              "Ray\" adds starting and stopping a local Ray (seconds) to the same work. "
+              + (f"The load average was {load[0]:.1f} before and {after:.1f} after the run on 2 cores: other "
+                 "processes held about one core or more throughout, which takes from the parallel rows (2 threads, "
+                 "2 Ray tasks, litdata's 2 workers) the second core they need and leaves one-process rows almost "
+                 "untouched, and it varied between rounds. Wall-clock speedups of parallel rows measured under "
+                 "such load say little about 2 idle cores; the goals are marked on the figures as taken."
+                 if max(load[0], after) > 1.0 else "The machine was otherwise idle.")]
     if mem:
         lines += ["", "### Memory while converting a 2 GB Parquet file", "",
                   "Peak RSS (VmHWM) of the whole `mmloader convert parquet` process (tar output, one process); "
@@ -287,6 +298,9 @@ def write_results(args, results, checks, mem, load) -> None:
                   "| file | pages | peak RSS (MB) | seconds |", "| ---: | --- | ---: | ---: |"]
         for size, pages, peak, seconds in mem:
             lines.append(f"| {size / 1e9:.2f} GB | {pages} | {peak:,} | {seconds:.1f} |")
+        lines += ["", "10x the file, about the same peak: memory follows the largest data page the file's writer made "
+                  "(pyarrow's default, a page per 1,024 values, is ~100 MB of 100 KB images; reading holds a few "
+                  "such pages), not the file size."]
     path = HERE / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     if SECTION in text:
