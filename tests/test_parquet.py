@@ -324,7 +324,7 @@ def test_img2dataset_output_is_indexed_and_read(tmp_path):
     assert cli(["index", str(root), "-q"]) == 0
     store = mmloader.open(root)
     assert len(store) == 10 and sorted(store.fields) == ["jpg", "json", "txt"]
-    ds = mmloader.zip(image=mmloader.ImageReader(root, "jpg", decode="raw"), caption=mmloader.TextReader(root, "txt"),
+    ds = mmloader.zip(image=mmloader.ImageReader(root, "jpg", output="raw"), caption=mmloader.TextReader(root, "txt"),
                       meta=mmloader.JSONReader(root, "json"))
     s = ds[6]  # shard 1, sample 1
     assert s["__key__"] == "000010001" and s["caption"] == "cap 000010001" and s["meta"]["status"] == "success"
