@@ -175,7 +175,9 @@ def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
             found += records
         elif p.is_dir() and (record := _manifest_for_dataset(p)) is not None:
             found.append(record)
-        elif p.is_dir() and (_PART_NAME.fullmatch(p.name.removesuffix(".lmdb")) or p.name.endswith(".parts")):
+        elif p.is_dir() and p.name.endswith(".parts"):
+            raise PartError(f"{p} holds no part manifest: no part is finished yet (convert with --part I/N)")
+        elif p.is_dir() and _PART_NAME.fullmatch(p.name.removesuffix(".lmdb")):
             raise PartError(f"{p} has no part manifest: that part is not finished (convert it again with "
                             "the same --part I/N: finished parts are skipped)")
         else:
