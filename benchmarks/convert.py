@@ -303,6 +303,11 @@ def write_results(args, results, checks, mem, load) -> None:
                   "such pages), not the file size."]
     path = HERE / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
+    memory_head = "### Memory while converting a 2 GB Parquet file"
+    if not mem and SECTION in text and memory_head in text:  # --no-memory: keep the last memory figures
+        start = text.index(memory_head)
+        end = text.find("\n## ", start)
+        lines += ["", text[start:end if end >= 0 else len(text)].rstrip()]
     if SECTION in text:
         start = text.index(SECTION)
         end = text.find("\n## ", start + len(SECTION))
