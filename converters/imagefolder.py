@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .common import (ConversionError, IMAGE_EXTENSIONS, Item, SourceWalker, canonical_extension,
-                     layout_parser, run)
+                     execute, item_source, layout_parser)
 
 EXAMPLES = ("mmloader convert imagefolder train/ train.lmdb --workers 2",
             "mmloader convert imagefolder train/ train-shards/ --shard-size 5000 --resize-max 512")
@@ -76,8 +76,11 @@ def parser() -> argparse.ArgumentParser:
     return layout_parser("imagefolder", __doc__, EXAMPLES)
 
 
+prepare = item_source(build_items, LOOKED_FOR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv, LOOKED_FOR)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .common import (IMAGE_EXTENSIONS, ConversionError, Item, UsageError, canonical_extension, label_kind,
-                     layout_parser, run)
+                     execute, item_source, layout_parser)
 
 EXAMPLES = ("mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
             "mmloader convert manifest labels.csv out.lmdb --image-column path --label-column label "
@@ -211,8 +211,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+prepare = item_source(build_items, LOOKED_FOR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv, LOOKED_FOR)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import ConversionError, Item, SourceWalker, canonical_extension, layout_parser, run
+from .common import ConversionError, Item, SourceWalker, canonical_extension, execute, item_source, layout_parser
 
 EXAMPLES = ("mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
             "mmloader convert pairs RAW/ shards/ --shard-size 5000 --on-error skip",
@@ -70,8 +70,11 @@ def parser() -> argparse.ArgumentParser:
     return layout_parser("pairs", __doc__, EXAMPLES)
 
 
+prepare = item_source(build_items, LOOKED_FOR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv, LOOKED_FOR)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":
