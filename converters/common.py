@@ -3,6 +3,7 @@ parallel), the error policy, the skip report and the summary."""
 from __future__ import annotations
 
 import argparse
+import decimal
 import io
 import json
 import math
@@ -156,6 +157,8 @@ def _part_arg(text: str) -> str:
 def require_list(text: str) -> tuple[str, ...]:
     """``--require jpg,txt`` -> field names, image spellings folded (``JPEG`` -> ``jpg``)."""
     fields = tuple(dict.fromkeys(canonical_extension(f.strip()) for f in text.split(",") if f.strip()))
+    if not fields:
+        raise argparse.ArgumentTypeError(f"{text!r} names no field (e.g. --require jpg,txt)")
     for f in fields:
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", f):
             raise argparse.ArgumentTypeError(f"{f!r} is not a field name (fields are file extensions "
@@ -399,10 +402,10 @@ def label_kind(value: Any) -> tuple[str, Any]:
     if _INTEGER.fullmatch(text):
         return "number", int(text)
     if _NUMBER.fullmatch(text):
-        number = float(text)
-        if not math.isfinite(number):
+        exact = decimal.Decimal(text)  # exact: "2.9999999999999999" is not 3, "1e-400" is not 0
+        if not exact.is_finite():
             return "bad", f"{value!r} is not a finite number"
-        return "number", int(number) if number.is_integer() else number
+        return "number", int(exact) if exact == exact.to_integral_value() else float(exact)
     if not any(c.isalpha() for c in text) and any(c.isnumeric() for c in text):
         return "bad", f"{value!r} looks like a number but is not one"
     return "name", text
@@ -479,7 +482,7 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
 
 def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | None, str]:
     """Validate (and optionally re-encode) an image; returns (bytes, new extension or None, format)."""
-    from mmloader.imageinfo import check_pixels, probe
+    from mmloader.imageinfo import check_decodes, check_pixels, probe
     try:
         info = probe(data)
         check_pixels(info, opts.max_pixels)
@@ -487,6 +490,10 @@ def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | No
         raise ItemError(f"bad image: {e}", path) from None
     if not (opts.check_decode or opts.resize_max):
         return data, None, info.format
+    try:  # strict: a JPEG libjpeg only warns about (half of it gone) is refused, not re-encoded gray
+        check_decodes(data, info)
+    except MMLoaderError as e:
+        raise ItemError(f"image does not decode: {e}", path) from None
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()

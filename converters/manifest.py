@@ -150,6 +150,9 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         columns = list(dict.fromkeys(k for r in rows for k in r.values))
     else:
         rows, columns = read_csv(path)
+    if not rows:  # nothing to convert: a failure naming the source, not a usage error about columns
+        raise ConversionError(f"no samples found in {path}: it holds no rows (looked for JSON objects, one "
+                              "per line, or CSV rows under a header)")
     for opt in ("image_column", "text_column", "label_column", "key_column"):
         col = getattr(args, opt)
         if col and col not in columns:

@@ -917,3 +917,74 @@ def test_converters_import_no_torch():
     assert out.returncode == 0 and "examples:" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "converters.common" in imported and "lmdb" in imported
+
+
+# -- review findings ------------------------------------------------------------------------------
+def _half_jpeg() -> bytes:
+    whole = jpeg_bytes(9, size=(256, 256))
+    return whole[:len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
+
+
+@pytest.mark.parametrize("option", [["--check-decode"], ["--resize-max", "16"]])
+def test_a_jpeg_missing_its_second_half_is_refused_when_decoding(tmp_path, option):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.jpg").write_bytes(_half_jpeg())
+    (raw / "a.txt").write_text("half")
+    (raw / "b.jpg").write_bytes(jpeg_bytes(2, size=(64, 64)))
+    (raw / "b.txt").write_text("whole")
+    assert run("pairs", raw, tmp_path / "o.lmdb", "--on-error", "skip", *option) == 0
+    assert [s["__key__"] for s in mmloader.open(tmp_path / "o.lmdb")] == ["b"]
+    assert "premature end" in (tmp_path / "o.lmdb.skipped.tsv").read_text()
+
+
+def _part(path, fmt, prefix):
+    from conftest import make_samples
+    with mmloader.writer_for(path, fmt) as w:
+        for s in make_samples(6, prefix=prefix):
+            w.write(s)
+    return path
+
+
+def test_merge_follows_the_destination_suffix(tmp_path):
+    tar_parts = [_part(tmp_path / f"t{i}", "tar", f"p{i}") for i in range(2)]
+    assert cli(["merge", *map(str, tar_parts), str(tmp_path / "m.lmdb"), "-q"]) == 0
+    assert mmloader.open(tmp_path / "m.lmdb").format == "lmdb" and len(mmloader.open(tmp_path / "m.lmdb")) == 12
+    lmdb_parts = [_part(tmp_path / f"l{i}.lmdb", "lmdb", f"q{i}") for i in range(2)]
+    assert cli(["merge", *map(str, lmdb_parts), str(tmp_path / "mtar"), "-q"]) == 0
+    merged = mmloader.open(tmp_path / "mtar")
+    assert merged.format == "tar" and merged[7]["jpg"] == mmloader.open(lmdb_parts[1])[1]["jpg"]
+
+
+def test_an_empty_manifest_is_a_failure_naming_it(tmp_path, capsys):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "empty.jsonl").write_text("")
+    for name in ("empty.csv", "empty.jsonl"):
+        assert run("manifest", tmp_path / name, tmp_path / f"{name}.lmdb", "--image-column", "file") == 1
+        assert f"no samples found in {tmp_path / name}: it holds no rows" in capsys.readouterr().err
+
+
+def test_broken_symlinks_among_class_folders_are_reported(tmp_path, capsys):
+    root = tmp_path / "IF"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "a.jpg").write_bytes(jpeg_bytes(1))
+    os.symlink("loop", root / "loop")
+    os.symlink("nowhere", root / "gone")
+    assert run("imagefolder", root, tmp_path / "o.lmdb") == 1  # raise (default): the first one named
+    assert "not a class folder" in capsys.readouterr().err
+    assert run("imagefolder", root, tmp_path / "o.lmdb", "--on-error", "skip") == 0
+    report = (tmp_path / "o.lmdb.skipped.tsv").read_text()
+    assert "gone" in report and "loop" in report and "cannot be followed" in report
+    assert mmloader.open(tmp_path / "o.lmdb").metadata["metadata"]["classes"] == ["cat"]
+
+
+def test_require_needs_a_field_name(tmp_path, pairs_dir):
+    assert run("pairs", pairs_dir, tmp_path / "o.lmdb", "--require", ",") == 2
+
+
+def test_labels_are_read_exactly():
+    from converters.common import label_kind
+    for near in ("2.9999999999999999", "1e-400"):  # floats would round these to the integers 3 and 0
+        kind, value = label_kind(near)
+        assert kind == "number" and not isinstance(value, int)
+    assert label_kind("3.000") == ("number", 3) and label_kind("1e1") == ("number", 10)

@@ -38,7 +38,6 @@ from tqdm import tqdm
 from .._version import __version__
 from ..errors import FormatError
 from .atomic import AtomicDirectory
-from .lmdb_store import LMDBWriter
 from .shard_index import MANIFEST, ShardIndexBuilder, sha256_file
 from .tar_store import TarStore
 from .tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, _HashingFile
@@ -283,18 +282,17 @@ def _merge_stores(parts, dst, *, format=None, overwrite=False, progress=True, sh
     stores = [open_store(p) for p in parts]
     if not stores:
         raise FormatError("nothing to merge")
-    fmt = format or ("tar" if all(isinstance(s, TarStore) for s in stores) else "lmdb")
+    from . import format_for, writer_for
+    fmt = format_for(dst, format)  # the one rule: a .lmdb suffix means LMDB, else tar shards
     meta = _user_metadata(stores)
     total = sum(len(s) for s in stores)
     result = MergeResult(Path(dst).absolute(), count=total, parts=len(stores))
-    if fmt == "tar":
-        if not all(isinstance(s, TarStore) for s in stores):
-            raise FormatError("tar output needs every part to be a shard directory")
+    if fmt == "tar" and all(isinstance(s, TarStore) for s in stores):
         _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_bytes, result)
         return result
-    if fmt != "lmdb":
-        raise FormatError(f"format={fmt!r}: expected lmdb or tar")
-    with LMDBWriter(dst, overwrite=overwrite, metadata=meta) as w:
+    # LMDB output, or tar shards from LMDB parts: records copied byte for byte, nothing re-encoded
+    with writer_for(dst, fmt, overwrite=overwrite, metadata=meta, shard_size=shard_size,
+                    shard_bytes=shard_bytes) as w:
         bar = tqdm(total=total, desc="merging", unit="sample", disable=not progress)
         for store in stores:
             for i in range(len(store)):
