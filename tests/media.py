@@ -46,13 +46,11 @@ def _encode_audio(container, stream, x: np.ndarray, rate: int) -> None:
 
 
 def make_video(ext: str = "mp4", seconds: float = 2.0, fps: int = 15, width: int = 64, height: int = 48,
-               keyint: int = 10, audio_rate: int | None = None, bframes: bool = True,
-               faststart: bool = False) -> bytes:
+               keyint: int = 10, audio_rate: int | None = None, bframes: bool = True) -> bytes:
     """A small video (and, with ``audio_rate``, a stereo AAC/Opus track of :func:`signal`)."""
     import av
     out = io.BytesIO()
-    options = {"movflags": "+faststart"} if faststart else {}
-    c = av.open(out, "w", format=CONTAINER[ext], options=options)
+    c = av.open(out, "w", format=CONTAINER[ext])
     codec = VIDEO_CODECS[ext]
     s = c.add_stream(codec, rate=fps)
     s.width, s.height, s.pix_fmt = width, height, "yuv420p"

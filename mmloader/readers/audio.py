@@ -30,6 +30,8 @@ from .video import CLIPS, VideoReader, _demux_times, _start, check_clip, clip_st
 DECODERS = ("auto", "pyav", "soundfile")
 #: The decoder measured fastest for each format that libsndfile reads (the others: FFmpeg).
 SOUNDFILE_FORMATS = ("wav", "flac", "mp3", "ogg-vorbis")
+#: Codecs whose frames carry checksums: FFmpeg checks them and stops at a mismatch.
+STRICT_CODECS = ("flac", "alac", "wavpack")
 #: FFmpeg's default channel layouts by channel count (swresample needs a layout).
 LAYOUTS = {1: "mono", 2: "stereo", 3: "2.1", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
 
@@ -222,13 +224,14 @@ class AudioReader(Reader):
         container = open_container(data)
         try:
             info = info_of(container)
+            self.limits.check(info)
+            if isinstance(self.clip, VideoReader):
+                self.clip.limits.check(info)
             if info.audio is None:
                 raise DecodeError(f"no audio stream ({info.describe()})")
-            self.limits.check(info)
             if isinstance(self.clip, VideoReader):
                 if info.video is None:
                     raise DecodeError(f"no video stream to align the audio with ({info.describe()})")
-                self.clip.limits.check(info)
                 times, step = self.clip.targets(info, key)
                 shown = _demux_times(container, container.streams.video[0], times)
                 start_s, length_s = float(shown[0]), len(times) * step
@@ -270,6 +273,8 @@ def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: 
     """Samples of ``stream`` from ``start_s`` (seconds from its start) for ``length_s`` seconds."""
     cc = stream.codec_context
     cc.thread_count = 1
+    if cc.name in STRICT_CODECS:  # lossless: a frame that fails its CRC is an error, not skipped quietly
+        cc.options = {"err_detect": "crccheck+explode"}
     rate = int(cc.sample_rate)
     if not rate:
         raise DecodeError("audio stream without a sample rate")
