@@ -300,3 +300,56 @@ def test_skip_policy_keeps_batches_equal_with_bad_media(tmp_path):
     assert stream.skipped == 2
     keys = [k for b in batches for k in b["__key__"]]
     assert "k03" not in keys and "k07" not in keys
+
+
+# -- randomness, companions, batches --------------------------------------------------------------------
+def _clip_times(loader, epoch):
+    loader.set_epoch(epoch)
+    out = {}
+    for b in loader:
+        for k, t in zip(b["__key__"], b["times"]):
+            out.setdefault(k, []).append(t.tolist())
+    return out
+
+
+def test_random_clips_are_reproducible_per_seed_and_epoch_and_differ_across_epochs(tmp_path, clips):
+    path = store_of(tmp_path, "r.lmdb", [{"__key__": f"k{i:02d}", "mp4": clips["mp4"]} for i in range(8)])
+    video = mmloader.VideoReader(path, "mp4", frames=3, fps=5, size=(16, 16))
+    ds = mmloader.zip(video=video, times=video.timestamps)
+    make = lambda backend, seed=0: mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=seed),  # noqa: E731
+                                                    num_workers=2, backend=backend)
+    threads, processes = make("thread"), make("process")
+    e0, e1 = _clip_times(threads, 0), _clip_times(threads, 1)
+    assert e0 == _clip_times(threads, 0) == _clip_times(processes, 0)  # same seed and epoch: same clips
+    assert e1 == _clip_times(processes, 1)
+    assert e0 != e1 and sum(e0[k] != e1[k] for k in e0) >= 6  # another epoch, other positions
+    assert e0 != _clip_times(make("thread", seed=1), 0)
+    starts = [v[0][0] for v in e0.values()]
+    assert len(set(starts)) >= 6 and min(starts) >= 0 and max(starts) <= 3 - 3 / 5 + 1e-6
+    batch = next(iter(make("thread")))  # the frames are the ones at those times (checked above per sample)
+    assert batch["video"].shape == (4, 3, 3, 16, 16) and batch["times"].shape == (4, 3)
+
+
+def test_video_with_its_audio_track_aligned_by_timestamps(tmp_path, clips):
+    data = clips["av"]
+    full, rate = decode_all_audio(data)
+    path = store_of(tmp_path, "av.lmdb", [{"__key__": f"k{i}", "mp4": data} for i in range(4)])
+    video = mmloader.VideoReader(path, "mp4", frames=6, fps=5, size=(24, 32),
+                                 audio=dict(sample_rate=None, mono=False))
+    ds = mmloader.zip(video=video, audio=video.audio, times=video.timestamps)
+    for seed in (0, 3):
+        enter_batch(seed, False)
+        for i in range(4):
+            s = ds[i]
+            first = float(s["times"][0])
+            a = int(round(first * rate))
+            n = int(round(6 / 5 * rate))
+            assert s["audio"].shape == (2, n)
+            # AAC: a seek decodes 0.2 s before the window, after which the decoder's state equals the
+            # whole-file decode's up to float rounding (-100 dB)
+            assert np.abs(s["audio"].numpy() - full[:, a:a + n]).max() < 1e-4, (seed, i, first)
+    resampled = mmloader.VideoReader(path, "mp4", frames=6, fps=5, audio=dict(sample_rate=16000)).audio
+    assert resampled[0].shape == (1, int(round(6 / 5 * 16000)))
+    stream = mmloader.Stream(ds, batch_size=4, seed=0)
+    batch = next(iter(mmloader.loader(stream, num_workers=2, backend="thread")))
+    assert batch["video"].shape == (4, 6, 3, 24, 32) and batch["audio"].shape == (4, 2, n)

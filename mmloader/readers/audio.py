@@ -30,6 +30,10 @@ from .video import CLIPS, VideoReader, _demux_times, _start, check_clip, clip_st
 DECODERS = ("auto", "pyav", "soundfile")
 #: The decoder measured fastest for each format that libsndfile reads (the others: FFmpeg).
 SOUNDFILE_FORMATS = ("wav", "flac", "mp3", "ogg-vorbis")
+#: Decoded from a seek point exactly; the others decode PREROLL_S before a window and drop it.
+LOSSLESS_CODECS = ("flac", "alac", "wavpack") + tuple(f"pcm_{t}" for t in ("s16le", "s24le", "s32le", "f32le",
+                                                                             "f64le", "u8", "s16be", "mulaw", "alaw"))
+PREROLL_S = 0.2
 #: Codecs whose frames carry checksums: FFmpeg checks them and stops at a mismatch.
 STRICT_CODECS = ("flac", "alac", "wavpack")
 #: FFmpeg's default channel layouts by channel count (swresample needs a layout).
@@ -237,8 +241,13 @@ class AudioReader(Reader):
                 start_s, length_s = float(shown[0]), len(times) * step
             else:
                 start_s, length_s = self.window(info.audio.duration or info.duration, key)
+            if isinstance(self.clip, VideoReader) and start_s <= PREROLL_S:
+                # from the start: a fresh demuxer (after a seek to 0 the mp4 demuxer no longer drops
+                # the encoder's priming samples, so the first samples would differ from a full decode)
+                container.close()
+                container = open_container(data)
             return _decode_audio(container, container.streams.audio[0], info, start_s, length_s, self.limits,
-                                 rewind=isinstance(self.clip, VideoReader))
+                                 rewind=isinstance(self.clip, VideoReader) and start_s > PREROLL_S)
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt audio: {e}") from None
         finally:
@@ -279,8 +288,14 @@ def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: 
     if not rate:
         raise DecodeError("audio stream without a sample rate")
     origin = _start(stream)
-    if start_s > 0 or rewind:
-        container.seek(int((start_s + origin) / stream.time_base), stream=stream, backward=True)
+    preroll = 0.0 if cc.name in LOSSLESS_CODECS else PREROLL_S
+    if start_s > preroll or rewind:
+        # Lossy decoders need the frames before a position to decode it exactly (AAC and MP3 overlap
+        # frames, Opus asks for 80 ms): seek earlier and drop what precedes the window. Windows that
+        # start within the pre-roll are decoded from the start (a seek to 0 would keep the encoder's
+        # priming samples that a fresh demuxer drops).
+        container.seek(int((max(0.0, start_s - preroll) + origin) / stream.time_base), stream=stream,
+                       backward=True)
     first = int(round(start_s * rate))
     want = None if length_s is None else int(round(length_s * rate))
     cap = int(limits.max_duration * rate) if limits.max_duration else None
