@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,8 +292,8 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                 scale = spec.size / min(w, h)
                 w, h = _even(w * scale), _even(h * scale)
             codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-            from fractions import Fraction
-            vout = dst.add_stream(codec, rate=Fraction(rate).limit_denominator(1001))
+            out_rate = Fraction(rate).limit_denominator(1001)
+            vout = dst.add_stream(codec, rate=out_rate)
             vout.width, vout.height, vout.pix_fmt = _even(w), _even(h), "yuv420p"
             if codec == "libx264":
                 vout.options = {"crf": str(spec.crf), "preset": "medium"}
@@ -313,11 +314,11 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                         img = frame.reformat(width=vout.width, height=vout.height, format="yuv420p",
                                              interpolation="AREA")
                         img.pts = n_out
-                        img.time_base = vout.codec_context.time_base
+                        img.time_base = 1 / out_rate
                         for p in vout.encode(img):
                             dst.mux(p)
                         n_out += 1
-                        next_t = n_out / float(vout.average_rate or vout.codec_context.framerate)
+                        next_t = float(n_out / out_rate)
                 else:
                     frame.pts = None
                     for p in aout.encode(frame):
@@ -327,8 +328,8 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                 for p in s.encode(None):
                     dst.mux(p)
         dst.close()
-    except av.error.FFmpegError as e:
-        raise DecodeError(f"cannot transcode: {e}") from None
+    except (av.error.FFmpegError, ValueError, TypeError, AttributeError) as e:
+        raise DecodeError(f"cannot transcode: {type(e).__name__}: {e}") from None
     finally:
         src.close()
     return out.getvalue(), "mp4" if kind == "video" else "flac"

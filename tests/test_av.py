@@ -353,3 +353,135 @@ def test_video_with_its_audio_track_aligned_by_timestamps(tmp_path, clips):
     stream = mmloader.Stream(ds, batch_size=4, seed=0)
     batch = next(iter(mmloader.loader(stream, num_workers=2, backend="thread")))
     assert batch["video"].shape == (4, 6, 3, 24, 32) and batch["audio"].shape == (4, 2, n)
+
+
+# -- converters, inspect, preview, configs ------------------------------------------------------------
+MM = str(Path(sys.executable).parent / "mmloader")
+
+
+def _mm(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([MM, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def raw_media(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("rawmedia")
+    (raw / "clips").mkdir()
+    for i in range(3):
+        (raw / "clips" / f"c{i}.mp4").write_bytes(make_video("mp4", seconds=1 + i, fps=10, keyint=5, audio_rate=16000))
+        (raw / "clips" / f"c{i}.txt").write_text(f"clip {i}")
+        (raw / "clips" / f"c{i}.flac").write_bytes(make_audio("flac", seconds=1, rate=16000, channels=1))
+    return raw
+
+
+def test_pairs_groups_clip_mp4_txt_flac_and_probes_headers(tmp_path, raw_media):
+    done = _mm("convert", "pairs", raw_media / "clips", tmp_path / "c.lmdb", "--require", "mp4,txt,flac",
+               "--check-decode", "-q")
+    assert done.returncode == 0, done.stderr
+    store = mmloader.open(tmp_path / "c.lmdb")
+    assert len(store) == 3 and set(store.fields) == {"mp4", "txt", "flac"}
+    (raw_media / "bad").mkdir(exist_ok=True)
+    good = make_video("mp4", seconds=1, fps=10, keyint=5)
+    (raw_media / "bad" / "ok.mp4").write_bytes(good)
+    (raw_media / "bad" / "cut.mp4").write_bytes(good[:len(good) // 2])
+    (raw_media / "bad" / "garbled.mp4").write_bytes(_garble_packets(good, 0.0, 1.0))
+    (raw_media / "bad" / "long.mp4").write_bytes(_ten_hours_mp4(good))
+    done = _mm("convert", "pairs", raw_media / "bad", tmp_path / "b.lmdb", "--on-error", "skip", "--check-decode")
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "b.lmdb.skipped.tsv").read_text()
+    assert "cut\t" in report and "not a readable media file" in report
+    assert "garbled\t" in report and "corrupt media" in report  # only a full decode finds this one
+    assert "long\t" in report and "max_duration" in report
+    assert len(mmloader.open(tmp_path / "b.lmdb")) == 1
+    header_only = _mm("convert", "pairs", raw_media / "bad", tmp_path / "h.lmdb", "--on-error", "skip", "-q")
+    assert header_only.returncode == 0 and len(mmloader.open(tmp_path / "h.lmdb")) == 2  # garbled passes a header check
+
+
+def test_max_seconds_and_transcode(tmp_path, raw_media):
+    done = _mm("convert", "pairs", raw_media / "clips", tmp_path / "m.lmdb", "--max-seconds", "2.5",
+               "--on-error", "skip", "-q")
+    assert done.returncode == 0 and len(mmloader.open(tmp_path / "m.lmdb")) == 2  # the 3-s clip is refused
+    assert "longer than --max-seconds" in (tmp_path / "m.lmdb.skipped.tsv").read_text()
+    done = _mm("convert", "pairs", raw_media / "clips", tmp_path / "t.lmdb", "--max-seconds", "1.5",
+               "--transcode", "fps=5,size=32,sample_rate=8000", "-q")
+    assert done.returncode == 0, done.stderr
+    store = mmloader.open(tmp_path / "t.lmdb")
+    for i in range(3):
+        rec = store.read(i)
+        info = mmloader.mediainfo.probe(rec["mp4"])
+        v, a = info.video, info.audio
+        assert (v.codec, v.height, v.width, v.fps) == ("h264", 32, 42, 5.0) and a.sample_rate == 8000
+        assert info.duration <= 1.5 + 0.25
+        assert mmloader.mediainfo.probe(rec["flac"]).audio.sample_rate == 8000
+    bad = _mm("convert", "pairs", raw_media / "clips", tmp_path / "x.lmdb", "--transcode", "fps=0")
+    assert bad.returncode == 2 and "--transcode" in bad.stderr
+
+
+def test_manifest_takes_video_and_audio_columns(tmp_path, raw_media):
+    rows = [{"video": f"clips/c{i}.mp4", "audio": f"clips/c{i}.flac", "caption": f"clip {i}"} for i in range(3)]
+    manifest = raw_media / "clips.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _mm("convert", "manifest", manifest, tmp_path / "man.lmdb", "--video-column", "video",
+               "--audio-column", "audio", "--text-column", "caption", "-q")
+    assert done.returncode == 0, done.stderr
+    store = mmloader.open(tmp_path / "man.lmdb")
+    assert set(store.fields) == {"mp4", "flac", "txt"} and len(store) == 3
+
+
+def test_inspect_and_preview_show_media(tmp_path, raw_media):
+    assert _mm("convert", "pairs", raw_media / "clips", tmp_path / "c.lmdb", "-q").returncode == 0
+    out = _mm("inspect", tmp_path / "c.lmdb", "-n", "1").stdout
+    assert "h264 64x48 10 fps" in out and "aac 16000 Hz 2 ch" in out and "1.00 s" in out
+    assert "flac 16000 Hz 1 ch; decoder soundfile" in out and "decoder pyav" in out
+    done = _mm("preview", tmp_path / "c.lmdb", "-o", tmp_path / "p.png", "-n", "2")
+    assert done.returncode == 0, done.stderr
+    from PIL import Image
+    sheet = np.asarray(Image.open(tmp_path / "p.png").convert("RGB"))
+    assert (sheet[:160] != 255).any(axis=-1).mean() > 0.2  # frames and waveforms drawn, not an empty sheet
+    assert "caption" not in done.stdout or "clip 0" in done.stdout
+
+
+def test_config_mixes_video_audio_and_image_with_presence_masks(tmp_path, raw_media):
+    cfg = _av_config(tmp_path, raw_media)
+    stream = mmloader.from_config(cfg)
+    batch = next(iter(mmloader.loader(stream, num_workers=2, backend="thread")))
+    _check_mixed_batch(batch)
+    with pytest.raises(mmloader.ConfigError, match=r"modalities.audio.clip: 'nope' is not a video modality"):
+        bad = json.loads(json.dumps(cfg))
+        bad["sources"]["video_text"]["modalities"]["audio"]["clip"] = "nope"
+        mmloader.from_config(bad)
+
+
+def _av_config(tmp_path: Path, raw_media: Path) -> dict:
+    clips = tmp_path / "clips.lmdb"
+    if not clips.exists():
+        assert _mm("convert", "pairs", raw_media / "clips", clips, "-q").returncode == 0
+        with mmloader.writer_for(tmp_path / "images.lmdb") as w:
+            from conftest import jpeg_bytes
+            for i in range(5):
+                w.write({"__key__": f"i{i}", "jpg": jpeg_bytes(i, size=(40, 30)), "txt": f"image {i}"})
+    return {"seed": 0, "batch_size": 8, "mix": {"epoch_size": 32},
+            "sources": {"video_text": {"path": str(clips), "weight": 0.4, "modalities": {
+                            "video": {"field": "mp4", "frames": 3, "fps": 5, "size": [24, 32]},
+                            "audio": {"clip": "video", "sample_rate": 8000},
+                            "times": {"reader": "timestamps", "clip": "video"},
+                            "caption": {"field": "txt"}}},
+                        "audio_text": {"path": str(clips), "weight": 0.3, "modalities": {
+                            "audio": {"field": "flac", "sample_rate": 8000, "max_seconds": 0.6, "clip": "random"},
+                            "caption": {"field": "txt"}}},
+                        "image_text": {"path": str(tmp_path / "images.lmdb"), "weight": 0.3, "modalities": {
+                            "image": {"field": "jpg", "size": [24, 32]}, "caption": {"field": "txt"}}}}}
+
+
+def _check_mixed_batch(batch) -> None:
+    present = batch["__present__"]
+    sources = batch["__source__"]
+    assert batch["video"].shape == (8, 3, 3, 24, 32) and batch["image"].shape == (8, 3, 24, 32)
+    assert batch["audio"].shape[:2] == (8, 1) and batch["audio"].shape[2] in (4800, 4801)
+    for j, src in enumerate(sources):
+        assert bool(present["video"][j]) == (src == "video_text")
+        assert bool(present["image"][j]) == (src == "image_text")
+        assert bool(present["audio"][j]) == (src in ("video_text", "audio_text"))
+        if src == "image_text":
+            assert not batch["video"][j].any() and not batch["audio"][j].any()
+    assert set(sources) == {"video_text", "audio_text", "image_text"}
