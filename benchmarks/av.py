@@ -208,10 +208,17 @@ def run_wds(out: Path, kind: str, epochs: int) -> float:
     handler = wds_video if kind == "video" else wds_audio
     field = "mp4" if kind == "video" else "flac"
     ds = (wds.WebDataset(shards, shardshuffle=False, empty_check=False).decode(handler)
-          .to_tuple("__key__", field).batched(8 if kind == "video" else 16,
-                                              collation_fn=lambda s: list(zip(*s))))
+          .to_tuple("__key__", field).batched(8 if kind == "video" else 16, collation_fn=_columns))
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     return _time(loader, kind, epochs)
+
+
+def _columns(samples):
+    return list(zip(*samples))
+
+
+def _as_list(samples):
+    return list(samples)
 
 
 def prepare_litdata(out: Path, paths: dict, kind: str) -> Path:
@@ -266,7 +273,7 @@ def run_litdata(out: Path, paths: dict, kind: str, epochs: int) -> float:
     ds = Clips(str(dst), serializers=serializers if kind == "audio" else None)
     ds.kind = kind
     loader = litdata.StreamingDataLoader(ds, batch_size=8 if kind == "video" else 16, num_workers=2,
-                                         collate_fn=lambda s: s)
+                                         collate_fn=_as_list)
     return _time(loader, kind, epochs)
 
 
