@@ -89,6 +89,8 @@ class Options:
     require: tuple[str, ...] = ()
     max_pixels: int = 150_000_000
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_seconds: float | None = None
+    transcode: Any = None  # mmloader.mediainfo.Transcode
 
 
 # -- option values -----------------------------------------------------------------------------
@@ -202,12 +204,36 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", choices=("raise", "skip"), default="raise", help=ON_ERROR_HELP)
     p.add_argument("--max-file-bytes", type=positive_size, default=DEFAULT_MAX_FILE_BYTES, metavar="SIZE",
                    help="refuse a file larger than SIZE before reading it, as a bad sample (default 256M)")
-    p.add_argument("--check-decode", action="store_true", help="fully decode images (default: header check)")
+    p.add_argument("--check-decode", action="store_true", help="fully decode images, videos and audio (default: "
+                   "header check; for media: duration, streams and codec from the header)")
+    p.add_argument("--max-seconds", type=_positive_seconds, default=None, metavar="S",
+                   help="video/audio longer than S seconds is a bad sample (with --transcode: trimmed to S)")
+    p.add_argument("--transcode", type=_transcode_spec, default=None, metavar="SPEC",
+                   help="re-encode media once: fps=N,size=PX (shorter side),sample_rate=HZ,crf=Q; video -> H.264 "
+                        "mp4 (AAC audio track), audio -> FLAC (default: keep the bytes)")
     p.add_argument("--require", type=require_list, default=(), metavar="FIELDS",
                    help="comma-separated fields every sample must have, e.g. jpg,txt (a sample without one "
                         "is a bad sample; a field no sample has is a usage error)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it is an existing dataset")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds more than 0")
+    return value
+
+
+def _transcode_spec(text: str):
+    from mmloader.mediainfo import Transcode  # torch-free, and PyAV is imported only when used
+    try:
+        return Transcode.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def layout_parser(layout: str, doc: str | None, examples: Sequence[str]) -> argparse.ArgumentParser:
@@ -222,7 +248,8 @@ def layout_parser(layout: str, doc: str | None, examples: Sequence[str]) -> argp
 def options_from(args) -> Options:
     return Options(format=args.format, resize_max=args.resize_max, quality=args.quality,
                    check_decode=args.check_decode, require=tuple(args.require),
-                   max_file_bytes=args.max_file_bytes)
+                   max_file_bytes=args.max_file_bytes, max_seconds=getattr(args, "max_seconds", None),
+                   transcode=getattr(args, "transcode", None))
 
 
 # -- paths ---------------------------------------------------------------------------------------
@@ -510,6 +537,35 @@ def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | No
     return data, None, info.format
 
 
+def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple[bytes, str]:
+    """Check a video or audio file from its header (duration, streams, codec; the readers' limits),
+    fully decode it with ``--check-decode``, refuse or trim it with ``--max-seconds``, re-encode it
+    with ``--transcode``. Returns (bytes, field name)."""
+    from mmloader import mediainfo
+    kind = mediainfo.field_kind(field_name)
+    try:
+        info = mediainfo.check_decodes(data) if opts.check_decode else mediainfo.probe(data)
+        mediainfo.Limits().check(info)
+    except ImportError as e:
+        if opts.check_decode or opts.transcode or opts.max_seconds:
+            raise ItemError(str(e), path) from None
+        return data, field_name  # stored unchecked (noted in the summary by the caller's count)
+    except MMLoaderError as e:
+        raise ItemError(f"bad {kind}: {e}", path) from None
+    if (kind == "video" and info.video is None) or (kind == "audio" and info.audio is None):
+        raise ItemError(f"bad {kind}: no {kind} stream ({info.describe()})", path)
+    too_long = opts.max_seconds is not None and info.duration is not None and info.duration > opts.max_seconds + 1e-3
+    if too_long and not opts.transcode:
+        raise ItemError(f"longer than --max-seconds: {info.duration:.2f} s, the limit is {opts.max_seconds:g} s "
+                        "(--transcode trims instead)", path)
+    if opts.transcode and (kind == "video" or opts.transcode.sample_rate or too_long):
+        try:
+            return mediainfo.transcode(data, kind, opts.transcode, opts.max_seconds if too_long else None)
+        except MMLoaderError as e:
+            raise ItemError(f"bad {kind}: {e}", path) from None
+    return data, field_name
+
+
 def check_field(field_name: str, data: bytes, path: str) -> bytes:
     """Check a non-image file's bytes by its field's type; returns the bytes to store."""
     ext = field_name.rsplit(".", 1)[-1].lower()
@@ -535,6 +591,11 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
         except ValueError as e:
             raise ItemError(f"not valid JSON: {e}", path) from None
     return data
+
+
+def media_kind(field_name: str) -> str | None:
+    from mmloader.mediainfo import field_kind
+    return field_kind(field_name) if not field_name.endswith(".gz") else None
 
 
 def load_item(item: Item, opts: Options) -> dict[str, Any]:
@@ -564,6 +625,11 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
             fname = new_ext or fname
             if fname in sample:
                 raise ItemError(f"two images for field {fname!r}", path)
+        elif media_kind(fname):
+            data, new_name = media_bytes(data, fname, path, opts)
+            if new_name != fname and new_name in item.files:
+                raise ItemError(f"--transcode makes a {new_name!r} field, and the sample has one already", path)
+            fname = new_name
         else:
             data = check_field(fname, data, path)
         sample[fname] = data
