@@ -12,17 +12,24 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# Make raw image+caption data, convert it (LMDB and tar shards), check it, train a tiny
+# Make raw image+caption data (and small video and audio clips), convert it (LMDB and tar shards),
+# check it, plan and preview the video+audio+image experiment, train a tiny
 # CLIP with DDP on 2 CPU processes, stop mid-epoch, and resume from the checkpoint.
 demo: $(VENV)/.installed
 	rm -rf $(OUT) && mkdir -p $(OUT)
-	$(PY) samples/make_data.py $(OUT)/raw --count 2000 --corpus $(OUT)/corpus.txt
+	$(PY) samples/make_data.py $(OUT)/raw --count 2000 --corpus $(OUT)/corpus.txt \
+		--clips $(OUT)/raw-clips --sounds $(OUT)/raw-sounds --media-count 24
 	$(MM) convert pairs $(OUT)/raw $(OUT)/shapes.lmdb --workers 2 --require jpg,txt
 	$(MM) convert pairs $(OUT)/raw $(OUT)/shapes --workers 2 --shard-size 250 --require jpg,txt
 	$(MM) inspect $(OUT)/shapes.lmdb
 	$(MM) verify $(OUT)/shapes --decode
 	$(MM) preview $(OUT)/shapes -o $(OUT)/preview.png -n 8
 	$(MM) plan samples/configs/mixed.yaml --world 2 --workers 1
+	$(MM) convert pairs $(OUT)/raw-clips $(OUT)/clips.lmdb --require mp4,txt --check-decode --max-seconds 10
+	$(MM) convert pairs $(OUT)/raw-sounds $(OUT)/sounds.lmdb --require flac,txt
+	$(MM) inspect $(OUT)/clips.lmdb -n 1
+	$(MM) plan samples/configs/av_mixed.yaml --world 2 --workers 1
+	$(MM) preview samples/configs/av_mixed.yaml -o $(OUT)/preview-av.png -n 6
 	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \
 		--data $(OUT)/shapes.lmdb --captions $(OUT)/shapes --epochs 3 --checkpoint $(OUT)/ckpt.pt --stop-after 40
 	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \

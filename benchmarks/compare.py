@@ -29,7 +29,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 DECODED, RAW = "decoded", "raw"
-CONTENDERS = ["mmloader-lmdb-thread", "mmloader-tar-thread", "mmloader-lmdb-process", "mmloader-tar-process",
+# mmloader-STORE-BACKEND[-1w]: "auto" is what `mmloader.loader(stream)` picks (the Quickstart's
+# configuration); "-1w" runs with one worker instead of --workers.
+CONTENDERS = ["mmloader-lmdb-auto", "mmloader-tar-auto", "mmloader-lmdb-thread", "mmloader-tar-thread",
+              "mmloader-lmdb-process", "mmloader-tar-process", "mmloader-lmdb-auto-1w", "mmloader-lmdb-process-1w",
               "webdataset-docs", "webdataset-tuned", "mosaicml-streaming", "litdata", "folder-pillow",
               "pickle-lmdb"]
 NO_RAW = {"webdataset-docs", "folder-pillow"}  # by definition they decode
@@ -149,11 +152,12 @@ def build(name: str, workload: str, paths: dict, workers: int, batch: int):
     decode = workload == DECODED
     if name.startswith("mmloader"):
         import mmloader
-        _, store, backend = name.split("-")
+        _, store, backend, *one = name.split("-")
         path = paths["lmdb" if store == "lmdb" else "tar"]
         ds = mmloader.zip(image=mmloader.ImageReader(path, output="tensor" if decode else "raw"),
                           caption=mmloader.TextReader(path))
-        return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers, backend=backend)
+        return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=1 if one else workers,
+                               backend=backend)
     if name.startswith("webdataset"):
         import webdataset as wds
         urls = sorted(str(p) for p in Path(paths["wds"]).glob("*.tar"))
@@ -373,7 +377,7 @@ def _median(runs: list[dict], key: str) -> float:
 
 def write_results(args, info, results, failures, lim) -> None:
     import torch
-    lines = ["# Benchmark results", "",
+    lines = ["# Benchmark results", "", "## Loaders", "",
              f"Command: `python benchmarks/compare.py --samples {args.samples} --workers {args.workers} "
              f"--batch-size {args.batch_size} --rounds {args.rounds}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -393,7 +397,7 @@ def write_results(args, info, results, failures, lim) -> None:
     lines += ["Versions: " + ", ".join(versions), ""]
     for workload in (DECODED, RAW):
         title = "Decoded images (uint8 CHW) + captions" if workload == DECODED else "Raw bytes (no decode) + captions"
-        lines += [f"## {title}", "", "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
+        lines += [f"### {title}", "", "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
                   "| --- | ---: | ---: | ---: | ---: |"]
         for name in CONTENDERS:
             runs = results.get((name, workload))
@@ -421,17 +425,12 @@ def write_results(args, info, results, failures, lim) -> None:
                 lines.append(f"Best mmloader / one-thread page-cache read of the shards ({lim['page_cache_read']:,.0f} "
                              f"samples/s): {best_ours[1] / lim['page_cache_read']:.2f}x.")
         lines.append("")
-    lines += ["## Conversion (raw folder -> dataset)", "", "| writer | seconds | samples/s |", "| --- | ---: | ---: |"]
+    lines += ["### Conversion (raw folder -> dataset)", "", "| writer | seconds | samples/s |", "| --- | ---: | ---: |"]
     for name, s in info["conversion_s"].items():
         lines.append(f"| {name} | {s:.1f} | {info['count'] / s:,.0f} |")
     lines.append("")
-    from data import MEMORY_SECTION
-    out_file = Path(args.results)
-    old = out_file.read_text() if out_file.exists() else ""
-    kept = ""  # benchmarks/memory.py owns its section of the file: keep it
-    if MEMORY_SECTION in old:
-        kept = "\n" + MEMORY_SECTION + old.split(MEMORY_SECTION, 1)[1]
-    out_file.write_text("\n".join(lines) + "\n" + kept)
+    from data import write_section
+    write_section(args.results, "loaders", "\n".join(lines[2:]))  # the other scripts' sections stay
     try:
         import matplotlib
         matplotlib.use("Agg")

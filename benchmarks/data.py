@@ -70,7 +70,22 @@ if __name__ == "__main__":
     print(make_folder(sys.argv[1], int(sys.argv[2])))
 
 
-MEMORY_SECTION = "## Memory as the dataset grows 10x"  # memory.py writes it; compare.py keeps it
+MEMORY_SECTION = "## Memory as the dataset grows 10x"
+
+
+def write_section(results: str | os.PathLike, name: str, text: str) -> None:
+    """Put ``text`` into RESULTS.md as section ``name``, between markers, keeping every other
+    benchmark's section: each script owns its section and rewrites only that."""
+    path = Path(results)
+    begin, end = f"<!-- section {name} -->", f"<!-- end {name} -->"
+    old = path.read_text() if path.exists() else "# Benchmark results\n"
+    block = f"{begin}\n{text.strip()}\n{end}"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block + rest.split(end, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
 
 
 def warm(path: str | os.PathLike) -> None:

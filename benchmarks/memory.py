@@ -92,7 +92,7 @@ def main() -> int:
         print(json.dumps(measure(args.measure[0], args.read, args.workers, args.batch_size)))
         return 0
     import io
-    from data import MEMORY_SECTION, photo
+    from data import MEMORY_SECTION, photo, write_section
     jpegs = []
     for i in range(256):
         buf = io.BytesIO()
@@ -138,9 +138,7 @@ def main() -> int:
                      f"{100 * (b['first_batch_s'] / a['first_batch_s'] - 1):+.0f}%")
     section = "\n".join(lines) + "\n"
     print(section)
-    results = Path(args.results)
-    old = results.read_text() if results.exists() else "# Benchmark results\n"
-    results.write_text(old.split(MEMORY_SECTION)[0].rstrip("\n") + "\n\n" + section)
+    write_section(args.results, "memory", section)
     return 0
 
 

@@ -450,15 +450,8 @@ def write_results(args, info, latencies, names, results, load) -> None:
             lines.append(f"| {lat:.0f} ms | {name} | {first:,.0f} | {e1:,.0f} | {e2:,.0f} | {bps:,.0f} |")
     lines += ["", *goals(latencies, names, results, rate), ""]
     out = Path(args.results)
-    old = out.read_text() if out.exists() else ""
-    if SECTION in old:
-        before, rest = old.split(SECTION, 1)
-        nxt = rest.find("\n## ")
-        after = rest[nxt + 1:] if nxt >= 0 else ""
-        text = before.rstrip("\n") + "\n\n" + "\n".join(lines) + ("\n" + after if after else "")
-    else:
-        text = old.rstrip("\n") + "\n\n" + "\n".join(lines)
-    out.write_text(text)
+    from data import write_section
+    write_section(out, "remote", "\n".join(lines))
     print(f"wrote the {SECTION!r} section of {out}")
 
 

@@ -3,6 +3,7 @@ parallel), the error policy, the skip report and the summary."""
 from __future__ import annotations
 
 import argparse
+import decimal
 import io
 import json
 import math
@@ -73,6 +74,11 @@ class Item:
     values: dict[str, Any] = field(default_factory=dict)
     where: str = ""
     error: str | None = None  # a problem found while listing the raw folder (or reading a row)
+    #: field -> bytes given inline (a table cell), checked exactly as a file's bytes would be;
+    #: field "" is an image whose header names the field
+    data: dict[str, bytes] = field(default_factory=dict)
+    #: field -> where its inline bytes came from, for error messages ("column 'image', row group 3")
+    origin: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +90,8 @@ class Options:
     require: tuple[str, ...] = ()
     max_pixels: int = 150_000_000
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_seconds: float | None = None
+    transcode: Any = None  # mmloader.mediainfo.Transcode
 
 
 # -- option values -----------------------------------------------------------------------------
@@ -152,6 +160,8 @@ def _part_arg(text: str) -> str:
 def require_list(text: str) -> tuple[str, ...]:
     """``--require jpg,txt`` -> field names, image spellings folded (``JPEG`` -> ``jpg``)."""
     fields = tuple(dict.fromkeys(canonical_extension(f.strip()) for f in text.split(",") if f.strip()))
+    if not fields:
+        raise argparse.ArgumentTypeError(f"{text!r} names no field (e.g. --require jpg,txt)")
     for f in fields:
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", f):
             raise argparse.ArgumentTypeError(f"{f!r} is not a field name (fields are file extensions "
@@ -178,16 +188,53 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quality", type=int_at_least(1, 100), default=90, help="JPEG quality for --resize-max "
                    "(1-100, default 90)")
     p.add_argument("--part", type=_part_arg, default=None, metavar="I/N", help="convert only the I-th of N "
-                   "deterministic slices (0 <= I < N); `mmloader merge` joins them")
+                   "deterministic slices (0 <= I < N) into DST.parts/, publishing a part manifest last; a "
+                   "finished part is not converted again; `mmloader merge DST` joins the parts")
+    p.add_argument("--engine", choices=("local", "ray"), default="local", help="local (default): this "
+                   "process; ray: convert --parts N parts as Ray tasks on the cluster named by --ray-address "
+                   "or RAY_ADDRESS (else a local Ray), retried on failure, then merge them "
+                   "(pip install 'mmloader[ray]')")
+    p.add_argument("--parts", type=int_at_least(1), default=None, metavar="N", help="--engine ray: the number "
+                   "of parts (default: the cluster's CPUs divided by --workers)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR", help="--engine ray: the cluster to use "
+                   "(default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a new "
+                   "local Ray)")
+    p.add_argument("--retries", type=int_at_least(0), default=3, metavar="K", help="--engine ray: times Ray "
+                   "re-runs a part whose worker died (default 3)")
+    p.add_argument("--keep-parts", action="store_true", help="--engine ray: keep DST.parts/ after the merge")
     p.add_argument("--on-error", choices=("raise", "skip"), default="raise", help=ON_ERROR_HELP)
     p.add_argument("--max-file-bytes", type=positive_size, default=DEFAULT_MAX_FILE_BYTES, metavar="SIZE",
                    help="refuse a file larger than SIZE before reading it, as a bad sample (default 256M)")
-    p.add_argument("--check-decode", action="store_true", help="fully decode images (default: header check)")
+    p.add_argument("--check-decode", action="store_true", help="fully decode images, videos and audio (default: "
+                   "header check; for media: duration, streams and codec from the header)")
+    p.add_argument("--max-seconds", type=_positive_seconds, default=None, metavar="S",
+                   help="video/audio longer than S seconds is a bad sample (with --transcode: trimmed to S)")
+    p.add_argument("--transcode", type=_transcode_spec, default=None, metavar="SPEC",
+                   help="re-encode media once: fps=N,size=PX (shorter side),sample_rate=HZ,crf=Q; video -> H.264 "
+                        "mp4 (AAC audio track), audio -> FLAC (default: keep the bytes)")
     p.add_argument("--require", type=require_list, default=(), metavar="FIELDS",
                    help="comma-separated fields every sample must have, e.g. jpg,txt (a sample without one "
                         "is a bad sample; a field no sample has is a usage error)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it is an existing dataset")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds more than 0")
+    return value
+
+
+def _transcode_spec(text: str):
+    from mmloader.mediainfo import Transcode  # torch-free, and PyAV is imported only when used
+    try:
+        return Transcode.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def layout_parser(layout: str, doc: str | None, examples: Sequence[str]) -> argparse.ArgumentParser:
@@ -202,7 +249,8 @@ def layout_parser(layout: str, doc: str | None, examples: Sequence[str]) -> argp
 def options_from(args) -> Options:
     return Options(format=args.format, resize_max=args.resize_max, quality=args.quality,
                    check_decode=args.check_decode, require=tuple(args.require),
-                   max_file_bytes=args.max_file_bytes)
+                   max_file_bytes=args.max_file_bytes, max_seconds=getattr(args, "max_seconds", None),
+                   transcode=getattr(args, "transcode", None))
 
 
 # -- paths ---------------------------------------------------------------------------------------
@@ -225,19 +273,26 @@ def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
-def check_paths(src: str, dst: str, overwrite: bool) -> list[str]:
+def check_paths(src: str | Sequence[str], dst: str, overwrite: bool, part: bool = False) -> list[str]:
     """Fail early, with a clear word, on a missing SRC, an existing or busy DST, a DST that is (or
     holds) the source, or an unwritable place. Removes stale partials of DST left by killed
-    conversions; returns what it did, for the summary."""
-    if not os.path.exists(src):
-        raise ConversionError(f"source {src} does not exist")
+    conversions; returns what it did, for the summary. For a part (``part=True``) DST is only
+    checked: the part's own dataset under ``DST.parts/`` is locked and cleaned by its writer."""
+    for one in [src] if isinstance(src, (str, os.PathLike)) else src:
+        if not os.path.exists(one):
+            raise ConversionError(f"source {one} does not exist")
     if is_url(dst):  # object storage: written locally, uploaded, manifest last (mmloader.storage.remote_write)
+        if part:
+            raise UsageError(f"{dst}: parts (--part, --engine ray) are written to a filesystem every task "
+                             "can reach; convert to a local or shared DST, then `mmloader merge DST.parts/ "
+                             f"{dst}` uploads the merged dataset")
         check_remote_destination(dst, overwrite)
         return []
-    real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
-    if _inside(real_src, real_dst):
-        raise ConversionError(f"the destination {dst} is the source {src} or holds it: refusing "
-                              "(--overwrite would delete the source)")
+    for one in [src] if isinstance(src, (str, os.PathLike)) else src:
+        real_src, real_dst = os.path.realpath(one), os.path.realpath(dst)
+        if _inside(real_src, real_dst) or _inside(real_src, real_dst + ".parts"):
+            raise ConversionError(f"the destination {dst} is the source {one} or holds it: refusing "
+                                  "(--overwrite would delete the source)")
     if os.path.lexists(dst):
         if not overwrite:
             raise ConversionError(f"{dst} already exists; pass --overwrite to replace it")
@@ -251,6 +306,8 @@ def check_paths(src: str, dst: str, overwrite: bool) -> list[str]:
             pass
     except OSError as e:
         raise ConversionError(f"cannot write to {parent}: {e.strerror or e}") from None
+    if part:
+        return []
     check_not_busy(dst)  # a second conversion to one destination fails now, not at the end
     return [str(p) for p in clean_stale_partials(dst)]
 
@@ -286,7 +343,7 @@ class SourceWalker:
         if name.startswith("."):
             self.hidden.append(full)
             return True
-        if os.path.realpath(full) == self.dst:
+        if os.path.realpath(full) in (self.dst, self.dst + ".parts"):  # the destination, its parts
             self.dst_inside = True
             return True
         if is_dataset_dir(full):
@@ -381,10 +438,10 @@ def label_kind(value: Any) -> tuple[str, Any]:
     if _INTEGER.fullmatch(text):
         return "number", int(text)
     if _NUMBER.fullmatch(text):
-        number = float(text)
-        if not math.isfinite(number):
+        exact = decimal.Decimal(text)  # exact: "2.9999999999999999" is not 3, "1e-400" is not 0
+        if not exact.is_finite():
             return "bad", f"{value!r} is not a finite number"
-        return "number", int(number) if number.is_integer() else number
+        return "number", int(exact) if exact == exact.to_integral_value() else float(exact)
     if not any(c.isalpha() for c in text) and any(c.isnumeric() for c in text):
         return "bad", f"{value!r} looks like a number but is not one"
     return "name", text
@@ -461,7 +518,7 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
 
 def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | None, str]:
     """Validate (and optionally re-encode) an image; returns (bytes, new extension or None, format)."""
-    from mmloader.imageinfo import check_pixels, probe
+    from mmloader.imageinfo import check_decodes, check_pixels, probe
     try:
         info = probe(data)
         check_pixels(info, opts.max_pixels)
@@ -469,6 +526,10 @@ def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | No
         raise ItemError(f"bad image: {e}", path) from None
     if not (opts.check_decode or opts.resize_max):
         return data, None, info.format
+    try:  # strict: a JPEG libjpeg only warns about (half of it gone) is refused, not re-encoded gray
+        check_decodes(data, info)
+    except MMLoaderError as e:
+        raise ItemError(f"image does not decode: {e}", path) from None
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
@@ -483,6 +544,35 @@ def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | No
     except Exception as e:
         raise ItemError(f"image does not decode: {e}", path) from None
     return data, None, info.format
+
+
+def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple[bytes, str]:
+    """Check a video or audio file from its header (duration, streams, codec; the readers' limits),
+    fully decode it with ``--check-decode``, refuse or trim it with ``--max-seconds``, re-encode it
+    with ``--transcode``. Returns (bytes, field name)."""
+    from mmloader import mediainfo
+    kind = mediainfo.field_kind(field_name)
+    try:
+        info = mediainfo.check_decodes(data) if opts.check_decode else mediainfo.probe(data)
+        mediainfo.Limits().check(info)
+    except ImportError as e:
+        if opts.check_decode or opts.transcode or opts.max_seconds:
+            raise ItemError(str(e), path) from None
+        return data, field_name  # stored unchecked (noted in the summary by the caller's count)
+    except MMLoaderError as e:
+        raise ItemError(f"bad {kind}: {e}", path) from None
+    if (kind == "video" and info.video is None) or (kind == "audio" and info.audio is None):
+        raise ItemError(f"bad {kind}: no {kind} stream ({info.describe()})", path)
+    too_long = opts.max_seconds is not None and info.duration is not None and info.duration > opts.max_seconds + 1e-3
+    if too_long and not opts.transcode:
+        raise ItemError(f"longer than --max-seconds: {info.duration:.2f} s, the limit is {opts.max_seconds:g} s "
+                        "(--transcode trims instead)", path)
+    if opts.transcode and (kind == "video" or opts.transcode.sample_rate or too_long):
+        try:
+            return mediainfo.transcode(data, kind, opts.transcode, opts.max_seconds if too_long else None)
+        except MMLoaderError as e:
+            raise ItemError(f"bad {kind}: {e}", path) from None
+    return data, field_name
 
 
 def check_field(field_name: str, data: bytes, path: str) -> bytes:
@@ -512,6 +602,11 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
     return data
 
 
+def media_kind(field_name: str) -> str | None:
+    from mmloader.mediainfo import field_kind
+    return field_kind(field_name) if not field_name.endswith(".gz") else None
+
+
 def load_item(item: Item, opts: Options) -> dict[str, Any]:
     """Read, validate and (optionally) re-encode one sample. Raises :class:`ItemError`."""
     from mmloader.storage.keys import validate_key
@@ -521,13 +616,15 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
         validate_key(item.key)
     except MMLoaderError as e:
         raise ItemError(f"illegal key: {e}", item.where or item.key) from None
-    missing = [f for f in opts.require if f not in item.files and f not in item.values]
-    if missing:
+    header_named = "" in item.files or "" in item.data  # an image whose field its header will name
+    missing = [f for f in opts.require if f not in item.files and f not in item.values and f not in item.data
+               and not (header_named and f in IMAGE_EXTENSIONS)]
+    if missing:  # before reading anything
         raise ItemError(f"missing required field(s) {', '.join(missing)}", item.where or item.key)
     sample: dict[str, Any] = {"__key__": item.key}
-    for fname, path in item.files.items():
+
+    def add(fname: str, data: bytes, path: str) -> None:
         image = fname == "" or fname in IMAGE_EXTENSIONS
-        data = read_file(path, opts.max_file_bytes, image)
         if image:
             data, new_ext, fmt = _image_bytes(data, path, opts)
             if fname == "":  # the file's name does not say: the header does
@@ -537,11 +634,30 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
             fname = new_ext or fname
             if fname in sample:
                 raise ItemError(f"two images for field {fname!r}", path)
+        elif media_kind(fname):
+            data, new_name = media_bytes(data, fname, path, opts)
+            if new_name != fname and new_name in item.files:
+                raise ItemError(f"--transcode makes a {new_name!r} field, and the sample has one already", path)
+            fname = new_name
         else:
             data = check_field(fname, data, path)
         sample[fname] = data
+
+    for fname, path in item.files.items():
+        add(fname, read_file(path, opts.max_file_bytes, fname == "" or fname in IMAGE_EXTENSIONS), path)
+    for fname, data in item.data.items():  # inline bytes: the same checks; errors name their origin
+        try:
+            if not data:
+                raise ItemError("empty value", item.where)
+            add(fname, data, item.where)
+        except ItemError as e:
+            origin = item.origin.get(fname)
+            raise ItemError(f"{origin}: {e.reason}" if origin else e.reason, item.where or item.key) from None
     for fname, value in item.values.items():
         sample[fname] = value
+    missing = [f for f in opts.require if f not in sample]
+    if missing:
+        raise ItemError(f"missing required field(s) {', '.join(missing)}", item.where or item.key)
     return sample
 
 
@@ -589,12 +705,20 @@ class Summary:
     seconds: float = 0.0
     report: str | None = None
     notes: list[str] = field(default_factory=list)
+    part: tuple[int, int] | None = None  # --part I/N: which part this was
+    dataset: str | None = None  # where this process wrote (the part's dataset under --part)
+    already: str | None = None  # --part: the manifest of a part converted before (nothing done now)
 
     def text(self, dst: str) -> str:
         skipped = sum(self.skipped.values())
         why = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
         rate = self.written / self.seconds if self.seconds else 0
-        lines = [f"wrote {self.written} samples ({self.bytes / 1e6:.1f} MB) to {dst} in {self.seconds:.1f} s "
+        if self.already:
+            return "\n".join([f"part {self.part[0]}/{self.part[1]} of {dst} is already converted ({self.already}: "
+                              f"{self.written} samples, {skipped} skipped): nothing to do"]
+                             + [f"note: {n}" for n in self.notes])
+        where = f"part {self.part[0]}/{self.part[1]} of {dst} ({self.dataset})" if self.part else dst
+        lines = [f"wrote {self.written} samples ({self.bytes / 1e6:.1f} MB) to {where} in {self.seconds:.1f} s "
                  f"({rate:.0f} samples/s, {self.bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s)",
                  f"skipped {skipped}" + (f" ({why})" if why else "")]
         if self.report:
@@ -625,13 +749,20 @@ def _raise_policy(error: str, dst: str) -> ConversionError:
 
 def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]], dst: str, args,
                   metadata: dict | None = None, total: int | None = None,
-                  notes: Sequence[str] = ()) -> Summary:
-    """Write loaded samples; apply ``--on-error``; progress bar; atomic output; skip report."""
+                  notes: Sequence[str] = (), unique_keys: bool = False) -> Summary:
+    """Write loaded samples; apply ``--on-error``; progress bar; atomic output; skip report.
+
+    ``dst`` is where this process writes: ``args.dst``, or its part's dataset under ``--part``
+    (then the output format is ``args.dst``'s, a published part without a manifest is replaced,
+    and a part may end up empty: only the merge fails when no sample at all was converted).
+    ``unique_keys``: the keys are unique by construction (row numbers): no set of seen keys is
+    kept (it would grow with the input)."""
     summary = Summary(notes=list(notes))
     start = time.perf_counter()
-    fmt = format_for(dst, args.format)
+    part = getattr(args, "_part_dataset", None) == dst
+    fmt = format_for(args.dst, args.format)
     shard_opts = {"shard_size": args.shard_size, "shard_bytes": args.shard_bytes} if fmt == "tar" else {}
-    writer = mmloader.writer_for(dst, fmt, overwrite=args.overwrite, metadata=metadata, **shard_opts)
+    writer = mmloader.writer_for(dst, fmt, overwrite=args.overwrite or part, metadata=metadata, **shard_opts)
     report_path = report_path_for(dst)
     skipped_rows: list[str] = []
     bar = tqdm(total=total, desc=f"converting -> {Path(dst).name}", unit="sample", disable=args.quiet,
@@ -646,14 +777,15 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
 
     try:
         for item, sample, error in samples:
-            if error is None and item.key in seen_keys:
+            if error is None and not unique_keys and item.key in seen_keys:
                 error = ItemError(f"duplicate key {item.key!r}", item.where or item.key)
             if error is not None:
                 if args.on_error == "raise" and not isinstance(error, Skipped):
                     raise _raise_policy(str(error), dst)
                 skip(item.key, error.path, error.reason)
                 continue
-            seen_keys.add(item.key)
+            if not unique_keys:
+                seen_keys.add(item.key)
             try:
                 writer.write(sample)
             except MMLoaderError as e:  # e.g. a key the format cannot hold
@@ -667,7 +799,7 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
             bar.update(1)
             if summary.written % 256 == 0:
                 bar.set_postfix_str(f"{summary.bytes / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
-        if summary.written == 0 and skipped_rows:
+        if summary.written == 0 and skipped_rows and not part:
             report_path.write_text("key\tfile\treason\n" + "\n".join(skipped_rows) + "\n")
             raise ConversionError(f"no sample could be converted: all {len(skipped_rows)} were skipped "
                                   f"(reasons in {report_path}); nothing written")
@@ -677,6 +809,7 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
         bar.close()
         raise
     bar.close()
+    summary.dataset = str(dst)
     if report_path.exists():
         report_path.unlink()
     if skipped_rows:
@@ -710,20 +843,198 @@ def run(build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item],
     ``build_items(args, notes)`` lists the samples (appending to ``notes`` what it left out);
     ``looked_for`` says what it looks for, for the error when it finds nothing.
     """
-    args = parser.parse_args(argv)
+    return execute(parser, argv, item_source(build_items, looked_for))
 
-    def convert() -> Summary:
-        notes = check_paths(args.src, args.dst, args.overwrite)
+
+def item_source(build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]],
+                looked_for: str) -> Callable:
+    """A layout's ``prepare`` (see :func:`execute`) from its ``build_items``."""
+    def prepare(args: argparse.Namespace, notes: list[str]) -> tuple[str, Callable]:
         items, metadata = build_items(args, notes)
         if not items:
             left_out = f"; {'; '.join(notes)}" if notes else ""
             raise ConversionError(f"no samples found in {args.src}: looked for {looked_for}{left_out}")
         check_required_fields(args.require, items)
-        items = select(items, args.shuffle_seed, parse_part(args.part))
-        opts = options_from(args)
-        loaded = ordered_map(_load_safe, ((it, opts) for it in items), args.workers)
-        return write_samples(loaded, args.dst, args, metadata, total=len(items), notes=notes)
+        digest = items_digest(items, args.src)
+
+        def convert(part: tuple[int, int] | None, dst: str) -> Summary:
+            chosen = select(items, args.shuffle_seed, part, align=shard_alignment(args))
+            opts = options_from(args)
+            loaded = ordered_map(_load_safe, ((it, opts) for it in chosen), args.workers)
+            return write_samples(loaded, dst, args, metadata, total=len(chosen), notes=notes)
+        return digest, convert
+    return prepare
+
+
+def items_digest(items: Sequence[Item], root: str) -> str:
+    """A digest of the input listing: keys, files (relative to ``root``), inline values."""
+    import hashlib
+    h = hashlib.sha256()
+    root = os.path.abspath(root)
+    for it in items:
+        files = sorted((f, os.path.relpath(os.path.abspath(p), root)) for f, p in it.files.items())
+        h.update(json.dumps([it.key, files, it.values, it.error], sort_keys=True, default=str,
+                            ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
+    return h.hexdigest()
+
+
+def shard_alignment(args: argparse.Namespace) -> int:
+    """Parts of a tar conversion start at multiples of ``--shard-size`` items, so that each
+    part's shards are the shards one process writes there and merge keeps them as they are."""
+    return args.shard_size if format_for(args.dst, args.format) == "tar" else 1
+
+
+def part_bounds(total: int, part: tuple[int, int], align: int = 1) -> tuple[int, int]:
+    """Items ``[a, b)`` of part ``(i, n)``: contiguous, disjoint, covering, cut at multiples of
+    ``align`` when every part gets at least that many (otherwise evenly: more parts than shards
+    still all work, and merge re-cuts the shards).
+
+    >>> [part_bounds(10, (i, 3)) for i in range(3)], [part_bounds(10, (i, 2), align=4) for i in range(2)]
+    ([(0, 3), (3, 6), (6, 10)], [(0, 4), (4, 10)])
+    >>> [part_bounds(10, (i, 3), align=4) for i in range(3)]
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    i, n = part
+    if total < n * align:
+        align = 1
+
+    def cut(j: int) -> int:
+        if j >= n:
+            return total
+        x = j * total // n
+        return min(total, round(x / align) * align)
+    return cut(i), cut(i + 1)
+
+
+def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None, align: int = 1) -> list:
+    """Seeded order, then the I-th contiguous slice of N: merging parts 0..N-1 gives the whole."""
+    if shuffle_seed is not None:
+        perm = np.random.default_rng(shuffle_seed).permutation(len(items))
+        items = [items[i] for i in perm]
+    if part is not None:
+        a, b = part_bounds(len(items), part, align)
+        items = items[a:b]
+    return items
+
+
+#: Options that change how a conversion runs, not what it writes: left out of the fingerprint.
+RUN_OPTIONS = {"src", "dst", "workers", "quiet", "overwrite", "part", "engine", "parts", "ray_address",
+               "retries", "keep_parts"}
+
+
+def options_digest(layout: str, args: argparse.Namespace) -> str:
+    """A digest of the layout, every option that changes the output, and the output format."""
+    import hashlib
+    opts = {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(vars(args).items())
+            if k not in RUN_OPTIONS and not k.startswith("_")}
+    opts["format"] = format_for(args.dst, args.format)
+    return hashlib.sha256(json.dumps([layout, opts], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fingerprint(layout: str, args: argparse.Namespace, digest: str) -> str:
+    """The input fingerprint of a conversion: the input listing's digest and the options'."""
+    import hashlib
+    return hashlib.sha256(f"{digest}\0{options_digest(layout, args)}".encode()).hexdigest()
+
+
+def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.engine == "ray":
+        if args.part is not None:
+            parser.error("--part I/N converts one part in this process; with --engine ray use --parts N")
+    else:
+        for opt, value in (("--parts", args.parts), ("--ray-address", args.ray_address)):
+            if value is not None:
+                parser.error(f"{opt} applies to --engine ray (use --part I/N to convert one part here)")
+        if args.keep_parts:
+            parser.error("--keep-parts applies to --engine ray (--part I/N always keeps its part for merge)")
+
+
+def layout_of(parser: argparse.ArgumentParser) -> str:
+    return parser.prog.split()[-1]
+
+
+def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare: Callable) -> int:
+    """The whole life of ``mmloader convert LAYOUT``: parse, check, convert (all, one part, or N
+    parts on Ray), print the summary or a one-line error; returns the exit status.
+
+    ``prepare(args, notes)`` lists the input and returns ``(digest, convert)``: a digest of the
+    input listing (for the part fingerprint) and ``convert(part, dst) -> Summary`` writing part
+    ``(i, n)`` (or everything, for None) to ``dst``.
+    """
+    args = parser.parse_args(argv)
+    check_engine_options(parser, args)
+    layout = layout_of(parser)
+    if args.engine == "ray":
+        from .ray_engine import run_on_ray
+        return run_on_ray(layout, args, parser.prog)
+
+    def convert() -> Summary:
+        if args.part is not None:
+            return convert_part(layout, args, prepare)
+        notes = check_paths(args.src, args.dst, args.overwrite)
+        _digest, write = prepare(args, notes)
+        return write(None, args.dst)
     return report_errors(convert, args.dst, parser.prog)
+
+
+def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Summary:
+    """``--part I/N``: convert one part into ``DST.parts/`` and publish its manifest last; a part
+    whose manifest is there (same input, options, N) is not converted again."""
+    from mmloader.storage.merge import (PartError, check_part_files, manifests_in, part_dataset, part_manifest_path,
+                                        parts_dir_for, read_part_manifest, same_conversion, write_part_manifest)
+    i, n = parse_part(args.part)
+    notes = check_paths(args.src, args.dst, args.overwrite, part=True)
+    digest, write = prepare(args, notes)
+    fp = fingerprint(layout, args, digest)
+    parts_dir = parts_dir_for(args.dst)
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    for record in manifests_in(parts_dir):
+        why = same_conversion(record, fp, n)
+        if why is None:
+            continue
+        if not args.overwrite:
+            raise ConversionError(f"{record['__path__']} is a part of another conversion: {why}; remove "
+                                  f"{parts_dir} or pass --overwrite to replace its parts")
+        _remove_part(record)
+        notes.append(f"removed {record['__path__']}: a part of another conversion ({why})")
+    manifest = part_manifest_path(parts_dir, i, n)
+    done = read_part_manifest(manifest)
+    if done is not None and done.get("part") == i:
+        try:
+            check_part_files(done)
+        except PartError as e:  # finished once, changed since: not finished any more
+            notes.append(f"converting it again: {e}")
+            _remove_part(done)
+            done = None
+    if done is not None and done.get("part") == i:
+        return Summary(written=done["count"], skipped={"(see the part's report)": done["skipped"]}
+                       if done["skipped"] else {}, notes=notes, already=str(manifest), part=(i, n))
+    fmt = format_for(args.dst, args.format)
+    dataset = part_dataset(parts_dir, i, n, fmt)
+    notes += [str(p) for p in clean_stale_partials(dataset)]  # a killed attempt's partial (same host)
+    args._part_dataset = str(dataset)
+    summary = write((i, n), str(dataset))
+    write_part_manifest(dataset, part=i, parts=n, fingerprint=fp, fmt=fmt, count=summary.written,
+                        skipped=sum(summary.skipped.values()), report=summary.report,
+                        shard_size=args.shard_size, shard_bytes=args.shard_bytes,
+                        extra={"layout": layout, "input_digest": digest, "options_digest": options_digest(layout, args),
+                               "seconds": round(summary.seconds, 3), "bytes": summary.bytes})
+    summary.part = (i, n)
+    finished = [r for r in manifests_in(parts_dir) if same_conversion(r, fp, n) is None]
+    if len({r["part"] for r in finished}) == n:
+        summary.notes.append(f"all {n} parts are converted: `mmloader merge {args.dst}` joins them")
+    return summary
+
+
+def _remove_part(record: dict) -> None:
+    import shutil
+    from mmloader.storage.merge import part_dataset_of
+    path = Path(record["__path__"])
+    report = record.get("skipped_report")
+    path.unlink(missing_ok=True)  # the manifest first: without it the rest is an unfinished part
+    shutil.rmtree(part_dataset_of(record), ignore_errors=True)
+    if report:
+        (path.parent / report).unlink(missing_ok=True)
 
 
 def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloader convert") -> int:

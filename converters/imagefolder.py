@@ -19,20 +19,34 @@ from pathlib import Path
 from typing import Sequence
 
 from .common import (ConversionError, IMAGE_EXTENSIONS, Item, SourceWalker, canonical_extension,
-                     layout_parser, run)
+                     execute, item_source, layout_parser)
 
 EXAMPLES = ("mmloader convert imagefolder train/ train.lmdb --workers 2",
             "mmloader convert imagefolder train/ train-shards/ --shard-size 5000 --resize-max 512")
 LOOKED_FOR = f"ROOT/CLASS/ folders holding image files ({', '.join(IMAGE_EXTENSIONS)})"
 
 
-def find_classes(root: Path, walker: SourceWalker) -> list[str]:
+def find_classes(root: Path, walker: SourceWalker, broken: list[Item] | None = None) -> list[str]:
+    """Class folders as torchvision finds them (sorted names of entries that are folders); a
+    symbolic link that leads nowhere or in a loop is no class there either, and is reported here
+    as a bad sample (``broken``), never left out without a word."""
     try:
-        entries = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        listing = sorted(os.scandir(root), key=lambda e: e.name)
     except NotADirectoryError:
         raise ConversionError(f"{root} is a file; imagefolder converts a folder ROOT/CLASS/images") from None
     except OSError as e:
         raise ConversionError(f"cannot read the source {root}: {e.strerror or e}") from None
+    entries = []
+    for e in listing:
+        try:
+            if e.is_dir():
+                entries.append(e.name)
+                continue
+            problem = "a symbolic link to nothing" if e.is_symlink() else None
+        except OSError as err:  # e.g. a link in a loop
+            problem = f"a symbolic link that cannot be followed ({err.strerror or err})"
+        if problem and broken is not None and not e.name.startswith("."):
+            broken.append(Item(key=e.name, where=e.path, error=f"not a class folder: {problem}"))
     classes = [c for c in entries if not walker.excluded_dir(str(root), c)]
     if not classes:
         raise ConversionError(f"no samples found in {root}: looked for {LOOKED_FOR}, found no class folder"
@@ -43,7 +57,8 @@ def find_classes(root: Path, walker: SourceWalker) -> list[str]:
 def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item], dict]:
     root = Path(args.src)
     walker = SourceWalker(root, args.dst, followlinks=True)
-    classes = find_classes(root, walker)
+    broken: list[Item] = []
+    classes = find_classes(root, walker, broken)
     items: list[Item] = []
     other: list[str] = []
     empty: list[str] = []
@@ -63,7 +78,7 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         errors = [e for e in walker.error_items() if e.key == cls or e.key.startswith(cls + "/")]
         if len(items) == found and not errors:
             empty.append(cls)
-    items += walker.error_items()
+    items += walker.error_items() + broken
     notes += walker.notes()
     if other:
         notes.append(f"not input: {len(other)} file(s) that are not images, e.g. {other[0]}")
@@ -76,8 +91,11 @@ def parser() -> argparse.ArgumentParser:
     return layout_parser("imagefolder", __doc__, EXAMPLES)
 
 
+prepare = item_source(build_items, LOOKED_FOR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv, LOOKED_FOR)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":

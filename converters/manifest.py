@@ -2,7 +2,10 @@
 
 ``--image-column`` names an image path relative to the manifest (the field is named by
 format: ``.jpeg``/``.JPG`` give ``jpg``; a path without an image extension is named by its
-header); ``--text-column`` and ``--label-column`` become ``txt`` and ``cls``. The other
+header); ``--video-column`` and ``--audio-column`` name video and audio files the same way
+(field: the extension, ``mp4``, ``webm``, ``flac``, ``wav``...; checked from the header, see
+``--check-decode``, ``--max-seconds``, ``--transcode``); ``--text-column`` and
+``--label-column`` become ``txt`` and ``cls``. The other
 columns go into a ``json`` field, or only those listed in ``--keep-columns``. Keys are the
 row numbers, or ``--key-column``.
 
@@ -27,10 +30,14 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from mmloader.mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
+
 from .common import (IMAGE_EXTENSIONS, ConversionError, Item, UsageError, canonical_extension, label_kind,
-                     layout_parser, run)
+                     execute, item_source, layout_parser)
 
 EXAMPLES = ("mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
+            "mmloader convert manifest clips.csv clips.lmdb --video-column video --audio-column audio "
+            "--text-column caption --check-decode",
             "mmloader convert manifest labels.csv out.lmdb --image-column path --label-column label "
             "--keep-columns width,height")
 LOOKED_FOR = "rows (JSON objects, one a line, in .jsonl/.ndjson/.json; otherwise CSV with a header)"
@@ -150,7 +157,10 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         columns = list(dict.fromkeys(k for r in rows for k in r.values))
     else:
         rows, columns = read_csv(path)
-    for opt in ("image_column", "text_column", "label_column", "key_column"):
+    if not rows:  # nothing to convert: a failure naming the source, not a usage error about columns
+        raise ConversionError(f"no samples found in {path}: it holds no rows (looked for JSON objects, one "
+                              "per line, or CSV rows under a header)")
+    for opt in ("image_column", "video_column", "audio_column", "text_column", "label_column", "key_column"):
         col = getattr(args, opt)
         if col and col not in columns:
             raise UsageError(f"--{opt.replace('_', '-')} {col!r} is not a column of {path} "
@@ -160,7 +170,8 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
     if unknown:
         raise UsageError(f"--keep-columns {','.join(unknown)}: not a column of {path} "
                          f"(columns: {_columns_text(columns) or 'none'})")
-    used = {c for c in (args.image_column, args.text_column, args.label_column, args.key_column) if c}
+    used = {c for c in (args.image_column, args.video_column, args.audio_column, args.text_column,
+                        args.label_column, args.key_column) if c}
     classes, labels = label_classes(rows, args.label_column, notes) if args.label_column else (None, {})
     base = path.parent
     width = max(len(str(len(rows))), 9)
@@ -182,6 +193,20 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
             img = base / str(values[args.image_column])
             ext = canonical_extension(img.suffix[1:])
             item.files[ext if ext in IMAGE_EXTENSIONS else ""] = str(img)
+        for column, kind, known in ((args.video_column, "video", VIDEO_EXTENSIONS),
+                                    (args.audio_column, "audio", AUDIO_EXTENSIONS)):
+            if column and values.get(column):
+                media = base / str(values[column])
+                ext = media.suffix[1:].lower()
+                if ext not in known:
+                    item.error = (f"{kind} file {media.name!r}: the extension is not one of {', '.join(known)} "
+                                  f"(column {column!r})")
+                elif ext in item.files:
+                    item.error = f"two files for field {ext!r}: {item.files[ext]} and {media}"
+                else:
+                    item.files[ext] = str(media)
+        if item.error:
+            continue
         if args.text_column and values.get(args.text_column) is not None:
             item.values["txt"] = str(values[args.text_column])
         if args.label_column:
@@ -202,6 +227,10 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
 def parser() -> argparse.ArgumentParser:
     p = layout_parser("manifest", __doc__, EXAMPLES)
     p.add_argument("--image-column", help="column holding an image path relative to the manifest")
+    p.add_argument("--video-column", help="column holding a video path relative to the manifest (field: its "
+                   "extension, e.g. mp4)")
+    p.add_argument("--audio-column", help="column holding an audio path relative to the manifest (field: its "
+                   "extension, e.g. flac)")
     p.add_argument("--text-column", help="column stored as the txt field")
     p.add_argument("--label-column", help="column stored as the cls field: integers as they are, class "
                    "names numbered in sorted order (see above)")
@@ -211,8 +240,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+prepare = item_source(build_items, LOOKED_FOR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv, LOOKED_FOR)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":

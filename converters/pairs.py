@@ -2,7 +2,8 @@
 
 ``a/b/0001.jpg``, ``a/b/0001.txt``, ``a/b/0001.json`` -> key ``a/b/0001`` with
 fields ``jpg``, ``txt``, ``json`` (the layout of img2dataset and COCO-style
-caption dumps). ``x.txt.gz`` gives field ``txt.gz``. Image fields are named by
+caption dumps; ``clip.mp4`` + ``clip.txt`` + ``clip.flac`` likewise for video and audio).
+``x.txt.gz`` gives field ``txt.gz``. Image fields are named by
 format, not by the file's spelling: ``x.JPEG``, ``x.jpeg`` and ``x.jpg`` all give
 ``jpg`` (two of them for one stem is an error for that sample), ``x.tiff`` gives
 ``tif``. Hidden files and folders, datasets found under the folder and the
@@ -17,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import ConversionError, Item, SourceWalker, canonical_extension, layout_parser, run
+from .common import ConversionError, Item, SourceWalker, canonical_extension, execute, item_source, layout_parser
 
 EXAMPLES = ("mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
+            "mmloader convert pairs CLIPS/ clips.lmdb --require mp4,txt --check-decode --max-seconds 30",
             "mmloader convert pairs RAW/ shards/ --shard-size 5000 --on-error skip",
             "python -m converters.pairs RAW/ out.lmdb")
 LOOKED_FOR = "files grouped by stem (x.jpg + x.txt + ...), in the folder and its subfolders"
@@ -70,8 +72,11 @@ def parser() -> argparse.ArgumentParser:
     return layout_parser("pairs", __doc__, EXAMPLES)
 
 
+prepare = item_source(build_items, LOOKED_FOR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_items, parser(), argv, LOOKED_FOR)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":

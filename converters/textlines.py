@@ -20,9 +20,8 @@ import numpy as np
 
 from mmloader.storage.textlines import TextLinesStore, line_key
 
-from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageError, layout_parser,
-                     check_paths, check_required_fields, ordered_map, parse_part, report_errors,
-                     write_samples)
+from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageError, check_required_fields,
+                     execute, layout_parser, ordered_map, part_bounds, shard_alignment, write_samples)
 
 EXAMPLES = ("mmloader convert textlines corpus.txt corpus.lmdb --workers 2",
             "mmloader convert textlines corpus.txt shards/ --format tar --shard-size 100000 --blank-lines keep")
@@ -116,7 +115,21 @@ def _samples(items_with_results, path: str, blank: str) -> Iterator[tuple[Item, 
             yield item, {"__key__": item.key, "txt": text}, None
 
 
-def convert(args: argparse.Namespace, notes: list[str]) -> Summary:
+def file_digest(path: Path) -> str:
+    """Name, size and the first and last MiB: enough to tell one input file from another without
+    reading all of it (a file rewritten in place with the same size and ends is not noticed)."""
+    import hashlib
+    size = path.stat().st_size
+    h = hashlib.sha256(f"{path.name}\0{size}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(size - (1 << 20))
+            h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+def prepare(args: argparse.Namespace, notes: list[str]):
     path = Path(args.src)
     if not path.is_file():
         raise ConversionError(f"{path} is a folder; textlines converts one text file, one sample a line")
@@ -126,7 +139,13 @@ def convert(args: argparse.Namespace, notes: list[str]) -> Summary:
     size = path.stat().st_size
     if size == 0:
         raise ConversionError(f"no samples found in {path}: the file is empty (looked for lines of text)")
-    part = parse_part(args.part)
+
+    def convert(part: tuple[int, int] | None, dst: str) -> Summary:
+        return _convert(args, notes, path, size, part, dst)
+    return file_digest(path), convert
+
+
+def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str) -> Summary:
     meta = {"layout": "textlines", "source": str(path.resolve())}
     if args.shuffle_seed is not None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -134,14 +153,16 @@ def convert(args: argparse.Namespace, notes: list[str]) -> Summary:
             store = TextLinesStore(path, index_path=index_path, progress=not args.quiet)
             order = np.random.default_rng(args.shuffle_seed).permutation(len(store))
             if part:
-                i, n = part
-                order = order[i * len(order) // n:(i + 1) * len(order) // n]
+                a, b = part_bounds(len(order), part, shard_alignment(args))
+                order = order[a:b]
             jobs = ((str(path), index_path, order[a:a + 4096].tolist(), args.blank_lines)
                     for a in range(0, len(order), 4096))
             results = (r for batch in ordered_map(_load_lines, jobs, args.workers, chunksize=1) for r in batch)
-            summary = write_samples(_samples(results, str(path), args.blank_lines), args.dst, args, meta,
+            summary = write_samples(_samples(results, str(path), args.blank_lines), dst, args, meta,
                                     total=len(order), notes=notes)
     else:
+        # Parts are byte ranges of the file (a line belongs to the range where it starts): no
+        # line count is needed, and merge cuts the shards as one process would.
         with open(path, "rb") as f:
             start, end = 0, size
             if part:
@@ -149,7 +170,7 @@ def convert(args: argparse.Namespace, notes: list[str]) -> Summary:
                 start = line_start_at_or_after(f, i * size // n)
                 end = line_start_at_or_after(f, (i + 1) * size // n) if i + 1 < n else size
         first_line = count_newlines(path, start) if start else 0
-        ranges = chunk_ranges(path, start, end, CHUNK_BYTES)
+        ranges = chunk_ranges(path, start, end, CHUNK_BYTES) if end > start else []
         jobs = ((str(path), a, b, args.blank_lines) for a, b in ranges)
 
         def numbered():
@@ -158,7 +179,7 @@ def convert(args: argparse.Namespace, notes: list[str]) -> Summary:
                 for text, reason in batch:
                     yield n, text, reason
                     n += 1
-        summary = write_samples(_samples(numbered(), str(path), args.blank_lines), args.dst, args, meta,
+        summary = write_samples(_samples(numbered(), str(path), args.blank_lines), dst, args, meta,
                                 total=None, notes=notes)
     return summary
 
@@ -172,13 +193,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser_ = parser()
-    args = parser_.parse_args(argv)
-
-    def checked() -> Summary:
-        notes = check_paths(args.src, args.dst, args.overwrite)
-        return convert(args, notes)
-    return report_errors(checked, args.dst, parser_.prog)
+    return execute(parser(), argv, prepare)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Sequence
 from ._version import __version__
 from .errors import MMLoaderError
 
-CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines")
+CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines", "parquet")
 #: Exit status when the reader of our output went away (``mmloader inspect X | head``): what a
 #: Unix tool killed by SIGPIPE reports (128 + 13), so ``set -o pipefail`` scripts see the usual.
 EXIT_BROKEN_PIPE = 141
@@ -60,10 +60,30 @@ def _convert(layout: str, rest: list[str]) -> int:
 
 
 def _merge(args) -> int:
-    from .storage.merge import merge
-    out = merge(args.parts, args.dst, format=args.format, overwrite=args.overwrite,
-                progress=not args.quiet)
-    print(f"merged {len(args.parts)} parts -> {out}")
+    from pathlib import Path
+    from .storage.merge import find_parts, merge, merge_parts, parts_dir_for
+    from .storage import is_url
+    if not args.sources and is_url(args.dst):
+        raise ValueError(f"{args.dst}: name the local parts to merge (e.g. `mmloader merge out.parts/ {args.dst}`)")
+    sources = args.sources or [str(parts_dir_for(args.dst))]
+    if not args.sources and not Path(sources[0]).is_dir():
+        raise FileNotFoundError(f"no parts to merge: {sources[0]} does not exist (convert with --part I/N "
+                                "first, or name the datasets to join)")
+    if find_parts(sources) is None:  # plain datasets: concatenated, shards kept as they are
+        if args.keep_parts or args.verify:
+            raise ValueError("--keep-parts/--verify apply to parts written by `convert --part I/N`")
+        out = merge(sources, args.dst, format=args.format, overwrite=args.overwrite, progress=not args.quiet)
+        print(f"merged {len(sources)} datasets -> {out}")
+        return 0
+    if args.format:
+        raise ValueError("--format: parts are merged in the format they were converted to")
+    result = merge_parts(sources, args.dst, overwrite=args.overwrite, progress=not args.quiet,
+                         keep_parts=args.keep_parts or bool(args.sources), rehash=args.verify)
+    shards = (f"; shards: {result.kept_shards} kept as they were, {result.written_shards} rewritten"
+              if result.kept_shards or result.written_shards else "")
+    print(f"merged {result.parts} parts -> {result.path}: {result.count} samples, {result.skipped} skipped{shards}")
+    if result.report:
+        print(f"skipped samples and reasons: {result.report}")
     return 0
 
 
@@ -171,20 +191,30 @@ def build_parser() -> argparse.ArgumentParser:
               "mmloader convert imagefolder train/ train-shards/ --shard-size 5000",
               "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
               "mmloader convert textlines corpus.txt corpus.lmdb",
+              "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --engine ray",
               "mmloader convert pairs --help"])
     s.add_argument("layout", choices=CONVERTERS, help="pairs: files grouped by stem; imagefolder: ROOT/CLASS/"
                    "images; manifest: a JSONL/CSV file, one row a sample; textlines: a text file, one "
-                   "sample a line")
+                   "sample a line; parquet: Parquet/Arrow tables (datasets exports), one row a sample")
     s.add_argument("options", nargs=argparse.REMAINDER, help="SRC DST and the layout's options")
     s.set_defaults(func=None)
 
-    s = _sub(sub, "merge", "combine converted parts into one dataset (no re-encoding)",
-             ["mmloader merge out.part0 out.part1 out.part2 out/",
-              "mmloader merge p0.lmdb p1.lmdb all.lmdb --overwrite", "mmloader merge out.part0 out.part1 s3://bucket/out/"])
-    s.add_argument("parts", nargs="+", help="datasets written with --part I/N, in order")
-    s.add_argument("dst")
-    s.add_argument("--format", choices=("lmdb", "tar"))
-    s.add_argument("--overwrite", action="store_true")
+    s = _sub(sub, "merge", "join the parts of a conversion (`convert --part I/N`) into one dataset, byte-identical "
+             "to converting it in one process (no re-encoding); or concatenate datasets",
+             ["mmloader merge out/                      # the parts in out.parts/ -> out/, then removes out.parts/",
+              "mmloader merge out.parts/ out/ --verify  # re-hash every part file against its manifest first",
+              "mmloader merge a.lmdb b.lmdb all.lmdb    # plain datasets: concatenated in order",
+              "mmloader merge out.parts/ s3://bucket/out/  # merged locally, uploaded, manifest last"])
+    s.add_argument("sources", nargs="*", metavar="SOURCE", help="a parts directory (DST.parts/, the default), "
+                   "part datasets, or plain datasets to concatenate in order")
+    s.add_argument("dst", help="the dataset to write")
+    s.add_argument("--format", choices=("lmdb", "tar"), help="plain datasets: output format (default: tar when "
+                   "every source is a shard directory)")
+    s.add_argument("--overwrite", action="store_true", help="replace DST if it is an existing dataset")
+    s.add_argument("--keep-parts", action="store_true", help="keep DST.parts/ after merging (it is removed "
+                   "when merged from there by default)")
+    s.add_argument("--verify", action="store_true", help="re-hash every part file against its part manifest "
+                   "before merging (default: sizes are checked)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_merge)
 

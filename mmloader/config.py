@@ -49,9 +49,13 @@ TOP_KEYS = {"seed", "batch_size", "shuffle", "drop_last", "batch_composition", "
 SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align"}
 MIX_KEYS = {"mode", "epoch_size"}
 READER_KEYS = {"field", "path", "index_path", "reader", "output", "mode", "size", "max_pixels", "transform",
-               "allow_pickle"}
+               "allow_pickle",
+               # video and audio (VideoReader, AudioReader); an audio modality's ``clip`` may name a video
+               # modality of the same source: the audio track over that modality's clip
+               "frames", "fps", "clip", "max_seconds", "max_duration", "threads", "sample_rate", "mono",
+               "decoder", "max_sample_rate", "max_channels"}
 TEXT_SUFFIXES = (".txt", ".text")
-READERS = {"image", "text", "label", "json", "array", "bytes"}
+READERS = {"image", "text", "label", "json", "array", "bytes", "video", "audio", "timestamps"}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -197,13 +201,23 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
         raise ConfigError(f"{where}: {e}") from None
 
 
-def _reader(store, name: str, opts: dict, where: str, pil_images: bool):
+def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings: Mapping | None = None):
     if "decode" in opts:
         raise ConfigError(f"{where}.decode: the key is now 'output' (output: {opts['decode']}); "
                           "decode is a Python callable, not a config value")
     _unknown(opts, READER_KEYS, where)
-    field = opts.pop("field", None) or name
     kind = opts.pop("reader", None)
+    video = None
+    if kind == "timestamps" or isinstance(opts.get("clip"), str) and opts["clip"] not in ("random", "start", "center"):
+        # a companion of a video modality listed before it: its frames' times, or (audio) its audio track
+        target = opts.pop("clip", None)
+        video = (siblings or {}).get(target)
+        if type(video).__name__ != "VideoReader":
+            videos = [n for n, r in (siblings or {}).items() if type(r).__name__ == "VideoReader"]
+            raise ConfigError(f"{where}.clip: {target!r} is not a video modality listed before it in this source "
+                              f"(video modalities: {videos}); a {kind or 'companion'} modality names one with clip:")
+        opts.setdefault("field", video.field)
+    field = opts.pop("field", None) or name
     if kind is not None and kind not in READERS:
         raise ConfigError(f"{where}.reader: {kind!r} is not one of {sorted(READERS)}")
     counts = store.metadata.get("field_counts", {})
@@ -219,7 +233,15 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool):
         opts.pop("transform", None)
     import mmloader
     classes = {"image": mmloader.ImageReader, "text": mmloader.TextReader, "label": mmloader.LabelReader,
-               "json": mmloader.JSONReader, "array": mmloader.ArrayReader, "bytes": mmloader.Reader}
+               "json": mmloader.JSONReader, "array": mmloader.ArrayReader, "bytes": mmloader.Reader,
+               "video": mmloader.VideoReader, "audio": mmloader.AudioReader}
+    if video is not None:
+        if kind == "timestamps":
+            if opts:
+                raise ConfigError(f"{where}: a timestamps modality takes only field and clip, got {sorted(opts)}")
+            return video.timestamps
+        kind = "audio"
+        opts["clip"] = video
     if not isinstance(opts.get("allow_pickle", False), bool):
         raise ConfigError(f"{where}.allow_pickle: {opts['allow_pickle']!r}: expected true or false")
     try:
@@ -258,7 +280,7 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
             if str(path) not in stores:
                 stores[str(path)] = _open(str(path), root, f"{mwhere if own else where}.path", index_path)
-            readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images)
+            readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images, readers)
         try:
             out[sname] = zip_readers(align=src.get("align", cfg.get("align", "strict")), **readers)
         except (AlignmentError, ValueError) as e:

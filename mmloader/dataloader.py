@@ -11,9 +11,12 @@ custom collate), which holds the GIL -> worker processes.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
+import os
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.utils.data
@@ -120,13 +123,27 @@ class Loader(Resumable, torch.utils.data.DataLoader):
 
     def _shutdown(self) -> None:
         if getattr(self, "_iterator", None) is not None:
+            workers = list(getattr(self._iterator, "_workers", []))
             self._iterator._shutdown_workers()
             self._iterator = None
+            _remove_orphan_segments(w.pid for w in workers if w.exitcode is not None and w.exitcode < 0)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume mid-epoch. Persistent workers restart once so they see the new plan."""
         super().load_state_dict(state)
         self._shutdown()
+
+
+def _remove_orphan_segments(pids: Iterable[int]) -> None:
+    """Unlink the shared-memory files of workers killed by a signal.
+
+    torch creates each segment as ``/dev/shm/torch_<pid>_<n>`` and unlinks it at once; a worker
+    killed between those two calls leaves the file behind, and nobody else ever removes it.
+    """
+    for pid in pids:
+        for leftover in glob.glob(f"/dev/shm/torch_{int(pid)}_*"):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
 
 
 def _as_is(batch: Any) -> Any:

@@ -6,6 +6,7 @@ import os
 
 from .errors import FormatError
 from .readers import IMAGE_EXTENSIONS
+from .mediainfo import field_kind
 from .readers.image_decode import probe
 from .storage import LMDBStore, Store, TarStore, open_store
 
@@ -29,6 +30,9 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
             return f"<{info.format} {info.width}x{info.height}, {human_bytes(len(data))}>"
         except Exception as e:
             return f"<unreadable image, {len(data)} bytes: {e}>"
+    kind = field_kind(field)
+    if kind is not None:
+        return f"<{describe_media(kind, data)}, {human_bytes(len(data))}>"
     if ext in ("txt", "cls", "json", "text", "caption", "label", "idx"):
         try:
             text = data.decode("utf-8")
@@ -37,6 +41,23 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
         text = text.replace("\n", "\\n")
         return repr(text if len(text) <= width else text[:width] + "...")
     return f"<{len(data)} bytes>"
+
+
+def describe_media(kind: str, data: bytes) -> str:
+    """Duration, streams (codec, resolution, fps / sample rate, channels) and the decoder mmloader
+    would use: ``mov 10.00 s; h264 854x480 30 fps; aac 44100 Hz 2 ch; decoder pyav``."""
+    from .mediainfo import probe as probe_media
+    from .readers.audio import SOUNDFILE_FORMATS, sniff
+    from .mediainfo import import_soundfile
+    try:
+        info = probe_media(data)
+    except ImportError as e:
+        return f"{kind}, not probed: {e}"
+    except Exception as e:
+        return f"unreadable {kind}: {e}"
+    decoder = "soundfile" if (kind == "audio" and sniff(data) in SOUNDFILE_FORMATS
+                              and import_soundfile() is not None) else "pyav"
+    return f"{info.describe()}; decoder {decoder}"
 
 
 def open_with_metadata(path: str | os.PathLike | Store) -> tuple[Store, dict]:

@@ -7,7 +7,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from .readers import IMAGE_EXTENSIONS, reader_for
+from .mediainfo import field_kind
+from .readers import IMAGE_EXTENSIONS, AudioReader, VideoReader, reader_for
 from .storage import open_store
 from .align import zip_readers
 
@@ -20,11 +21,82 @@ def dataset_for_preview(path: str | os.PathLike):
     readers = {}
     for f in store.fields:
         ext = f.rsplit(".", 1)[-1].lower()
+        options: dict[str, Any] = {"output": "pil"} if ext in IMAGE_EXTENSIONS else {}
+        if field_kind(f) == "video":  # a strip of 4 frames across the middle of the video
+            options = {"frames": 4, "fps": None, "clip": "center", "size": THUMB // 2}
+        elif field_kind(f) == "audio":
+            options = {"sample_rate": 16000, "max_seconds": 10.0}
         try:
-            readers[f.replace(".", "_")] = reader_for(store, f, **({"output": "pil"} if ext in IMAGE_EXTENSIONS else {}))
+            readers[f.replace(".", "_")] = reader_for(store, f, **options)
         except Exception:
             continue  # e.g. pickle fields: never previewed
     return zip_readers(**readers)
+
+
+def frame_strip(frames, size: int = THUMB) -> Image.Image:
+    """Up to 4 frames of a ``(T, C, H, W)`` clip, evenly picked, as a 2 x 2 sheet."""
+    import numpy as np
+    t = frames.shape[0]
+    picks = sorted({round(i * (t - 1) / 3) for i in range(4)}) if t > 1 else [0]
+    sheet = Image.new("RGB", (size, size), "black")
+    half = size // 2
+    for n, i in enumerate(picks[:4]):
+        im = Image.fromarray(np.ascontiguousarray(frames[i].permute(1, 2, 0).numpy()))
+        im.thumbnail((half - 2, half - 2))
+        x, y = (n % 2) * half, (n // 2) * half
+        sheet.paste(im, (x + (half - im.width) // 2, y + (half - im.height) // 2))
+    return sheet
+
+
+def waveform(audio, rate: int | None, size: tuple[int, int] = (THUMB, THUMB)) -> Image.Image:
+    """A ``(C, N)`` signal as a waveform (min/max per column, top) over a log spectrogram (bottom)."""
+    import numpy as np
+    w, h = size
+    x = audio.float().mean(0).numpy() if audio.dim() == 2 else audio.float().numpy()
+    im = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(im)
+    top = h // 2
+    if len(x):
+        cols = np.array_split(x, w)
+        peak = max(float(np.abs(x).max()), 1e-6)
+        for i, c in enumerate(cols):
+            if len(c):
+                lo, hi = float(c.min()) / peak, float(c.max()) / peak
+                draw.line([(i, top // 2 - hi * (top // 2 - 2)), (i, top // 2 - lo * (top // 2 - 2))], fill=(30, 90, 200))
+        n_fft = 256
+        if len(x) >= n_fft:
+            hop = max(1, (len(x) - n_fft) // w)
+            idx = np.arange(n_fft)[None, :] + hop * np.arange(min(w, (len(x) - n_fft) // hop + 1))[:, None]
+            spec = np.abs(np.fft.rfft(x[idx] * np.hanning(n_fft), axis=1))[:, :n_fft // 4]  # 0 .. rate / 4
+            db = 20 * np.log10(spec + 1e-6)
+            db = np.clip((db - (db.max() - 80)) / 80, 0, 1)
+            img = Image.fromarray((255 * db[:, ::-1].T).astype(np.uint8)).resize((w, h - top))
+            im.paste(Image.merge("RGB", (img, img.point(lambda v: v // 2), img.point(lambda v: 255 - v))), (0, top))
+    seconds = f"{len(x) / rate:.1f} s" if rate else f"{len(x)} samples"
+    draw.text((2, 2), seconds, fill="black")
+    return im
+
+
+def _picture(dataset, sample: dict[str, Any]) -> Image.Image | None:
+    """What to draw for a sample: its image, else its video's frames and/or its audio's waveform."""
+    image = next((v for v in sample.values() if isinstance(v, Image.Image)), None)
+    if image is not None:
+        return image
+    readers = getattr(dataset, "readers", {})
+    video = next((sample[n] for n, r in readers.items() if isinstance(r, VideoReader) and n in sample), None)
+    audio = next(((sample[n], r.sample_rate) for n, r in readers.items() if isinstance(r, AudioReader) and n in sample),
+                 None)
+    if video is not None and audio is not None:
+        both = Image.new("RGB", (THUMB, THUMB), "white")
+        both.paste(frame_strip(video, THUMB // 2 + THUMB // 4).resize((THUMB // 2, THUMB // 2)),
+                   (THUMB // 4, 0))
+        both.paste(waveform(audio[0], audio[1], (THUMB, THUMB // 2)), (0, THUMB // 2))
+        return both
+    if video is not None:
+        return frame_strip(video)
+    if audio is not None:
+        return waveform(*audio)
+    return None
 
 
 def _text_of(sample: dict[str, Any]) -> list[str]:
@@ -54,7 +126,7 @@ def contact_sheet(dataset, indices: list[int], columns: int = 4) -> tuple[Image.
             draw.text((x, y), f"[{i}] unreadable:\n{e}"[:200], fill="red", font=font)
             text_lines.append(f"[{i}] unreadable: {e}")
             continue
-        image = next((v for v in sample.values() if isinstance(v, Image.Image)), None)
+        image = _picture(dataset, sample)
         if image is not None:
             thumb = image.convert("RGB")
             scale = THUMB / max(thumb.size)  # small images are enlarged too, so they can be seen

@@ -11,11 +11,11 @@ PACKAGE = Path(mmloader.__file__).parent
 
 # Lower numbers are lower layers. A module may import its own layer and the ones below.
 LAYERS = {
-    0: ["_version", "errors", "distributed", "imageinfo", "planning"],
+    0: ["_version", "errors", "distributed", "imageinfo", "mediainfo", "planning"],
     1: ["storage"],
-    2: ["readers", "cache"],
+    2: ["readers", "cache", "seeding"],  # seeding imports no mmloader module: readers draw from it
     3: ["align", "batching"],
-    4: ["mixture", "control", "seeding", "building", "stream"],
+    4: ["mixture", "control", "building", "stream"],
     5: ["resumable", "threaded", "ring", "dataloader", "gpu"],
     6: ["config", "planview", "preview", "describe", "verify", "bench"],
     7: ["cli", "__init__"],

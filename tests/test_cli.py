@@ -77,7 +77,8 @@ def test_non_dataset_path_is_a_failure_exit_1(tmp_path, capsys, command):
     argv = {"inspect": [folder], "verify": [folder, "-q"], "index": [folder], "merge": [folder, tmp_path / "o"],
             "preview": [folder], "plan": [folder], "bench": [folder],
             "convert pairs": [text, tmp_path / "o"], "convert imagefolder": [text, tmp_path / "o"],
-            "convert manifest": [folder, tmp_path / "o"], "convert textlines": [folder, tmp_path / "o"]}[command]
+            "convert manifest": [folder, tmp_path / "o"], "convert textlines": [folder, tmp_path / "o"],
+            "convert parquet": [folder, tmp_path / "o"]}[command]
     code, out, err = call(capsys, *command.split(), *argv)
     assert code == 1, (out, err)
     one_line_error(err, command)

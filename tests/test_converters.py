@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -155,32 +156,206 @@ def test_textlines_parts_and_blank_policy(tmp_path):
     assert len(mmloader.open(tmp_path / "keep.lmdb")) == 5
     assert run("textlines", src, tmp_path / "fail.lmdb", "--blank-lines", "error") != 0
     assert not (tmp_path / "fail.lmdb").exists()
-    parts = []
     for i in range(3):
-        assert run("textlines", src, tmp_path / f"p{i}", "--part", f"{i}/3", "--on-error", "skip") == 0
-        parts.append(tmp_path / f"p{i}")
-    assert cli(["merge", *map(str, parts), str(tmp_path / "merged"), "-q"]) == 0
+        assert run("textlines", src, tmp_path / "merged", "--part", f"{i}/3", "--on-error", "skip") == 0
+    assert cli(["merge", str(tmp_path / "merged"), "-q"]) == 0
     merged = mmloader.open(tmp_path / "merged")
     whole = mmloader.open(tmp_path / "all.lmdb")
     assert [merged[i]["__key__"] for i in range(len(merged))] == [whole.key(i) for i in range(len(whole))]
+    assert (tmp_path / "merged.skipped.tsv").read_text() == report  # the parts' reports, joined in order
+
+
+def _shas(path) -> list[str]:
+    return [s["sha256"] for s in json.loads((Path(path) / "index.json").read_text())["shards"]]
+
+
+def _convert_parts(layout, src, dst, n, *opts) -> None:
+    for i in range(n):
+        assert run(layout, src, dst, "--part", f"{i}/{n}", *opts) == 0
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_parts_are_disjoint_and_merge_equals_whole(pairs_dir, tmp_path, fmt):
     suffix = ".lmdb" if fmt == "lmdb" else ""
     assert run("pairs", pairs_dir, tmp_path / f"whole{suffix}", "--shuffle-seed", "3", "--shard-size", "4") == 0
-    parts = []
-    for i in range(3):
-        assert run("pairs", pairs_dir, tmp_path / f"part{i}{suffix}", "--shuffle-seed", "3", "--part", f"{i}/3",
-                   "--shard-size", "4") == 0
-        parts.append(tmp_path / f"part{i}{suffix}")
+    merged = tmp_path / f"merged{suffix}"
+    _convert_parts("pairs", pairs_dir, merged, 3, "--shuffle-seed", "3", "--shard-size", "4")
+    parts = sorted(p for p in (tmp_path / f"merged{suffix}.parts").iterdir() if p.is_dir())
+    assert [p.name for p in parts] == [f"part-0000{i}-of-00003{suffix}" for i in range(3)]
     keys = [set(mmloader.open(p).keys) for p in parts]
     assert not (keys[0] & keys[1]) and not (keys[1] & keys[2]) and not (keys[0] & keys[2])
-    assert cli(["merge", *map(str, parts), str(tmp_path / f"merged{suffix}"), "-q"]) == 0
-    whole, merged = _read_all(tmp_path / f"whole{suffix}"), _read_all(tmp_path / f"merged{suffix}")
+    assert cli(["merge", str(merged), "-q"]) == 0
+    whole, got = _read_all(tmp_path / f"whole{suffix}"), _read_all(merged)
     assert [r["__key__"] for r in whole] != sorted(r["__key__"] for r in whole)  # really shuffled
-    assert merged == whole
-    assert verify(tmp_path / f"merged{suffix}", progress=False).ok
+    assert got == whole
+    assert verify(merged, progress=False).ok
+    assert not (tmp_path / f"merged{suffix}.parts").exists()  # merged from DST.parts: removed after
+    if fmt == "tar":
+        assert _shas(merged) == _shas(tmp_path / "whole")  # byte-identical shards
+
+
+def test_part_manifest_is_published_last_and_a_finished_part_is_not_converted_again(pairs_dir, tmp_path, capsys):
+    dst = tmp_path / "out"
+    assert run("pairs", pairs_dir, dst, "--part", "1/2", "--shard-size", "4") == 0
+    manifest = json.loads((tmp_path / "out.parts" / "part-00001-of-00002.json").read_text())
+    assert manifest["part"] == 1 and manifest["parts"] == 2 and manifest["count"] == 4
+    assert len(manifest["fingerprint"]) == 64 and manifest["tool"].startswith("mmloader ")
+    part = tmp_path / "out.parts" / "part-00001-of-00002"
+    for rel, f in manifest["files"].items():  # sha256 and size of every output file
+        assert f["bytes"] == (part / rel).stat().st_size
+        assert f["sha256"] == hashlib.sha256((part / rel).read_bytes()).hexdigest()
+    assert set(manifest["files"]) >= {"index.json", "data-000000.tar", "keys.npy"}
+    mtime = (part / "data-000000.tar").stat().st_mtime_ns
+    capsys.readouterr()
+    assert run("pairs", pairs_dir, dst, "--part", "1/2", "--shard-size", "4") == 0
+    assert "already converted" in capsys.readouterr().out and (part / "data-000000.tar").stat().st_mtime_ns == mtime
+    # a part published without its manifest (killed right after the rename) is not finished: redone
+    (tmp_path / "out.parts" / "part-00001-of-00002.json").unlink()
+    assert run("pairs", pairs_dir, dst, "--part", "1/2", "--shard-size", "4") == 0
+    assert "already converted" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.parts" / "part-00001-of-00002.json").read_text())["count"] == 4
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_merge_refuses_missing_duplicated_and_foreign_parts(pairs_dir, tmp_path, capsys):
+    dst = tmp_path / "out"
+    _convert_parts("pairs", pairs_dir, dst, 3, "--shard-size", "4")
+    parts = tmp_path / "out.parts"
+    # duplicated: the same part twice
+    p0, p1, p2 = (parts / f"part-0000{i}-of-00003" for i in range(3))
+    assert cli(["merge", str(p0), str(p1), str(p1), str(p2), str(dst), "-q"]) == 1
+    assert "part 1/3 given twice" in _one_line_error(capsys)
+    # missing
+    (parts / "part-00002-of-00003.json").rename(tmp_path / "aside.json")
+    assert cli(["merge", str(dst), "-q"]) == 1
+    err = _one_line_error(capsys)
+    assert "part 2/3 is missing" in err and "part-00002-of-00003.json" in err and "--part 2/3" in err
+    (tmp_path / "aside.json").rename(parts / "part-00002-of-00003.json")
+    # foreign: another N, other options, another input
+    other = tmp_path / "other"
+    assert run("pairs", pairs_dir, other, "--part", "0/2", "--shard-size", "4") == 0
+    assert cli(["merge", str(p0), str(p1), str(tmp_path / "other.parts" / "part-00000-of-00002"), str(dst), "-q"]) == 1
+    err = _one_line_error(capsys)
+    assert "foreign part" in err and "part-00000-of-00002.json" in err and "not of 3" in err
+    assert run("pairs", pairs_dir, tmp_path / "resized", "--part", "2/3", "--shard-size", "4", "--resize-max", "16") == 0
+    assert cli(["merge", str(p0), str(p1), str(tmp_path / "resized.parts"), str(dst), "-q"]) == 1
+    assert "foreign part" in (err := _one_line_error(capsys)) and "with other options" in err
+    (pairs_dir / "a" / "0000.txt").unlink()  # another input: a part converted after the source changed
+    assert run("pairs", pairs_dir, tmp_path / "changed", "--part", "2/3", "--shard-size", "4") == 0
+    assert cli(["merge", str(p0), str(p1), str(tmp_path / "changed.parts"), str(dst), "-q"]) == 1
+    assert "foreign part" in (err := _one_line_error(capsys)) and "from another input (" in err
+    # and a part of another conversion already in DST.parts stops a part before it converts
+    assert run("pairs", pairs_dir, tmp_path / "other", "--part", "1/3", "--shard-size", "4") == 1
+    assert "part of another conversion" in _one_line_error(capsys)
+    # a part whose files changed since its manifest
+    with open(p1 / "data-000000.tar", "ab") as f:
+        f.write(b"\0" * 512)
+    assert cli(["merge", str(dst), "-q"]) == 1
+    assert "changed since the part was written" in _one_line_error(capsys)
+    assert not dst.exists()
+
+
+@pytest.mark.parametrize("case", ["skips", "shard-bytes"])
+def test_merge_cuts_shards_as_one_process_even_when_parts_do_not_line_up(tmp_path, case):
+    """Parts are cut at multiples of --shard-size; a skipped sample or a shard cut early by
+    --shard-bytes moves every later shard boundary, and merge still writes what one process
+    writes: same sha256 per shard."""
+    raw = write_pairs_folder(tmp_path / "raw", 40, 24)
+    if case == "skips":
+        (raw / "00002.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+        (raw / "00017.txt").write_bytes(b"\xff\xfe")
+        opts = ["--shard-size", "5", "--on-error", "skip"]
+    else:
+        opts = ["--shard-size", "5", "--shard-bytes", "9K"]
+    assert run("pairs", raw, tmp_path / "whole", *opts) == 0
+    _convert_parts("pairs", raw, tmp_path / "merged", 3, *opts)
+    assert cli(["merge", str(tmp_path / "merged"), "-q"]) == 0
+    assert _shas(tmp_path / "merged") == _shas(tmp_path / "whole")
+    assert _read_all(tmp_path / "merged") == _read_all(tmp_path / "whole")
+    assert verify(tmp_path / "merged", progress=False).ok
+    if case == "skips":
+        assert (tmp_path / "merged.skipped.tsv").read_text() == (tmp_path / "whole.skipped.tsv").read_text()
+
+
+def test_aligned_parts_are_kept_as_they_are(tmp_path, capsys):
+    raw = write_pairs_folder(tmp_path / "raw", 40, 24)
+    _convert_parts("pairs", raw, tmp_path / "merged", 3, "--shard-size", "5")
+    capsys.readouterr()
+    assert cli(["merge", str(tmp_path / "merged"), "--keep-parts"]) == 0
+    assert "8 kept as they were, 0 rewritten" in capsys.readouterr().out
+    part0 = tmp_path / "merged.parts" / "part-00000-of-00003" / "data-000000.tar"
+    assert os.path.samefile(part0, tmp_path / "merged" / "data-000000.tar")  # hard-linked, not copied
+
+
+def test_more_parts_than_shards_are_cut_evenly_and_merge_the_same(tmp_path, capsys):
+    raw = write_pairs_folder(tmp_path / "raw", 12, 24)
+    assert run("pairs", raw, tmp_path / "whole", "--shard-size", "5") == 0
+    _convert_parts("pairs", raw, tmp_path / "merged", 4, "--shard-size", "5")
+    counts = [json.loads(p.read_text())["count"] for p in sorted((tmp_path / "merged.parts").glob("*.json"))]
+    assert counts == [3, 3, 3, 3]  # none empty
+    capsys.readouterr()
+    assert cli(["merge", str(tmp_path / "merged")]) == 0
+    assert "3 rewritten" in capsys.readouterr().out
+    assert _shas(tmp_path / "merged") == _shas(tmp_path / "whole")
+
+
+def test_a_finished_part_whose_files_changed_is_converted_again(pairs_dir, tmp_path, capsys):
+    assert run("pairs", pairs_dir, tmp_path / "out", "--part", "0/2") == 0
+    shard = tmp_path / "out.parts" / "part-00000-of-00002" / "data-000000.tar"
+    shard.unlink()
+    capsys.readouterr()
+    assert run("pairs", pairs_dir, tmp_path / "out", "--part", "0/2") == 0
+    out = capsys.readouterr().out
+    assert "converting it again" in out and "already converted" not in out and shard.is_file()
+
+
+@pytest.mark.parametrize("fmt", ["tar", "lmdb"])
+def test_a_part_killed_mid_write_and_rerun_gives_the_same_result(tmp_path, fmt):
+    raw = write_pairs_folder(tmp_path / "raw", 1200, 128)
+    suffix = ".lmdb" if fmt == "lmdb" else ""
+    opts = ["--shard-size", "100", "--check-decode", "-q"]
+    assert run("pairs", raw, tmp_path / f"whole{suffix}", *opts) == 0
+    dst = tmp_path / f"out{suffix}"
+    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(dst), *opts]
+    assert subprocess.run([*cmd, "--part", "0/2"], cwd=ROOT).returncode == 0
+    proc = subprocess.Popen([*cmd, "--part", "1/2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = tmp_path / f"out{suffix}.parts"
+    name = f"part-00001-of-00002{suffix}"
+    partial = _partial_with_data(parts, name, proc.pid, {"tar": 200_000, "lmdb": 500_000}[fmt], proc.poll)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        assert partial.is_dir() and proc.poll() is None and not (parts / f"{name[:19]}.json").exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    out = subprocess.run([*cmd, "--part", "1/2"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and f"removed stale partial {partial}" in out.stdout, out.stdout + out.stderr
+    assert not partial.exists()
+    assert cli(["merge", str(dst), "-q"]) == 0
+    assert _read_all(dst) == _read_all(tmp_path / f"whole{suffix}")
+    if fmt == "tar":
+        assert _shas(dst) == _shas(tmp_path / "whole")
+
+
+def _partial_with_data(parent: Path, name: str, pid: int, min_bytes: int, ended=lambda: None) -> Path:
+    """Wait until the hidden ``.NAME.partial-PID-*`` holds ``min_bytes`` of written data."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        for p in parent.glob(f".{name}.partial-{pid}-*"):
+            try:
+                size = sum(f.stat().st_size for f in p.iterdir() if f.suffix in (".tar", ".mdb"))
+            except FileNotFoundError:
+                continue
+            if size >= min_bytes:
+                return p
+        assert ended() is None, "the conversion ended before it was killed"
+        time.sleep(0.002)
+    raise AssertionError("no partial with data appeared")
 
 
 def test_resize_max(pairs_dir, tmp_path):
@@ -742,3 +917,74 @@ def test_converters_import_no_torch():
     assert out.returncode == 0 and "examples:" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "converters.common" in imported and "lmdb" in imported
+
+
+# -- review findings ------------------------------------------------------------------------------
+def _half_jpeg() -> bytes:
+    whole = jpeg_bytes(9, size=(256, 256))
+    return whole[:len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
+
+
+@pytest.mark.parametrize("option", [["--check-decode"], ["--resize-max", "16"]])
+def test_a_jpeg_missing_its_second_half_is_refused_when_decoding(tmp_path, option):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.jpg").write_bytes(_half_jpeg())
+    (raw / "a.txt").write_text("half")
+    (raw / "b.jpg").write_bytes(jpeg_bytes(2, size=(64, 64)))
+    (raw / "b.txt").write_text("whole")
+    assert run("pairs", raw, tmp_path / "o.lmdb", "--on-error", "skip", *option) == 0
+    assert [s["__key__"] for s in mmloader.open(tmp_path / "o.lmdb")] == ["b"]
+    assert "premature end" in (tmp_path / "o.lmdb.skipped.tsv").read_text()
+
+
+def _part(path, fmt, prefix):
+    from conftest import make_samples
+    with mmloader.writer_for(path, fmt) as w:
+        for s in make_samples(6, prefix=prefix):
+            w.write(s)
+    return path
+
+
+def test_merge_follows_the_destination_suffix(tmp_path):
+    tar_parts = [_part(tmp_path / f"t{i}", "tar", f"p{i}") for i in range(2)]
+    assert cli(["merge", *map(str, tar_parts), str(tmp_path / "m.lmdb"), "-q"]) == 0
+    assert mmloader.open(tmp_path / "m.lmdb").format == "lmdb" and len(mmloader.open(tmp_path / "m.lmdb")) == 12
+    lmdb_parts = [_part(tmp_path / f"l{i}.lmdb", "lmdb", f"q{i}") for i in range(2)]
+    assert cli(["merge", *map(str, lmdb_parts), str(tmp_path / "mtar"), "-q"]) == 0
+    merged = mmloader.open(tmp_path / "mtar")
+    assert merged.format == "tar" and merged[7]["jpg"] == mmloader.open(lmdb_parts[1])[1]["jpg"]
+
+
+def test_an_empty_manifest_is_a_failure_naming_it(tmp_path, capsys):
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "empty.jsonl").write_text("")
+    for name in ("empty.csv", "empty.jsonl"):
+        assert run("manifest", tmp_path / name, tmp_path / f"{name}.lmdb", "--image-column", "file") == 1
+        assert f"no samples found in {tmp_path / name}: it holds no rows" in capsys.readouterr().err
+
+
+def test_broken_symlinks_among_class_folders_are_reported(tmp_path, capsys):
+    root = tmp_path / "IF"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "a.jpg").write_bytes(jpeg_bytes(1))
+    os.symlink("loop", root / "loop")
+    os.symlink("nowhere", root / "gone")
+    assert run("imagefolder", root, tmp_path / "o.lmdb") == 1  # raise (default): the first one named
+    assert "not a class folder" in capsys.readouterr().err
+    assert run("imagefolder", root, tmp_path / "o.lmdb", "--on-error", "skip") == 0
+    report = (tmp_path / "o.lmdb.skipped.tsv").read_text()
+    assert "gone" in report and "loop" in report and "cannot be followed" in report
+    assert mmloader.open(tmp_path / "o.lmdb").metadata["metadata"]["classes"] == ["cat"]
+
+
+def test_require_needs_a_field_name(tmp_path, pairs_dir):
+    assert run("pairs", pairs_dir, tmp_path / "o.lmdb", "--require", ",") == 2
+
+
+def test_labels_are_read_exactly():
+    from converters.common import label_kind
+    for near in ("2.9999999999999999", "1e-400"):  # floats would round these to the integers 3 and 0
+        kind, value = label_kind(near)
+        assert kind == "number" and not isinstance(value, int)
+    assert label_kind("3.000") == ("number", 3) and label_kind("1e1") == ("number", 10)

@@ -2,7 +2,7 @@
 
 The blocks run in a scratch folder holding the raw data a user would bring (an image+caption
 folder ``RAW/``, an ImageFolder tree ``train/``, a manifest ``captions.jsonl``, a text file
-``corpus.txt``) and what ``make demo`` leaves in ``demo-out/``. Python blocks share one
+``corpus.txt``, a Parquet table ``pairs.parquet``) and what ``make demo`` leaves in ``demo-out/``. Python blocks share one
 namespace, like a notebook. Shell blocks run in bash with ``set -e``; the few commands a test
 cannot run for real are checked instead: ``make TARGET`` runs as ``make -n TARGET`` (the target
 exists and its recipe expands), ``pip install -e '.[EXTRA]'`` checks that the extra exists, and
@@ -45,6 +45,11 @@ def _user_data(work: Path) -> None:
         for jpg in sorted((work / "RAW").glob("*.jpg")):
             f.write(json.dumps({"file": f"RAW/{jpg.name}", "caption": jpg.with_suffix(".txt").read_text(),
                                 "label": int(jpg.with_suffix(".cls").read_text())}) + "\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    jpgs = sorted((work / "RAW").glob("*.jpg"))
+    pq.write_table(pa.table({"jpg": [j.read_bytes() for j in jpgs],
+                             "caption": [j.with_suffix(".txt").read_text() for j in jpgs]}), work / "pairs.parquet")
     (work / "demo-out").mkdir()
     mm = str(Path(py).parent / "mmloader")
     run(mm, "convert", "pairs", "RAW", "demo-out/shapes.lmdb", "-q")

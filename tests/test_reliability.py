@@ -350,6 +350,7 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     path = write_dataset(tmp_path / "e.lmdb", 64, "lmdb")
     shards = write_dataset(tmp_path / "e", 64, "tar", shard_size=5)
     # trim a file this small too (forked workers inherit the setting): the trimmer runs every epoch
+    monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", os.path.getsize(path / "data.mdb") // 2)
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", os.path.getsize(path / "data.mdb") // 4)
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(shards))
     loader = mmloader.loader(mmloader.Stream(ds, batch_size=8), num_workers=2, backend="process",

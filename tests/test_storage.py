@@ -341,6 +341,7 @@ def _mapped_kb(path: Path) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 def test_lmdb_readers_unmap_what_they_read_from_big_files(tmp_path, monkeypatch):
     from mmloader.storage import map_trimmer
+    monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)  # this 6.6 MB file counts as big
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 512 << 10)
     rng = np.random.default_rng(0)
     values = [rng.integers(0, 256, 30_000, dtype=np.uint8).tobytes() for _ in range(200)]  # ~6 MB

@@ -10,6 +10,9 @@ from ..storage.textlines import TextLinesStore
 from .base import Reader
 from .basic import ArrayReader, JSONReader, LabelReader, TextReader
 from .image import ImageReader
+from ..mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
+from .audio import AudioReader
+from .video import VideoReader, VideoTimestamps
 
 PICKLE_EXTENSIONS = ("pyd", "pth", "pt", "pickle", "pkl", "pyd.gz", "pth.gz", "pickle.gz")
 
@@ -42,6 +45,10 @@ def reader_for(source: str | os.PathLike | Store, field: str, *, allow_pickle: b
         return Reader(source, field, **options)
     if ext in IMAGE_EXTENSIONS:
         return ImageReader(source, field, **options)
+    if ext in VIDEO_EXTENSIONS:
+        return VideoReader(source, field, **options)
+    if ext in AUDIO_EXTENSIONS:
+        return AudioReader(source, field, **options)
     if ext in ("txt", "text", "caption"):
         return TextReader(source, field, **options)
     if ext in ("cls", "cls2", "label", "index", "idx"):
@@ -54,7 +61,8 @@ def reader_for(source: str | os.PathLike | Store, field: str, *, allow_pickle: b
 
 
 #: Readers whose decoding is mmloader's own (C decoders, no user Python per sample).
-BUILTIN_READERS = (Reader, ImageReader, TextReader, LabelReader, JSONReader, ArrayReader)
+BUILTIN_READERS = (Reader, ImageReader, TextReader, LabelReader, JSONReader, ArrayReader, VideoReader,
+                   VideoTimestamps, AudioReader)
 
-__all__ = ["Reader", "ImageReader", "TextReader", "LabelReader", "JSONReader", "ArrayReader",
+__all__ = ["Reader", "ImageReader", "VideoReader", "AudioReader", "VideoTimestamps", "TextReader", "LabelReader", "JSONReader", "ArrayReader",
            "TextLinesReader", "reader_for"]

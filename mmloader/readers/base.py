@@ -52,6 +52,9 @@ class Reader:
     default_field: str = ""
     #: Whether decoding releases the GIL (C decoders), so threads decode batches in parallel.
     releases_gil: bool = False
+    #: Whether decoding runs Python per sample all the same (e.g. PyAV's per-packet calls), so
+    #: ``loader(backend="auto")`` prefers worker processes (measured faster for video and audio).
+    python_per_sample: bool = False
     #: Whether values are encoded bytes to pack into one buffer per batch (``batching.pack``).
     packs_bytes: bool = False
 

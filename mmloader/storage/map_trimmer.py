@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-TRIM_AFTER_BYTES = 256 << 20  # mapped bytes (estimated) a process reads before it unmaps them
+TRIM_FILES_OVER = 512 << 20  # smaller data files stay mapped: they fit, and mapped reads are fastest
+TRIM_AFTER_BYTES = 64 << 20  # mapped bytes (estimated) a process reads before it unmaps them
 _FAULT_AROUND = 64 << 10  # Linux maps cached pages around each fault (64 KiB by default, whole large folios)
 _MADV_DONTNEED = 4
 _INLINE_MAX = 2048  # larger values live on overflow pages of their own
@@ -24,12 +25,11 @@ class MapTrimmer:
     of a dataset much larger than what it reads would map ever more of it (measured:
     10k reads of a 100k-sample dataset added 124 MB to the workers' PSS; over many
     epochs every process would map the whole file, and RSS-based monitors count it
-    once per process). For data files over twice ``TRIM_AFTER_BYTES``, every
-    ``TRIM_AFTER_BYTES`` read (estimated) this drops the process's mappings of the
-    file (``madvise(MADV_DONTNEED)``): the page cache keeps the data, later reads map
-    it back from memory, nothing is copied or lost. The price is those refaults:
-    ~15% of raw-bytes throughput after the first epoch, measured here. Linux only;
-    elsewhere a no-op.
+    once per process). For data files over ``TRIM_FILES_OVER``, every ``TRIM_AFTER_BYTES``
+    read (estimated) this drops the process's mappings of the file
+    (``madvise(MADV_DONTNEED)``): the page cache keeps the data, later reads map it back
+    from memory, nothing is copied or lost. The price is those refaults and the madvise
+    calls (see benchmarks/RESULTS.md, memory section). Linux only; elsewhere a no-op.
     """
 
     @classmethod
@@ -39,8 +39,7 @@ class MapTrimmer:
         return trimmer
 
     def __init__(self, data_file: str):
-        # A file up to twice the budget is left mapped: trimming would only cost refaults.
-        small = os.path.getsize(data_file) <= 2 * TRIM_AFTER_BYTES
+        small = os.path.getsize(data_file) <= TRIM_FILES_OVER
         self.region = None if small else _mapping_of(data_file)
         self.pending = 0
 
