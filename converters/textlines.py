@@ -6,10 +6,19 @@ boundary is read exactly once, and ranges are written in file order. CRLF line
 ends and a last line without a newline are handled. ``--blank-lines`` says what
 a blank line is: skipped and reported (default; a skipped blank line is not an
 error), kept, or an error (a bad sample, like a line that is not UTF-8).
+
+``--tokenizer tokenizer.json`` tokenizes once, here, instead of in every epoch: each sample also
+gets field ``ids.npy``, its token ids as an int32 ``.npy`` array (read with
+``mmloader.ArrayReader(dst, "ids.npy")``; batches pad to their longest with a mask). The file is
+a tokenizer saved by Hugging Face ``tokenizers`` (``Tokenizer.save``, or the ``tokenizer.json`` of
+a model folder); it is read from disk, never downloaded. Lines are tokenized a chunk at a time
+with ``encode_batch`` (Rust, without the GIL), with the tokenizer's special tokens unless
+``--no-special-tokens``.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 import tempfile
@@ -24,6 +33,7 @@ from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageEr
                      execute, layout_parser, ordered_map, part_bounds, shard_alignment, write_samples)
 
 EXAMPLES = ("mmloader convert textlines corpus.txt corpus.lmdb --workers 2",
+            "mmloader convert textlines corpus.txt tokens.lmdb --tokenizer tokenizer.json",
             "mmloader convert textlines corpus.txt shards/ --format tar --shard-size 100000 --blank-lines keep")
 
 CHUNK_BYTES = 4 << 20
@@ -91,28 +101,64 @@ def _check(line: bytes, blank: str) -> tuple[str | None, str | None]:
     return text, None
 
 
-def _load_range(job) -> list[tuple[str | None, str | None]]:
-    path, start, end, blank = job
+def load_tokenizer(path: str):
+    """A Hugging Face ``tokenizers`` tokenizer from its JSON file, with a usage error that says
+    what is wrong (not installed, not a file, not a tokenizer)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UsageError("--tokenizer needs the tokenizers library: pip install tokenizers") from None
+    if not os.path.isfile(path):
+        raise UsageError(f"--tokenizer {path}: no such file (give a tokenizer.json saved by the tokenizers "
+                         "library; nothing is downloaded)")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises its own Exception subclass for any bad file
+        raise UsageError(f"--tokenizer {path}: not a tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+
+
+def _with_ids(checked: list[tuple[str | None, str | None]], tokenize) -> list[tuple]:
+    """Add each good line's token ids (an int32 array); one ``encode_batch`` per chunk."""
+    if tokenize is None:
+        return [(text, reason, None) for text, reason in checked]
+    tokenizer, special = tokenize
+    good = [text for text, reason in checked if reason is None]
+    encoded = iter(tokenizer.encode_batch(good, add_special_tokens=special))
+    return [(text, reason, np.asarray(next(encoded).ids, dtype=np.int32) if reason is None else None)
+            for text, reason in checked]
+
+
+def _load_range(job) -> list[tuple]:
+    path, start, end, blank, tokenize = job
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    return [_check(l, blank) for l in _split(data)]
+    return _with_ids([_check(l, blank) for l in _split(data)], tokenize)
 
 
-def _load_lines(job) -> list[tuple[int, str | None, str | None]]:
-    path, index_path, numbers, blank = job
+def _load_lines(job) -> list[tuple]:
+    path, index_path, numbers, blank, tokenize = job
     store = TextLinesStore(path, index_path=index_path, progress=False)
-    return [(n, *_check(store.read(n)["txt"], blank)) for n in numbers]
+    checked = _with_ids([_check(store.read(n)["txt"], blank) for n in numbers], tokenize)
+    return [(n, *row) for n, row in zip(numbers, checked)]
+
+
+def _npy(ids: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, ids, allow_pickle=False)
+    return out.getvalue()
 
 
 def _samples(items_with_results, path: str, blank: str) -> Iterator[tuple[Item, dict | None, ItemError | None]]:
-    for n, text, reason in items_with_results:
+    for n, text, reason, ids in items_with_results:
         item = Item(key=line_key(n), where=f"{path}:{n + 1}")
         if reason is not None:
             policy = Skipped if reason == "blank line" and blank == "skip" else ItemError
             yield item, None, policy(reason, item.where)
-        else:
+        elif ids is None:
             yield item, {"__key__": item.key, "txt": text}, None
+        else:
+            yield item, {"__key__": item.key, "txt": text, "ids.npy": _npy(ids)}, None
 
 
 def file_digest(path: Path) -> str:
@@ -135,18 +181,28 @@ def prepare(args: argparse.Namespace, notes: list[str]):
         raise ConversionError(f"{path} is a folder; textlines converts one text file, one sample a line")
     if args.resize_max or args.check_decode:
         raise UsageError("--resize-max/--check-decode apply to images; a text file has none")
-    check_required_fields(args.require, [], layout_fields=["txt"])
+    check_required_fields(args.require, [], layout_fields=["txt", "ids.npy"] if args.tokenizer else ["txt"])
+    if args.no_special_tokens and not args.tokenizer:
+        raise UsageError("--no-special-tokens applies with --tokenizer")
+    tokenize = (load_tokenizer(args.tokenizer), not args.no_special_tokens) if args.tokenizer else None
     size = path.stat().st_size
     if size == 0:
         raise ConversionError(f"no samples found in {path}: the file is empty (looked for lines of text)")
 
     def convert(part: tuple[int, int] | None, dst: str) -> Summary:
-        return _convert(args, notes, path, size, part, dst)
-    return file_digest(path), convert
+        return _convert(args, notes, path, size, part, dst, tokenize)
+    digest = file_digest(path)
+    if tokenize is not None:  # other token ids are another output: parts must not mix them
+        digest += f"+tokenizer:{file_digest(Path(args.tokenizer))}:special={tokenize[1]}"
+    return digest, convert
 
 
-def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str) -> Summary:
+def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str,
+             tokenize=None) -> Summary:
     meta = {"layout": "textlines", "source": str(path.resolve())}
+    if tokenize is not None:
+        meta["tokenizer"] = {"file": str(Path(args.tokenizer).resolve()), "vocab_size": tokenize[0].get_vocab_size(),
+                             "special_tokens": tokenize[1], "field": "ids.npy", "dtype": "int32"}
     if args.shuffle_seed is not None:
         with tempfile.TemporaryDirectory() as tmp:
             index_path = os.path.join(tmp, "lines.npy")
@@ -155,7 +211,7 @@ def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, 
             if part:
                 a, b = part_bounds(len(order), part, shard_alignment(args))
                 order = order[a:b]
-            jobs = ((str(path), index_path, order[a:a + 4096].tolist(), args.blank_lines)
+            jobs = ((str(path), index_path, order[a:a + 4096].tolist(), args.blank_lines, tokenize)
                     for a in range(0, len(order), 4096))
             results = (r for batch in ordered_map(_load_lines, jobs, args.workers, chunksize=1) for r in batch)
             summary = write_samples(_samples(results, str(path), args.blank_lines), dst, args, meta,
@@ -171,13 +227,13 @@ def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, 
                 end = line_start_at_or_after(f, (i + 1) * size // n) if i + 1 < n else size
         first_line = count_newlines(path, start) if start else 0
         ranges = chunk_ranges(path, start, end, CHUNK_BYTES) if end > start else []
-        jobs = ((str(path), a, b, args.blank_lines) for a, b in ranges)
+        jobs = ((str(path), a, b, args.blank_lines, tokenize) for a, b in ranges)
 
         def numbered():
             n = first_line
             for batch in ordered_map(_load_range, jobs, args.workers, chunksize=1):
-                for text, reason in batch:
-                    yield n, text, reason
+                for row in batch:
+                    yield (n, *row)
                     n += 1
         summary = write_samples(_samples(numbered(), str(path), args.blank_lines), dst, args, meta,
                                 total=None, notes=notes)
@@ -189,6 +245,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--blank-lines", choices=("skip", "keep", "error"), default="skip",
                    help="blank lines: skip (default: listed in the report, not an error), keep as samples, "
                         "or error (a bad sample: stops the conversion under --on-error raise)")
+    p.add_argument("--tokenizer", metavar="TOKENIZER_JSON", help="also store each line's token ids (field "
+                   "ids.npy, int32), tokenized once here with this Hugging Face tokenizers file")
+    p.add_argument("--no-special-tokens", action="store_true", help="with --tokenizer: leave out the tokenizer's "
+                   "special tokens (e.g. BOS/EOS)")
     return p
 
 

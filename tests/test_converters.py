@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import mmloader
@@ -163,6 +164,64 @@ def test_textlines_parts_and_blank_policy(tmp_path):
     whole = mmloader.open(tmp_path / "all.lmdb")
     assert [merged[i]["__key__"] for i in range(len(merged))] == [whole.key(i) for i in range(len(whole))]
     assert (tmp_path / "merged.skipped.tsv").read_text() == report  # the parts' reports, joined in order
+
+
+def _train_tokenizer(lines: list[str], path: Path) -> None:
+    """A small byte-level BPE with BOS/EOS, trained on the test's own lines (nothing downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
+    tok.save(str(path))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_textlines_tokenizer_stores_the_ids_of_every_line(tmp_path, monkeypatch, workers):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer
+    import converters.textlines as tl
+    monkeypatch.setattr(tl, "CHUNK_BYTES", 37)  # lines cross chunk boundaries: ids must follow their line
+    src = tmp_path / "c.txt"
+    src.write_bytes(_lines_text())
+    want = _lines_text().decode().replace("\r\n", "\n").split("\n")
+    _train_tokenizer(want, tmp_path / "tok.json")
+    tok = Tokenizer.from_file(str(tmp_path / "tok.json"))
+    assert run("textlines", src, tmp_path / "ids.lmdb", "--tokenizer", tmp_path / "tok.json", "--workers", workers,
+               "--blank-lines", "keep") == 0
+    ids = mmloader.ArrayReader(tmp_path / "ids.lmdb", "ids.npy")
+    text = mmloader.TextReader(tmp_path / "ids.lmdb")
+    assert len(ids) == len(want)
+    for i, line in enumerate(want):
+        assert text[i] == line
+        assert ids[i].dtype == torch.int32 and ids[i].tolist() == tok.encode(line).ids
+    assert ids[3].tolist()[0] == 0 and ids[3].tolist()[-1] == 1  # BOS/EOS kept by default
+    assert mmloader.open(tmp_path / "ids.lmdb").metadata["metadata"]["tokenizer"]["vocab_size"] == tok.get_vocab_size()
+    # batches of ids pad to their longest, with a mask; every line once
+    stream = mmloader.Stream(mmloader.zip(ids=ids), batch_size=8, seed=1)
+    seen = []
+    for batch in mmloader.loader(stream, num_workers=2):
+        lengths = batch["__mask__"]["ids"].sum(1).tolist()
+        seen += [(k, n) for k, n in zip(batch["__key__"], lengths)]
+    assert sorted(seen) == sorted((text.store.key(i), len(tok.encode(l).ids)) for i, l in enumerate(want))
+    assert run("textlines", src, tmp_path / "plain.lmdb", "--tokenizer", tmp_path / "tok.json",
+               "--no-special-tokens", "--blank-lines", "keep") == 0
+    assert mmloader.ArrayReader(tmp_path / "plain.lmdb", "ids.npy")[3].tolist() == \
+        tok.encode(want[3], add_special_tokens=False).ids
+
+
+def test_textlines_tokenizer_errors_are_usage_errors(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    src = tmp_path / "c.txt"
+    src.write_text("a\nb\n")
+    assert run("textlines", src, tmp_path / "x.lmdb", "--tokenizer", tmp_path / "missing.json") == 2
+    assert "missing.json: no such file" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text('{"version": 1}')
+    assert run("textlines", src, tmp_path / "x.lmdb", "--tokenizer", tmp_path / "bad.json") == 2
+    assert "bad.json: not a tokenizers JSON file" in capsys.readouterr().err
+    assert run("textlines", src, tmp_path / "x.lmdb", "--no-special-tokens") == 2
+    assert not (tmp_path / "x.lmdb").exists()
 
 
 def _shas(path) -> list[str]:
