@@ -356,7 +356,7 @@ def main(argv=None) -> int:
     return 0
 
 
-NOTE = 'Why: the video clip decodes from the keyframe before it and skips what it does not show, converting 8 frames in swscale\'s resize pass, where WebDataset\'s path decodes and converts all 300 frames and LitData\'s (torchcodec) decodes the clip\'s frames but resizes 480p frames in torchvision. Audio files are decoded whole by every contender: decoding FLAC is most of the work and torchcodec resamples inside the same C++ loop, so there is nothing left to skip; mmloader\'s audio lead would come from windows (`max_seconds` + `clip`), which this workload does not ask for. The process backend measured faster than the thread backend here (PyAV runs Python per packet); `backend="auto"` still picks threads for these readers.'
+NOTE = 'Why: the video clip decodes from the keyframe before it and skips what it does not show, converting 8 frames in swscale\'s resize pass, where WebDataset\'s path decodes and converts all 300 frames and LitData\'s (torchcodec) decodes the clip\'s frames but resizes 480p frames in torchvision. Audio files are decoded whole by every contender: decoding FLAC is most of the work and torchcodec resamples inside the same C++ loop, so there is nothing left to skip; mmloader\'s audio lead would come from windows (`max_seconds` + `clip`), which this workload does not ask for. The process backend measured faster than the thread backend here (PyAV runs Python per packet); so `backend="auto"` picks worker processes for video and audio readers (they declare `python_per_sample`).'
 
 
 def report(results: dict, kinds: list, tc: bool, load: float, path: Path) -> None:
