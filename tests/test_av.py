@@ -580,3 +580,17 @@ def test_import_mmloader_and_converters_without_av():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
+
+
+def test_auto_backend_picks_worker_processes_for_media_readers(tmp_path, clips):
+    """PyAV runs Python per packet (it holds the GIL): the default loader uses processes for it."""
+    from mmloader.dataloader import choose_backend
+    path = store_of(tmp_path, "m.lmdb", [{"__key__": "k0", "mp4": clips["av"], "txt": "a"}])
+    text_only = mmloader.Stream(mmloader.zip(txt=mmloader.TextReader(path)), batch_size=1)
+    video = mmloader.Stream(mmloader.zip(v=mmloader.VideoReader(path, "mp4", frames=2), txt=mmloader.TextReader(path)),
+                            batch_size=1)
+    audio = mmloader.Stream(mmloader.zip(a=mmloader.AudioReader(path, "mp4")), batch_size=1)
+    assert choose_backend(text_only)[0] == "thread"
+    for stream, name in ((video, "VideoReader"), (audio, "AudioReader")):
+        backend, why = choose_backend(stream)
+        assert backend == "process" and name in why

@@ -214,6 +214,35 @@ def test_thread_backend_same_batches_and_resume(tmp_path):
     assert _keys(resumed) == process[4:]
 
 
+def test_auto_backend_threads_for_builtin_decoders_processes_for_user_python(tmp_path, caplog):
+    from mmloader.dataloader import Loader
+    from mmloader.threaded import ThreadLoader
+    path = _text_dataset(tmp_path / "d", 20, 2)
+    text = lambda **kw: mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path), **kw)),  # noqa: E731
+                                        batch_size=4, seed=7)
+    cases = [(text(), {}, ThreadLoader, "only built-in decoders"),
+             (text(transform=str.upper), {}, Loader, "a transform on 'caption'"),
+             (text(decode=lambda b, k: b.decode()), {}, Loader, "a decode= on 'caption'"),
+             (mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
+                              collate_fn=lambda rows: rows), {}, Loader, "a custom collate_fn"),
+             (text(), {"persistent_workers": True}, Loader, "process-only options ['persistent_workers']"),
+             (text(transform=str.upper), {"backend": "thread"}, ThreadLoader, None),
+             (text(), {"backend": "process"}, Loader, None)]
+    for stream, options, kind, why in cases:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="mmloader"):
+            made = mmloader.loader(stream, num_workers=2, **options)
+        assert type(made) is kind, (why, options)
+        lines = [r.getMessage() for r in caplog.records if "backend=" in r.getMessage()]
+        if why is None:
+            assert lines == []  # chosen by the caller: nothing to explain
+        else:
+            assert len(lines) == 1 and why in lines[0], lines
+    # the same batches whichever backend was chosen
+    assert _keys(mmloader.loader(text(transform=str.upper), num_workers=2)) == \
+        _keys(mmloader.loader(text(), num_workers=2))
+
+
 class _BrokenAt(torch.utils.data.Dataset):
     """``n`` samples keyed ``k{i}``; reading sample ``bad`` raises."""
 
