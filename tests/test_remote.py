@@ -294,11 +294,11 @@ def test_kill_9_during_a_download_leaves_no_partial_visible(data, proxied, tmp_p
                                  cache=str(tmp_path / "c"), endpoint=opts["endpoint"])
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "opened"
+    cache = mmloader.open(data["s3"]["tar"], cache_dir=str(tmp_path / "c"), storage_options=opts)._cache  # same dir
     proxy.hang(1000)  # every request hangs: the download is in progress when the process dies
     p.stdin.write("go\n")
     p.stdin.flush()
     deadline = time.monotonic() + 30
-    cache = shard_cache.ShardCache(tmp_path / "c", data["s3"]["tar"].rstrip("/"))
     while not list(cache.dir.glob(".*.part-*")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert list(cache.dir.glob(".*.part-*")), "the download never started"
@@ -510,3 +510,131 @@ def test_url_helpers_and_cache_limits_docstrings():
     for module in (remote, shard_cache):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
+
+
+# -- versions: a dataset replaced while it is read ------------------------------------------------------------
+def _upload_tar(s3, local: Path, prefix: str) -> str:
+    return s3.upload(local, prefix)
+
+
+def _rewritten_shard(local_tar: Path, name: str) -> bytes:
+    """Shard ``name`` with every caption changed but every size and offset kept (the layout
+    checks cannot tell: only the version can)."""
+    data = (local_tar / name).read_bytes()
+    changed = data.replace(b"caption number", b"CAPTION NUMBER")
+    assert changed != data and len(changed) == len(data)
+    return changed
+
+
+@pytest.mark.parametrize("client", ["obstore", "simple"])
+def test_a_shard_replaced_while_reading_is_an_error_never_a_mixture(data, s3, tmp_path, client, monkeypatch):
+    if client == "simple":
+        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", "simple")
+    url = _upload_tar(s3, data["local"]["tar"], f"replaced-{client}")
+    store = mmloader.open(url, readahead=False)
+    worker_copy = pickle.loads(pickle.dumps(store))  # what a DataLoader worker gets
+    name = store.shards[1]["file"]
+    assert store[0]["txt"] == worker_copy[0]["txt"] == "caption number 0 é".encode()
+    s3.client().put_object(Bucket=s3.bucket, Key=f"replaced-{client}/{name}",
+                           Body=_rewritten_shard(data["local"]["tar"], name))
+    first = store.metadata["_starts"][1]
+    for reader in (store, worker_copy):
+        with pytest.raises(remote.ObjectChangedError, match=rf"{name}: the object changed since this dataset was opened"):
+            reader.read_many([first, first + 1], ["txt"])
+    assert store[0]["txt"] == "caption number 0 é".encode()  # untouched shards read on
+    fresh = mmloader.open(url, readahead=False)  # opened after the change: the new version, consistently
+    assert fresh[first]["txt"].startswith(b"CAPTION NUMBER")
+
+
+def test_a_replaced_dataset_fails_the_running_epoch_loudly(data, s3):
+    url = _upload_tar(s3, data["local"]["tar"], "replaced-epoch")
+    ds = mmloader.zip(caption=mmloader.TextReader(url, "txt"))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=1, block_size=4, on_error="skip"),
+                             num_workers=2, backend="process")
+    it = iter(loader)
+    next(it)
+    for shard in mmloader.open(data["local"]["tar"]).shards:  # every shard rewritten, same layout
+        s3.client().put_object(Bucket=s3.bucket, Key=f"replaced-epoch/{shard['file']}",
+                               Body=_rewritten_shard(data["local"]["tar"], shard["file"]))
+    with pytest.raises(Exception, match="changed since this dataset was opened"):
+        for batch in it:  # even under on_error="skip": a version change is not a bad sample
+            assert not any("CAPTION" in c for c in batch["caption"]), "a mixture was delivered"
+
+
+def test_cache_is_keyed_by_the_dataset_version_and_the_endpoint(data, s3, tmp_path):
+    url = _upload_tar(s3, data["local"]["tar"], "recached")
+    cache = str(tmp_path / "cache")
+    old = mmloader.open(url, cache_dir=cache)
+    assert old.prefetch(progress=False) == len(old.shards)
+    local = data["local"]["tar"]
+    rewritten = tmp_path / "rewritten"
+    rewritten.mkdir()
+    for p in local.iterdir():
+        body = _rewritten_shard(local, p.name) if p.suffix == ".tar" else p.read_bytes()
+        (rewritten / p.name).write_bytes(body)
+    manifest = json.loads((local / "index.json").read_text())
+    for shard in manifest["shards"]:  # the new shards' own checksums: another manifest
+        import hashlib
+        shard["sha256"] = hashlib.sha256((rewritten / shard["file"]).read_bytes()).hexdigest()
+    (rewritten / "index.json").write_text(json.dumps(manifest))
+    s3.upload(rewritten, "recached")
+    new = mmloader.open(url, cache_dir=cache)
+    assert new[0]["txt"].startswith(b"CAPTION NUMBER")  # not the old cached copy
+    assert new.prefetch(progress=False) == len(new.shards) and new[0]["txt"].startswith(b"CAPTION NUMBER")
+    a = remote.Location(url, {"endpoint": "http://127.0.0.1:1"}).identity()
+    b = remote.Location(url, {"endpoint": "http://127.0.0.1:2"}).identity()
+    assert a != b
+
+
+# -- failures that no retry can cure are reported at once --------------------------------------------------
+class _NoRangeHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_permanent_failures_are_not_retried_until_the_deadline(data, s3, tmp_path):
+    import http.server
+    import socketserver
+    root = data["root"]
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+    httpd = Server(("127.0.0.1", 0), lambda *a, **kw: _NoRangeHandler(*a, directory=str(root), **kw))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/shards"
+        store = mmloader.open(url, readahead=False, retry_deadline=60)
+        with pytest.raises(RemoteError, match="Range|ranged reads"):
+            store.read_many([0, 7], ["txt"])
+        with pytest.raises(mmloader.MMLoaderError, match="has no index.json"):  # PROPFIND: 501, not retried
+            mmloader.open(f"http://127.0.0.1:{httpd.server_address[1]}/nothing", retry_deadline=60)
+        assert time.monotonic() - started < 20
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    # an object truncated (replaced by a shorter one) after it was indexed
+    url = _upload_tar(s3, data["local"]["tar"], "truncated")
+    store = mmloader.open(url, readahead=False, retry_deadline=60)
+    name = store.shards[2]["file"]
+    store.location.pins.pop(name, None)  # as if it had been truncated in place (no version to compare)
+    s3.client().put_object(Bucket=s3.bucket, Key=f"truncated/{name}",
+                           Body=(data["local"]["tar"] / name).read_bytes()[:3000])
+    started = time.monotonic()
+    with pytest.raises(remote.ObjectChangedError, match="truncated or replaced"):
+        store.read_many([store.metadata["_starts"][2] + 3], ["jpg"])
+    assert time.monotonic() - started < 10
+
+
+def test_urls_and_options_that_cannot_work_are_refused_up_front(data, s3, tmp_path):
+    for bad in ("s3://b/ds?x=1", "s3://b/ds#frag", "s3://b/pct%41", "https://h/ds?sig=1"):
+        with pytest.raises(ValueError, match="cannot hold|percent-escapes"):
+            mmloader.open(bad)
+        with pytest.raises(ValueError, match="cannot hold|percent-escapes"):
+            mmloader.writer_for(bad).close()
+    url = data["s3"]["tar"]
+    for options, message in ((dict(max_in_flight=0), "max_in_flight"), (dict(request_timeout=0), "request_timeout"),
+                             (dict(chunk_bytes=0), "chunk_bytes"), (dict(readahead_bytes=-1), "readahead_bytes"),
+                             (dict(cache_limit="1G"), "needs cache_dir")):
+        with pytest.raises(ValueError, match=message):
+            mmloader.open(url, **options)

@@ -57,7 +57,10 @@ def open_url(url: str, *, storage_options: dict | None = None, cache_dir: str | 
     ``verify_checksums``.
     """
     cache_dir = cache_dir if cache_dir is not None else os.environ.get("MMLOADER_CACHE_DIR") or None
-    cache_limit = cache_limit if cache_limit is not None else os.environ.get("MMLOADER_CACHE_LIMIT") or None
+    if cache_limit is None:  # the environment's limit applies where there is a cache to limit
+        cache_limit = os.environ.get("MMLOADER_CACHE_LIMIT") or None
+        if cache_dir is None and format_for(url) != "lmdb":
+            cache_limit = None
     if format_for(url) == "lmdb":
         from .remote_lmdb import open_remote_lmdb
         lmdb_options = {k: options.pop(k) for k in ("progress", "retry_deadline", "request_timeout") if k in options}

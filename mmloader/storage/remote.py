@@ -61,6 +61,32 @@ class RemoteUnavailableError(RemoteError):
     """Object storage did not answer successfully within the retry deadline."""
 
 
+class ObjectChangedError(RemoteError):
+    """An object is no longer the version this dataset was opened with (replaced or rewritten):
+    reading on would mix two versions of the data, so it is never retried or skipped."""
+
+
+class LongBody(OSError):
+    """A response had more bytes than asked for: the server does not honour the request."""
+
+
+def check_url(url: str, scheme: str | None = None) -> None:
+    """Refuse what would name different objects for readers and writers: a query or fragment,
+    and percent-escapes in object-store keys (the key would be the escape for one client and
+    the decoded text for another).
+
+    >>> check_url("s3://b/ds?x")
+    Traceback (most recent call last):
+    ValueError: s3://b/ds?x: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only
+    """
+    scheme = scheme or scheme_of(url)
+    if "?" in url or "#" in url:
+        raise ValueError(f"{url}: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only")
+    if scheme != "http" and "%" in url:
+        raise ValueError(f"{url}: percent-escapes are not supported in {scheme}:// dataset URLs; write the key as "
+                         "it is (spaces and other characters are fine)")
+
+
 def is_url(path: Any) -> bool:
     """Whether ``path`` is a URL (``scheme://...``) rather than a local path.
 
@@ -128,6 +154,15 @@ class Policy:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+    def __post_init__(self) -> None:
+        for name, low, strict in (("retry_deadline", 0, False), ("request_timeout", 0, True),
+                                  ("connect_timeout", 0, True), ("backoff", 0, False), ("max_backoff", 0, False)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < low or (strict and value == low) or value != value:
+                raise ValueError(f"{name}={value!r}: expected a number of seconds {'>' if strict else '>='} {low}")
+        if not isinstance(self.max_in_flight, int) or isinstance(self.max_in_flight, bool) or self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight={self.max_in_flight!r}: expected an integer >= 1")
+
     def delay(self, attempt: int) -> float:
         return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** attempt))
 
@@ -148,17 +183,27 @@ def transient(e: BaseException) -> bool:
     """Whether a failed request may succeed when repeated: timeouts, connection errors and
     resets, short bodies, 5xx and 408/429; not a missing object, a refused permission or
     another 4xx."""
-    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError, LongBody,
+                      ValueError)):
         return False
     if isinstance(e, ShortBody):
         return True
+    if type(e).__module__.startswith("obstore") and type(e).__name__ in _OBSTORE_PERMANENT:
+        return False
     status = _status(e)
     if status is not None:
-        return status >= 500 or status in (408, 429)
+        return (status >= 500 and status not in (501, 505)) or status in (408, 429)
     if isinstance(e, PermissionError):
         return False
     return isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ConnectionError, EOFError)) \
         or type(e).__module__.startswith(("obstore", "aiohttp", "botocore", "aiobotocore", "urllib3", "http"))
+
+
+#: obstore errors that repeating the request cannot cure (a server without Range support, a
+#: failed precondition, a bad path or configuration, refused credentials).
+_OBSTORE_PERMANENT = {"NotSupportedError", "PreconditionError", "NotModifiedError", "InvalidPathError",
+                      "AlreadyExistsError", "UnknownConfigurationKeyError", "PermissionDeniedError",
+                      "UnauthenticatedError", "JoinError"}
 
 
 def _auth_error(e: BaseException) -> bool:
@@ -192,6 +237,18 @@ class _Deadline:
             return 0.0
         if isinstance(e, FileNotFoundError):
             raise FileNotFoundError(f"{self.url}: no such object") from None
+        if isinstance(e, ObjectChangedError):
+            raise e
+        if type(e).__name__ == "PreconditionError" or _status(e) == 412:
+            raise ObjectChangedError(f"{self.url}: the object changed since this dataset was opened (its ETag "
+                                     "no longer matches); reading on would mix two versions of the data: open "
+                                     "the dataset again") from None
+        if _status(e) == 416:
+            raise ObjectChangedError(f"{self.url}: {self.what}: the range lies beyond the object's end (HTTP 416): "
+                                     "it was truncated or replaced since it was indexed") from None
+        if type(e).__name__ == "NotSupportedError" and "range" in str(e).lower():
+            raise RemoteError(f"{self.url}: the server does not support ranged reads (HTTP Range), which "
+                              "reading samples in place needs") from e
         if not transient(e):
             raise RemoteError(f"{self.url}: {self.what} failed: {short_message(e)}") from e
         elapsed = time.monotonic() - self.start
@@ -299,16 +356,52 @@ class Location:
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self.scheme = scheme_of(self.url)
+        check_url(self.url, self.scheme)
         self.storage_options = dict(self.storage_options or {})
         self._clients: dict[str, tuple[int, tuple, Any]] = {}
         self._lock = threading.Lock()
+        #: name -> ETag this location's reads must match (see :meth:`pin`).
+        self.pins: dict[str, str] = {}
 
     def __getstate__(self) -> dict:
-        return {"url": self.url, "storage_options": self.storage_options, "policy": self.policy}
+        return {"url": self.url, "storage_options": self.storage_options, "policy": self.policy, "pins": self.pins}
 
     def __setstate__(self, state: dict) -> None:
         self.url, self.storage_options, self.policy = state["url"], state["storage_options"], state["policy"]
         self.__post_init__()
+        self.pins = dict(state.get("pins") or {})
+
+    def pin(self, name: str, etag: str | None) -> None:
+        """Read ``name`` only as the version ``etag`` from now on: requests carry ``If-Match``
+        and each answer's ETag is compared, so a replaced object is :class:`ObjectChangedError`,
+        never a mixture of versions. Pins travel with the location to worker processes."""
+        if etag:
+            self.pins.setdefault(name, etag)
+
+    def _checked_etag(self, name: str, etag: str | None) -> None:
+        """Compare an answer's ETag with the pin (pinning it if this is the first answer)."""
+        if not etag:
+            return
+        pinned = self.pins.setdefault(name, etag)
+        if pinned != etag:
+            raise ObjectChangedError(f"{self.name_url(name)}: the object changed since this dataset was opened "
+                                     f"(ETag {etag} instead of {pinned}); reading on would mix two versions of "
+                                     "the data: open the dataset again")
+
+    def identity(self) -> str:
+        """The URL plus the endpoint that serves it: two endpoints may hold the same bucket name."""
+        opts = self.storage_options
+        endpoint = opts.get("endpoint") or opts.get("endpoint_url") or ""
+        if not endpoint and self.scheme == "s3":
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        return f"{self.url}|{endpoint}"
+
+    def versions(self, purpose: str = "meta") -> dict[str, str]:
+        """name -> ETag of every object under this folder, from listings (empty where the store
+        cannot list, as plain HTTP servers cannot)."""
+        if self.scheme == "http":
+            return {}
+        return self.client(purpose).versions()
 
     def __repr__(self) -> str:
         return f"Location({self.url!r})"
@@ -432,9 +525,16 @@ class _Client:
         return self.location.name_url(name)
 
 
-def _check_length(data, want: int, url: str, start: int) -> None:
-    if len(data) != want:
-        raise ShortBody(f"{url}: got {len(data)} of {want} bytes at offset {start}")
+def _check_length(data, want: int, url: str, start: int, object_size: int | None = None) -> None:
+    if len(data) == want:
+        return
+    if object_size is not None and start + want > object_size:
+        raise ObjectChangedError(f"{url}: the object holds {object_size} bytes, but the dataset's index needs bytes "
+                                 f"up to {start + want}: it was truncated or replaced since it was indexed")
+    if len(data) > want:
+        raise LongBody(f"{url}: the server sent {len(data)} bytes for a range of {want} at offset {start}: it does "
+                       "not answer ranged reads correctly")
+    raise ShortBody(f"{url}: got {len(data)} of {want} bytes at offset {start}")
 
 
 class _ObstoreClient(_Client):
@@ -500,22 +600,33 @@ class _ObstoreClient(_Client):
                     self._build()  # credentials resolved again
             await asyncio.sleep(delay)
 
+    def _options(self, name: str, **options) -> dict:
+        pinned = self.location.pins.get(name)
+        return {**options, "if_match": pinned} if pinned else options
+
     async def _range(self, name: str, start: int, end: int):
         async def once():
-            data = await self.obstore.get_range_async(self.store, name, start=start, end=end)
-            _check_length(data, end - start, self.url(name), start)
+            result = await self.obstore.get_async(self.store, name, options=self._options(name, range=(start, end)))
+            meta = result.meta
+            self.location._checked_etag(name, meta.get("e_tag"))
+            data = await result.bytes_async()
+            _check_length(data, end - start, self.url(name), start, meta.get("size"))
             return data
         return await self._retrying(f"GET bytes {start}-{end - 1}", name, once)
 
     async def _whole(self, name: str):
         async def once():
-            result = await self.obstore.get_async(self.store, name)
+            result = await self.obstore.get_async(self.store, name, options=self._options(name))
+            meta = result.meta
+            self.location._checked_etag(name, meta.get("e_tag"))
             data = await result.bytes_async()
-            size = result.meta.get("size") if hasattr(result, "meta") else None
-            if size is not None:
-                _check_length(data, size, self.url(name), 0)
+            if meta.get("size") is not None:
+                _check_length(data, meta["size"], self.url(name), 0)
             return data
         return await self._retrying("GET", name, once)
+
+    def versions(self) -> dict[str, str]:
+        return {name: etag for name, _size, etag in self._listing("") if etag}
 
     def get(self, name: str) -> bytes:
         return bytes(run(self._whole(name)))
@@ -548,12 +659,15 @@ class _ObstoreClient(_Client):
         return run(self._retrying("HEAD", name, once))
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
+        return [(name, size) for name, size, _etag in self._listing(prefix)]
+
+    def _listing(self, prefix: str) -> list[tuple[str, int, str | None]]:
         deadline = _Deadline(self.location.policy, self.url(prefix), "LIST")
         while True:
             try:
                 out = []
                 for batch in self.obstore.list(self.store, prefix or None):
-                    out += [(m["path"], int(m["size"])) for m in batch]
+                    out += [(m["path"], int(m["size"]), m.get("e_tag")) for m in batch]
                 return out
             except Exception as e:
                 rebuilt = deadline.rebuilt
@@ -726,6 +840,9 @@ class _SimpleClient(_Client):
             raise FileNotFoundError(f"{self.url(name)}: no such object")
         if status in (401, 403):
             raise PermissionError(f"{self.url(name)}: access denied (HTTP {status})")
+        if status == 416:
+            raise ObjectChangedError(f"{self.url(name)}: the range asked for lies beyond the object's end (HTTP 416): "
+                                     "it was truncated or replaced since it was indexed")
         if status >= 300:
             raise _HTTPStatus(status, self.url(name), body)
 
@@ -741,10 +858,15 @@ class _SimpleClient(_Client):
                     self.__init__(self.location)  # credentials read again
                 time.sleep(delay)
 
+    def _pinned(self, name: str, headers: dict) -> dict:
+        pinned = self.location.pins.get(name)
+        return {**headers, "If-Match": pinned} if pinned else headers
+
     def get(self, name: str) -> bytes:
         def once():
-            status, headers, body = self._request("GET", name)
+            status, headers, body = self._request("GET", name, self._pinned(name, {}))
             self._check(status, body, name)
+            self.location._checked_etag(name, headers.get("etag"))
             if "content-length" in headers:
                 _check_length(body, int(headers["content-length"]), self.url(name), 0)
             return body
@@ -752,13 +874,24 @@ class _SimpleClient(_Client):
 
     def _range(self, name: str, start: int, end: int) -> bytes:
         def once():
-            status, _headers, body = self._request("GET", name, {"Range": f"bytes={start}-{end - 1}"})
+            status, headers, body = self._request("GET", name,
+                                                  self._pinned(name, {"Range": f"bytes={start}-{end - 1}"}))
             self._check(status, body, name)
-            if status == 200:  # the server ignored Range: cut the range out
+            self.location._checked_etag(name, headers.get("etag"))
+            total = None
+            if status == 206 and "/" in headers.get("content-range", ""):
+                tail = headers["content-range"].rsplit("/", 1)[1]
+                total = int(tail) if tail.isdigit() else None
+            elif status == 200:  # the server ignored Range: cut the range out
+                total = len(body)
                 body = body[start:end]
-            _check_length(body, end - start, self.url(name), start)
+            _check_length(body, end - start, self.url(name), start, total)
             return body
         return self._retry(f"GET bytes {start}-{end - 1}", name, once)
+
+    def versions(self) -> dict[str, str]:
+        full = self._full()
+        return full.versions() if hasattr(full, "versions") else {}
 
     def get_many(self, names: list[str]) -> list[bytes]:
         if len(names) == 1:
@@ -905,6 +1038,9 @@ class _FsspecClient(_Client):
             etag = info.get("ETag") or info.get("etag")
             return (int(info["size"]) if info.get("size") is not None else None), etag
         return self._retry("HEAD", name, once)
+
+    def versions(self) -> dict[str, str]:
+        return {}  # fsspec's listings do not say the same thing across backends: no pins (README)
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         def once():

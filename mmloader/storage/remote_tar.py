@@ -42,7 +42,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..errors import FormatError, RandomAccessError
-from .remote import Location, Policy, coalesce, join
+from .remote import Location, Policy, RemoteError, coalesce, join
 from .shard_cache import DEFAULT_CACHE_DIR, ShardCache, parse_limit
 from .shard_index import MANIFEST
 from .tar_stages import group_samples, tar_members
@@ -228,6 +228,12 @@ class RemoteTarStore(TarStore):
         url = url.rstrip("/")
         if url.endswith("/" + MANIFEST):
             url = url[:-len(MANIFEST) - 1]
+        for name, value, low in (("readahead_bytes", readahead_bytes, 0), ("chunk_bytes", chunk_bytes, 1),
+                                 ("coalesce", coalesce, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name}={value!r}: expected an integer >= {low} (bytes)")
+        if cache_limit is not None and cache_dir is None:
+            raise ValueError("cache_limit= needs cache_dir= (or MMLOADER_CACHE_DIR): there is no cache to limit")
         policy = Policy.from_env(retry_deadline=retry_deadline, request_timeout=request_timeout,
                                  max_in_flight=max_in_flight)
         self.location = Location(url, storage_options or {}, policy)
@@ -251,13 +257,25 @@ class RemoteTarStore(TarStore):
         self._pid = os.getpid()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._closing = None
-        self._cache = ShardCache(self.cache_dir, self.url, self.cache_limit) if self.cache_dir else None
+        self._cache_obj: ShardCache | None = None
         self._cache_state: dict[int, float] = {}  # shard -> when to look for it in the cache again
         self._cached: dict[int, str] = {}
         self._downloads: concurrent.futures.ThreadPoolExecutor | None = None
-        on = self.readahead if self.readahead is not None else (self._cache is None and os.getpid() == self._owner)
+        on = self.readahead if self.readahead is not None else (not self.cache_dir and os.getpid() == self._owner)
         self._ra = ReadAhead(self, self.readahead_bytes, self.chunk_bytes) if on else None
         self.bytes_fetched = 0  # by per-sample ranged reads in this process
+
+    @property
+    def _cache(self) -> ShardCache | None:
+        """The node-local shard cache, keyed by the endpoint and the manifest's content too:
+        another server's bucket of the same name, or a dataset rewritten under the same URL,
+        never shares cached shards."""
+        if not self.cache_dir:
+            return None
+        if self._cache_obj is None:
+            tag = f"{self.location.identity()}|{self.metadata['_digest']}"
+            self._cache_obj = ShardCache(self.cache_dir, self.url, self.cache_limit, tag=tag)
+        return self._cache_obj
 
     def _reset_handles(self) -> None:  # TarStore's hook: keep index tables, reset the rest
         self._reset_remote()
@@ -296,11 +314,23 @@ class RemoteTarStore(TarStore):
     @property
     def metadata(self) -> dict:
         if self._meta is None:
+            # Pin every object's version first (one listing per 1,000 objects), then read the
+            # manifest as that version: the indexes and shards read later, in this process or
+            # in workers (the pins travel with the store), are the ones the manifest describes,
+            # or the read fails with ObjectChangedError — never a mixture of two datasets.
+            try:
+                versions = self.location.versions()
+            except (FileNotFoundError, RemoteError, OSError) as e:
+                log.debug("%s: no listing (%s); versions are pinned as objects are first read", self.url, e)
+                versions = {}
+            for name, etag in versions.items():
+                self.location.pin(name, etag)
             try:
                 text = self.location.get(MANIFEST, purpose="meta")
             except FileNotFoundError:
                 raise FormatError(f"{self.url} has no {MANIFEST}{self._tar_hint()}") from None
             self._meta = prepare_manifest(text, self.manifest_path)
+            self._meta["_digest"] = hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16]
         return self._meta
 
     def _tar_hint(self) -> str:
