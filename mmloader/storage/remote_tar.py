@@ -342,6 +342,8 @@ class RemoteTarStore(TarStore):
             return f" (it holds tar files: run `mmloader index {self.url}` to index them)"
         if any(n.endswith("data.mdb") for n in names):
             return " (it holds an LMDB data.mdb: name the dataset by its .lmdb folder)"
+        if not names:
+            return " (nothing is stored under this prefix: check the bucket and the path)"
         return ""
 
     def shard_path(self, s: int) -> str:
@@ -475,12 +477,11 @@ class RemoteTarStore(TarStore):
         from tqdm import tqdm
         todo = list(range(len(self.shards))) if shards is None else list(shards)
         total = sum(self.shards[s]["bytes"] for s in todo)
-        done = 0
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"caching {self.url}", disable=not progress) as bar:
             for s in todo:
-                if self.cache_shard(s, wait=True, progress=bar.update) is not None:
-                    done += 1
-        return done
+                self.cache_shard(s, wait=True, progress=bar.update)
+        # counted at the end: under a small cache_limit, later shards may have evicted earlier ones
+        return sum(self._cache.lookup(self.shards[s]["file"], self.shards[s]["bytes"]) is not None for s in todo)
 
     def _check_sha(self, fd: int, s: int) -> None:
         h = hashlib.sha256()
@@ -584,11 +585,20 @@ class RemoteTarStore(TarStore):
                 return
         shard = self.shards[s]
         from tqdm import tqdm
-        with tempfile.NamedTemporaryFile(prefix=".mmloader-shard-", suffix=".tar") as tmp, \
-                tqdm(total=shard["bytes"], unit="B", unit_scale=True, desc=f"fetching {shard['file']}",
-                     disable=not progress, leave=False) as bar:
-            self.location.download(shard["file"], tmp.fileno(), shard["bytes"], progress=bar.update)
-            yield tmp.name
+        fd, path = tempfile.mkstemp(prefix=".mmloader-shard-", suffix=".tar")
+        unlinked = os.path.isdir("/proc/self/fd")
+        try:
+            if unlinked:  # removed at once: a killed process leaves no file behind
+                os.unlink(path)
+            with tqdm(total=shard["bytes"], unit="B", unit_scale=True, desc=f"fetching {shard['file']}",
+                      disable=not progress, leave=False) as bar:
+                self.location.download(shard["file"], fd, shard["bytes"], progress=bar.update)
+            yield f"/proc/self/fd/{fd}" if unlinked else path
+        finally:
+            os.close(fd)
+            if not unlinked:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
     def iter_samples(self, shards: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
         for s in range(len(self.shards)) if shards is None else shards:
