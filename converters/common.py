@@ -762,7 +762,9 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
     part = getattr(args, "_part_dataset", None) == dst
     fmt = format_for(args.dst, args.format)
     shard_opts = {"shard_size": args.shard_size, "shard_bytes": args.shard_bytes} if fmt == "tar" else {}
-    writer = mmloader.writer_for(dst, fmt, overwrite=args.overwrite or part, metadata=metadata, **shard_opts)
+    upload_opts = {"progress": not args.quiet} if is_url(dst) else {}  # the "uploading to URL" bar
+    writer = mmloader.writer_for(dst, fmt, overwrite=args.overwrite or part, metadata=metadata, **shard_opts,
+                                 **upload_opts)
     report_path = report_path_for(dst)
     skipped_rows: list[str] = []
     bar = tqdm(total=total, desc=f"converting -> {Path(dst).name}", unit="sample", disable=args.quiet,

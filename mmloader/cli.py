@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config", help="an experiment config (YAML, or JSON with 'sources')")
     s.add_argument("--world", type=_int_at_least(1), default=1, help="ranks (default 1)")
     s.add_argument("--workers", type=_int_at_least(0), default=1, help="workers per rank (default 1)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (fetching a dataset on object "
+                   "storage)")
     s.set_defaults(func=_plan)
 
     s = _sub(sub, "bench", "measure throughput, first-batch latency and memory on your data",
@@ -299,8 +301,10 @@ def _run(argv: list[str]) -> int:
         return _convert(argv[1], argv[2:])
     args = parser.parse_args(argv)
     import lmdb
+    from .storage.remote_lmdb import progress_bars
     try:
-        return args.func(args)
+        with progress_bars(not getattr(args, "quiet", False)):  # -q: no bar from storage work either
+            return args.func(args)
     except BrokenPipeError:
         raise
     except (MMLoaderError, OSError, lmdb.Error, ValueError) as e:

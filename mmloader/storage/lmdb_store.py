@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -49,6 +50,55 @@ def _forget_inherited_envs() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_envs)
 
 
+# LMDB's file header (lmdb.h/mdb.c, 64-bit builds): two meta pages, at 0 and at the page size.
+# Each is a 16-byte page header (mp_flags u16 at +10, P_META = 0x08) then MDB_meta: mm_magic u32
+# at +16, mm_version u32 at +20, mm_address at +24, mm_mapsize at +32, two 48-byte MDB_db records
+# from +40 (the free-list db's first u32, md_pad, holds the page size), mm_last_pg u64 at +136,
+# mm_txnid u64 at +144. LMDB uses the meta with the larger txnid and maps pages 0..last_pg.
+LMDB_MAGIC = 0xBEEFC0DE
+_META_END = 152
+_PSIZE_RANGE = (512, 1 << 16)
+
+
+def lmdb_required_size(read, size: int, where: str) -> int:
+    """Check an LMDB ``data.mdb`` of ``size`` bytes by its two meta pages, read through
+    ``read(offset, n) -> bytes`` (two small reads); return the bytes its newest meta needs.
+
+    A file shorter than that would be memory-mapped and crash the process (SIGBUS) on the first
+    page past its end, so this is called before LMDB opens anything. FormatError naming
+    ``where`` for a file too small to hold its meta pages, a bad magic or page size, or a
+    truncated file.
+    """
+    if size < _META_END:
+        raise FormatError(f"{where}: not an LMDB data file: {size} bytes, too small to hold LMDB's meta pages")
+    first = read(0, _META_END)
+    if len(first) < _META_END or struct.unpack_from("<I", first, 16)[0] != LMDB_MAGIC:
+        raise FormatError(f"{where}: not an LMDB data file (bad magic in its first meta page)")
+    psize = struct.unpack_from("<I", first, 40)[0]
+    if not (_PSIZE_RANGE[0] <= psize <= _PSIZE_RANGE[1] and psize & (psize - 1) == 0):
+        raise FormatError(f"{where}: not an LMDB data file (page size {psize} in its first meta page)")
+    if size < psize + _META_END:
+        raise FormatError(f"{where}: truncated: {size} bytes, its metadata needs at least {2 * psize} "
+                          "(two meta pages)")
+    second = read(psize, _META_END)
+    if len(second) < _META_END or struct.unpack_from("<I", second, 16)[0] != LMDB_MAGIC:
+        raise FormatError(f"{where}: not an LMDB data file (bad magic in its second meta page)")
+    metas = [struct.unpack_from("<QQ", m, 136) for m in (first, second)]  # (last_pg, txnid)
+    last_pg, _txnid = max(metas, key=lambda m: m[1])
+    need = max((last_pg + 1) * psize, 2 * psize)
+    if size < need:
+        raise FormatError(f"{where}: truncated: {size} bytes, its metadata needs at least {need}")
+    return need
+
+
+def check_lmdb_file(data_mdb: str | os.PathLike, where: str | None = None) -> None:
+    """:func:`lmdb_required_size` on a local ``data.mdb`` (errors name ``where``, default the file)."""
+    data_mdb = os.fspath(data_mdb)
+    with open(data_mdb, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        lmdb_required_size(lambda offset, n: os.pread(f.fileno(), n, offset), size, where or data_mdb)
+
+
 def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
     """This process's read-only environment for ``path`` and its sub-database handles.
 
@@ -63,6 +113,10 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
             if hit is None:
                 if not os.path.isfile(os.path.join(path, "data.mdb")):
                     raise FormatError(f"{path} is not an LMDB environment (no data.mdb)")
+                try:
+                    check_lmdb_file(os.path.join(path, "data.mdb"))  # a short file would crash the map
+                except OSError:
+                    pass  # unreadable: lmdb.open below reports it, naming the environment
                 # lock=False: datasets are frozen once written, so no reader table (no slot
                 # exhaustion with many workers); readahead off: random access pays no extra IO.
                 env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS,

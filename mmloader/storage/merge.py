@@ -159,12 +159,46 @@ def _manifest_for_dataset(path: Path) -> dict | None:
     return read_part_manifest(path.parent / f"{stem}.json")
 
 
+def _download_hint(url: str) -> str:
+    """How to copy the folder at ``url`` to a local one, for error messages."""
+    from .remote import scheme_of
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "dataset"
+    tool = {"s3": "aws s3 cp --recursive", "gs": "gcloud storage cp -r", "az": "azcopy copy --recursive"}
+    cmd = tool.get(scheme_of(url))
+    return f"`{cmd} {url.rstrip('/')}/ {name}/`" if cmd else f"with your storage's copy tool, into {name}/"
+
+
+def check_remote_sources(sources: Sequence[str | os.PathLike]) -> None:
+    """Refuse, before anything is read, the URL sources merge cannot read: tar shards (read from
+    local folders) and parts (written to a filesystem every task reaches). LMDB datasets on object
+    storage are read through their cached copy."""
+    from . import format_for
+    from .remote import is_url
+    for src in sources:
+        if not is_url(src):
+            continue
+        url = str(src)
+        last = url.rstrip("/").rsplit("/", 1)[-1]
+        if last.endswith(".parts") or _PART_NAME.fullmatch(last.removesuffix(".lmdb").removesuffix(".json")):
+            raise PartError(f"{url}: merge reads parts from a local parts directory (DST.parts/): download it "
+                            f"first, e.g. {_download_hint(url)}")
+        if format_for(url) == "tar":
+            raise FormatError(f"{url}: merge reads tar shards from local folders: download them first, e.g. "
+                              f"{_download_hint(url)}, then merge that folder")
+
+
 def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
     """The part manifests behind ``sources`` (parts directories, part datasets or manifests),
-    or None when no source is a part (plain datasets, concatenated as they are)."""
+    or None when no source is a part (plain datasets, concatenated as they are). A URL source is
+    a plain dataset (parts are local)."""
+    from .remote import is_url
+    check_remote_sources(sources)
     found: list[dict] = []
     plain: list[str] = []
     for src in sources:
+        if is_url(src):  # never through Path(): it would collapse the "//"
+            plain.append(str(src))
+            continue
         p = Path(src)
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
@@ -251,19 +285,24 @@ class MergeResult:
     notes: list[str] = field(default_factory=list)
 
 
+def _where(store) -> str:
+    return str(getattr(store, "url", store.path))  # a URL's store names the URL, not its cached copy
+
+
 def _user_metadata(stores) -> dict:
     first = stores[0].metadata.get("metadata", {})
     for s in stores[1:]:
         if s.metadata.get("metadata", {}) != first:
-            raise FormatError(f"cannot merge: {s.path} has different metadata (e.g. class names) than "
-                              f"{stores[0].path}")
+            raise FormatError(f"cannot merge: {_where(s)} has different metadata (e.g. class names) than "
+                              f"{_where(stores[0])}")
     return dict(first)
 
 
 def merge(parts: Sequence[str | os.PathLike], dst: str | os.PathLike, *, format: str | None = None,
           overwrite: bool = False, progress: bool = True, shard_size: int | None = None,
           shard_bytes: int | None = None) -> Path:
-    """Concatenate the datasets ``parts`` in order into ``dst``.
+    """Concatenate the datasets ``parts`` in order into ``dst``. A part may be an LMDB dataset on
+    object storage (read through its cached copy); tar shards are read from local folders.
 
     Shard datasets: with ``shard_size``/``shard_bytes`` the output shards are cut as one
     ``ShardWriter`` with those limits would cut them (kept shards hard-linked, the others
@@ -280,6 +319,7 @@ def _merge_stores(parts, dst, *, format=None, overwrite=False, progress=True, sh
                   shard_bytes=None) -> MergeResult:
     from . import open_store
     from .remote import is_url
+    check_remote_sources(parts)  # before anything is written or uploaded
     if is_url(str(dst)):  # merged locally, then uploaded, the manifest last
         import tempfile
         from .remote_write import _tmp_root, upload_existing, check_destination
@@ -295,8 +335,8 @@ def _merge_stores(parts, dst, *, format=None, overwrite=False, progress=True, sh
             result.path = str(dst)  # type: ignore[assignment]
             return result
     stores = [open_store(p) for p in parts]
-    if any(is_url(str(p)) and s.format == "tar" for p, s in zip(parts, stores)):
-        raise FormatError("merge reads tar parts from local folders; download remote parts first")
+    if any(is_url(p) and s.format == "tar" for p, s in zip(parts, stores)):  # e.g. a .json manifest URL
+        raise FormatError("merge reads tar shards from local folders: download them first")
     if not stores:
         raise FormatError("nothing to merge")
     from . import format_for, writer_for

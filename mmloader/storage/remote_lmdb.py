@@ -7,20 +7,52 @@ server is fetched again; ranks and workers of one node share one copy (one downl
 wait for it)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 from ..errors import FormatError
-from .lmdb_store import KEYS_DB, LMDBStore
+from .lmdb_store import KEYS_DB, LMDBStore, check_lmdb_file, lmdb_required_size
 from .remote import Location, Policy, RemoteError
 from .shard_cache import ShardCache, parse_limit
 
 DATA = "data.mdb"
 
+#: Whether storage work shows progress bars when its caller does not say (``progress=None``):
+#: the CLI's ``-q`` turns them off for a whole command (:func:`progress_bars`).
+_PROGRESS: contextvars.ContextVar[bool] = contextvars.ContextVar("mmloader_progress", default=True)
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool):
+    """Within the block, storage progress bars not asked for explicitly (the fetch of an LMDB
+    copy, uploads) follow ``enabled``.
+
+    >>> with progress_bars(False):
+    ...     show_progress(None), show_progress(True)
+    (False, True)
+    """
+    token = _PROGRESS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def show_progress(progress: bool | None) -> bool:
+    """``progress`` if given, else the default set by :func:`progress_bars` (True)."""
+    return _PROGRESS.get() if progress is None else bool(progress)
+
 
 def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
-                     cache_limit: int | str | None = None, progress: bool = True, retry_deadline: float | None = None,
-                     request_timeout: float | None = None) -> LMDBStore:
-    """The local copy of the LMDB dataset at ``url`` (fetched into the cache if needed)."""
+                     cache_limit: int | str | None = None, progress: bool | None = None,
+                     retry_deadline: float | None = None, request_timeout: float | None = None) -> LMDBStore:
+    """The local copy of the LMDB dataset at ``url`` (fetched into the cache if needed).
+
+    Before anything is downloaded, the object's two LMDB meta pages are read (two small ranged
+    reads) and its size checked against them: a truncated upload is refused here, naming the URL.
+    The cached copy is checked the same way before LMDB maps it (a short file would crash the
+    process with SIGBUS), then against its own metadata; a bad copy is removed from the cache."""
     from tqdm import tqdm
     from .remote_tar import default_cache_dir
     loc = Location(url, storage_options or {}, Policy.from_env(retry_deadline=retry_deadline,
@@ -28,11 +60,15 @@ def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir
     size, etag = loc.head(DATA, purpose="meta")
     if size is None:
         raise FormatError(f"{loc.url} is not an LMDB dataset: no {DATA} there")
+    remote_name = loc.name_url(DATA)
     cache = ShardCache(cache_dir or default_cache_dir(), loc.url, parse_limit(cache_limit), tag=f"{size}-{etag}")
     hit = cache.lookup(DATA, size)
     if hit is None:
-        with tqdm(total=size, unit="B", unit_scale=True, desc=f"fetching {loc.url}", disable=not progress,
-                  leave=False) as bar:
+        def read(offset: int, n: int) -> bytes:
+            return bytes(loc.get_ranges([(DATA, offset, min(offset + n, size))], purpose="meta")[0])
+        lmdb_required_size(read, size, remote_name)  # a bad object is refused before it is downloaded
+        with tqdm(total=size, unit="B", unit_scale=True, desc=f"fetching {loc.url}",
+                  disable=not show_progress(progress), leave=False) as bar:
             hit = cache.fetch(DATA, size, lambda fd, prog: loc.download(DATA, fd, size, progress=prog, purpose="meta"),
                               wait=True, progress=bar.update)
         if hit is None:
@@ -40,14 +76,22 @@ def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir
                               f"(cache_limit={cache.limit}): raise cache_limit or free space")
     else:
         cache.touch(DATA, every=0)
+
+    def discard() -> None:  # a bad copy is not kept (the next open fetches it again)
+        try:
+            hit.unlink()
+        except OSError:
+            pass
+    try:
+        check_lmdb_file(hit, where=f"{remote_name} (cached copy {hit})")  # before LMDB maps it
+    except FormatError:
+        discard()
+        raise
     store = LMDBStore(hit.parent)
     try:
         _check(store)
     except FormatError as e:
-        try:
-            hit.unlink()  # a bad copy is not kept (the next open fetches it again)
-        except OSError:
-            pass
+        discard()
         raise FormatError(f"{loc.url}: the fetched copy does not match its metadata: {e}") from None
     store.url = loc.url  # type: ignore[attr-defined]
     return store
