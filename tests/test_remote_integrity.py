@@ -75,10 +75,13 @@ def _truncated_copy(src: Path, dst: Path, keep: float = 0.5) -> Path:
 
 
 # -- 1. truncated LMDB -------------------------------------------------------------------------------------------
-def test_the_meta_page_check_agrees_with_lmdb_itself(lmdb_ds):
+def test_the_meta_page_check_agrees_with_lmdb_itself(lmdb_ds, tmp_path):
     from mmloader.storage.lmdb_store import check_lmdb_file, lmdb_required_size
-    path = lmdb_ds / "data.mdb"
-    env = lmdb.open(str(lmdb_ds), readonly=True, lock=False)
+    copy = tmp_path / "copy.lmdb"  # a copy: the session's dataset may be open in this process already
+    copy.mkdir()
+    (copy / "data.mdb").write_bytes((lmdb_ds / "data.mdb").read_bytes())
+    path = copy / "data.mdb"
+    env = lmdb.open(str(copy), readonly=True, lock=False)
     try:
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     finally:

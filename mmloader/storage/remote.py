@@ -29,6 +29,7 @@ missing object is :class:`FileNotFoundError` at once, other 4xx answers are not 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import random
@@ -318,7 +319,26 @@ def event_loop() -> asyncio.AbstractEventLoop:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="mmloader-remote", daemon=True).start()
                 hit = _LOOP = (os.getpid(), loop)
+                atexit.register(_settle_at_exit)
     return hit[1]
+
+
+def _settle_at_exit(timeout: float = 10.0) -> None:
+    """Wait (a bounded time) for requests still in flight, e.g. read-ahead chunks, before the
+    interpreter finalizes: obstore's threads hand each answer to the loop by calling into Python,
+    and one arriving during finalization aborts the process (SIGABRT at exit)."""
+    hit = _LOOP
+    if hit is None or hit[0] != os.getpid() or not hit[1].is_running():
+        return
+
+    async def settle() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+    try:
+        asyncio.run_coroutine_threadsafe(settle(), hit[1]).result(timeout + 1)
+    except Exception:  # at exit: nothing more to do
+        pass
 
 
 def run(coro, timeout: float | None = None):
@@ -739,7 +759,7 @@ def _botocore_credentials() -> tuple[str, str, str | None] | None:
 
 
 def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[str, str, str | None],
-                  now: float | None = None) -> dict[str, str]:
+                  now: float | None = None, query: str = "") -> dict[str, str]:
     """AWS Signature Version 4 headers for a body-less S3 request (``path`` already quoted).
 
     >>> h = sigv4_headers("GET", "127.0.0.1:9000", "/b/k", "us-east-1", ("AK", "SK", None), now=0)
@@ -756,7 +776,7 @@ def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[s
     if token:
         headers["x-amz-security-token"] = token
     names = sorted(headers)
-    canonical = "\n".join([method, path, "", "".join(f"{k}:{headers[k]}\n" for k in names), ";".join(names), payload])
+    canonical = "\n".join([method, path, query, "".join(f"{k}:{headers[k]}\n" for k in names), ";".join(names), payload])
     scope = f"{date}/{region}/s3/aws4_request"
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     k = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
@@ -794,11 +814,14 @@ class _SimpleClient(_Client):
             if endpoint:
                 parts = urlsplit(endpoint)
                 self.secure, self.host = parts.scheme == "https", parts.netloc
-                self.prefix = parts.path.rstrip("/") + "/" + bucket + ("/" + prefix if prefix else "")
+                self.bucket_path = parts.path.rstrip("/") + "/" + bucket
+                self.prefix = self.bucket_path + ("/" + prefix if prefix else "")
             else:
                 self.secure, self.host = True, f"{bucket}.s3.{self.region}.amazonaws.com"
+                self.bucket_path = "/"
                 self.prefix = "/" + prefix if prefix else ""
             self.prefix = self.prefix.rstrip("/")
+            self.key_prefix = prefix.strip("/")
 
     @staticmethod
     def usable(location: Location) -> bool:
@@ -814,15 +837,20 @@ class _SimpleClient(_Client):
             self._local.pid = os.getpid()
         return c
 
-    def _request(self, method: str, name: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
-        path = self._quote(f"{self.prefix}/{name}" if name else self.prefix or "/", safe="/~")
+    def _request(self, method: str, name: str, headers: dict | None = None, query: dict | None = None,
+                 path: str | None = None) -> tuple[int, dict, bytes]:
+        if path is None:
+            path = self._quote(f"{self.prefix}/{name}" if name else self.prefix or "/", safe="/~")
+        canonical_query = "&".join(f"{self._quote(k, safe='-_.~')}={self._quote(v, safe='-_.~')}"
+                                   for k, v in sorted((query or {}).items()))
         hdrs = dict(headers or {})
         if self.location.scheme == "s3" and self.creds is not True:
-            hdrs.update(sigv4_headers(method, self.host, path, self.region, self.creds))
+            hdrs.update(sigv4_headers(method, self.host, path, self.region, self.creds, query=canonical_query))
+        target = f"{path}?{canonical_query}" if canonical_query else path
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             conn = self._conn()
             try:
-                conn.request(method, path, headers=hdrs)
+                conn.request(method, target, headers=hdrs)
                 resp = conn.getresponse()
                 body = resp.read()
                 return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
@@ -890,8 +918,31 @@ class _SimpleClient(_Client):
         return self._retry(f"GET bytes {start}-{end - 1}", name, once)
 
     def versions(self) -> dict[str, str]:
-        full = self._full()
-        return full.versions() if hasattr(full, "versions") else {}
+        """S3 ListObjectsV2 under the prefix: name -> ETag. Here, not through obstore: the
+        opening process must not start obstore's runtime (forked workers could not use it)."""
+        if self.location.scheme != "s3":
+            return {}
+        import xml.etree.ElementTree as ET
+        base = self.key_prefix + "/" if self.key_prefix else ""
+        out: dict[str, str] = {}
+        token = None
+        while True:
+            query = {"list-type": "2", "prefix": base, **({"continuation-token": token} if token else {})}
+
+            def once(query=query):
+                status, _headers, body = self._request("GET", "", query=query, path=self._quote(self.bucket_path,
+                                                                                                safe="/~"))
+                self._check(status, body, "")
+                return body
+            root = ET.fromstring(self._retry("LIST", "", once))
+            ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            for item in root.iter(f"{ns}Contents"):
+                key, etag = item.findtext(f"{ns}Key"), item.findtext(f"{ns}ETag")
+                if key and etag and key.startswith(base):
+                    out[key[len(base):]] = etag
+            token = root.findtext(f"{ns}NextContinuationToken")
+            if root.findtext(f"{ns}IsTruncated") != "true" or not token:
+                return out
 
     def get_many(self, names: list[str]) -> list[bytes]:
         if len(names) == 1:

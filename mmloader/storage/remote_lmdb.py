@@ -61,7 +61,8 @@ def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir
     if size is None:
         raise FormatError(f"{loc.url} is not an LMDB dataset: no {DATA} there")
     remote_name = loc.name_url(DATA)
-    cache = ShardCache(cache_dir or default_cache_dir(), loc.url, parse_limit(cache_limit), tag=f"{size}-{etag}")
+    cache = ShardCache(cache_dir or default_cache_dir(), loc.url, parse_limit(cache_limit),
+                       tag=f"{loc.identity()}|{size}-{etag}")  # another endpoint's bucket of that name is another dataset
     hit = cache.lookup(DATA, size)
     if hit is None:
         def read(offset: int, n: int) -> bytes:

@@ -339,7 +339,9 @@ class RemoteTarStore(TarStore):
         except Exception:
             return ""
         if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names):
-            return f" (it holds tar files: run `mmloader index {self.url}` to index them)"
+            return (f" (it holds tar files but no manifest: a writer killed before publishing leaves its shards "
+                    f"without {MANIFEST}, and indexing those would publish half a dataset; if they are complete "
+                    f"shards written by another tool, run `mmloader index {self.url}`)")
         if any(n.endswith("data.mdb") for n in names):
             return " (it holds an LMDB data.mdb: name the dataset by its .lmdb folder)"
         if not names:
