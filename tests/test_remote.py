@@ -638,3 +638,24 @@ def test_urls_and_options_that_cannot_work_are_refused_up_front(data, s3, tmp_pa
                              (dict(cache_limit="1G"), "needs cache_dir")):
         with pytest.raises(ValueError, match=message):
             mmloader.open(url, **options)
+
+
+def test_http_versions_are_pinned_when_opened_so_workers_agree(data, tmp_path):
+    """A plain HTTP server cannot list: the opening process pins each shard with a HEAD, so a
+    worker whose first read comes after a replacement still sees the change (it would
+    otherwise pin the new version and mix it with the other workers' old one)."""
+    import shutil
+    root = tmp_path / "site"
+    shutil.copytree(data["local"]["tar"], root / "ds")
+    server = RangeServer(root)
+    try:
+        store = mmloader.open(f"{server.url}/ds", readahead=False)
+        worker_copy = pickle.loads(pickle.dumps(store))  # has not read anything yet
+        name = store.shards[1]["file"]
+        time.sleep(0.01)  # the test server's ETag is size + mtime
+        (root / "ds" / name).write_bytes(_rewritten_shard(data["local"]["tar"], name))
+        first = store.metadata["_starts"][1]
+        with pytest.raises(remote.ObjectChangedError, match=name):
+            worker_copy.read_many([first], ["txt"])
+    finally:
+        server.stop()

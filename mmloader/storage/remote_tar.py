@@ -330,8 +330,29 @@ class RemoteTarStore(TarStore):
             except FileNotFoundError:
                 raise FormatError(f"{self.url} has no {MANIFEST}{self._tar_hint()}") from None
             self._meta = prepare_manifest(text, self.manifest_path)
+            if not versions:
+                self._pin_by_head()
             self._meta["_digest"] = hashlib.sha256(text if isinstance(text, bytes) else text.encode()).hexdigest()[:16]
         return self._meta
+
+    #: Above this many shards, a store that cannot list pins lazily (each process at its first
+    #: answer) instead of asking for every shard's version when it opens.
+    MAX_HEAD_PINS = 4096
+
+    def _pin_by_head(self) -> None:
+        """Where there is no listing (plain HTTP), pin each shard's version with a HEAD request,
+        concurrently, so that worker processes share one set of versions."""
+        names = [sh["file"] for sh in self._meta["shards"]]
+        if not names or len(names) > self.MAX_HEAD_PINS:
+            return
+        from .remote import _background
+        try:
+            answers = list(_background().map(lambda n: self.location.head(n, purpose="meta"), names))
+        except (RemoteError, OSError) as e:
+            log.debug("%s: versions not pinned at open (%s)", self.url, e)
+            return
+        for name, (_size, etag) in zip(names, answers):
+            self.location.pin(name, etag)
 
     def _tar_hint(self) -> str:
         try:
