@@ -343,13 +343,14 @@ _KILLED_UPLOAD = textwrap.dedent("""
 """)
 
 
-def test_a_killed_upload_leaves_no_manifest(s3, proxied):
+def test_a_killed_upload_leaves_no_manifest(s3, proxied, tmp_path):
     proxy, opts = proxied
     url = f"s3://{s3.bucket}/killed"
     proxy.latency = 0.2
     p = subprocess.Popen([sys.executable, "-c", _KILLED_UPLOAD.format(paths=[str(HERE.parent), str(HERE)], url=url,
                                                                       endpoint=opts["endpoint"])],
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "MMLOADER_TMPDIR": str(tmp_path)})  # its local files die with it
     assert p.stdout.readline().strip() == "closing"
     deadline = time.monotonic() + 60
     while not any(k.endswith(".idx.npy") for k in s3.keys("killed/")) and time.monotonic() < deadline:
