@@ -4,6 +4,10 @@
 * :class:`RangeServer`: a standard-library HTTP server over a folder that honours ``Range``.
 * :class:`FaultProxy`: an HTTP proxy in front of either, injecting latency, 5xx bursts, connection
   resets, truncated bodies and hung requests, and that can be killed and restarted on its port.
+
+And the fixtures the remote test modules share (import them into a test module to use them):
+``s3`` (a moto server for the module, its credentials in the environment) and ``own_cache``
+(the default shard cache under the test's folder, never ``~/.cache``).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import struct
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 
 class MotoS3:
@@ -275,3 +281,25 @@ class FaultProxy:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("moto.server")
+    server = MotoS3()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    import mmloader.storage.remote_tar as remote_tar
+    monkeypatch.delenv("MMLOADER_CACHE_DIR", raising=False)
+    monkeypatch.setattr(remote_tar, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here

@@ -18,31 +18,9 @@ import mmloader
 from mmloader.errors import FormatError
 
 from conftest import make_samples, write_dataset, write_pairs_folder
-from remote_servers import FaultProxy, MotoS3
+from remote_servers import FaultProxy, own_cache, s3  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    pytest.importorskip("moto.server")
-    server = MotoS3()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    import mmloader.storage.remote_tar as remote_tar
-    monkeypatch.delenv("MMLOADER_CACHE_DIR", raising=False)
-    monkeypatch.setattr(remote_tar, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:

@@ -544,6 +544,22 @@ class _Client:
     def url(self, name: str) -> str:
         return self.location.name_url(name)
 
+    def _rebuild(self) -> None:
+        """Build the client again (credentials resolved again after an authentication error)."""
+
+    def _retry(self, what: str, name: str, fn):
+        """``fn()``, retried under the location's policy (see :class:`_Deadline`)."""
+        deadline = _Deadline(self.location.policy, self.url(name), what)
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                rebuilt = deadline.rebuilt
+                delay = deadline.next_delay(e, self.location)
+                if deadline.rebuilt and not rebuilt:
+                    self._rebuild()
+                time.sleep(delay)
+
 
 def _check_length(data, want: int, url: str, start: int, object_size: int | None = None) -> None:
     if len(data) == want:
@@ -874,17 +890,8 @@ class _SimpleClient(_Client):
         if status >= 300:
             raise _HTTPStatus(status, self.url(name), body)
 
-    def _retry(self, what: str, name: str, fn):
-        deadline = _Deadline(self.location.policy, self.url(name), what)
-        while True:
-            try:
-                return fn()
-            except Exception as e:
-                rebuilt = deadline.rebuilt
-                delay = deadline.next_delay(e, self.location)
-                if deadline.rebuilt and not rebuilt:
-                    self.__init__(self.location)  # credentials read again
-                time.sleep(delay)
+    def _rebuild(self) -> None:
+        self.__init__(self.location)  # type: ignore[misc]  # credentials read again
 
     def _pinned(self, name: str, headers: dict) -> dict:
         pinned = self.location.pins.get(name)
@@ -1029,17 +1036,8 @@ class _FsspecClient(_Client):
     def _path(self, name: str) -> str:
         return join(self.base, name) if name else self.base
 
-    def _retry(self, what: str, name: str, fn):
-        deadline = _Deadline(self.location.policy, self.url(name), what)
-        while True:
-            try:
-                return fn()
-            except Exception as e:
-                rebuilt = deadline.rebuilt
-                delay = deadline.next_delay(e, self.location)
-                if deadline.rebuilt and not rebuilt:
-                    self._build()  # credentials resolved again
-                time.sleep(delay)
+    def _rebuild(self) -> None:
+        self._build()  # credentials resolved again
 
     def get(self, name: str) -> bytes:
         return self._retry("GET", name, lambda: self.fs.cat_file(self._path(name)))
