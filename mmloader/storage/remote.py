@@ -633,7 +633,7 @@ class _ObstoreClient(_Client):
                 rebuilt = deadline.rebuilt
                 delay = deadline.next_delay(e, self.location)
                 if deadline.rebuilt and not rebuilt:
-                    self._build()  # credentials resolved again
+                    self._rebuild()
             await asyncio.sleep(delay)
 
     def _options(self, name: str, **options) -> dict:
@@ -698,19 +698,13 @@ class _ObstoreClient(_Client):
         return [(name, size) for name, size, _etag in self._listing(prefix)]
 
     def _listing(self, prefix: str) -> list[tuple[str, int, str | None]]:
-        deadline = _Deadline(self.location.policy, self.url(prefix), "LIST")
-        while True:
-            try:
-                out = []
-                for batch in self.obstore.list(self.store, prefix or None):
-                    out += [(m["path"], int(m["size"]), m.get("e_tag")) for m in batch]
-                return out
-            except Exception as e:
-                rebuilt = deadline.rebuilt
-                delay = deadline.next_delay(e, self.location)
-                if deadline.rebuilt and not rebuilt:
-                    self._build()
-                time.sleep(delay)
+        def once():
+            return [(m["path"], int(m["size"]), m.get("e_tag"))
+                    for batch in self.obstore.list(self.store, prefix or None) for m in batch]
+        return self._retry("LIST", prefix, once)
+
+    def _rebuild(self) -> None:
+        self._build()  # credentials resolved again
 
     def put_file(self, name: str, local: str) -> None:
         from pathlib import Path
