@@ -118,6 +118,7 @@ class AudioReader(Reader):
     """
 
     default_field = "flac"
+    field_extensions = AUDIO_EXTENSIONS
     releases_gil = True  # libsndfile (cffi) and FFmpeg run without the GIL
     python_per_sample = True  # per-packet Python in PyAV: processes measured faster
 
@@ -150,14 +151,6 @@ class AudioReader(Reader):
             if decoder == "soundfile" and import_soundfile() is None:
                 raise ImportError("decoder='soundfile' needs soundfile: pip install 'mmloader[av]'")
             import_av()  # the resampler (and every format libsndfile does not read)
-
-    def _default_field(self) -> str:
-        try:
-            present = self.store.metadata.get("field_counts", {})
-        except Exception:
-            return self.default_field
-        found = [f for ext in AUDIO_EXTENSIONS for f in sorted(present) if f.lower() == ext]
-        return ";".join(found) or self.default_field
 
     # -- which decoder --------------------------------------------------------
     def decoder_for(self, data) -> str:

@@ -50,6 +50,9 @@ class Reader:
     """
 
     default_field: str = ""
+    #: Field names (extensions) this reader can read, in order of preference: without a field
+    #: name it reads every one of them the dataset has, as alternatives (``"jpg;png"``).
+    field_extensions: tuple[str, ...] = ()
     #: Whether decoding releases the GIL (C decoders), so threads decode batches in parallel.
     releases_gil: bool = False
     #: Whether decoding runs Python per sample all the same (e.g. PyAV's per-packet calls), so
@@ -63,7 +66,8 @@ class Reader:
                  transform: Callable[[Any], Any] | None = None,
                  max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES):
         self.store = open_store(source)
-        if field is None and not (self.default_field or type(self)._default_field is not Reader._default_field):
+        if field is None and not (self.default_field or self.field_extensions
+                                  or type(self)._default_field is not Reader._default_field):
             raise ValueError(f"{type(self).__name__} needs a field name")
         self._field = field  # None: the reader's default, resolved on first use (nothing opened here)
         self._fields: tuple[str, ...] | None = None
@@ -74,7 +78,14 @@ class Reader:
         self.max_field_bytes = max_field_bytes
 
     def _default_field(self) -> str:
-        return self.default_field
+        if not self.field_extensions:
+            return self.default_field
+        try:
+            present = self.store.metadata.get("field_counts", {})
+        except Exception:  # metadata problems are reported where the store is used
+            return self.default_field
+        found = [f for ext in self.field_extensions for f in sorted(present) if f.lower() == ext]
+        return ";".join(found) or self.default_field
 
     @property
     def field(self) -> str:

@@ -37,6 +37,7 @@ class ImageReader(Reader):
     """
 
     default_field = "jpg"
+    field_extensions = IMAGE_EXTENSIONS
 
     def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
                  output: str = "tensor", mode: str = "RGB", size: int | tuple[int, int] | None = None,
@@ -60,14 +61,6 @@ class ImageReader(Reader):
             raise ValueError(f"max_pixels={max_pixels!r}: expected a positive int or None")
         super().__init__(source, field, transform=transform, decode=decode, **kwargs)
         self.output, self.mode, self.size, self.max_pixels = output, mode, size, max_pixels
-
-    def _default_field(self) -> str:
-        try:
-            present = self.store.metadata.get("field_counts", {})
-        except Exception:  # metadata problems are reported where the store is used
-            return self.default_field
-        images = [f for ext in IMAGE_EXTENSIONS for f in sorted(present) if f.lower() == ext]
-        return ";".join(images) or self.default_field
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]

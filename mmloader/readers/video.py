@@ -95,6 +95,7 @@ class VideoReader(Reader):
     """
 
     default_field = "mp4"
+    field_extensions = VIDEO_EXTENSIONS
     releases_gil = True  # FFmpeg decodes and converts without the GIL
     python_per_sample = True  # but PyAV calls into it per packet: processes measured faster
     decoder = "pyav"
@@ -132,14 +133,6 @@ class VideoReader(Reader):
         self._audio: Reader | None = None
         if self._decode_fn is None:
             import_av()  # fail here, naming the extra, not at the first sample
-
-    def _default_field(self) -> str:
-        try:
-            present = self.store.metadata.get("field_counts", {})
-        except Exception:
-            return self.default_field
-        found = [f for ext in VIDEO_EXTENSIONS for f in sorted(present) if f.lower() == ext]
-        return ";".join(found) or self.default_field
 
     # -- companions -----------------------------------------------------------
     @property
