@@ -227,13 +227,12 @@ class Zipped(torch.utils.data.Dataset):
         """Stored byte size of ``modality`` for each sample (0 where absent), for length
         bucketing: read from the offset index or B-tree, nothing is decoded."""
         reader = self.readers[modality]
-        out = np.zeros(len(indices), dtype=np.int64)
-        for n, i in enumerate(indices):
-            pos = int(self.positions[i]) if self.positions is not None else int(i)
-            if self.by_key and reader is not self._primary:  # this store may order samples differently
-                pos = reader.store.index_of(self.key(int(i)))
-            out[n] = max(reader.store.field_size(pos, f) for f in reader.fields)
-        return out
+        indices = np.asarray(indices, dtype=np.int64)
+        pos = self.positions[indices] if self.positions is not None else indices
+        if self.by_key and reader is not self._primary:  # this store may order samples differently
+            pos = np.array([reader.store.index_of(self.key(int(i))) for i in indices], dtype=np.int64)
+        sizes = [reader.store.field_sizes(pos.tolist(), f) for f in reader.fields]
+        return np.maximum.reduce(sizes) if len(sizes) > 1 else sizes[0]
 
     @property
     def packed_modalities(self) -> list[str]:

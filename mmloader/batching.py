@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .readers.columns import Packed, Stacked, per_sample
+from .readers.columns import Packed, Ragged, Stacked, per_sample
 
 _MISSING = object()
 
@@ -44,6 +44,26 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
         out[region] = t
         mask[region] = True
     return out, mask
+
+
+def pad_ragged(flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0,
+               mask: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """1-D values end to end (``offsets``: ``B + 1`` boundaries) -> ``(B, longest)`` and a mask
+    (True = real element) in one vectorised step; without ``mask``, values of one length are
+    reshaped and get no mask (None), as :func:`collate` stacks tensors of one shape.
+
+    >>> b, m = pad_ragged(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])); b.tolist(), m.tolist()
+    ([[1, 0], [2, 3]], [[True, False], [True, True]])
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    rows = len(lengths)
+    longest = int(lengths.max()) if rows else 0
+    if not mask and rows and int(lengths.min()) == longest:
+        return flat[int(offsets[0]):int(offsets[-1])].reshape(rows, longest), None
+    real = torch.arange(longest) < lengths[:, None]
+    out = flat.new_full((rows, longest), pad_value)
+    out.masked_scatter_(real, flat[int(offsets[0]):int(offsets[-1])] if rows else flat[:0])
+    return out, real
 
 
 class Collate:
@@ -112,7 +132,8 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequence[str] = (),
                     pack: Sequence[str] = ()) -> dict[str, Any]:
-    """The same batch from columns (``name -> list of values``, or :class:`Packed` / :class:`Stacked`)."""
+    """The same batch from columns (``name -> list of values``, or :class:`Packed` / :class:`Ragged` /
+    :class:`Stacked`)."""
     batch: dict[str, Any] = {}
     always_mask = set(masks)
     masks_out: dict[str, torch.Tensor] = {}
@@ -124,6 +145,14 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
             continue
         if isinstance(values, Stacked):
             batch[name] = values.tensor
+            continue
+        if isinstance(values, Ragged):
+            if name in pack and values.flat.dtype == torch.uint8:
+                batch[name], offsets_out[name] = values.flat, values.offsets
+                continue
+            batch[name], mask = pad_ragged(values.flat, values.offsets, pad_value, name in always_mask)
+            if mask is not None:
+                masks_out[name] = mask
             continue
         have = [v is not _MISSING for v in values]
         if not all(have):
@@ -140,7 +169,13 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
                 batch[name] = stack_images(filled) if is_image(first) else torch.stack(filled)
             else:
                 filler = first.new_zeros((0,) * first.dim())
-                padded, mask = pad_stack([v if h else filler for v, h in zip(values, have)], pad_value)
+                filled = [v if h else filler for v, h in zip(values, have)]
+                if first.dim() == 1 and all(v.dim() == 1 and v.dtype == first.dtype for v in real):
+                    offsets = torch.zeros(len(filled) + 1, dtype=torch.int64)
+                    torch.cumsum(torch.tensor([v.numel() for v in filled]), 0, out=offsets[1:])
+                    padded, mask = pad_ragged(torch.cat(filled), offsets, pad_value, mask=True)
+                else:
+                    padded, mask = pad_stack(filled, pad_value)
                 batch[name], masks_out[name] = padded, mask
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in real):
             batch[name] = torch.tensor([v if h else 0 for v, h in zip(values, have)])

@@ -49,7 +49,7 @@ TOP_KEYS = {"seed", "batch_size", "shuffle", "drop_last", "batch_composition", "
 SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align"}
 MIX_KEYS = {"mode", "epoch_size"}
 READER_KEYS = {"field", "path", "index_path", "reader", "output", "mode", "size", "max_pixels", "transform",
-               "allow_pickle",
+               "allow_pickle", "tokenizer", "add_special_tokens",
                # video and audio (VideoReader, AudioReader); an audio modality's ``clip`` may name a video
                # modality of the same source: the audio track over that modality's clip
                "frames", "fps", "clip", "max_seconds", "max_duration", "threads", "sample_rate", "mono",
@@ -280,6 +280,8 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
             if str(path) not in stores:
                 stores[str(path)] = _open(str(path), root, f"{mwhere if own else where}.path", index_path)
+            if isinstance(opts.get("tokenizer"), str) and not Path(opts["tokenizer"]).is_absolute():
+                opts["tokenizer"] = str(root / opts["tokenizer"])  # relative to root, as paths are
             readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images, readers)
         try:
             out[sname] = zip_readers(align=src.get("align", cfg.get("align", "strict")), **readers)

@@ -126,7 +126,9 @@ class Loader(Resumable, torch.utils.data.DataLoader):
             workers = list(getattr(self._iterator, "_workers", []))
             self._iterator._shutdown_workers()
             self._iterator = None
-            _remove_orphan_segments(w.pid for w in workers if w.exitcode is not None and w.exitcode < 0)
+            killed = [w.pid for w in workers if w.exitcode is not None and w.exitcode < 0]
+            if killed:  # (checked first: at interpreter exit this module's functions may be gone)
+                _remove_orphan_segments(killed)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume mid-epoch. Persistent workers restart once so they see the new plan."""

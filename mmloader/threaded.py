@@ -8,7 +8,9 @@ backend.
 """
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -76,6 +78,7 @@ class _Run:
         self.exhausted = self.stopped = False
         self.threads = [threading.Thread(target=self._produce, daemon=True, name=f"mmloader-{w}")
                         for w in range(producers)]
+        _RUNS.add(self)
 
     def _claim(self) -> tuple[int, Callable[[], Any]] | None:
         """The next batch to build (called with the lock held); None when there is none
@@ -143,11 +146,29 @@ class _Run:
                 yield _pin(batch) if self.pin else batch
                 j += 1
         finally:
-            with self.ready:
-                self.stopped = True
-                self.room.notify_all()
-            for t in self.threads:
-                t.join(timeout=5)
+            self.stop()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Let the producers finish the batch they are building, and wait for them."""
+        with self.ready:
+            self.stopped = True
+            self.room.notify_all()
+        for t in self.threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(timeout=timeout)
+
+
+# Passes still running when the interpreter exits (a loop left with ``break``, the iterator
+# still referenced): their daemon producers would be cut off wherever they are, and one cut
+# off inside a native decoder or tokenizer (Rust, C++) aborts the process ("FATAL: exception
+# not rethrown"). atexit runs before that happens: stop them there.
+_RUNS: "weakref.WeakSet[_Run]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_runs_at_exit() -> None:
+    for run in list(_RUNS):
+        run.stop()
 
 
 def _pin(batch: Any) -> Any:

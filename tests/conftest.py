@@ -47,6 +47,17 @@ def write_dataset(path: Path, n: int, fmt: str, shard_size: int = 4, **kw) -> Pa
     return path
 
 
+def train_tokenizer(lines: list[str], path: Path) -> None:
+    """A small byte-level BPE with BOS/EOS, trained on the test's own lines (nothing downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
+    tok.save(str(path))
+
+
 @pytest.fixture(scope="session")
 def lmdb_ds(tmp_path_factory) -> Path:
     return write_dataset(tmp_path_factory.mktemp("lmdb") / "ds.lmdb", 23, "lmdb")

@@ -21,7 +21,7 @@ import mmloader
 from mmloader.cli import main as cli
 from mmloader.verify import verify
 
-from conftest import jpeg_bytes, write_pairs_folder
+from conftest import jpeg_bytes, train_tokenizer, write_pairs_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,17 +166,6 @@ def test_textlines_parts_and_blank_policy(tmp_path):
     assert (tmp_path / "merged.skipped.tsv").read_text() == report  # the parts' reports, joined in order
 
 
-def _train_tokenizer(lines: list[str], path: Path) -> None:
-    """A small byte-level BPE with BOS/EOS, trained on the test's own lines (nothing downloaded)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
-    tok.save(str(path))
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_textlines_tokenizer_stores_the_ids_of_every_line(tmp_path, monkeypatch, workers):
     pytest.importorskip("tokenizers")
@@ -186,7 +175,7 @@ def test_textlines_tokenizer_stores_the_ids_of_every_line(tmp_path, monkeypatch,
     src = tmp_path / "c.txt"
     src.write_bytes(_lines_text())
     want = _lines_text().decode().replace("\r\n", "\n").split("\n")
-    _train_tokenizer(want, tmp_path / "tok.json")
+    train_tokenizer(want, tmp_path / "tok.json")
     tok = Tokenizer.from_file(str(tmp_path / "tok.json"))
     assert run("textlines", src, tmp_path / "ids.lmdb", "--tokenizer", tmp_path / "tok.json", "--workers", workers,
                "--blank-lines", "keep") == 0

@@ -16,6 +16,14 @@ class Packed(NamedTuple):
     offsets: torch.Tensor
 
 
+class Ragged(NamedTuple):
+    """1-D values of a batch end to end (token ids of different lengths): ``flat`` and the
+    ``B + 1`` ``offsets``. The collate pads them to the longest with a mask in one step, or
+    stacks them when they have one length; never one tensor per sample."""
+    flat: torch.Tensor
+    offsets: torch.Tensor
+
+
 class Stacked(NamedTuple):
     """A batch tensor the reader assembled itself (images decoded in place, channels_last)."""
     tensor: torch.Tensor
@@ -52,10 +60,10 @@ def batch_buffer(shape: tuple, dtype: torch.dtype, share_memory: bool = False) -
 
 def per_sample(column) -> list:
     """A column as one value per sample: a :class:`Stacked` batch as views of its rows, a
-    :class:`Packed` buffer as views of each sample's bytes, a list as itself."""
+    :class:`Packed` or :class:`Ragged` buffer as views of each sample's values, a list as itself."""
     if isinstance(column, Stacked):
         return list(column.tensor.unbind(0))
-    if isinstance(column, Packed):
+    if isinstance(column, (Packed, Ragged)):
         bounds = column.offsets.tolist()
         return [column.flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     return column

@@ -91,11 +91,16 @@ class ImageReader(Reader):
             datas = as_bytes(datas)
         if self.output != "raw" or not plain:
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
-        # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment.
+        # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
+        # (with the process backend's ring, the copy goes straight into the shared slot).
         offsets = np.zeros(len(datas) + 1, dtype=np.int64)
         np.cumsum([len(d) for d in datas], out=offsets[1:])
-        flat = (torch.frombuffer(bytearray().join(datas), dtype=torch.uint8) if offsets[-1]
-                else torch.empty(0, dtype=torch.uint8))
+        bounds = offsets.tolist()
+        flat = batch_buffer((bounds[-1],), torch.uint8, share_memory)
+        if bounds[-1]:
+            out = memoryview(flat.numpy())
+            for d, a, b in zip(datas, bounds, bounds[1:]):
+                out[a:b] = d
         return Packed(flat, torch.from_numpy(offsets))
 
     def _decode_into_batch(self, datas: list[bytes], share_memory: bool = False) -> Any:

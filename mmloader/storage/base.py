@@ -5,6 +5,8 @@ import hashlib
 from collections.abc import Sequence as _SequenceABC
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 
 class KeysView(_SequenceABC):
     """The sample keys of a store, read on demand: never a Python list of every key.
@@ -100,6 +102,10 @@ class Store:
     def field_size(self, index: int, field: str) -> int:
         """Stored byte size of one field of one sample (0 when absent)."""
         return len(self.read(index, [field]).get(field, b""))
+
+    def field_sizes(self, indices: Sequence[int], field: str) -> np.ndarray:
+        """:meth:`field_size` of many samples (int64 array); stores override it to batch the lookups."""
+        return np.fromiter((self.field_size(int(i), field) for i in indices), dtype=np.int64, count=len(indices))
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.read(index)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import lmdb
+import numpy as np
 
 from ..errors import DuplicateKeyError, FormatError, SampleError
 from .atomic import AtomicDirectory, AtomicWriter
@@ -250,8 +251,20 @@ class LMDBStore(Store):
         return keys, columns
 
     def field_size(self, index: int, field: str) -> int:
-        v = self._handles().get(INDEX_KEY.pack(self._check_index(index)), db=self._db(field.encode()))
+        db = self._db(field.encode())  # a view: the size without copying the value
+        v = self._handles(views=True).get(INDEX_KEY.pack(self._check_index(index)), db=db)
         return 0 if v is None else len(v)
+
+    def field_sizes(self, indices: Sequence[int], field: str) -> np.ndarray:
+        db, n = self._db(field.encode()), len(self)
+        get, pack = self._handles(views=True).get, INDEX_KEY.pack
+        out = np.zeros(len(indices), dtype=np.int64)
+        for j, i in enumerate(indices):
+            if not 0 <= i < n:
+                self._check_index(i)
+            v = get(pack(i), db=db)
+            out[j] = 0 if v is None else len(v)
+        return out
 
     # -- the records as stored, for integrity checks (``mmloader verify``) -----------------------
     def key_records(self) -> Iterator[tuple[int, bytes, int | None]]:

@@ -1,0 +1,50 @@
+"""Tokenizing text while loading: a whole batch per ``encode_batch`` call.
+
+Hugging Face ``tokenizers`` encodes a batch in Rust without the GIL (``pip install
+'mmloader[text]'``), so the thread backend's threads tokenize in parallel and no worker
+process pays for pickling token lists. Measured in ``benchmarks/text.py``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .columns import Ragged
+
+
+def load_tokenizer(spec: Any):
+    """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` path, or ``spec`` itself when it is
+    already one; errors say what is wrong (not installed, no such file, not a tokenizer).
+
+    >>> tok = load_tokenizer("tokenizer.json"); tok.get_vocab_size()     # doctest: +SKIP
+    8192
+    """
+    if not isinstance(spec, (str, os.PathLike)):
+        if not callable(getattr(spec, "encode_batch", None)):
+            raise TypeError(f"tokenizer={spec!r}: expected a tokenizer.json path or a tokenizers.Tokenizer")
+        return spec
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError("tokenizing needs the tokenizers library: pip install 'mmloader[text]'") from None
+    path = os.fspath(spec)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"tokenizer {path}: no such file (give a tokenizer.json saved by the tokenizers "
+                                "library; nothing is downloaded)")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises its own Exception subclass for any bad file
+        raise ValueError(f"tokenizer {path}: not a tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+
+
+def token_ids(encodings: Sequence[Any]) -> Ragged:
+    """``encode_batch``'s answers as one int32 :class:`Ragged` column (ids end to end)."""
+    ids = [e.ids for e in encodings]
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))

@@ -1,0 +1,255 @@
+"""Token ids and 1-D arrays on the whole-batch path: the fast ``.npy`` header parse, ragged
+columns padded in one step, and tokenizing a batch per ``encode_batch`` call."""
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import mmloader
+from mmloader.batching import pad_ragged, pad_stack
+from mmloader.errors import DecodeError, UnsafeFieldError
+from mmloader.readers.npy import npy_array
+
+from conftest import train_tokenizer
+
+
+def _npy(array: np.ndarray, **kw) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, **kw)
+    return buf.getvalue()
+
+
+ARRAYS = [np.arange(7, dtype=np.int32), np.arange(0, dtype=np.int64), np.array(3.5, dtype=np.float16),
+          np.arange(12, dtype=">i4").reshape(3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+          np.array([True, False]), np.arange(6, dtype=np.uint8).reshape(1, 2, 3),
+          np.arange(4, dtype=np.complex64), np.zeros((2, 0), dtype=np.float32),
+          np.array([(1, 2.0)], dtype=[("a", "<i4"), ("b", "<f8")])]  # structured: numpy's own parser
+
+
+@pytest.mark.parametrize("array", ARRAYS, ids=lambda a: f"{a.dtype.str}{a.shape}")
+def test_npy_header_parse_reads_what_np_load_reads(array):
+    data = _npy(array)
+    for value in (data, memoryview(data)):
+        got = npy_array(value)
+        want = np.load(io.BytesIO(data))
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
+    if array.dtype.names is None:
+        t = mmloader.ArrayReader.__new__(mmloader.ArrayReader)
+        t._decode_fn = None
+        out = t.decode(data, "k")
+        assert out.shape == array.shape and np.array_equal(out.numpy(), array)
+
+
+def test_npy_header_version_2_and_cut_short_values():
+    array = np.arange(5, dtype=np.int16)
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, version=(2, 0))
+    assert npy_array(buf.getvalue()).tolist() == array.tolist()
+    with pytest.raises(ValueError, match="cut short"):
+        npy_array(_npy(array)[:-1])
+    with pytest.raises(ValueError, match="magic"):
+        npy_array(b"not an array at all")
+    with pytest.raises(UnsafeFieldError):
+        npy_array(_npy(np.array([{"x": 1}], dtype=object), allow_pickle=True))
+
+
+def test_pad_ragged_equals_pad_stack():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = rng.integers(0, 9, size=rng.integers(1, 7)).tolist()
+        values = [torch.from_numpy(rng.integers(1, 100, size=n)) for n in lengths]
+        offsets = torch.tensor([0, *np.cumsum(lengths)])
+        got, mask = pad_ragged(torch.cat(values), offsets, pad_value=-1, mask=True)
+        want, want_mask = pad_stack(values, pad_value=-1)
+        assert torch.equal(got, want) and torch.equal(mask, want_mask)
+    same, none = pad_ragged(torch.arange(6), torch.tensor([0, 3, 6]))
+    assert none is None and same.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def _ids_dataset(path, rows, fmt="lmdb", field="ids.npy", dtype=np.int32):
+    with mmloader.writer_for(path, format=fmt, shard_size=5) if fmt == "tar" else mmloader.writer_for(path) as w:
+        for i, row in enumerate(rows):
+            w.write({"__key__": f"k{i:03d}", field: _npy(np.asarray(row, dtype=dtype))})
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, ">i4", np.float32])
+def test_array_batches_equal_the_per_sample_path(tmp_path, fmt, dtype):
+    rng = np.random.default_rng(1)
+    rows = [rng.integers(0, 1000, size=rng.integers(0, 30)) for _ in range(37)]
+    path = _ids_dataset(tmp_path / f"d.{fmt}" if fmt == "lmdb" else tmp_path / "d", rows, fmt, dtype=dtype)
+    reader = mmloader.ArrayReader(path, "ids.npy")
+    zipped = mmloader.zip(ids=reader)
+    batch = zipped.get_batch(list(range(37)))["ids"]
+    assert isinstance(batch, mmloader.readers.columns.Ragged)  # one buffer, not 37 tensors
+    for masks in ([], ["ids"]):
+        stream = mmloader.Stream(zipped, batch_size=8, seed=3, collate_fn=mmloader.Collate(masks=masks))
+        fast = list(stream.iter_worker(0, 1))
+        slow = [mmloader.Collate(masks=masks)([zipped[i] for i in plan_rows])
+                for plan_rows in (_rows(b, zipped) for b in fast)]
+        for f, s in zip(fast, slow):
+            assert f["ids"].dtype == s["ids"].dtype == torch.from_numpy(np.zeros(1, dtype=np.dtype(dtype).newbyteorder("="))).dtype
+            assert torch.equal(f["ids"], s["ids"]) and torch.equal(f["__mask__"]["ids"], s["__mask__"]["ids"])
+    for i in (0, 5, 36):
+        assert reader[i].tolist() == rows[i].tolist()
+
+
+def _rows(batch, zipped):
+    keys = list(zipped.keys)
+    return [keys.index(k) for k in batch["__key__"]]
+
+
+def test_equal_length_arrays_stack_without_a_mask_unless_asked(tmp_path):
+    path = _ids_dataset(tmp_path / "d.lmdb", [[i, i + 1, i + 2] for i in range(8)])
+    zipped = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+    plain = next(iter(mmloader.Stream(zipped, batch_size=4, shuffle=False)))
+    assert "__mask__" not in plain and plain["ids"].tolist()[1] == [1, 2, 3]
+    masked = next(iter(mmloader.Stream(zipped, batch_size=4, shuffle=False, collate_fn=mmloader.Collate(masks=["ids"]))))
+    assert masked["__mask__"]["ids"].all() and torch.equal(masked["ids"], plain["ids"])
+
+
+def test_mixed_ranks_and_a_corrupt_array_on_the_batch_path(tmp_path):
+    path = tmp_path / "d.lmdb"
+    with mmloader.writer_for(path) as w:
+        w.write({"__key__": "flat", "npy": _npy(np.arange(3))})
+        w.write({"__key__": "square", "npy": _npy(np.ones((2, 2)))})
+        w.write({"__key__": "broken", "npy": _npy(np.arange(9))[:-5]})
+    zipped = mmloader.zip(x=mmloader.ArrayReader(path))
+    two = zipped.get_batch([0, 1])["x"]
+    assert isinstance(two, list) and two[1].shape == (2, 2)  # not ragged: per-sample tensors
+    with pytest.raises(DecodeError, match="broken"):
+        zipped.get_batch([0, 2])
+    stream = mmloader.Stream(zipped, batch_size=3, shuffle=False)
+    with pytest.raises(DecodeError, match="cut short.*broken"):
+        list(stream)
+
+
+def test_field_sizes_equal_field_size(any_ds):
+    store = mmloader.open(any_ds)
+    idx = list(range(len(store)))[::-1]
+    for field in ("txt", "jpg"):
+        assert store.field_sizes(idx, field).tolist() == [store.field_size(i, field) for i in idx]
+
+
+# -- tokenizing while loading ------------------------------------------------------------------------
+LINES = [f"line {i}: " + " ".join(["alpha", "beta", "gamma", "délta"][j % 4] * (1 + j % 3) for j in range(i % 11))
+         for i in range(45)]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    pytest.importorskip("tokenizers")
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    train_tokenizer(LINES, tmp_path / "tok.json")
+    return text, tmp_path / "tok.json"
+
+
+def test_text_reader_with_a_tokenizer_gives_its_ids(corpus):
+    from tokenizers import Tokenizer
+    text, tok_path = corpus
+    tok = Tokenizer.from_file(str(tok_path))
+    for spec in (tok_path, str(tok_path), tok):
+        reader = mmloader.TextLinesReader(text, tokenizer=spec, progress=False)
+        assert reader[7].dtype == torch.int32 and reader[7].tolist() == tok.encode(LINES[7]).ids
+        assert pickle.loads(pickle.dumps(reader))[8].tolist() == tok.encode(LINES[8]).ids
+    bare = mmloader.TextLinesReader(text, tokenizer=tok_path, add_special_tokens=False, progress=False)
+    assert bare[3].tolist() == tok.encode(LINES[3], add_special_tokens=False).ids
+    assert mmloader.zip(t=bare).releases_gil and not mmloader.zip(t=mmloader.TextLinesReader(text)).releases_gil
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_tokenized_batches_every_line_once_padded_with_masks(corpus, backend, caplog):
+    from tokenizers import Tokenizer
+    text, tok_path = corpus
+    tok = Tokenizer.from_file(str(tok_path))
+    reader = mmloader.TextLinesReader(text, tokenizer=tok_path, progress=False)
+    stream = mmloader.Stream(mmloader.zip(text=reader), batch_size=8, seed=2, bucket_by="text", bucket_window=2,
+                             collate_fn=mmloader.Collate(masks=["text"]))
+    seen = {}
+    for batch in mmloader.loader(stream, num_workers=2, backend=backend):
+        mask = batch["__mask__"]["text"]
+        assert batch["text"].dtype == torch.int32 and batch["text"].shape == mask.shape
+        assert int(mask.sum(1).max()) == batch["text"].shape[1]  # padded to the batch's longest
+        for key, row, m in zip(batch["__key__"], batch["text"], mask):
+            seen[key] = row[m].tolist()
+    assert len(seen) == len(LINES)
+    assert all(seen[reader.store.key(i)] == tok.encode(line).ids for i, line in enumerate(LINES))
+
+
+def test_auto_backend_tokenizes_in_threads(corpus, caplog):
+    text, tok_path = corpus
+    stream = mmloader.Stream(mmloader.zip(text=mmloader.TextLinesReader(text, tokenizer=tok_path, progress=False)),
+                             batch_size=8)
+    with caplog.at_level("INFO", logger="mmloader"):
+        loader = mmloader.loader(stream, num_workers=2)
+    assert type(loader).__name__ == "ThreadLoader", caplog.text
+
+
+def test_tokenizer_errors_name_the_problem(corpus, tmp_path):
+    text, _ = corpus
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        mmloader.TextLinesReader(text, tokenizer=tmp_path / "missing.json", progress=False)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="bad.json: not a tokenizers JSON file"):
+        mmloader.TextLinesReader(text, tokenizer=tmp_path / "bad.json", progress=False)
+    with pytest.raises(TypeError, match="tokenizer="):
+        mmloader.TextLinesReader(text, tokenizer=42, progress=False)
+
+
+def test_undecodable_line_on_the_tokenizing_path_names_its_key(tmp_path):
+    pytest.importorskip("tokenizers")
+    train_tokenizer(LINES, tmp_path / "tok.json")
+    path = tmp_path / "t.lmdb"
+    with mmloader.writer_for(path) as w:
+        w.write({"__key__": "good", "txt": b"alpha beta"})
+        w.write({"__key__": "latin1", "txt": "d\xe9lta".encode("latin-1")})
+    zipped = mmloader.zip(t=mmloader.TextReader(path, tokenizer=tmp_path / "tok.json"))
+    with pytest.raises(DecodeError, match="latin1"):
+        zipped.get_batch([0, 1])
+
+
+def test_config_tokenizer_key(corpus, tmp_path):
+    from tokenizers import Tokenizer
+    text, tok_path = corpus
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text(f"batch_size: 5\nsources:\n  c:\n    path: {text}\n    modalities:\n"
+                   f"      txt: {{tokenizer: {tok_path}, add_special_tokens: false}}\n")
+    batch = next(iter(mmloader.config.from_config(cfg)))
+    tok = Tokenizer.from_file(str(tok_path))
+    row = batch["txt"][0][batch["__mask__"]["txt"][0]].tolist()
+    assert row in [tok.encode(l, add_special_tokens=False).ids for l in LINES]
+
+
+EXIT_SCRIPT = """
+import sys
+import mmloader
+reader = mmloader.TextLinesReader(sys.argv[1], tokenizer=sys.argv[2], progress=False)
+it = iter(mmloader.loader(mmloader.Stream(mmloader.zip(t=reader), batch_size=256), num_workers=2, backend=sys.argv[3]))
+next(it)
+print("exiting with the loader mid-epoch", flush=True)
+"""
+
+
+def test_exit_with_a_loader_mid_epoch_is_clean(corpus, tmp_path):
+    """Producer threads cut off inside the tokenizer (Rust) at exit aborted the process
+    (1 run in 2 before the fix); a process-backend iterator collected at exit printed an
+    ignored exception."""
+    import subprocess
+    import sys
+    text, tok_path = corpus
+    long = tmp_path / "long.txt"
+    long.write_text("\n".join(" ".join(LINES[i % 45] for i in range(k, k + 30)) for k in range(3000)) + "\n")
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    for backend in ["thread"] * 5 + ["process"]:
+        done = subprocess.run([sys.executable, str(script), str(long), str(tok_path), backend],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "mid-epoch" in done.stdout, (backend, done.returncode, done.stderr[-2000:])
+        assert "Exception ignored" not in done.stderr and "FATAL" not in done.stderr, (backend, done.stderr[-2000:])
