@@ -27,6 +27,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from mmloader.readers.tokens import encode_batch
+from mmloader.readers.tokens import load_tokenizer as tokenizer_from
 from mmloader.storage.textlines import TextLinesStore, line_key
 
 from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageError, check_required_fields,
@@ -102,19 +104,12 @@ def _check(line: bytes, blank: str) -> tuple[str | None, str | None]:
 
 
 def load_tokenizer(path: str):
-    """A Hugging Face ``tokenizers`` tokenizer from its JSON file, with a usage error that says
-    what is wrong (not installed, not a file, not a tokenizer)."""
+    """The tokenizer in ``path``; what is wrong with it (not installed, not a file, not a
+    tokenizer) is a usage error."""
     try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise UsageError("--tokenizer needs the tokenizers library: pip install tokenizers") from None
-    if not os.path.isfile(path):
-        raise UsageError(f"--tokenizer {path}: no such file (give a tokenizer.json saved by the tokenizers "
-                         "library; nothing is downloaded)")
-    try:
-        return Tokenizer.from_file(path)
-    except Exception as e:  # tokenizers raises its own Exception subclass for any bad file
-        raise UsageError(f"--tokenizer {path}: not a tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+        return tokenizer_from(path)
+    except (ImportError, OSError, ValueError) as e:
+        raise UsageError(f"--tokenizer: {e}") from None
 
 
 def _with_ids(checked: list[tuple[str | None, str | None]], tokenize) -> list[tuple]:
@@ -123,7 +118,7 @@ def _with_ids(checked: list[tuple[str | None, str | None]], tokenize) -> list[tu
         return [(text, reason, None) for text, reason in checked]
     tokenizer, special = tokenize
     good = [text for text, reason in checked if reason is None]
-    encoded = iter(tokenizer.encode_batch(good, add_special_tokens=special))
+    encoded = iter(encode_batch(tokenizer, good, special))
     return [(text, reason, np.asarray(next(encoded).ids, dtype=np.int32) if reason is None else None)
             for text, reason in checked]
 

@@ -253,3 +253,19 @@ def test_exit_with_a_loader_mid_epoch_is_clean(corpus, tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "mid-epoch" in done.stdout, (backend, done.returncode, done.stderr[-2000:])
         assert "Exception ignored" not in done.stderr and "FATAL" not in done.stderr, (backend, done.stderr[-2000:])
+
+
+def test_text_lines_batch_reads_and_sizes_match_single_reads(tmp_path):
+    from mmloader.storage.textlines import TextLinesStore
+    raw = b"first\nsecond line\r\n\nfourth \xc3\xa9\nlast without newline"
+    (tmp_path / "t.txt").write_bytes(raw)
+    store = TextLinesStore(tmp_path / "t.txt", progress=False)
+    idx = [4, 0, 2, 1, 3, 0]
+    keys, cols = store.read_many(idx, ["txt", "other"])
+    assert keys == [store.key(i) for i in idx] and cols["other"] == [None] * len(idx)
+    assert cols["txt"] == [store.read(i)["txt"] for i in idx]
+    spans = [len(line) for line in raw.splitlines(keepends=True)]
+    assert store.field_sizes(idx, "txt").tolist() == [spans[i] for i in idx]  # the line end included
+    assert [store.field_size(i, "txt") for i in idx] == [spans[i] for i in idx]
+    with pytest.raises(IndexError, match="out of range"):
+        store.read_many([0, 5], ["txt"])

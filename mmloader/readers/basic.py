@@ -11,7 +11,7 @@ import torch
 from .base import Reader, accepts_views
 from .columns import Ragged
 from .npy import npy_array, owned
-from .tokens import load_tokenizer, token_ids
+from .tokens import encode_batch, load_tokenizer, token_ids
 
 
 class TextReader(Reader):
@@ -68,7 +68,7 @@ class TextReader(Reader):
                 and not self.gzipped and all(d is not None and len(d) <= self.max_field_bytes for d in datas)):
             try:
                 texts = [str(d, "utf-8") for d in datas]
-                return token_ids(self._tokenizer().encode_batch(texts, add_special_tokens=self.add_special_tokens))
+                return token_ids(encode_batch(self._tokenizer(), texts, self.add_special_tokens))
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         return super().from_column(datas, keys, share_memory=share_memory)
