@@ -3,11 +3,14 @@
     python benchmarks/memory.py                 # writes bench-out/memory-*.{lmdb,} and prints a table
 
 Both datasets hold real 256-px JPEG bytes (cycled from a small generated set) and captions.
-In a fresh process per case, a loader with 2 worker processes reads the same number of
-samples (``--read``, default 10,000) in shuffled order; we record each worker's private
-memory (USS, and its anonymous part: Python objects, not file pages), the PSS of the whole
-process tree, and the time to the first batch. Goal: growth under 10 MB per worker and
-under 10% for the tree, first batch within 20%.
+In a fresh process per case, a loader reads the same number of samples (``--read``, default
+10,000) in shuffled order, with 2 worker processes (``backend="process"``: each worker's private
+memory, USS and its anonymous part: Python objects, not file pages) and with the default for
+this pipeline, threads (``backend="thread"``: one process); we record the PSS of the whole
+process tree and the time to the first batch. Cases alternate within each repeat; the report
+gives medians and the spread (min-max) of ``--repeats`` runs, and the growth of each repeat's
+pair of runs. Goal: growth under 10 MB per worker and under 10% for the tree, first batch
+within 20%.
 """
 from __future__ import annotations
 
@@ -34,15 +37,16 @@ def build(path: Path, n: int, fmt: str, jpegs: list[bytes]) -> None:
             w.write({"__key__": f"{i:08d}", "jpg": jpegs[i % len(jpegs)], "txt": caption(i)})
 
 
-def measure(path: str, read: int, workers: int, batch: int) -> dict:
+def measure(path: str, read: int, workers: int, batch: int, backend: str) -> dict:
     import threading
     import mmloader
     from data import warm
     warm(path)  # the first batch must not wait on the disk
     from mmloader.bench import _children, smaps_rollup
     ds = mmloader.zip(image=mmloader.ImageReader(path, output="raw"), caption=mmloader.TextReader(path))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers,
-                             persistent_workers=False)
+    stream = mmloader.Stream(ds, batch_size=batch, seed=0)
+    loader = (mmloader.loader(stream, num_workers=workers, persistent_workers=False) if backend == "process"
+              else mmloader.loader(stream, num_workers=workers, backend="thread"))
     peaks = {"anon": 0, "uss": 0, "tree_pss": 0}
 
     def poll_memory():  # every 20 ms while the workers live (a 1 s sampler would miss a 0.5 s run)
@@ -84,12 +88,13 @@ def main() -> int:
     p.add_argument("--read", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--backends", default="process,thread")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="its memory section is replaced")
-    p.add_argument("--measure", nargs=1, help=argparse.SUPPRESS)
+    p.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure[0], args.read, args.workers, args.batch_size)))
+        print(json.dumps(measure(args.measure[0], args.read, args.workers, args.batch_size, args.measure[1])))
         return 0
     import io
     from data import MEMORY_SECTION, photo, write_section
@@ -108,34 +113,54 @@ def main() -> int:
             t0 = time.perf_counter()
             build(path, n, fmt, jpegs)
             print(f"{fmt} {n}: ready ({time.perf_counter() - t0:.0f} s)", flush=True)
-    for rep in range(args.repeats):  # alternate the cases; keep medians
-        for fmt in ("lmdb", "tar"):
+    backends = args.backends.split(",")
+    cases = [(backend, fmt) for backend in backends for fmt in ("lmdb", "tar")]
+    for rep in range(args.repeats):  # alternate the cases; each repeat measures both sizes back to back
+        for backend, fmt in cases:
             for n in sizes:
                 path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
-                res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), "--read",
+                res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), backend, "--read",
                                                  str(args.read), "--workers", str(args.workers)],
                                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-                rows.setdefault((fmt, n), []).append(res)
+                rows.setdefault((backend, fmt, n), []).append(res)
+                print(f"repeat {rep}: {backend} {fmt} {n}: first {res['first_batch_s'] * 1000:.0f} ms, tree PSS "
+                      f"{res['tree_pss_mb']:.0f} MB, worker USS {res['worker_uss_mb']:.1f} MB", flush=True)
+    (out / "memory-results.json").write_text(json.dumps([[*k, v] for k, v in rows.items()], indent=1))
     import statistics
-    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
+
+    def cell(runs: list[dict], key: str, scale: float = 1.0, digits: int = 0) -> str:
+        vals = [r[key] * scale for r in runs]
+        return f"{statistics.median(vals):.{digits}f} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
     lines = [MEMORY_SECTION, "",
              f"Command: `python benchmarks/memory.py --repeats {args.repeats}` ({sizes[0]:,} vs {sizes[-1]:,} "
-             f"samples of the same 256-px JPEGs + captions; {args.workers} worker processes read the same "
-             f"{args.read:,} samples, shuffled; medians of {args.repeats} fresh-process runs; "
-             f"{time.strftime('%Y-%m-%d %H:%M')}).", "",
-             "| format | samples | first batch (ms) | tree PSS (MB) | worker USS (MB) | worker anonymous (MB) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for (fmt, n), r in med.items():
-        lines.append(f"| {fmt} | {n:,} | {r['first_batch_s'] * 1000:.0f} | {r['tree_pss_mb']:.0f} | "
-                     f"{r['worker_uss_mb']:.1f} | {r['worker_anon_mb']:.1f} |")
-    lines.append("")
-    for fmt in ("lmdb", "tar"):
-        a, b = med[(fmt, sizes[0])], med[(fmt, sizes[-1])]
-        lines.append(f"- {fmt}: {sizes[-1] // sizes[0]}x the samples -> worker USS "
-                     f"{b['worker_uss_mb'] - a['worker_uss_mb']:+.1f} MB, anonymous "
-                     f"{b['worker_anon_mb'] - a['worker_anon_mb']:+.1f} MB, tree PSS "
-                     f"{100 * (b['tree_pss_mb'] / a['tree_pss_mb'] - 1):+.1f}%, first batch "
-                     f"{100 * (b['first_batch_s'] / a['first_batch_s'] - 1):+.0f}%")
+             f"samples of the same 256-px JPEGs + captions, raw bytes; {args.workers} workers (processes, or "
+             f"threads of one process) read the same {args.read:,} samples, shuffled; medians and (min-max) of "
+             f"{args.repeats} fresh-process runs, cases alternating; {time.strftime('%Y-%m-%d %H:%M')}; load "
+             f"average {os.getloadavg()[0]:.1f} at the end).", "",
+             "| backend | format | samples | first batch (ms) | tree PSS (MB) | worker USS (MB) | worker anonymous (MB) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (backend, fmt, n), runs in rows.items():
+        workers = backend == "process"
+        lines.append(f"| {backend} | {fmt} | {n:,} | {cell(runs, 'first_batch_s', 1000)} | {cell(runs, 'tree_pss_mb')} | "
+                     + (f"{cell(runs, 'worker_uss_mb', digits=1)} | {cell(runs, 'worker_anon_mb', digits=1)} |"
+                        if workers else "- | - |"))
+    lines += ["", f"Growth for {sizes[-1] // sizes[0]}x the samples (each repeat's pair of runs; median and range; "
+                  "goals: tree PSS <= 10%, first batch <= 20%, worker USS < 10 MB):", ""]
+    for backend, fmt in cases:
+        a, b = rows[(backend, fmt, sizes[0])], rows[(backend, fmt, sizes[-1])]
+
+        def growth(key: str, relative: bool = True) -> tuple[float, float, float]:
+            d = [(y[key] / x[key] - 1) * 100 if relative else y[key] - x[key] for x, y in zip(a, b)]
+            return statistics.median(d), min(d), max(d)
+        pss, first = growth("tree_pss_mb"), growth("first_batch_s")
+        text = (f"- {backend}, {fmt}: tree PSS {pss[0]:+.1f}% ({pss[1]:+.1f} to {pss[2]:+.1f}), first batch "
+                f"{first[0]:+.0f}% ({first[1]:+.0f} to {first[2]:+.0f})")
+        met = pss[0] <= 10 and first[0] <= 20
+        if backend == "process":
+            uss = growth("worker_uss_mb", relative=False)
+            text += f", worker USS {uss[0]:+.1f} MB ({uss[1]:+.1f} to {uss[2]:+.1f})"
+            met = met and uss[0] < 10
+        lines.append(text + f": **{'met' if met else 'not met'}** (medians)")
     section = "\n".join(lines) + "\n"
     print(section)
     write_section(args.results, "memory", section)
