@@ -62,8 +62,16 @@ def pad_ragged(flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0,
         return flat[int(offsets[0]):int(offsets[-1])].reshape(rows, longest), None
     real = torch.arange(longest) < lengths[:, None]
     out = flat.new_full((rows, longest), pad_value)
-    out.masked_scatter_(real, flat[int(offsets[0]):int(offsets[-1])] if rows else flat[:0])
+    values = flat[int(offsets[0]):int(offsets[-1])] if rows else flat[:0]
+    signed = _SAME_BITS.get(out.dtype)  # torch has no masked_scatter for uint16/32/64: copy the bits
+    if signed is not None:
+        out.view(signed).masked_scatter_(real, values.view(signed))
+    else:
+        out.masked_scatter_(real, values)
     return out, real
+
+
+_SAME_BITS = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
 class Collate:

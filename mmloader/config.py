@@ -253,6 +253,8 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings
         raise ConfigError(f"{where}: {e}") from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: bad reader option: {e}") from None
+    except (OSError, ImportError) as e:  # e.g. a tokenizer file that is not there
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
@@ -280,7 +282,7 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
             if str(path) not in stores:
                 stores[str(path)] = _open(str(path), root, f"{mwhere if own else where}.path", index_path)
-            if isinstance(opts.get("tokenizer"), str) and not Path(opts["tokenizer"]).is_absolute():
+            if isinstance(opts.get("tokenizer"), (str, os.PathLike)) and not Path(opts["tokenizer"]).is_absolute():
                 opts["tokenizer"] = str(root / opts["tokenizer"])  # relative to root, as paths are
             readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images, readers)
         try:

@@ -167,8 +167,10 @@ _RUNS: "weakref.WeakSet[_Run]" = weakref.WeakSet()
 
 @atexit.register
 def _stop_runs_at_exit() -> None:
+    # Generous: a batch still being built is waited for (a slow one takes seconds); only a
+    # producer stuck for a minute is left to be cut off.
     for run in list(_RUNS):
-        run.stop()
+        run.stop(timeout=60.0)
 
 
 def _pin(batch: Any) -> Any:

@@ -79,10 +79,11 @@ def _ids_dataset(path, rows, fmt="lmdb", field="ids.npy", dtype=np.int32):
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, ">i4", np.float32])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, ">i4", np.float32, np.uint16, np.uint32, np.uint64, np.bool_])
 def test_array_batches_equal_the_per_sample_path(tmp_path, fmt, dtype):
     rng = np.random.default_rng(1)
     rows = [rng.integers(0, 1000, size=rng.integers(0, 30)) for _ in range(37)]
+    rows = [r % 2 if dtype is np.bool_ else r for r in rows]
     path = _ids_dataset(tmp_path / f"d.{fmt}" if fmt == "lmdb" else tmp_path / "d", rows, fmt, dtype=dtype)
     reader = mmloader.ArrayReader(path, "ids.npy")
     zipped = mmloader.zip(ids=reader)
@@ -97,7 +98,16 @@ def test_array_batches_equal_the_per_sample_path(tmp_path, fmt, dtype):
             assert f["ids"].dtype == s["ids"].dtype == torch.from_numpy(np.zeros(1, dtype=np.dtype(dtype).newbyteorder("="))).dtype
             assert torch.equal(f["ids"], s["ids"]) and torch.equal(f["__mask__"]["ids"], s["__mask__"]["ids"])
     for i in (0, 5, 36):
-        assert reader[i].tolist() == rows[i].tolist()
+        assert reader[i].tolist() == rows[i].astype(dtype).tolist()
+    # and what the batch should hold, built here from the arrays themselves
+    keys = list(zipped.keys)
+    for f in fast:
+        want = [rows[keys.index(k)].astype(dtype) for k in f["__key__"]]
+        longest = max(len(w) for w in want)
+        assert f["ids"].shape == (len(want), longest)
+        for got, m, w in zip(f["ids"], f["__mask__"]["ids"], want):
+            assert got[:len(w)].tolist() == w.tolist() and not got[len(w):].any()
+            assert m.tolist() == [True] * len(w) + [False] * (longest - len(w))
 
 
 def _rows(batch, zipped):
@@ -269,3 +279,58 @@ def test_text_lines_batch_reads_and_sizes_match_single_reads(tmp_path):
     assert [store.field_size(i, "txt") for i in idx] == [spans[i] for i in idx]
     with pytest.raises(IndexError, match="out of range"):
         store.read_many([0, 5], ["txt"])
+
+
+def test_arrays_torch_cannot_hold_are_decode_errors_naming_the_key(tmp_path):
+    path = tmp_path / "s.lmdb"
+    with mmloader.writer_for(path) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "npy": _npy(np.array(["ab"] * (i + 1)))})
+    zipped = mmloader.zip(x=mmloader.ArrayReader(path))
+    with pytest.raises(DecodeError, match="k0"):
+        zipped.get_batch([0, 1, 2])
+    stream = mmloader.Stream(zipped, batch_size=2, on_error="skip", max_consecutive_errors=3)
+    with pytest.raises(mmloader.errors.MMLoaderError, match="consecutive samples failed"):
+        list(stream)  # every sample is bad: skipped (and counted) until the dataset is called broken
+
+
+def test_padding_set_in_the_tokenizer_file_is_left_to_the_collate(corpus, tmp_path):
+    from tokenizers import Tokenizer
+    text, tok_path = corpus
+    padded = Tokenizer.from_file(str(tok_path))
+    padded.enable_padding(pad_id=3, pad_token="<pad>", length=40)  # as many shipped tokenizer.json files are
+    padded.save(str(tmp_path / "padded.json"))
+    plain = Tokenizer.from_file(str(tok_path))
+    for spec in (tmp_path / "padded.json", padded):
+        reader = mmloader.TextLinesReader(text, tokenizer=spec, progress=False)
+        assert reader[5].tolist() == plain.encode(LINES[5]).ids
+        batch = next(iter(mmloader.Stream(mmloader.zip(t=reader), batch_size=9, shuffle=False,
+                                          collate_fn=mmloader.Collate(masks=["t"]))))
+        for i, (row, m) in enumerate(zip(batch["t"], batch["__mask__"]["t"])):
+            assert row[m].tolist() == plain.encode(LINES[i]).ids
+    assert padded.padding is not None  # the caller's tokenizer is left as it was
+
+
+def test_gzipped_text_is_tokenized_without_naming_the_field(corpus, tmp_path):
+    import gzip
+    from tokenizers import Tokenizer
+    _, tok_path = corpus
+    path = tmp_path / "gz.lmdb"
+    with mmloader.writer_for(path) as w:
+        for i in range(5):
+            w.write({"__key__": f"k{i}", "txt.gz": gzip.compress(LINES[i].encode())})
+    reader = mmloader.TextReader(path, tokenizer=tok_path)
+    assert reader.field == "txt.gz" and reader[3].tolist() == Tokenizer.from_file(str(tok_path)).encode(LINES[3]).ids
+    with pytest.raises(TypeError, match="add_special_tokens"):
+        mmloader.TextReader(path, tokenizer=tok_path, add_special_tokens="no")
+
+
+def test_config_tokenizer_errors_name_the_key(corpus, tmp_path):
+    from pathlib import Path
+    text, tok_path = corpus
+    cfg = {"root": str(tok_path.parent), "batch_size": 4,
+           "sources": {"c": {"path": str(text), "modalities": {"txt": {"tokenizer": Path(tok_path.name)}}}}}
+    assert next(iter(mmloader.config.from_config(cfg)))["txt"].dtype == torch.int32  # a Path, relative to root
+    cfg["sources"]["c"]["modalities"]["txt"]["tokenizer"] = "missing.json"
+    with pytest.raises(mmloader.errors.ConfigError, match="sources.c.modalities.txt.*missing.json"):
+        mmloader.config.from_config(cfg)

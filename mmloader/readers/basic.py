@@ -20,7 +20,8 @@ class TextReader(Reader):
     ``tokenizer``: a ``tokenizer.json`` path or a Hugging Face ``tokenizers.Tokenizer``
     (``pip install 'mmloader[text]'``). A batch is tokenized with one ``encode_batch``
     call, in Rust without the GIL, and padded to its longest line with a mask by the
-    collate; ``add_special_tokens`` as the tokenizer defines them (BOS/EOS...).
+    collate (padding set in the tokenizer is turned off: it would count as tokens);
+    ``add_special_tokens`` as the tokenizer defines them (BOS/EOS...).
     ``transform`` runs after that, per sample, in the worker.
 
     >>> captions = TextReader("pairs.lmdb"); captions[0]     # doctest: +SKIP
@@ -30,9 +31,12 @@ class TextReader(Reader):
     """
 
     default_field = "txt"
+    field_extensions = ("txt", "txt.gz")
 
     def __init__(self, source: Any, field: str | None = None, *, tokenizer: Any = None,
                  add_special_tokens: bool = True, **kwargs):
+        if not isinstance(add_special_tokens, bool):
+            raise TypeError(f"add_special_tokens={add_special_tokens!r}: expected True or False")
         super().__init__(source, field, **kwargs)
         self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
         # loaded now, so a wrong path fails here; a path is loaded again in each worker
@@ -46,7 +50,7 @@ class TextReader(Reader):
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]
-        return self.tokenizer is not None and self._decode_fn is None
+        return self.tokenizer is not None and self._decode_fn is None and self.transform is None
 
     def _tokenizer(self):
         if self._loaded is None:
@@ -128,11 +132,15 @@ class ArrayReader(Reader):
                 arrays = [npy_array(d) for d in datas]
             except Exception:
                 arrays = None  # the per-sample path names the key
-            if arrays is not None and all(a.ndim == 1 and a.dtype == arrays[0].dtype for a in arrays):
+            if arrays is not None and all(a.ndim == 1 and a.dtype == arrays[0].dtype for a in arrays) \
+                    and arrays[0].dtype.kind in "biufc":
                 offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
                 np.cumsum([len(a) for a in arrays], out=offsets[1:])
                 flat = np.concatenate(arrays)  # a copy: the views' memory may go away
                 if not flat.dtype.isnative:
                     flat = flat.astype(flat.dtype.newbyteorder("="))
-                return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))
+                try:
+                    return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))
+                except TypeError:
+                    pass  # a dtype torch cannot hold (long double...): the per-sample path names the key
         return super().from_column(datas, keys, share_memory=share_memory)

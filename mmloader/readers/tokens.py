@@ -19,6 +19,8 @@ from .columns import Ragged
 def load_tokenizer(spec: Any):
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` path, or ``spec`` itself when it is
     already one; errors say what is wrong (not installed, no such file, not a tokenizer).
+    Padding configured in it (``enable_padding``, common in shipped files) is turned off, on
+    a copy: pads would pass for tokens, and batches are padded, with a mask, by the collate.
 
     >>> tok = load_tokenizer("tokenizer.json"); tok.get_vocab_size()     # doctest: +SKIP
     8192
@@ -26,7 +28,7 @@ def load_tokenizer(spec: Any):
     if not isinstance(spec, (str, os.PathLike)):
         if not callable(getattr(spec, "encode_batch", None)):
             raise TypeError(f"tokenizer={spec!r}: expected a tokenizer.json path or a tokenizers.Tokenizer")
-        return spec
+        return _without_padding(spec)
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -36,9 +38,18 @@ def load_tokenizer(spec: Any):
         raise FileNotFoundError(f"tokenizer {path}: no such file (give a tokenizer.json saved by the tokenizers "
                                 "library; nothing is downloaded)")
     try:
-        return Tokenizer.from_file(path)
+        tokenizer = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises its own Exception subclass for any bad file
         raise ValueError(f"tokenizer {path}: not a tokenizers JSON file ({str(e).splitlines()[0][:200]})") from None
+    return _without_padding(tokenizer)
+
+
+def _without_padding(tokenizer: Any) -> Any:
+    if getattr(tokenizer, "padding", None) is None:
+        return tokenizer
+    copy = type(tokenizer).from_str(tokenizer.to_str())  # the caller's tokenizer stays as it is
+    copy.no_padding()
+    return copy
 
 
 def encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool = True) -> list[Any]:
