@@ -665,7 +665,7 @@ def main() -> int:
     results: dict[tuple[str, str], list[dict]] = {}
     failures: dict[tuple[str, str], str] = {}
     for r in range(args.rounds):
-        order = cases[r % len(cases):] + cases[:r % len(cases)]  # alternate who goes first
+        order = cases[r % len(cases):] + cases[:r % len(cases)] if cases else []  # alternate who goes first
         for case in order:
             if case in failures:
                 continue
