@@ -2,7 +2,8 @@
 
 The blocks run in a scratch folder holding the raw data a user would bring (an image+caption
 folder ``RAW/``, an ImageFolder tree ``train/``, a manifest ``captions.jsonl``, a text file
-``corpus.txt``, a Parquet table ``pairs.parquet``) and what ``make demo`` leaves in ``demo-out/``. Python blocks share one
+``corpus.txt`` and its ``tokenizer.json``, a Parquet table ``pairs.parquet``) and what
+``make demo`` leaves in ``demo-out/``. Python blocks share one
 namespace, like a notebook. Shell blocks run in bash with ``set -e``; the few commands a test
 cannot run for real are checked instead: ``make TARGET`` runs as ``make -n TARGET`` (the target
 exists and its recipe expands), ``pip install -e '.[EXTRA]'`` checks that the extra exists, and
@@ -55,6 +56,8 @@ def _user_data(work: Path) -> None:
     run(mm, "convert", "pairs", "RAW", "demo-out/shapes.lmdb", "-q")
     run(mm, "convert", "pairs", "RAW", "demo-out/shapes", "--shard-size", "16", "-q")
     shutil.copy(work / "corpus.txt", work / "demo-out" / "corpus.txt")
+    from conftest import train_tokenizer  # the tokenizer.json a text model ships with
+    train_tokenizer((work / "corpus.txt").read_text().splitlines(), work / "tokenizer.json")
     shutil.copytree(ROOT / "samples", work / "samples")
 
 
