@@ -179,9 +179,7 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
                 filler = first.new_zeros((0,) * first.dim())
                 filled = [v if h else filler for v, h in zip(values, have)]
                 if first.dim() == 1 and all(v.dim() == 1 and v.dtype == first.dtype for v in real):
-                    offsets = torch.zeros(len(filled) + 1, dtype=torch.int64)
-                    torch.cumsum(torch.tensor([v.numel() for v in filled]), 0, out=offsets[1:])
-                    padded, mask = pad_ragged(torch.cat(filled), offsets, pad_value, mask=True)
+                    padded, mask = pad_ragged(*pack_bytes(filled), pad_value, mask=True)
                 else:
                     padded, mask = pad_stack(filled, pad_value)
                 batch[name], masks_out[name] = padded, mask

@@ -166,6 +166,13 @@ class Reader:
             raise DecodeError(f"cannot decode: {type(e).__name__}: {e}", key=key, field=field,
                               where=self.store.path) from e
 
+    def plain_column(self, datas: list) -> bool:
+        """Whether a batch can take a reader's whole-batch fast path: built-in decoding, no
+        transform, no ``.gz``, every value present and within ``max_field_bytes`` (anything else
+        goes sample by sample, where problems are reported by key)."""
+        return (self._decode_fn is None and self.transform is None and not self.gzipped
+                and all(d is not None and len(d) <= self.max_field_bytes for d in datas))
+
     def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
         """Decode this field for a whole batch (a list of values, or a packed column).
 

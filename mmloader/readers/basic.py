@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .base import Reader, accepts_views
-from .columns import Ragged
+from .columns import Ragged, offsets_of
 from .npy import npy_array, owned
 from .tokens import encode_batch, load_tokenizer, token_ids
 
@@ -68,8 +68,7 @@ class TextReader(Reader):
         return torch.tensor(ids, dtype=torch.int32)
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
-        if (self.tokenizer is not None and self._decode_fn is None and self.transform is None
-                and not self.gzipped and all(d is not None and len(d) <= self.max_field_bytes for d in datas)):
+        if self.tokenizer is not None and self.plain_column(datas):
             try:
                 texts = [str(d, "utf-8") for d in datas]
                 return token_ids(encode_batch(self._tokenizer(), texts, self.add_special_tokens))
@@ -126,21 +125,17 @@ class ArrayReader(Reader):
         return torch.from_numpy(owned(npy_array(data)))
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
-        if (self._decode_fn is None and self.transform is None and not self.gzipped and datas
-                and all(d is not None and len(d) <= self.max_field_bytes for d in datas)):
+        if datas and self.plain_column(datas):
             try:
                 arrays = [npy_array(d) for d in datas]
             except Exception:
                 arrays = None  # the per-sample path names the key
             if arrays is not None and all(a.ndim == 1 and a.dtype == arrays[0].dtype for a in arrays) \
                     and arrays[0].dtype.kind in "biufc":
-                offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-                np.cumsum([len(a) for a in arrays], out=offsets[1:])
-                flat = np.concatenate(arrays)  # a copy: the views' memory may go away
-                if not flat.dtype.isnative:
-                    flat = flat.astype(flat.dtype.newbyteorder("="))
+                # one copy (the views' memory may go away), in native byte order
+                flat = np.concatenate(arrays, dtype=arrays[0].dtype.newbyteorder("="))
                 try:
-                    return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))
+                    return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets_of([len(a) for a in arrays])))
                 except TypeError:
                     pass  # a dtype torch cannot hold (long double...): the per-sample path names the key
         return super().from_column(datas, keys, share_memory=share_memory)

@@ -5,6 +5,7 @@ import contextlib
 import threading
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 
@@ -27,6 +28,13 @@ class Ragged(NamedTuple):
 class Stacked(NamedTuple):
     """A batch tensor the reader assembled itself (images decoded in place, channels_last)."""
     tensor: torch.Tensor
+
+
+def offsets_of(lengths) -> np.ndarray:
+    """The ``len(lengths) + 1`` boundaries of values laid end to end (int64, from 0)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 _local = threading.local()

@@ -5,13 +5,12 @@ import os
 import warnings
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from ..imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from .base import Reader, accepts_views, as_bytes
-from .columns import Packed, Stacked, batch_buffer
+from .columns import Packed, Stacked, batch_buffer, offsets_of
 from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
                            probe)
 
@@ -78,8 +77,7 @@ class ImageReader(Reader):
                 and type(self)._decode_into_batch is ImageReader._decode_into_batch)
 
     def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
-        plain = (self._decode_fn is None and self.transform is None and not self.gzipped
-                 and all(d is not None and len(d) <= self.max_field_bytes for d in datas))
+        plain = self.plain_column(datas)
         if self.output == "tensor" and plain:
             try:
                 stacked = self._decode_into_batch(datas, share_memory)
@@ -93,8 +91,7 @@ class ImageReader(Reader):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
         # (with the process backend's ring, the copy goes straight into the shared slot).
-        offsets = np.zeros(len(datas) + 1, dtype=np.int64)
-        np.cumsum([len(d) for d in datas], out=offsets[1:])
+        offsets = offsets_of([len(d) for d in datas])
         bounds = offsets.tolist()
         flat = batch_buffer((bounds[-1],), torch.uint8, share_memory)
         if bounds[-1]:

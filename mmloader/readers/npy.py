@@ -75,6 +75,4 @@ def _slow(data) -> np.ndarray:
 
 def owned(array: np.ndarray) -> np.ndarray:
     """A writable, C-contiguous, native-byte-order copy (what ``torch.from_numpy`` takes)."""
-    if not array.dtype.isnative:
-        return array.astype(array.dtype.newbyteorder("="), order="C")
-    return np.array(array, order="C", copy=True)
+    return np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .columns import Ragged
+from .columns import Ragged, offsets_of
 
 
 def load_tokenizer(spec: Any):
@@ -64,7 +64,6 @@ def encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool = Tr
 def token_ids(encodings: Sequence[Any]) -> Ragged:
     """``encode_batch``'s answers as one int32 :class:`Ragged` column (ids end to end)."""
     ids = [e.ids for e in encodings]
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in ids], out=offsets[1:])
+    offsets = offsets_of([len(x) for x in ids])
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
     return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))

@@ -251,13 +251,11 @@ class LMDBStore(Store):
         return keys, columns
 
     def field_size(self, index: int, field: str) -> int:
-        db = self._db(field.encode())  # a view: the size without copying the value
-        v = self._handles(views=True).get(INDEX_KEY.pack(self._check_index(index)), db=db)
-        return 0 if v is None else len(v)
+        return int(self.field_sizes([self._check_index(index)], field)[0])
 
     def field_sizes(self, indices: Sequence[int], field: str) -> np.ndarray:
         db, n = self._db(field.encode()), len(self)
-        get, pack = self._handles(views=True).get, INDEX_KEY.pack
+        get, pack = self._handles(views=True).get, INDEX_KEY.pack  # views: sizes without copying values
         out = np.zeros(len(indices), dtype=np.int64)
         for j, i in enumerate(indices):
             if not 0 <= i < n:

@@ -149,13 +149,17 @@ class TextLinesStore(Store):
         ((start, end),) = self._spans([i])
         out: dict[str, Any] = {"__key__": line_key(i), "__index__": i}
         if fields is None or "txt" in fields:
-            data = os.pread(self._fd, end - start, start)
-            if data.endswith(b"\n"):
-                data = data[:-1]
-            if data.endswith(b"\r"):
-                data = data[:-1]
-            out["txt"] = data
+            out["txt"] = self._line(start, end)
         return out
+
+    def _line(self, start: int, end: int) -> bytes:
+        """The line's bytes without its line end (``\n`` or ``\r\n``)."""
+        data = os.pread(self._fd, end - start, start)
+        if data.endswith(b"\n"):
+            data = data[:-1]
+        if data.endswith(b"\r"):
+            data = data[:-1]
+        return data
 
     def read_many(self, indices: Sequence[int], fields: Sequence[str],
                   views: bool = False) -> tuple[list[str], dict[str, list]]:
@@ -163,14 +167,7 @@ class TextLinesStore(Store):
         idx = self._check_indices(indices)
         columns: dict[str, list] = {f: [None] * len(idx) for f in fields}
         if "txt" in columns:
-            fd, lines = self._fd, columns["txt"]
-            for j, (start, end) in enumerate(self._spans(idx)):
-                data = os.pread(fd, end - start, start)
-                if data.endswith(b"\n"):
-                    data = data[:-1]
-                if data.endswith(b"\r"):
-                    data = data[:-1]
-                lines[j] = data
+            columns["txt"] = [self._line(start, end) for start, end in self._spans(idx)]
         return [line_key(i) for i in idx], columns
 
     def field_size(self, index: int, field: str) -> int:
