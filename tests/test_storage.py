@@ -362,6 +362,46 @@ def test_lmdb_readers_unmap_what_they_read_from_big_files(tmp_path, monkeypatch)
     assert _mapped_kb(path / "data.mdb") < 0.6 * os.path.getsize(path / "data.mdb") / 1024
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeypatch):
+    """The trimmer measures what is mapped (a fault may map a whole page-cache folio, far more than
+    the value it serves), so at every read the mapping of a big file is under the bound plus what
+    one batch maps."""
+    from mmloader.storage import map_trimmer
+    bound = 2 << 20
+    monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)
+    monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", bound)
+    monkeypatch.setattr(map_trimmer, "CHECK_EVERY", 1)
+    rng = np.random.default_rng(1)
+    values = [rng.integers(0, 256, 30_000, dtype=np.uint8).tobytes() for _ in range(300)]  # ~9.5 MB
+    path = tmp_path / "bound.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i, v in enumerate(values):
+            w.write({"__key__": f"k{i:04d}", "bin": v})
+    with open(path / "data.mdb", "rb") as f:  # into the page cache in one sequential pass (large folios)
+        while f.read(1 << 20):
+            pass
+    store = mmloader.open(path)
+    store.read_many([0], ["bin"])
+    trimmer = map_trimmer._TRIMMERS[store.path]
+    order = rng.permutation(300).tolist()
+    batches = [order[a:a + 2] for a in range(0, len(order), 2)]
+    fresh = []  # what one batch maps into an empty map
+    for batch in batches[:10]:
+        trimmer.trim()
+        store.read_many(batch, ["bin"], views=True)
+        fresh.append(_mapped_kb(path / "data.mdb"))
+    at_entry, trims = [], 0
+    for batch in batches:
+        before = _mapped_kb(path / "data.mdb")
+        _keys, cols = store.read_many(batch, ["bin"], views=True)
+        assert [bytes(v) for v in cols["bin"]] == [values[i] for i in batch]
+        at_entry.append(before)
+        trims += _mapped_kb(path / "data.mdb") < before
+    assert trims, "never trimmed"
+    assert max(at_entry) <= (bound >> 10) + max(fresh), (max(at_entry), max(fresh))
+
+
 def _tar_with(path: Path, members: list[tuple[str, bytes]]) -> None:
     import io
     import tarfile

@@ -25,7 +25,7 @@ from .encoding import split_sample
 from .keys import INDEX_KEY, validate_field, validate_key
 from .meta import LMDB_FORMAT, FieldStats, make_metadata
 from .base import Store
-from .map_trimmer import MapTrimmer, forget_trimmers, trimmer_for
+from .map_trimmer import MapTrimmer, forget_trimmers, maybe_trim
 
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
 MAX_DBS = 1024
@@ -213,10 +213,12 @@ class LMDBStore(Store):
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         i = self._check_index(index)
         txn = self._handles()
+        fields = self.fields if fields is None else fields
+        maybe_trim(len(fields) + 1)
         k = INDEX_KEY.pack(i)
         out: dict[str, Any] = {"__key__": txn.get(k, db=self._db(KEYS_DB)).decode("utf-8"),
                                "__index__": i}
-        for f in self.fields if fields is None else fields:
+        for f in fields:
             if f not in self.metadata["field_counts"]:
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
             v = txn.get(k, db=self._db(f.encode()))
@@ -234,9 +236,7 @@ class LMDBStore(Store):
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
         keys_db, pack, get = self._db(KEYS_DB), INDEX_KEY.pack, txn.get
         dbs = [self._db(f.encode()) for f in fields]
-        trimmer = trimmer_for(self.path)
-        if trimmer is not None:
-            trimmer.maybe_trim()
+        maybe_trim(len(indices) * (len(fields) + 1))
         ks = []
         for i in indices:
             if not 0 <= i < n:
@@ -245,9 +245,6 @@ class LMDBStore(Store):
         keys = [get(k, db=keys_db).decode("utf-8") for k in ks]
         vget = self._handles(views=True).get if views else get
         columns = {f: [vget(k, db=db) for k in ks] for f, db in zip(fields, dbs)}
-        if trimmer is not None:
-            for values in columns.values():
-                trimmer.account(values)
         return keys, columns
 
     def field_size(self, index: int, field: str) -> int:
@@ -257,6 +254,7 @@ class LMDBStore(Store):
         db, n = self._db(field.encode()), len(self)
         get, pack = self._handles(views=True).get, INDEX_KEY.pack  # views: sizes without copying values
         out = np.zeros(len(indices), dtype=np.int64)
+        maybe_trim(len(indices))  # sizes come from B-tree leaves, whose faults map pages too
         for j, i in enumerate(indices):
             if not 0 <= i < n:
                 self._check_index(i)

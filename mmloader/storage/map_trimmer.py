@@ -1,35 +1,41 @@
 """Bounding how much of an LMDB data file stays mapped in a process.
 
-Pages read through LMDB's memory map stay mapped until the map is closed, and
-the kernel maps 64 KiB or more around each fault: a worker reading random samples
-of a dataset much larger than what it reads would map ever more of it. This
-module drops a process's own mappings of big data files now and then
-(``madvise(MADV_DONTNEED)``); the page cache keeps the data.
+Pages read through LMDB's memory map stay mapped until the map is closed, and a fault
+maps far more than the page it needs: 64 KiB of fault-around, or the whole page-cache folio
+(hundreds of KB for a file that entered the cache sequentially). A worker reading random
+samples of a big dataset would map ever more of it. This module measures what the process
+has mapped and drops its own mappings of big data files (``madvise(MADV_DONTNEED)``) when that
+grows past a bound; the page cache keeps the data.
 """
 from __future__ import annotations
 
 import os
+import threading
 
 TRIM_FILES_OVER = 512 << 20  # smaller data files stay mapped: they fit, and mapped reads are fastest
-TRIM_AFTER_BYTES = 64 << 20  # mapped bytes (estimated) a process reads before it unmaps them
-_FAULT_AROUND = 64 << 10  # Linux maps cached pages around each fault (64 KiB by default, whole large folios)
+TRIM_AFTER_BYTES = 64 << 20  # growth of this process's mapped file pages (measured) before it unmaps
+CHECK_EVERY = 32  # values read between two measurements (one read of /proc/self/statm, ~3 us)
 _MADV_DONTNEED = 4
-_INLINE_MAX = 2048  # larger values live on overflow pages of their own
 
 
 class MapTrimmer:
     """Bounds how much of an LMDB data file stays mapped in this process.
 
-    Pages read through LMDB's memory map stay mapped until the map is closed, and
-    the kernel maps 64 KiB or more around each fault: a worker reading random samples
-    of a dataset much larger than what it reads would map ever more of it (measured:
-    10k reads of a 100k-sample dataset added 124 MB to the workers' PSS; over many
-    epochs every process would map the whole file, and RSS-based monitors count it
-    once per process). For data files over ``TRIM_FILES_OVER``, every ``TRIM_AFTER_BYTES``
-    read (estimated) this drops the process's mappings of the file
-    (``madvise(MADV_DONTNEED)``): the page cache keeps the data, later reads map it back
-    from memory, nothing is copied or lost. The price is those refaults and the madvise
-    calls (see benchmarks/RESULTS.md, memory section). Linux only; elsewhere a no-op.
+    Pages read through LMDB's memory map stay mapped until the map is closed, and the kernel
+    maps whole page-cache folios around each fault: on a 2 GB dataset that entered the page
+    cache sequentially, one 20 KB sample mapped ~690 KB (measured: 10k random reads mapped
+    1 GB). Over many epochs every process would map the whole file, and RSS-based monitors
+    count it once per process. For data files over ``TRIM_FILES_OVER``, :func:`maybe_trim`
+    measures this process's resident file-backed pages (``/proc/self/statm``) every
+    ``CHECK_EVERY`` values read, and when they have grown by ``TRIM_AFTER_BYTES`` since the
+    last trim it drops the process's mappings of those files (``madvise(MADV_DONTNEED)``):
+    the page cache keeps the data, later reads map it back from memory, nothing is copied or
+    lost. Measuring instead of estimating holds the bound whatever the folio sizes are. The
+    price is the refaults and the madvise calls (benchmarks/RESULTS.md, memory section).
+    Linux only; elsewhere a no-op.
+
+    >>> MapTrimmer.start(env_dir, env_dir + "/data.mdb")   # doctest: +SKIP
+    >>> maybe_trim(len(batch))                              # before each read   # doctest: +SKIP
     """
 
     @classmethod
@@ -41,29 +47,65 @@ class MapTrimmer:
     def __init__(self, data_file: str):
         small = os.path.getsize(data_file) <= TRIM_FILES_OVER
         self.region = None if small else _mapping_of(data_file)
-        self.pending = 0
 
-    def account(self, values) -> None:
-        """Count values just read (only those on overflow pages of their own map new pages)."""
-        if self.region is not None:
-            big = [len(v) for v in values if v is not None and len(v) > _INLINE_MAX]
-            self.pending += sum(big) + _FAULT_AROUND * len(big)
-
-    def maybe_trim(self) -> None:
-        """Called before a read. Safe at any time, also while another thread uses views into
-        the map: a page touched after the trim is faulted back in from the page cache."""
-        if self.pending >= TRIM_AFTER_BYTES:
-            self.pending = 0
-            if self.region is not None and _madvise(*self.region, _MADV_DONTNEED) != 0:
-                self.region = None  # not allowed here: stop trying
+    def trim(self) -> None:
+        """Drop this process's mappings of the file. Safe at any time, also while another thread
+        uses views into the map: a page touched after the trim is faulted back in from the cache."""
+        if self.region is not None and _madvise(*self.region, _MADV_DONTNEED) != 0:
+            self.region = None  # not allowed here: stop trying
 
 
+class _Meter:
+    """This process's resident file-backed bytes, and their level after the last trim."""
+
+    def __init__(self) -> None:
+        self.pid, self.fd, self.reads = -1, -1, 0
+        self.baseline: int | None = None
+        self.lock = threading.Lock()
+
+    def resident_file_bytes(self) -> int | None:
+        """``shared`` of /proc/self/statm (file-backed + shmem pages), read by an fd opened in this
+        process (/proc/self names the process that opened it), or None without /proc."""
+        if self.pid != os.getpid():
+            self.pid, self.baseline, self.reads = os.getpid(), None, 0
+            try:
+                self.fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.fd = -1
+        if self.fd < 0:
+            return None
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[2]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_METER = _Meter()
 _TRIMMERS: dict[str, MapTrimmer] = {}
 
 
-def trimmer_for(path: str) -> MapTrimmer | None:
-    """The trimmer of the environment at ``path`` in this process (None before it is opened)."""
-    return _TRIMMERS.get(path)
+def maybe_trim(values: int = 1) -> None:
+    """Call before reading ``values`` values through a trimmed map: every ``CHECK_EVERY`` values,
+    measure, and trim every big map of this process when they have grown past the bound."""
+    if not any(t.region is not None for t in _TRIMMERS.values()):
+        return
+    meter = _METER
+    meter.reads += values
+    if meter.reads < CHECK_EVERY:
+        return
+    with meter.lock:  # threads of one process share the maps and the measure
+        meter.reads = 0
+        now = meter.resident_file_bytes()
+        if now is None:
+            return
+        trimmed = meter.baseline is not None and now - meter.baseline >= TRIM_AFTER_BYTES
+        if trimmed:
+            for trimmer in _TRIMMERS.values():
+                trimmer.trim()
+            now = meter.resident_file_bytes()
+        if trimmed or meter.baseline is None or (now is not None and now < meter.baseline):
+            meter.baseline = now  # first measure, after a trim, or other files unmapped: count from here
 
 
 def forget_trimmers() -> None:
