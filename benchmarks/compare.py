@@ -232,13 +232,13 @@ def _dataset_of(name: str) -> str:
             "litdata": "litdata", "folder-pillow": "raw", "pickle-lmdb": "pickle"}[name]
 
 
-def run_one(name: str, workload: str, paths: dict, workers: int, batch: int) -> dict:
+def run_one(name: str, workload: str, paths: dict, workers: int, batch: int, epochs: int = 1) -> dict:
     from mmloader.bench import measure
     from data import warm
     warm(paths[_dataset_of(name)])
     loader = build(name, workload, paths, workers, batch)
-    r = measure(loader, epochs=1, set_epoch=False)
-    if r["samples"] < 0.95 * int(paths["count"]):
+    r = measure(loader, epochs=epochs, set_epoch=False)
+    if r["samples"] < 0.95 * epochs * int(paths["count"]):
         raise RuntimeError(f"{name} delivered {r['samples']} of {paths['count']} samples")
     return r
 
@@ -319,6 +319,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--raw-epochs", type=int, default=3,
+                   help="epochs per raw-bytes run: one is a fraction of a second, too short to time steadily")
     p.add_argument("--out", default=str(ROOT / "bench-out"))
     p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"))
@@ -334,7 +336,8 @@ def main() -> int:
     if args.run or args.limits:  # child: one measurement, JSON on stdout's last line
         paths = json.loads(args.paths)
         result = limits(paths, args.workers) if args.limits else \
-            run_one(args.run[0], args.run[1], paths, args.workers, args.batch_size)
+            run_one(args.run[0], args.run[1], paths, args.workers, args.batch_size,
+                    args.raw_epochs if args.run[1] == RAW else 1)
         print(json.dumps(result))
         return 0
 
@@ -344,7 +347,7 @@ def main() -> int:
     results: dict[tuple[str, str], list[dict]] = {}
     failures: dict[tuple[str, str], str] = {}
     cmd_base = [sys.executable, str(HERE / "compare.py"), "--paths", json.dumps(paths), "--workers",
-                str(args.workers), "--batch-size", str(args.batch_size)]
+                str(args.workers), "--batch-size", str(args.batch_size), "--raw-epochs", str(args.raw_epochs)]
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]  # alternate who goes first
         for workload in (DECODED, RAW):
@@ -381,11 +384,12 @@ def write_results(args, info, results, failures, lim) -> None:
     import torch
     lines = ["# Benchmark results", "", "## Loaders", "",
              f"Command: `python benchmarks/compare.py --samples {args.samples} --workers {args.workers} "
-             f"--batch-size {args.batch_size} --rounds {args.rounds}`  ",
+             f"--batch-size {args.batch_size} --rounds {args.rounds} --raw-epochs {args.raw_epochs}`  ",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
              f"torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M')}  ",
              f"Data: {info['count']} samples, 256-px JPEG (mean {info['mean_jpeg_bytes'] or 0:,.0f} bytes) + caption; "
-             "every measurement in a fresh process, contenders alternating, medians of the rounds; "
+             "every measurement in a fresh process, contenders alternating, medians of the rounds; decoded "
+             f"runs read one epoch, raw-bytes runs {args.raw_epochs} (the same loader iterated again); "
              "shuffled reading everywhere; page cache warm. Peers that decode with a function of ours "
              "(webdataset-tuned, mosaicml-streaming, litdata, pickle-lmdb) get the same fast decoder "
              "mmloader uses (simplejpeg); webdataset-docs uses `.decode(\"torchrgb8\")` as its docs show, "

@@ -109,8 +109,15 @@ def maybe_trim(values: int = 1) -> None:
 
 
 def forget_trimmers() -> None:
-    """Drop every trimmer (a forked child re-opens its environments, and their maps)."""
+    """Drop every trimmer and the measure (a forked child re-opens its environments, and their
+    maps; its lock must not be one another thread of the parent held at the fork)."""
     _TRIMMERS.clear()
+    if _METER.fd >= 0:
+        try:
+            os.close(_METER.fd)  # the parent's /proc/self/statm: it would measure the parent
+        except OSError:
+            pass
+    _METER.__init__()
 
 
 def _mapping_of(path: str) -> tuple[int, int] | None:
