@@ -239,7 +239,7 @@ def run_one(name: str, workload: str, paths: dict, workers: int, batch: int, epo
     loader = build(name, workload, paths, workers, batch)
     r = measure(loader, epochs=epochs, set_epoch=False)
     if r["samples"] < 0.95 * epochs * int(paths["count"]):
-        raise RuntimeError(f"{name} delivered {r['samples']} of {paths['count']} samples")
+        raise RuntimeError(f"{name} delivered {r['samples']} of {epochs} x {paths['count']} samples")
     return r
 
 
@@ -320,7 +320,9 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--raw-epochs", type=int, default=3,
-                   help="epochs per raw-bytes run: one is a fraction of a second, too short to time steadily")
+                   help="epochs per raw-bytes run: one is a fraction of a second, too short to time steadily "
+                        "(the peers' DataLoaders keep their default, non-persistent workers: persistent ones "
+                        "measured slower for every peer here)")
     p.add_argument("--out", default=str(ROOT / "bench-out"))
     p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"))

@@ -123,7 +123,7 @@ def main() -> int:
             for n in sizes:
                 path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
                 res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), backend, "--read",
-                                                 str(args.read), "--workers", str(args.workers)],
+                                                 str(args.read), "--workers", str(args.workers), "--batch-size", str(args.batch_size)],
                                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1])
                 rows.setdefault((backend, fmt, n), []).append(res)
                 print(f"repeat {rep}: {backend} {fmt} {n}: first {res['first_batch_s'] * 1000:.0f} ms, tree PSS "
@@ -134,7 +134,7 @@ def main() -> int:
             for n in sizes:
                 path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
                 res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), backend, "--read", "1",
-                                                 "--workers", str(args.workers)],
+                                                 "--workers", str(args.workers), "--batch-size", str(args.batch_size)],
                                                 capture_output=True, text=True, check=True).stdout.splitlines()[-1])
                 firsts.setdefault((backend, fmt, n), []).append(res)
         print(f"first-batch run {rep + 1}/{args.first_runs} done", flush=True)

@@ -122,8 +122,10 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                 # exhaustion with many workers); readahead off: random access pays no extra IO.
                 env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS,
                                 subdir=True)
-                with env.begin() as txn:
-                    names = [k for k, _v in txn.cursor()]  # the main database lists the named ones
+                with env.begin(buffers=True) as txn:  # views: an address inside the map, for the trimmer
+                    records = [(bytes(k), v) for k, v in txn.cursor()]  # the main database lists the named ones
+                    names = [k for k, _v in records]
+                    inside = next((np.frombuffer(v, np.uint8).ctypes.data for _k, v in records if len(v)), None)
                 dbs = {}
                 for name in names:
                     try:
@@ -131,7 +133,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                     except lmdb.Error:
                         pass  # a plain key in the main database, not a sub-database
                 hit = _ENVS[path] = (env, dbs)
-                MapTrimmer.start(path, os.path.join(path, "data.mdb"))
+                MapTrimmer.start(path, os.path.join(path, "data.mdb"), inside)
     return hit
 
 

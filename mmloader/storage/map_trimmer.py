@@ -9,10 +9,13 @@ grows past a bound; the page cache keeps the data.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
-TRIM_FILES_OVER = 512 << 20  # smaller data files stay mapped: they fit, and mapped reads are fastest
+log = logging.getLogger("mmloader")
+
+TRIM_FILES_OVER = 512 << 20  # data files of a process totalling less stay mapped (they fit; mapped reads are fastest)
 TRIM_AFTER_BYTES = 64 << 20  # growth of this process's mapped file pages (measured) before it unmaps
 CHECK_EVERY = 32  # values read between two measurements (one read of /proc/self/statm, ~3 us)
 _MADV_DONTNEED = 4
@@ -25,12 +28,15 @@ class MapTrimmer:
     maps whole page-cache folios around each fault: on a 2 GB dataset that entered the page
     cache sequentially, one 20 KB sample mapped ~690 KB (measured: 10k random reads mapped
     1 GB). Over many epochs every process would map the whole file, and RSS-based monitors
-    count it once per process. For data files over ``TRIM_FILES_OVER``, :func:`maybe_trim`
+    count it once per process. When the data files a process has open total more than
+    ``TRIM_FILES_OVER`` (one big file or many small ones), :func:`maybe_trim`
     measures this process's resident file-backed pages (``/proc/self/statm``) every
     ``CHECK_EVERY`` values read, and when they have grown by ``TRIM_AFTER_BYTES`` since the
     last trim it drops the process's mappings of those files (``madvise(MADV_DONTNEED)``):
     the page cache keeps the data, later reads map it back from memory, nothing is copied or
     lost. Measuring instead of estimating holds the bound whatever the folio sizes are. The
+    measure is the whole process's (other mapped files and shared memory count too), so a
+    process reading another big mapped file trims a little more often than it needs to. The
     price is the refaults and the madvise calls (benchmarks/RESULTS.md, memory section).
     Linux only; elsewhere a no-op.
 
@@ -39,20 +45,24 @@ class MapTrimmer:
     """
 
     @classmethod
-    def start(cls, path: str, data_file: str) -> "MapTrimmer":
-        """Create and register the trimmer of the environment at ``path`` (call after opening it)."""
-        trimmer = _TRIMMERS[path] = cls(data_file)
+    def start(cls, path: str, data_file: str, inside: int | None) -> "MapTrimmer":
+        """Create and register the trimmer of the environment at ``path`` (call after opening it);
+        ``inside``: an address inside LMDB's map of ``data_file`` (None: nothing to trim)."""
+        trimmer = _TRIMMERS[path] = cls(data_file, inside)
         return trimmer
 
-    def __init__(self, data_file: str):
-        small = os.path.getsize(data_file) <= TRIM_FILES_OVER
-        self.region = None if small else _mapping_of(data_file)
+    def __init__(self, data_file: str, inside: int | None):
+        self.data_file = data_file
+        self.size = os.path.getsize(data_file)
+        self.region = None if inside is None else _mapping_of(data_file, inside)
 
     def trim(self) -> None:
         """Drop this process's mappings of the file. Safe at any time, also while another thread
         uses views into the map: a page touched after the trim is faulted back in from the cache."""
         if self.region is not None and _madvise(*self.region, _MADV_DONTNEED) != 0:
-            self.region = None  # not allowed here: stop trying
+            self.region = None  # not allowed here (e.g. memory locked): stop trying, and say so
+            log.warning("mmloader: cannot unmap what was read of %s (madvise refused); its pages "
+                        "stay mapped in this process", self.data_file)
 
 
 class _Meter:
@@ -88,7 +98,8 @@ _TRIMMERS: dict[str, MapTrimmer] = {}
 def maybe_trim(values: int = 1) -> None:
     """Call before reading ``values`` values through a trimmed map: every ``CHECK_EVERY`` values,
     measure, and trim every big map of this process when they have grown past the bound."""
-    if not any(t.region is not None for t in _TRIMMERS.values()):
+    trimmers = tuple(_TRIMMERS.values())  # a snapshot: another thread may open an environment
+    if sum(t.size for t in trimmers) <= TRIM_FILES_OVER or not any(t.region is not None for t in trimmers):
         return
     meter = _METER
     meter.reads += values
@@ -101,7 +112,7 @@ def maybe_trim(values: int = 1) -> None:
             return
         trimmed = meter.baseline is not None and now - meter.baseline >= TRIM_AFTER_BYTES
         if trimmed:
-            for trimmer in _TRIMMERS.values():
+            for trimmer in trimmers:
                 trimmer.trim()
             now = meter.resident_file_bytes()
         if trimmed or meter.baseline is None or (now is not None and now < meter.baseline):
@@ -120,8 +131,11 @@ def forget_trimmers() -> None:
     _METER.__init__()
 
 
-def _mapping_of(path: str) -> tuple[int, int] | None:
-    """(start, length) of this process's memory map of ``path``, from /proc/self/maps."""
+def _mapping_of(path: str, inside: int) -> tuple[int, int] | None:
+    """(start, length) of the mapping of ``path`` that holds address ``inside`` (with the
+    mappings of the file adjoining it: the kernel may split one map), from /proc/self/maps.
+    Only that map: the file may be mapped elsewhere too (a user's mmap), and what lies between
+    two maps is other memory, which MADV_DONTNEED would wipe."""
     try:
         target = os.path.realpath(path)
         spans = []
@@ -133,10 +147,16 @@ def _mapping_of(path: str) -> tuple[int, int] | None:
                     spans.append((int(a, 16), int(b, 16)))
     except (OSError, ValueError):
         return None
-    if not spans:
+    spans.sort()
+    hit = next((j for j, (a, b) in enumerate(spans) if a <= inside < b), None)
+    if hit is None:
         return None
-    start = min(a for a, _b in spans)
-    return start, max(b for _a, b in spans) - start
+    first = last = hit
+    while first > 0 and spans[first - 1][1] == spans[first][0]:
+        first -= 1
+    while last + 1 < len(spans) and spans[last + 1][0] == spans[last][1]:
+        last += 1
+    return spans[first][0], spans[last][1] - spans[first][0]
 
 
 def _madvise(start: int, length: int, advice: int) -> int:
