@@ -139,6 +139,9 @@ def test_twenty_loader_lifetimes_leave_no_shared_memory(pairs):
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
+    # Ctrl-C as in a terminal, however this test was started: a shell that starts a job in the
+    # background without job control makes its processes ignore SIGINT, and they inherit that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     import torch, mmloader
     ds = mmloader.zip(image=mmloader.ImageReader({path!r}), caption=mmloader.TextReader({path!r}))
