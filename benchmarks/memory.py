@@ -39,6 +39,10 @@ def build(path: Path, n: int, fmt: str, jpegs: list[bytes]) -> None:
             w.write({"__key__": f"{i:08d}", "jpg": jpegs[i % len(jpegs)], "txt": caption(i)})
 
 
+def dataset_path(out: Path, fmt: str, n: int) -> Path:
+    return out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
+
+
 def measure(path: str, read: int, workers: int, batch: int, backend: str) -> dict:
     import threading
     import mmloader
@@ -112,19 +116,22 @@ def main() -> int:
     rows = {}
     for fmt in ("lmdb", "tar"):
         for n in sizes:
-            path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
+            path = dataset_path(out, fmt, n)
             t0 = time.perf_counter()
             build(path, n, fmt, jpegs)
             print(f"{fmt} {n}: ready ({time.perf_counter() - t0:.0f} s)", flush=True)
+    def run_case(path: Path, backend: str, read: int) -> dict:  # a fresh process per run
+        cmd = [sys.executable, __file__, "--measure", str(path), backend, "--read", str(read),
+               "--workers", str(args.workers), "--batch-size", str(args.batch_size)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout.splitlines()[-1])
+
     backends = args.backends.split(",")
     cases = [(backend, fmt) for backend in backends for fmt in ("lmdb", "tar")]
     for rep in range(args.repeats):  # alternate the cases; each repeat measures both sizes back to back
         for backend, fmt in cases:
             for n in sizes:
-                path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
-                res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), backend, "--read",
-                                                 str(args.read), "--workers", str(args.workers), "--batch-size", str(args.batch_size)],
-                                                capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+                res = run_case(dataset_path(out, fmt, n), backend, args.read)
                 rows.setdefault((backend, fmt, n), []).append(res)
                 print(f"repeat {rep}: {backend} {fmt} {n}: first {res['first_batch_s'] * 1000:.0f} ms, tree PSS "
                       f"{res['tree_pss_mb']:.0f} MB, worker USS {res['worker_uss_mb']:.1f} MB", flush=True)
@@ -132,10 +139,7 @@ def main() -> int:
     for rep in range(args.first_runs):  # one batch each: the first batch's own sample, cases alternating
         for backend, fmt in cases:
             for n in sizes:
-                path = out / (f"memory-{n}.lmdb" if fmt == "lmdb" else f"memory-{n}")
-                res = json.loads(subprocess.run([sys.executable, __file__, "--measure", str(path), backend, "--read", "1",
-                                                 "--workers", str(args.workers), "--batch-size", str(args.batch_size)],
-                                                capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+                res = run_case(dataset_path(out, fmt, n), backend, 1)
                 firsts.setdefault((backend, fmt, n), []).append(res)
         print(f"first-batch run {rep + 1}/{args.first_runs} done", flush=True)
     for key, runs in rows.items():  # the first batch from every run, long and short

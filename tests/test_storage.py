@@ -376,7 +376,7 @@ def _counting_trims(monkeypatch) -> list[str]:
     real = map_trimmer.MapTrimmer.trim
 
     def trim(self):
-        trims.append(getattr(self, "data_file", "?"))
+        trims.append(self.data_file)
         real(self)
     monkeypatch.setattr(map_trimmer.MapTrimmer, "trim", trim)
     return trims
@@ -453,6 +453,7 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
     never the memory between two maps of the file."""
     import mmap
     from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb_store import shared_env
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 0)
     monkeypatch.setattr(map_trimmer, "CHECK_EVERY", 1)
@@ -466,7 +467,7 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
     store.read_many([0], ["bin"])
     trims = _counting_trims(monkeypatch)
     start, length = map_trimmer._TRIMMERS[store.path].region
-    env, _dbs = map_trimmer_env(store)
+    env, _dbs = shared_env(store.path)
     assert length <= env.info()["map_size"] + os.sysconf("SC_PAGE_SIZE")
     assert not start <= between.ctypes.data < start + length
     for i in range(0, 40, 2):
@@ -474,11 +475,6 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
         assert [bytes(v) for v in cols["bin"]] == values[i:i + 2]
     assert trims and (between == 7).all() and user_map[:4096] == (path / "data.mdb").read_bytes()[:4096]
     user_map.close()
-
-
-def map_trimmer_env(store):
-    from mmloader.storage.lmdb_store import shared_env
-    return shared_env(store.path)
 
 
 def test_many_small_lmdb_files_together_are_trimmed(tmp_path, monkeypatch):

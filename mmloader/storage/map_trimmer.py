@@ -40,7 +40,7 @@ class MapTrimmer:
     price is the refaults and the madvise calls (benchmarks/RESULTS.md, memory section).
     Linux only; elsewhere a no-op.
 
-    >>> MapTrimmer.start(env_dir, env_dir + "/data.mdb")   # doctest: +SKIP
+    >>> MapTrimmer.start(env_dir, env_dir + "/data.mdb", inside=address_of_a_value)  # doctest: +SKIP
     >>> maybe_trim(len(batch))                              # before each read   # doctest: +SKIP
     """
 
@@ -98,15 +98,15 @@ _TRIMMERS: dict[str, MapTrimmer] = {}
 def maybe_trim(values: int = 1) -> None:
     """Call before reading ``values`` values through a trimmed map: every ``CHECK_EVERY`` values,
     measure, and trim every big map of this process when they have grown past the bound."""
+    meter = _METER
+    meter.reads += values
+    if meter.reads < CHECK_EVERY:  # the hot path: one addition per read
+        return
+    meter.reads = 0
     trimmers = tuple(_TRIMMERS.values())  # a snapshot: another thread may open an environment
     if sum(t.size for t in trimmers) <= TRIM_FILES_OVER or not any(t.region is not None for t in trimmers):
         return
-    meter = _METER
-    meter.reads += values
-    if meter.reads < CHECK_EVERY:
-        return
     with meter.lock:  # threads of one process share the maps and the measure
-        meter.reads = 0
         now = meter.resident_file_bytes()
         if now is None:
             return
