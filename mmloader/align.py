@@ -193,10 +193,10 @@ class Zipped(torch.utils.data.Dataset):
             rows = [self[i] for i in indices]
             return {name: [r[name] for r in rows] for name in ["__key__", *self.readers]}
         n = len(self)
-        for i in indices:
-            if not 0 <= i < n:
-                raise IndexError(f"index {i} out of range ({n} aligned samples)")
-        pos = [int(self.positions[i]) for i in indices] if self.positions is not None else list(indices)
+        if indices and (min(indices) < 0 or max(indices) >= n):
+            bad = next(i for i in indices if not 0 <= i < n)
+            raise IndexError(f"index {bad} out of range ({n} aligned samples)")
+        pos = self.positions[indices].tolist() if self.positions is not None else list(indices)
         columns: dict[str, Any] = {}
         keys = None
         for group in self._groups:

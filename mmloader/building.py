@@ -59,10 +59,13 @@ class BatchBuilder:
 
     def _batch_columns(self, sources: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
         share = torch.utils.data.get_worker_info() is not None  # the batch goes to another process
-        groups = [(s, np.flatnonzero(sources == s)) for s in np.unique(sources).tolist()]
-        parts = [(rows.tolist(), self.datasets[s].get_batch(indices[rows].tolist(), share_memory=share))
-                 for s, rows in groups]
-        columns = parts[0][1] if len(parts) == 1 else merge_columns(parts, len(indices))
+        if len(self.datasets) == 1:  # the common case: no rows to group by source
+            columns = self.datasets[0].get_batch(indices.tolist(), share_memory=share)
+        else:
+            groups = [(s, np.flatnonzero(sources == s)) for s in np.unique(sources).tolist()]
+            parts = [(rows.tolist(), self.datasets[s].get_batch(indices[rows].tolist(), share_memory=share))
+                     for s, rows in groups]
+            columns = parts[0][1] if len(parts) == 1 else merge_columns(parts, len(indices))
         if self.source_names is not None:
             columns["__source__"] = [self.source_names[int(s)] for s in sources]
         return columns

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mmloader
-from mmloader.ring import RingBatch
+from mmloader.ring import RingBatch, SlotTensor, _Arena, _pack, _unpack
 
 from conftest import write_dataset
 
@@ -63,6 +63,23 @@ def test_ring_gives_the_batches_of_the_thread_backend(pairs, output):
     assert seen.count(RingBatch) >= 6  # all but the workers' first batches came through slots
     if output == "tensor":
         assert got[-1]["image"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_tensors_inside_lists_go_into_the_slot_and_plain_lists_pass_as_they_are():
+    """Lists of keys or captions cross as they are (not walked value by value); a list that holds
+    a tensor anywhere is walked, and its tensors go into the slot."""
+    slot = torch.zeros(1 << 16, dtype=torch.uint8)
+    batch = {"crops": [torch.arange(5), torch.ones(2, 3)], "caption": ["a", "b"], "n": [1, 2.5, None, True],
+             "mixed": ["x", torch.tensor([7]), [torch.tensor([8, 9])]]}
+    packed = _pack(batch, _Arena(slot))
+    assert packed["caption"] is batch["caption"] and packed["n"] is batch["n"]
+    assert [type(v) for v in packed["crops"]] == [SlotTensor, SlotTensor]
+    assert isinstance(packed["mixed"][1], SlotTensor) and isinstance(packed["mixed"][2][0], SlotTensor)
+    out = _unpack(packed, slot)
+    for got, want in [(out["crops"][0], batch["crops"][0]), (out["crops"][1], batch["crops"][1]),
+                      (out["mixed"][1], batch["mixed"][1]), (out["mixed"][2][0], batch["mixed"][2][0])]:
+        assert torch.equal(got, want) and got.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr()
+    assert out["caption"] == ["a", "b"] and out["mixed"][0] == "x"
 
 
 def test_ring_resume_onto_another_worker_count(pairs):

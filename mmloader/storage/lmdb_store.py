@@ -239,11 +239,9 @@ class LMDBStore(Store):
         keys_db, pack, get = self._db(KEYS_DB), INDEX_KEY.pack, txn.get
         dbs = [self._db(f.encode()) for f in fields]
         maybe_trim(len(indices) * (len(fields) + 1))
-        ks = []
-        for i in indices:
-            if not 0 <= i < n:
-                self._check_index(i)
-            ks.append(pack(i))
+        if indices and (min(indices) < 0 or max(indices) >= n):
+            indices = [self._check_index(i) for i in indices]  # negatives count from the end, as in read()
+        ks = list(map(pack, indices))
         keys = [get(k, db=keys_db).decode("utf-8") for k in ks]
         vget = self._handles(views=True).get if views else get
         columns = {f: [vget(k, db=db) for k in ks] for f, db in zip(fields, dbs)}
