@@ -143,6 +143,57 @@ def test_reads_in_dataloader_workers(any_ds, method):
     assert got[7][1] == "caption number 7 é"
 
 
+FORK_WHILE_READING = r"""
+import os, sys, threading, time
+import mmloader
+store = mmloader.open(sys.argv[1])
+n = len(store)
+stop = threading.Event()
+
+def read_batches():
+    i = 0
+    while not stop.is_set():
+        store.read_many([(i + j) % n for j in range(32)], ["jpg", "txt"])
+        store.read(i % n, ["txt"])
+        i += 32
+
+threads = [threading.Thread(target=read_batches, daemon=True) for _ in range(2)]
+for t in threads:
+    t.start()
+time.sleep(0.2)
+for k in range(30):
+    pid = os.fork()
+    if pid == 0:  # the child re-opens the environment, as a DataLoader worker does
+        os._exit(0 if store.read(k % n, ["txt"])["txt"] == f"caption number {k % n} \u00e9".encode() else 1)
+    deadline = time.monotonic() + 10
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            print(f"child {k} hung", flush=True)
+            sys.exit(3)
+        time.sleep(0.002)
+    if status != 0:
+        print(f"child {k} exited with status {status}", flush=True)
+        sys.exit(4)
+stop.set()
+print("forked 30 children", flush=True)
+"""
+
+
+def test_fork_while_other_threads_read_lmdb(tmp_path):
+    """A child forked while another thread is inside an LMDB call inherited py-lmdb's count of
+    calls in flight and hung closing the environment (about half the children did): e.g. a
+    DataLoader's workers started while the thread backend read a batch."""
+    path = write_dataset(tmp_path / "f.lmdb", 100, "lmdb")
+    r = subprocess.run([sys.executable, "-c", FORK_WHILE_READING, str(path)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "forked 30 children" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
 def test_pickles_without_handles(any_ds):
     store = mmloader.open(any_ds)
     store[3]

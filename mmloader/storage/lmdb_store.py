@@ -25,6 +25,7 @@ from .encoding import split_sample
 from .keys import INDEX_KEY, validate_field, validate_key
 from .meta import LMDB_FORMAT, FieldStats, make_metadata
 from .base import Store
+from .fork_gate import FORK_GATE
 from .map_trimmer import MapTrimmer, forget_trimmers, maybe_trim
 
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
@@ -38,7 +39,10 @@ _ENVS_LOCK = threading.Lock()
 
 def _forget_inherited_envs() -> None:
     # Runs in a forked child: the parent's handles are unusable here; close our copies
-    # (this unmaps them in the child only) so the path can be opened afresh.
+    # (this unmaps them in the child only) so the path can be opened afresh. No call was in
+    # flight in another thread at the fork (see fork_gate), so closing does not wait forever.
+    global _ENVS_LOCK
+    _ENVS_LOCK = threading.Lock()  # another thread may have held it at the fork
     for env, _dbs in _ENVS.values():
         try:
             env.close()
@@ -109,7 +113,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
     """
     hit = _ENVS.get(path)
     if hit is None:
-        with _ENVS_LOCK:
+        with FORK_GATE, _ENVS_LOCK:
             hit = _ENVS.get(path)
             if hit is None:
                 if not os.path.isfile(os.path.join(path, "data.mdb")):
@@ -166,10 +170,12 @@ class LMDBStore(Store):
             (self._env, self._dbs), self._pid = shared_env(self.path), pid
         local = self._local
         if getattr(local, "pid", None) != pid:
-            local.txn, local.view_txn, local.pid = self._env.begin(buffers=False), None, pid
+            with FORK_GATE:
+                local.txn, local.view_txn, local.pid = self._env.begin(buffers=False), None, pid
         if views:  # values as zero-copy views of the map, valid while this transaction lives
             if local.view_txn is None:
-                local.view_txn = self._env.begin(buffers=True)
+                with FORK_GATE:
+                    local.view_txn = self._env.begin(buffers=True)
             return local.view_txn
         return local.txn
 
@@ -186,7 +192,8 @@ class LMDBStore(Store):
         if self._meta is None:
             txn = self._handles()
             try:
-                raw = txn.get(b"meta", db=self._db(META_DB))
+                with FORK_GATE:
+                    raw = txn.get(b"meta", db=self._db(META_DB))
             except FormatError:
                 raw = None
             if raw is None:
@@ -203,13 +210,15 @@ class LMDBStore(Store):
 
     def key(self, index: int) -> str:
         i = self._check_index(index)
-        raw = self._handles().get(INDEX_KEY.pack(i), db=self._db(KEYS_DB))
+        with FORK_GATE:
+            raw = self._handles().get(INDEX_KEY.pack(i), db=self._db(KEYS_DB))
         if raw is None:
             raise SampleError(f"index {i} has no key record", where=self.path)
         return raw.decode("utf-8")
 
     def index_of(self, key: str) -> int | None:
-        raw = self._handles().get(key.encode("utf-8"), db=self._db(INDEX_DB))
+        with FORK_GATE:
+            raw = self._handles().get(key.encode("utf-8"), db=self._db(INDEX_DB))
         return None if raw is None else INDEX_KEY.unpack(raw)[0]
 
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
@@ -218,14 +227,17 @@ class LMDBStore(Store):
         fields = self.fields if fields is None else fields
         maybe_trim(len(fields) + 1)
         k = INDEX_KEY.pack(i)
-        out: dict[str, Any] = {"__key__": txn.get(k, db=self._db(KEYS_DB)).decode("utf-8"),
-                               "__index__": i}
         for f in fields:
             if f not in self.metadata["field_counts"]:
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
-            v = txn.get(k, db=self._db(f.encode()))
-            if v is not None:
-                out[f] = v
+        dbs = [(f, self._db(f.encode())) for f in fields]
+        with FORK_GATE:
+            out: dict[str, Any] = {"__key__": txn.get(k, None, self._db(KEYS_DB)).decode("utf-8"),
+                                   "__index__": i}
+            for f, db in dbs:
+                v = txn.get(k, None, db)
+                if v is not None:
+                    out[f] = v
         return out
 
     def read_many(self, indices, fields, views: bool = False):
@@ -242,9 +254,12 @@ class LMDBStore(Store):
         if indices and (min(indices) < 0 or max(indices) >= n):
             indices = [self._check_index(i) for i in indices]  # negatives count from the end, as in read()
         ks = list(map(pack, indices))
-        keys = [get(k, db=keys_db).decode("utf-8") for k in ks]
         vget = self._handles(views=True).get if views else get
-        columns = {f: [vget(k, db=db) for k in ks] for f, db in zip(fields, dbs)}
+        with FORK_GATE:
+            # (key, default, db) passed by position: py-lmdb parses keywords at ~0.2 us a call,
+            # and a sample is three calls
+            keys = [get(k, None, keys_db).decode("utf-8") for k in ks]
+            columns = {f: [vget(k, None, db) for k in ks] for f, db in zip(fields, dbs)}
         return keys, columns
 
     def field_size(self, index: int, field: str) -> int:
@@ -255,11 +270,12 @@ class LMDBStore(Store):
         get, pack = self._handles(views=True).get, INDEX_KEY.pack  # views: sizes without copying values
         out = np.zeros(len(indices), dtype=np.int64)
         maybe_trim(len(indices))  # sizes come from B-tree leaves, whose faults map pages too
-        for j, i in enumerate(indices):
-            if not 0 <= i < n:
-                self._check_index(i)
-            v = get(pack(i), db=db)
-            out[j] = 0 if v is None else len(v)
+        with FORK_GATE:
+            for j, i in enumerate(indices):
+                if not 0 <= i < n:
+                    self._check_index(i)
+                v = get(pack(i), None, db)
+                out[j] = 0 if v is None else len(v)
         return out
 
     # -- the records as stored, for integrity checks (``mmloader verify``) -----------------------
@@ -273,16 +289,32 @@ class LMDBStore(Store):
         txn = self._handles()
         index_db = self._db(INDEX_DB)
         with txn.cursor(db=self._db(KEYS_DB)) as cur:
-            for k, v in cur:
-                back = txn.get(v, db=index_db)
+            for k, v in _gated(cur):
+                with FORK_GATE:
+                    back = txn.get(v, db=index_db)
                 yield (INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1, bytes(v),
                        INDEX_KEY.unpack(back)[0] if back is not None and len(back) == 8 else None)
 
     def field_records(self, field: str) -> Iterator[tuple[int, bytes]]:
         """Every stored value of ``field`` in index order: ``(index, bytes)`` (index -1 when malformed)."""
         with self._handles().cursor(db=self._db(field.encode())) as cur:
-            for k, v in cur:
+            for k, v in _gated(cur):
                 yield (INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1), v
+
+
+_END = object()
+
+
+def _gated(cursor) -> Iterator:
+    """A cursor's records, each step taken inside the fork gate (never held across a yield:
+    the consumer of a generator may fork)."""
+    records = iter(cursor)
+    while True:
+        with FORK_GATE:
+            record = next(records, _END)
+        if record is _END:
+            return
+        yield record
 
 
 class LMDBWriter(AtomicWriter):
