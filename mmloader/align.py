@@ -193,10 +193,11 @@ class Zipped(torch.utils.data.Dataset):
             rows = [self[i] for i in indices]
             return {name: [r[name] for r in rows] for name in ["__key__", *self.readers]}
         n = len(self)
-        if indices and (min(indices) < 0 or max(indices) >= n):
+        if len(indices) and (min(indices) < 0 or max(indices) >= n):
             bad = next(i for i in indices if not 0 <= i < n)
             raise IndexError(f"index {bad} out of range ({n} aligned samples)")
-        pos = self.positions[indices].tolist() if self.positions is not None else list(indices)
+        pos = self.positions[np.asarray(indices, dtype=np.int64)].tolist() if self.positions is not None \
+            else list(indices)
         columns: dict[str, Any] = {}
         keys = None
         for group in self._groups:

@@ -70,14 +70,17 @@ def test_tensors_inside_lists_go_into_the_slot_and_plain_lists_pass_as_they_are(
     a tensor anywhere is walked, and its tensors go into the slot."""
     slot = torch.zeros(1 << 16, dtype=torch.uint8)
     batch = {"crops": [torch.arange(5), torch.ones(2, 3)], "caption": ["a", "b"], "n": [1, 2.5, None, True],
-             "mixed": ["x", torch.tensor([7]), [torch.tensor([8, 9])]]}
+             "mixed": ["x", torch.tensor([7]), [torch.tensor([8, 9])]],
+             "nested": [[torch.tensor([1])], [torch.tensor([2, 3])]], "dicts": [{"a": torch.tensor([4])}]}
     packed = _pack(batch, _Arena(slot))
     assert packed["caption"] is batch["caption"] and packed["n"] is batch["n"]
     assert [type(v) for v in packed["crops"]] == [SlotTensor, SlotTensor]
     assert isinstance(packed["mixed"][1], SlotTensor) and isinstance(packed["mixed"][2][0], SlotTensor)
+    assert isinstance(packed["nested"][1][0], SlotTensor) and isinstance(packed["dicts"][0]["a"], SlotTensor)
     out = _unpack(packed, slot)
     for got, want in [(out["crops"][0], batch["crops"][0]), (out["crops"][1], batch["crops"][1]),
-                      (out["mixed"][1], batch["mixed"][1]), (out["mixed"][2][0], batch["mixed"][2][0])]:
+                      (out["mixed"][1], batch["mixed"][1]), (out["mixed"][2][0], batch["mixed"][2][0]),
+                      (out["nested"][1][0], batch["nested"][1][0]), (out["dicts"][0]["a"], batch["dicts"][0]["a"])]:
         assert torch.equal(got, want) and got.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr()
     assert out["caption"] == ["a", "b"] and out["mixed"][0] == "x"
 

@@ -146,9 +146,11 @@ def test_reads_in_dataloader_workers(any_ds, method):
 FORK_WHILE_READING = r"""
 import os, sys, threading, time
 import mmloader
+from mmloader.storage.fork_gate import FORK_GATE
 store = mmloader.open(sys.argv[1])
 n = len(store)
 stop = threading.Event()
+failures = []
 
 def read_batches():
     i = 0
@@ -157,41 +159,60 @@ def read_batches():
         store.read(i % n, ["txt"])
         i += 32
 
-threads = [threading.Thread(target=read_batches, daemon=True) for _ in range(2)]
-for t in threads:
-    t.start()
-time.sleep(0.2)
-for k in range(30):
-    pid = os.fork()
-    if pid == 0:  # the child re-opens the environment, as a DataLoader worker does
-        os._exit(0 if store.read(k % n, ["txt"])["txt"] == f"caption number {k % n} \u00e9".encode() else 1)
+def wait_for(pid, what):
     deadline = time.monotonic() + 10
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            break
+            if status != 0:
+                failures.append(f"{what} exited with status {status}")
+            return
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            print(f"child {k} hung", flush=True)
-            sys.exit(3)
+            failures.append(f"{what} hung")
+            return
         time.sleep(0.002)
-    if status != 0:
-        print(f"child {k} exited with status {status}", flush=True)
-        sys.exit(4)
+
+def fork_children(tag, count):
+    for k in range(count):
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child re-opens the environment, as a DataLoader worker does
+            os._exit(0 if store.read(k % n, ["txt"])["txt"] == f"caption number {k % n} \u00e9".encode() else 1)
+        if time.monotonic() - t0 > 5:
+            failures.append(f"{tag}: fork {k} waited {time.monotonic() - t0:.0f} s")
+        wait_for(pid, f"{tag}: child {k}")
+
+readers = [threading.Thread(target=read_batches, daemon=True) for _ in range(2)]
+for t in readers:
+    t.start()
+time.sleep(0.2)
+fork_children("main", 20)
+forkers = [threading.Thread(target=fork_children, args=(tag, 10)) for tag in "AB"]  # two forks at once
+for t in forkers:
+    t.start()
+for t in forkers:
+    t.join()
+with FORK_GATE:  # a fork from inside an LMDB call: neither side waits for it, the child leaves it cleanly
+    pid = os.fork()
+if pid == 0:
+    os._exit(0 if store.read(1, ["txt"]) else 1)
+wait_for(pid, "child forked inside the gate")
 stop.set()
-print("forked 30 children", flush=True)
+print("\n".join(failures) or "forked 41 children", flush=True)
 """
 
 
 def test_fork_while_other_threads_read_lmdb(tmp_path):
     """A child forked while another thread is inside an LMDB call inherited py-lmdb's count of
     calls in flight and hung closing the environment (about half the children did): e.g. a
-    DataLoader's workers started while the thread backend read a batch."""
+    DataLoader's workers started while the thread backend read a batch. Also two threads forking
+    at once, and a fork from inside an LMDB call."""
     path = write_dataset(tmp_path / "f.lmdb", 100, "lmdb")
     r = subprocess.run([sys.executable, "-c", FORK_WHILE_READING, str(path)], capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 0 and "forked 30 children" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert r.returncode == 0 and r.stdout.strip() == "forked 41 children", r.stdout + r.stderr[-2000:]
 
 
 def test_pickles_without_handles(any_ds):

@@ -33,38 +33,41 @@ class ForkGate:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._inside = 0
-        self._forking = False
+        self._forks = 0  # forks waiting or under way (threads may fork at the same time)
         self._depth = threading.local()
 
     def __enter__(self) -> "ForkGate":
         depth = getattr(self._depth, "n", 0)
         if not depth:
             with self._lock:
-                while self._forking:  # a fork is waiting for the calls in flight: do not add one
+                while self._forks:  # a fork is waiting for the calls in flight: do not add one
                     self._changed.wait()
                 self._inside += 1
         self._depth.n = depth + 1
         return self
 
     def __exit__(self, *exc) -> None:
-        self._depth.n -= 1
-        if not self._depth.n:
+        depth = getattr(self._depth, "n", 0)
+        if not depth:  # entered in the parent before a fork: this child's gate started empty
+            return
+        self._depth.n = depth - 1
+        if depth == 1:
             with self._lock:
                 self._inside -= 1
-                if self._forking and not self._inside:
+                if self._forks and not self._inside:
                     self._changed.notify_all()
 
     def before_fork(self) -> None:
         self._lock.acquire()  # held through the fork: no thread starts a call meanwhile
-        self._forking = True
+        self._forks += 1
         own = 1 if getattr(self._depth, "n", 0) else 0  # forking from inside a call: do not wait for it
         if not self._changed.wait_for(lambda: self._inside <= own, timeout=FORK_WAIT_S):
             log.warning("fork(): an LMDB read has been in flight for %.0f s; forking anyway "
                         "(the child may hang closing the environment)", FORK_WAIT_S)
 
     def after_fork_in_parent(self) -> None:
-        self._forking = False
-        self._changed.notify_all()  # the threads that waited to start a call
+        self._forks -= 1
+        self._changed.notify_all()  # the threads that waited to start a call, another fork
         self._lock.release()
 
     def after_fork_in_child(self) -> None:

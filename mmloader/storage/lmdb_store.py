@@ -251,7 +251,7 @@ class LMDBStore(Store):
         keys_db, pack, get = self._db(KEYS_DB), INDEX_KEY.pack, txn.get
         dbs = [self._db(f.encode()) for f in fields]
         maybe_trim(len(indices) * (len(fields) + 1))
-        if indices and (min(indices) < 0 or max(indices) >= n):
+        if len(indices) and (min(indices) < 0 or max(indices) >= n):
             indices = [self._check_index(i) for i in indices]  # negatives count from the end, as in read()
         ks = list(map(pack, indices))
         vget = self._handles(views=True).get if views else get
@@ -273,7 +273,7 @@ class LMDBStore(Store):
         with FORK_GATE:
             for j, i in enumerate(indices):
                 if not 0 <= i < n:
-                    self._check_index(i)
+                    i = self._check_index(i)  # negatives count from the end, as in read()
                 v = get(pack(i), None, db)
                 out[j] = 0 if v is None else len(v)
         return out

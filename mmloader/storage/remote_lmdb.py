@@ -12,6 +12,7 @@ import contextvars
 import os
 
 from ..errors import FormatError
+from .fork_gate import FORK_GATE
 from .lmdb_store import KEYS_DB, LMDBStore, check_lmdb_file, lmdb_required_size
 from .remote import Location, Policy, RemoteError
 from .shard_cache import ShardCache, parse_limit
@@ -102,7 +103,7 @@ def _check(store: LMDBStore) -> None:
     """The environment holds what its metadata says: the key table and each field's record count."""
     meta = store.metadata
     env, dbs = store._env, store._dbs
-    with env.begin() as txn:
+    with FORK_GATE, env.begin() as txn:
         keys = txn.stat(dbs[KEYS_DB])["entries"]
         if keys != meta["count"]:
             raise FormatError(f"{keys} keys, metadata says {meta['count']}")
