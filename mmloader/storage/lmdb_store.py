@@ -335,8 +335,10 @@ class LMDBWriter(AtomicWriter):
         self.commit_every = commit_every
         self.stats = FieldStats()
         self.count = 0
+        # meminit stays on: LMDB zeroes the unused part of each new page, else whatever the heap
+        # held before (other data, credentials) ends up in a file that is handed to strangers
         self._env = lmdb.open(str(self._dir.tmp), map_size=map_size, max_dbs=MAX_DBS, subdir=True,
-                              sync=False, metasync=False, writemap=False, meminit=False)
+                              sync=False, metasync=False, writemap=False)
         self._dbs = {n: self._env.open_db(n) for n in (KEYS_DB, INDEX_DB, META_DB)}
         self._txn = self._env.begin(write=True)
         self._pending: list[tuple[int, bytes, dict[str, bytes]]] = []
