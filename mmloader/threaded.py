@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -148,14 +149,23 @@ class _Run:
         finally:
             self.stop()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Let the producers finish the batch they are building, and wait for them."""
-        with self.ready:
+    def stop(self, timeout: float = 5.0, _now: Callable[[], float] = time.monotonic) -> None:
+        """Let the producers finish the batch they are building, and wait for them (``timeout``
+        in all: this also runs at interpreter exit, which must not hang)."""
+        deadline = _now() + timeout  # (_now bound here: at interpreter exit module globals are gone)
+        # A Ctrl-C caught inside a Condition wait can leave its lock taken for good: never wait
+        # for it without a limit (the producers are daemon threads; left waiting, they end with us).
+        if self.ready.acquire(timeout=timeout):
+            try:
+                self.stopped = True
+                self.room.notify_all()
+            finally:
+                self.ready.release()
+        else:
             self.stopped = True
-            self.room.notify_all()
         for t in self.threads:
             if t.is_alive() and t is not threading.current_thread():
-                t.join(timeout=timeout)
+                t.join(timeout=max(0.0, deadline - _now()))
 
 
 # Passes still running when the interpreter exits (a loop left with ``break``, the iterator

@@ -7,11 +7,14 @@ thread, so the close that a forked child must do (an environment cannot be used 
 ``fork()``, and a path cannot be opened twice in one process) waited forever: a
 DataLoader worker forked while the thread backend read a batch hung at start.
 
-Calls into LMDB run inside the gate (``with FORK_GATE:``, a counter, not a lock: threads
-do not wait for each other); a fork waits until the count is zero and holds new calls
-back until it is done. The child starts with a fresh gate.
+Each thread holds a lock of its own while it calls into LMDB (``with FORK_GATE.hold():``;
+threads never wait for each other); a fork takes every thread's lock, so it waits for the
+calls in flight and keeps new ones out until it is done. The locks are C locks taken and
+released by the ``with`` statement itself, so a Ctrl-C caught around a read cannot leave
+one counted as held (a Python counter could: it lost a decrement and every later fork
+waited its timeout). The child starts with a fresh gate.
 
->>> with FORK_GATE:                                   # doctest: +SKIP
+>>> with FORK_GATE.hold():                             # doctest: +SKIP
 ...     value = txn.get(key)
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 log = logging.getLogger("mmloader")
 
@@ -26,49 +30,43 @@ FORK_WAIT_S = 30.0  # a call still in flight after this is a stuck disk: fork an
 
 
 class ForkGate:
-    """Counts the threads inside; ``fork()`` waits for zero and keeps new ones out until it is done.
-    A thread already inside may enter again (nested calls) without waiting."""
+    """One re-entrant lock per thread, held while the thread is inside an LMDB call (nested
+    calls take it again); ``fork()`` takes them all."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._inside = 0
-        self._forks = 0  # forks waiting or under way (threads may fork at the same time)
-        self._depth = threading.local()
+        self._registry = threading.Lock()  # held by a fork from start to end: no thread registers meanwhile
+        self._locks: dict[int, Any] = {}  # thread ident -> its lock
+        self._local = threading.local()
+        self._taken: list = []
 
-    def __enter__(self) -> "ForkGate":
-        depth = getattr(self._depth, "n", 0)
-        if not depth:
-            with self._lock:
-                while self._forks:  # a fork is waiting for the calls in flight: do not add one
-                    self._changed.wait()
-                self._inside += 1
-        self._depth.n = depth + 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        depth = getattr(self._depth, "n", 0)
-        if not depth:  # entered in the parent before a fork: this child's gate started empty
-            return
-        self._depth.n = depth - 1
-        if depth == 1:
-            with self._lock:
-                self._inside -= 1
-                if self._forks and not self._inside:
-                    self._changed.notify_all()
+    def hold(self):
+        """This thread's lock (a C ``RLock``), to hold with ``with`` around a call into LMDB."""
+        lock = getattr(self._local, "lock", None)
+        if lock is None:
+            lock = threading.RLock()
+            with self._registry:
+                self._locks[threading.get_ident()] = lock
+            self._local.lock = lock
+        return lock
 
     def before_fork(self) -> None:
-        self._lock.acquire()  # held through the fork: no thread starts a call meanwhile
-        self._forks += 1
-        own = 1 if getattr(self._depth, "n", 0) else 0  # forking from inside a call: do not wait for it
-        if not self._changed.wait_for(lambda: self._inside <= own, timeout=FORK_WAIT_S):
-            log.warning("fork(): an LMDB read has been in flight for %.0f s; forking anyway "
-                        "(the child may hang closing the environment)", FORK_WAIT_S)
+        self._registry.acquire()
+        alive = {t.ident for t in threading.enumerate()}
+        for ident in [i for i in self._locks if i not in alive]:  # threads that ended
+            del self._locks[ident]
+        self._taken = []
+        for lock in list(self._locks.values()):
+            if lock.acquire(timeout=FORK_WAIT_S):  # this thread's own lock is re-entrant: taken at once
+                self._taken.append(lock)
+            else:
+                log.warning("fork(): an LMDB read has been in flight for %.0f s; forking anyway "
+                            "(the child may hang closing the environment)", FORK_WAIT_S)
 
     def after_fork_in_parent(self) -> None:
-        self._forks -= 1
-        self._changed.notify_all()  # the threads that waited to start a call, another fork
-        self._lock.release()
+        taken, self._taken = self._taken, []
+        for lock in taken:
+            lock.release()
+        self._registry.release()
 
     def after_fork_in_child(self) -> None:
         self.__init__()  # the parent's threads, and their calls, do not exist here

@@ -113,7 +113,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
     """
     hit = _ENVS.get(path)
     if hit is None:
-        with FORK_GATE, _ENVS_LOCK:
+        with FORK_GATE.hold(), _ENVS_LOCK:
             hit = _ENVS.get(path)
             if hit is None:
                 if not os.path.isfile(os.path.join(path, "data.mdb")):
@@ -170,11 +170,11 @@ class LMDBStore(Store):
             (self._env, self._dbs), self._pid = shared_env(self.path), pid
         local = self._local
         if getattr(local, "pid", None) != pid:
-            with FORK_GATE:
+            with FORK_GATE.hold():
                 local.txn, local.view_txn, local.pid = self._env.begin(buffers=False), None, pid
         if views:  # values as zero-copy views of the map, valid while this transaction lives
             if local.view_txn is None:
-                with FORK_GATE:
+                with FORK_GATE.hold():
                     local.view_txn = self._env.begin(buffers=True)
             return local.view_txn
         return local.txn
@@ -192,7 +192,7 @@ class LMDBStore(Store):
         if self._meta is None:
             txn = self._handles()
             try:
-                with FORK_GATE:
+                with FORK_GATE.hold():
                     raw = txn.get(b"meta", db=self._db(META_DB))
             except FormatError:
                 raw = None
@@ -210,14 +210,14 @@ class LMDBStore(Store):
 
     def key(self, index: int) -> str:
         i = self._check_index(index)
-        with FORK_GATE:
+        with FORK_GATE.hold():
             raw = self._handles().get(INDEX_KEY.pack(i), db=self._db(KEYS_DB))
         if raw is None:
             raise SampleError(f"index {i} has no key record", where=self.path)
         return raw.decode("utf-8")
 
     def index_of(self, key: str) -> int | None:
-        with FORK_GATE:
+        with FORK_GATE.hold():
             raw = self._handles().get(key.encode("utf-8"), db=self._db(INDEX_DB))
         return None if raw is None else INDEX_KEY.unpack(raw)[0]
 
@@ -231,7 +231,7 @@ class LMDBStore(Store):
             if f not in self.metadata["field_counts"]:
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
         dbs = [(f, self._db(f.encode())) for f in fields]
-        with FORK_GATE:
+        with FORK_GATE.hold():
             out: dict[str, Any] = {"__key__": txn.get(k, None, self._db(KEYS_DB)).decode("utf-8"),
                                    "__index__": i}
             for f, db in dbs:
@@ -255,7 +255,7 @@ class LMDBStore(Store):
             indices = [self._check_index(i) for i in indices]  # negatives count from the end, as in read()
         ks = list(map(pack, indices))
         vget = self._handles(views=True).get if views else get
-        with FORK_GATE:
+        with FORK_GATE.hold():
             # (key, default, db) passed by position: py-lmdb parses keywords at ~0.2 us a call,
             # and a sample is three calls
             keys = [get(k, None, keys_db).decode("utf-8") for k in ks]
@@ -270,7 +270,7 @@ class LMDBStore(Store):
         get, pack = self._handles(views=True).get, INDEX_KEY.pack  # views: sizes without copying values
         out = np.zeros(len(indices), dtype=np.int64)
         maybe_trim(len(indices))  # sizes come from B-tree leaves, whose faults map pages too
-        with FORK_GATE:
+        with FORK_GATE.hold():
             for j, i in enumerate(indices):
                 if not 0 <= i < n:
                     i = self._check_index(i)  # negatives count from the end, as in read()
@@ -290,7 +290,7 @@ class LMDBStore(Store):
         index_db = self._db(INDEX_DB)
         with txn.cursor(db=self._db(KEYS_DB)) as cur:
             for k, v in _gated(cur):
-                with FORK_GATE:
+                with FORK_GATE.hold():
                     back = txn.get(v, db=index_db)
                 yield (INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1, bytes(v),
                        INDEX_KEY.unpack(back)[0] if back is not None and len(back) == 8 else None)
@@ -310,7 +310,7 @@ def _gated(cursor) -> Iterator:
     the consumer of a generator may fork)."""
     records = iter(cursor)
     while True:
-        with FORK_GATE:
+        with FORK_GATE.hold():
             record = next(records, _END)
         if record is _END:
             return

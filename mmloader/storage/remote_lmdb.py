@@ -103,7 +103,7 @@ def _check(store: LMDBStore) -> None:
     """The environment holds what its metadata says: the key table and each field's record count."""
     meta = store.metadata
     env, dbs = store._env, store._dbs
-    with FORK_GATE, env.begin() as txn:
+    with FORK_GATE.hold(), env.begin() as txn:
         keys = txn.stat(dbs[KEYS_DB])["entries"]
         if keys != meta["count"]:
             raise FormatError(f"{keys} keys, metadata says {meta['count']}")
