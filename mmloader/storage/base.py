@@ -129,5 +129,13 @@ class Store:
             raise IndexError(f"index {index} out of range for {self.path} ({n} samples)")
         return i
 
+    def _check_indices(self, indices: Sequence[int]) -> list[int]:
+        """A batch's indices as ints, checked by min/max (the bounds of each only when some is out)."""
+        idx = [int(i) for i in indices]
+        n = len(self)
+        if idx and not (0 <= min(idx) and max(idx) < n):
+            return [self._check_index(i) for i in idx]  # negative ones wrap; the first bad one raises
+        return idx
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"

@@ -179,6 +179,13 @@ class LMDBStore(Store):
             return local.view_txn
         return local.txn
 
+    def _field_dbs(self, fields: Sequence[str]) -> list:
+        """The sub-database of each field, every name checked against the metadata first."""
+        for f in fields:
+            if f not in self.metadata["field_counts"]:
+                raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
+        return [self._db(f.encode()) for f in fields]
+
     def _db(self, name: bytes):
         self._handles()
         db = self._dbs.get(name)
@@ -225,16 +232,13 @@ class LMDBStore(Store):
         i = self._check_index(index)
         txn = self._handles()
         fields = self.fields if fields is None else fields
+        dbs = self._field_dbs(fields)
         maybe_trim(len(fields) + 1)
         k = INDEX_KEY.pack(i)
-        for f in fields:
-            if f not in self.metadata["field_counts"]:
-                raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
-        dbs = [(f, self._db(f.encode())) for f in fields]
         with FORK_GATE.hold():
             out: dict[str, Any] = {"__key__": txn.get(k, None, self._db(KEYS_DB)).decode("utf-8"),
                                    "__index__": i}
-            for f, db in dbs:
+            for f, db in zip(fields, dbs):
                 v = txn.get(k, None, db)
                 if v is not None:
                     out[f] = v
@@ -244,16 +248,10 @@ class LMDBStore(Store):
         """``views``: values are zero-copy memoryviews of the memory map (valid while this
         thread's read transaction lives, i.e. to be consumed before the thread ends)."""
         txn = self._handles()
-        n = len(self)
-        for f in fields:
-            if f not in self.metadata["field_counts"]:
-                raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
+        dbs = self._field_dbs(fields)
         keys_db, pack, get = self._db(KEYS_DB), INDEX_KEY.pack, txn.get
-        dbs = [self._db(f.encode()) for f in fields]
         maybe_trim(len(indices) * (len(fields) + 1))
-        if len(indices) and (min(indices) < 0 or max(indices) >= n):
-            indices = [self._check_index(i) for i in indices]  # negatives count from the end, as in read()
-        ks = list(map(pack, indices))
+        ks = list(map(pack, self._check_indices(indices)))
         vget = self._handles(views=True).get if views else get
         with FORK_GATE.hold():
             # (key, default, db) passed by position: py-lmdb parses keywords at ~0.2 us a call,
@@ -266,14 +264,12 @@ class LMDBStore(Store):
         return int(self.field_sizes([self._check_index(index)], field)[0])
 
     def field_sizes(self, indices: Sequence[int], field: str) -> np.ndarray:
-        db, n = self._db(field.encode()), len(self)
+        db = self._db(field.encode())
         get, pack = self._handles(views=True).get, INDEX_KEY.pack  # views: sizes without copying values
         out = np.zeros(len(indices), dtype=np.int64)
         maybe_trim(len(indices))  # sizes come from B-tree leaves, whose faults map pages too
         with FORK_GATE.hold():
-            for j, i in enumerate(indices):
-                if not 0 <= i < n:
-                    i = self._check_index(i)  # negatives count from the end, as in read()
+            for j, i in enumerate(self._check_indices(indices)):
                 v = get(pack(i), None, db)
                 out[j] = 0 if v is None else len(v)
         return out

@@ -180,13 +180,6 @@ class TextLinesStore(Store):
             return np.zeros(len(idx), dtype=np.int64)
         return np.fromiter((end - start for start, end in self._spans(idx)), dtype=np.int64, count=len(idx))
 
-    def _check_indices(self, indices: Sequence[int]) -> list[int]:
-        idx = [int(i) for i in indices]
-        n = len(self)
-        if idx and not (0 <= min(idx) and max(idx) < n):
-            return [self._check_index(i) for i in idx]  # negative ones wrap; the first bad one raises
-        return idx
-
 
 def _pair_format(table: np.ndarray) -> struct.Struct:
     """Two int64 entries of the index as stored (numpy writes them in native byte order)."""
