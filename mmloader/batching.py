@@ -18,6 +18,8 @@ ordinary tensors: stacked, or padded with a mask.
 """
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Any, Sequence
 
 import torch
@@ -162,10 +164,13 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
             if mask is not None:
                 masks_out[name] = mask
             continue
-        have = [v is not _MISSING for v in values]
-        if not all(have):
+        # (identity only, in C: ``in`` would compare with ==, which numpy arrays answer elementwise)
+        if any(map(operator.is_, values, itertools.repeat(_MISSING))):  # rows that lack this modality
+            have = [v is not _MISSING for v in values]
             present[name] = torch.tensor(have)
-        real = [v for v in values if v is not _MISSING]
+            real = [v for v in values if v is not _MISSING]
+        else:  # the common case, checked in C: no per-value Python below for plain columns
+            have, real = [True] * len(values), values
         first = real[0]
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in real):
             if name in pack and all(v.dim() == 1 and v.dtype == torch.uint8 for v in real):
@@ -186,7 +191,7 @@ def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequen
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in real):
             batch[name] = torch.tensor([v if h else 0 for v, h in zip(values, have)])
         else:
-            batch[name] = [v if h else None for v, h in zip(values, have)]
+            batch[name] = list(values) if real is values else [v if h else None for v, h in zip(values, have)]
     if masks_out:
         batch["__mask__"] = masks_out
     if offsets_out:

@@ -240,10 +240,12 @@ class Stream(torch.utils.data.IterableDataset):
         epoch = self.epoch
         spans = worker_batches(per_rank, self.batch_size, workers, worker)
         for positions, sources, indices in planned_batches(spans, visit, plan, rank, world, per_rank):
-            seed = batch_seed(self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
+            seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) \
+                if len(positions) else 0
             yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals)
 
-    def _build(self, plan, positions, sources, indices, seed: int, seed_globals: bool) -> Any:
+    def _build(self, plan, positions, sources, indices, seed: int | Callable[[], int],
+               seed_globals: bool) -> Any:
         enter_batch(seed, seed_globals)
         return self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
 

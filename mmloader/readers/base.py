@@ -171,7 +171,15 @@ class Reader:
         transform, no ``.gz``, every value present and within ``max_field_bytes`` (anything else
         goes sample by sample, where problems are reported by key)."""
         return (self._decode_fn is None and self.transform is None and not self.gzipped
-                and all(d is not None and len(d) <= self.max_field_bytes for d in datas))
+                and self.all_present_within_limit(datas))
+
+    def all_present_within_limit(self, datas: list) -> bool:
+        """Every value present and at most ``max_field_bytes`` (one pass in C: a batch's check
+        costs ~1 us instead of ~5 us of Python per value)."""
+        try:
+            return max(map(len, datas), default=0) <= self.max_field_bytes
+        except TypeError:  # len(None): a value is absent
+            return False
 
     def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
         """Decode this field for a whole batch (a list of values, or a packed column).
@@ -179,8 +187,7 @@ class Reader:
         ``share_memory``: the batch will be sent to another process (a DataLoader worker's
         output), so a reader that allocates the batch tensor itself may put it in shared memory.
         """
-        limit = self.max_field_bytes
-        if not self.gzipped and all(d is not None and len(d) <= limit for d in datas):
+        if not self.gzipped and self.all_present_within_limit(datas):
             try:  # the common case without per-sample bookkeeping
                 values = [self.decode(d, k) for d, k in zip(datas, keys)]
                 return values if self.transform is None else [self.transform(v) for v in values]

@@ -68,9 +68,11 @@ class TextReader(Reader):
         return torch.tensor(ids, dtype=torch.int32)
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
-        if self.tokenizer is not None and self.plain_column(datas):
+        if self.plain_column(datas) and type(self).decode is TextReader.decode:
             try:
                 texts = [str(d, "utf-8") for d in datas]
+                if self.tokenizer is None:
+                    return texts
                 return token_ids(encode_batch(self._tokenizer(), texts, self.add_special_tokens))
             except Exception:
                 pass  # redo sample by sample: the error must name its key
@@ -135,7 +137,7 @@ class ArrayReader(Reader):
                 # one copy (the views' memory may go away), in native byte order
                 flat = np.concatenate(arrays, dtype=arrays[0].dtype.newbyteorder("="))
                 try:
-                    return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets_of([len(a) for a in arrays])))
+                    return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets_of(arrays)))
                 except TypeError:
                     pass  # a dtype torch cannot hold (long double...): the per-sample path names the key
         return super().from_column(datas, keys, share_memory=share_memory)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple, Sized
 
 import numpy as np
 import torch
@@ -30,11 +31,13 @@ class Stacked(NamedTuple):
     tensor: torch.Tensor
 
 
-def offsets_of(lengths) -> np.ndarray:
-    """The ``len(lengths) + 1`` boundaries of values laid end to end (int64, from 0)."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
+def offsets_of(values: Iterable[Sized]) -> np.ndarray:
+    """The ``len(values) + 1`` boundaries of ``values`` laid end to end (int64, from 0).
+
+    >>> offsets_of([b"ab", b"", b"c"]).tolist()
+    [0, 2, 2, 3]
+    """
+    return np.fromiter(itertools.accumulate(map(len, values), initial=0), dtype=np.int64)
 
 
 _local = threading.local()

@@ -91,7 +91,7 @@ class ImageReader(Reader):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
         # (with the process backend's ring, the copy goes straight into the shared slot).
-        offsets = offsets_of([len(d) for d in datas])
+        offsets = offsets_of(datas)
         bounds = offsets.tolist()
         flat = batch_buffer((bounds[-1],), torch.uint8, share_memory)
         if bounds[-1]:

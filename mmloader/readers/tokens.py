@@ -64,6 +64,6 @@ def encode_batch(tokenizer: Any, texts: list[str], add_special_tokens: bool = Tr
 def token_ids(encodings: Sequence[Any]) -> Ragged:
     """``encode_batch``'s answers as one int32 :class:`Ragged` column (ids end to end)."""
     ids = [e.ids for e in encodings]
-    offsets = offsets_of([len(x) for x in ids])
+    offsets = offsets_of(ids)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
     return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))
