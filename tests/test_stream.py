@@ -516,3 +516,23 @@ def test_a_custom_collate_gives_the_same_types_on_both_backends(tmp_path):
                                         backend=b))) for b in BACKENDS}
     assert got["thread"] == got["process"] and isinstance(got["process"], tuple)
     assert isinstance(got["process"][1], tuple)
+
+
+def test_batch_seed_is_computed_only_for_batches_that_draw(tmp_path, monkeypatch):
+    """The seed (numpy SeedSequence, ~14 us) was computed for every batch, a tenth of a raw
+    batch's build; now on first use of mmloader.rng(), with the same value."""
+    from mmloader import seeding, stream as stream_module
+    path = _text_dataset(tmp_path / "d", 32, 2)
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return seeding.batch_seed(*args)
+    monkeypatch.setattr(stream_module, "batch_seed", counted)
+    plain = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, seed=3)
+    assert len(list(mmloader.loader(plain, num_workers=1, backend="thread"))) == 8 and calls == []
+    seeds = []
+    ds = mmloader.zip(caption=mmloader.TextReader(str(path), transform=lambda t: seeds.append(mmloader.rng().seed)))
+    list(mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=3), num_workers=1, backend="thread"))
+    assert len(calls) == 8 and sorted(set(seeds)) == sorted(seeding.batch_seed(*c) for c in calls)
+    assert [c[3] for c in calls] == list(range(0, 32, 4))  # (seed, epoch, rank, first position)
