@@ -69,6 +69,22 @@ def batch_buffer(shape: tuple, dtype: torch.dtype, share_memory: bool = False) -
     return out.share_memory_() if share_memory else out
 
 
+def concat_bytes(datas: list, bounds: list[int], share_memory: bool = False) -> torch.Tensor:
+    """``datas`` (bytes-like) end to end in one uint8 tensor; ``bounds``: their offsets
+    (:func:`offsets_of` as a list). Into the ring's slot or shared memory when the batch
+    goes to another process; otherwise one ``bytearray.join`` (all in C, measured 2.1 against
+    2.5 us per 20 KB image for a Python loop of slice copies into a fresh tensor)."""
+    if not share_memory and getattr(_local, "allocate", None) is None:
+        return torch.frombuffer(bytearray().join(datas), dtype=torch.uint8) if bounds[-1] \
+            else torch.empty(0, dtype=torch.uint8)
+    flat = batch_buffer((bounds[-1],), torch.uint8, share_memory)
+    if bounds[-1]:
+        out = memoryview(flat.numpy())
+        for d, a, b in zip(datas, bounds, bounds[1:]):
+            out[a:b] = d
+    return flat
+
+
 def per_sample(column) -> list:
     """A column as one value per sample: a :class:`Stacked` batch as views of its rows, a
     :class:`Packed` or :class:`Ragged` buffer as views of each sample's values, a list as itself."""

@@ -10,7 +10,7 @@ import torch
 from ..imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from .base import Reader, accepts_views, as_bytes
-from .columns import Packed, Stacked, batch_buffer, offsets_of
+from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of
 from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
                            probe)
 
@@ -92,13 +92,7 @@ class ImageReader(Reader):
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
         # (with the process backend's ring, the copy goes straight into the shared slot).
         offsets = offsets_of(datas)
-        bounds = offsets.tolist()
-        flat = batch_buffer((bounds[-1],), torch.uint8, share_memory)
-        if bounds[-1]:
-            out = memoryview(flat.numpy())
-            for d, a, b in zip(datas, bounds, bounds[1:]):
-                out[a:b] = d
-        return Packed(flat, torch.from_numpy(offsets))
+        return Packed(concat_bytes(datas, offsets.tolist(), share_memory), torch.from_numpy(offsets))
 
     def _decode_into_batch(self, datas: list[bytes], share_memory: bool = False) -> Any:
         """Decode straight into one batch tensor when every image has one size: no stack copy.
