@@ -107,6 +107,9 @@ class BatchRing:
         self._init_local()
 
     def _init_local(self) -> None:
+        # The flags through numpy: reading or setting one element of a tensor costs ~5 us of
+        # dispatch, and the training process checks several per batch (~90 us measured).
+        self._flag = self.flags.numpy()
         # worker side
         self._incarnation = 0
         self._slots: list[torch.Tensor] = []
@@ -150,7 +153,7 @@ class BatchRing:
                        for _ in range(self.slots_per_worker)]
 
     def _acquire(self, worker: int) -> int | None:
-        flags = self.flags[worker]
+        flags = self._flag[worker]
         deadline = None
         while True:
             for k in range(self.slots_per_worker):
@@ -202,8 +205,8 @@ class BatchRing:
                 if _use_count(t) > base:
                     keep.append((inc, worker, slot))
                     continue
-                if int(self.flags[worker, slot]) == inc:
-                    self.flags[worker, slot] = 0
+                if int(self._flag[worker, slot]) == inc:
+                    self._flag[worker, slot] = 0
                 if self._latest.get(worker) != inc:
                     del self._cache[(inc, slot)]
             self._held = keep
