@@ -7,7 +7,8 @@ augmentations on both backends and after a resume.
 * :func:`rng` gives the batch being built its own generators (torch, numpy,
   ``random``), per thread: reproducible on every backend. Built-in randomness uses it.
 * In DataLoader worker processes the global RNGs (``random``, ``numpy.random``,
-  ``torch``) are also seeded per batch, so transforms that draw from them are
+  ``torch``) are also seeded per batch when user Python runs there (transforms,
+  custom readers or decoders, a custom collate), so code that draws from them is
   reproducible there. The thread backend leaves the global RNGs alone: they belong to
   the training loop running beside it (its dropout, its sampling).
 
