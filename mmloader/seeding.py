@@ -47,14 +47,14 @@ class BatchRNG:
     """
 
     def __init__(self, seed: int | Callable[[], int]):
-        self._seed = seed
+        self._seed = seed if callable(seed) else int(seed)
         self._torch: torch.Generator | None = None
         self._numpy: np.random.Generator | None = None
         self._random: random.Random | None = None
 
     @property
     def seed(self) -> int:
-        if not isinstance(self._seed, int):
+        if callable(self._seed):
             self._seed = int(self._seed())
         return self._seed
 
