@@ -350,6 +350,7 @@ def main() -> int:
     failures: dict[tuple[str, str], str] = {}
     cmd_base = [sys.executable, str(HERE / "compare.py"), "--paths", json.dumps(paths), "--workers",
                 str(args.workers), "--batch-size", str(args.batch_size), "--raw-epochs", str(args.raw_epochs)]
+    lims: list[dict] = []
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]  # alternate who goes first
         for workload in (DECODED, RAW):
@@ -372,8 +373,14 @@ def main() -> int:
                 results.setdefault((name, workload), []).append(res)
                 print(f"round {r}: {name:<24} {workload:<8} {res['samples_per_s']:>9,.0f} samples/s  "
                       f"first batch {res['first_batch_s'] * 1000:6.0f} ms  PSS {res['peak_pss_mb']:6.0f} MB", flush=True)
-    lim = json.loads(subprocess.run(cmd_base + ["--limits"], capture_output=True, text=True,
-                                    check=True).stdout.strip().splitlines()[-1])
+        # The limits in every round too: the machine's speed drifts over a run (one measurement
+        # at the end once put the decode limit 11% above the rounds' loaders).
+        lims.append(json.loads(subprocess.run(cmd_base + ["--limits"], capture_output=True, text=True,
+                                              check=True).stdout.strip().splitlines()[-1]))
+        print(f"round {r}: decode limit {lims[-1]['decode_limit']:,.0f} images/s", flush=True)
+    lim = {k: (statistics.median(x[k] for x in lims) if isinstance(v, (int, float)) else v)
+           for k, v in lims[0].items()}
+    lim["decode_limit_runs"] = [x["decode_limit"] for x in lims]
     write_results(args, info, results, failures, lim)
     return 0
 
@@ -420,8 +427,17 @@ def write_results(args, info, results, failures, lim) -> None:
             best_ours, best_peer = max(ours.items(), key=lambda x: x[1]), max(peers.items(), key=lambda x: x[1])
             lines += ["", f"Best mmloader ({best_ours[0]}) / best peer ({best_peer[0]}): "
                           f"**{best_ours[1] / best_peer[1]:.2f}x**."]
+            default, process = ours.get("mmloader-lmdb-auto"), ours.get("mmloader-lmdb-process")
+            if default and process:
+                lines.append(f"Default `loader(stream)` (mmloader-lmdb-auto) / best peer: **{default / best_peer[1]:.2f}x**; "
+                             f"process backend (mmloader-lmdb-process) / best peer: **{process / best_peer[1]:.2f}x**.")
             if workload == DECODED:
-                lines.append(f"Best mmloader / decode limit ({lim['decode_limit']:,.0f} images/s: mmloader's decoder, "
+                runs = lim.get("decode_limit_runs", [lim["decode_limit"]])
+                if process:
+                    lines.append(f"Process backend / decode limit: **{process / lim['decode_limit']:.2f}x**.")
+                lines.append(f"Best mmloader / decode limit ({lim['decode_limit']:,.0f} images/s, median of "
+                             f"{len(runs)} measurements, one per round: {min(runs):,.0f}-{max(runs):,.0f}; "
+                             f"mmloader's decoder, "
                              f"{lim['decoder']}, in {os.cpu_count()} threads from memory, no loader, no batching): "
                              f"**{best_ours[1] / lim['decode_limit']:.2f}x**. For reference, torchvision's "
                              f"decode_jpeg in the same setting: {lim['decode_limit_torchvision']:,.0f} images/s "
