@@ -18,6 +18,7 @@ ordinary tensors: stacked, or padded with a mask.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 from typing import Any, Sequence
@@ -93,8 +94,10 @@ class Collate:
         return collate_columns(columns, self.pad_value, self.masks, self.pack)
 
     def packing(self, pack: Sequence[str]) -> "Collate":
-        """The same collate, also packing the modalities ``pack``."""
-        return Collate(self.masks, self.pad_value, tuple(dict.fromkeys([*self.pack, *pack])))
+        """The same collate (a subclass stays itself), also packing the modalities ``pack``."""
+        out = copy.copy(self)
+        out.pack = tuple(dict.fromkeys([*self.pack, *pack]))
+        return out
 
 
 def pack_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

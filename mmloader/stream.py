@@ -215,7 +215,7 @@ class Stream(torch.utils.data.IterableDataset):
         better than threads. Empty when only built-in decoders run."""
         reasons = [why for ds in self.datasets for why in getattr(ds, "python_work", lambda: [
             f"a dataset of type {type(ds).__name__}"])()]
-        if self.collate_fn is not collate and not isinstance(self.collate_fn, Collate):
+        if self.collate_fn is not collate and type(self.collate_fn) is not Collate:  # a subclass is user code
             reasons.append("a custom collate_fn")
         return list(dict.fromkeys(reasons))
 

@@ -417,3 +417,32 @@ def test_cached_values_are_not_changed_by_in_place_transforms_or_callers(lmdb_ds
     got = ds[5]["image"]
     got.zero_()  # the caller changes what it got
     assert torch.equal(ds[5]["image"], plain[5]["image"])
+
+
+def test_reader_subclass_overriding_decode_is_used_for_whole_batches(tmp_path):
+    """A subclass's decode() was bypassed by the batch fast paths of ImageReader (raw packing,
+    decoding into the batch tensor) and ArrayReader: batches differed from reader[i]."""
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(6):
+            a = io.BytesIO()
+            np.save(a, np.arange(3, dtype=np.int64) + i)
+            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, (16, 12)), "npy": a.getvalue()})
+
+    class RawLength(mmloader.ImageReader):
+        def decode(self, data, key):
+            return torch.tensor([len(data)])
+
+    class Blank(mmloader.ImageReader):
+        def decode(self, data, key):
+            return torch.zeros(1, 2, 2, dtype=torch.uint8)
+
+    class Doubled(mmloader.ArrayReader):
+        def decode(self, data, key):
+            return super().decode(data, key) * 2
+
+    for reader in (RawLength(path, output="raw"), Blank(path), Doubled(path)):
+        batch = next(iter(mmloader.loader(mmloader.Stream(mmloader.zip(x=reader), batch_size=6, shuffle=False),
+                                          1, backend="thread")))
+        assert "x" not in batch.get("__offsets__", {})
+        assert torch.equal(batch["x"], torch.stack([reader[i] for i in range(6)])), type(reader).__name__

@@ -556,3 +556,19 @@ def test_worker_reseeds_global_rngs_only_when_user_python_runs(tmp_path):
     assert global_states_after_each_batch(None) == [untouched] * 4
     reseeded = global_states_after_each_batch(lambda t: t)
     assert untouched not in reseeded and len(set(reseeded)) == 4
+
+
+def test_collate_subclass_runs_and_counts_as_user_python(tmp_path):
+    """A Collate subclass was swapped for a plain Collate when packing was added: its overrides
+    never ran, and the pipeline looked free of user Python (threads, no worker reseeding)."""
+    path = _text_dataset(tmp_path / "d", 16, 1)
+
+    class Tagged(mmloader.Collate):
+        def columns(self, columns):
+            return {**super().columns(columns), "tag": "mine"}
+
+    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
+                             collate_fn=Tagged(masks=["caption"]))
+    assert stream.python_work() == ["a custom collate_fn"]
+    batches = list(mmloader.loader(stream, 1, backend="thread"))
+    assert len(batches) == 4 and all(b["tag"] == "mine" for b in batches)

@@ -1,6 +1,8 @@
 """The reader protocol: one modality (field) of one store, decoded lazily."""
 from __future__ import annotations
 
+import functools
+
 import gzip
 import os
 import zlib
@@ -171,7 +173,7 @@ class Reader:
         transform, no ``.gz``, every value present and within ``max_field_bytes`` (anything else
         goes sample by sample, where problems are reported by key)."""
         return (self._decode_fn is None and self.transform is None and not self.gzipped
-                and self.all_present_within_limit(datas))
+                and decode_is_builtin(type(self)) and self.all_present_within_limit(datas))
 
     def all_present_within_limit(self, datas: list) -> bool:
         """Every value present and at most ``max_field_bytes`` (one pass in C: a batch's check
@@ -202,3 +204,18 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store.path!r}, field={self.field!r})"
+
+
+@functools.lru_cache(maxsize=None)
+def decode_is_builtin(cls: type) -> bool:
+    """Whether ``cls`` decodes with its built-in reader's ``decode`` (no subclass overrides it):
+    whole-batch fast paths bypass ``decode``, so a subclass that overrides it reads sample by sample.
+
+    >>> class Upper(mmloader.TextReader):                       # doctest: +SKIP
+    ...     def decode(self, data, key): return bytes(data).decode().upper()
+    >>> decode_is_builtin(Upper), decode_is_builtin(mmloader.TextReader)   # doctest: +SKIP
+    (False, True)
+    """
+    from . import BUILTIN_READERS
+    builtin = next(c for c in cls.__mro__ if c in BUILTIN_READERS)
+    return cls.decode is builtin.decode

@@ -68,7 +68,7 @@ class TextReader(Reader):
         return torch.tensor(ids, dtype=torch.int32)
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
-        if self.plain_column(datas) and type(self).decode is TextReader.decode:
+        if self.plain_column(datas):
             try:
                 texts = [str(d, "utf-8") for d in datas]
                 if self.tokenizer is None:

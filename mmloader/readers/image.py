@@ -9,7 +9,7 @@ import torch
 
 from ..imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
-from .base import Reader, accepts_views, as_bytes
+from .base import Reader, accepts_views, as_bytes, decode_is_builtin
 from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of
 from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
                            probe)
@@ -68,7 +68,8 @@ class ImageReader(Reader):
     @property
     def packs_bytes(self) -> bool:
         """Raw encoded bytes are packed into one buffer per batch (see :mod:`mmloader.batching`)."""
-        return self.output == "raw" and self._decode_fn is None and self.transform is None
+        return (self.output == "raw" and self._decode_fn is None and self.transform is None
+                and decode_is_builtin(type(self)))
 
     @property
     def takes_views(self) -> bool:  # raw bytes are only joined; tensors decode from views (no copy)

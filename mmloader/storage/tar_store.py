@@ -68,12 +68,13 @@ class TarStore(Store):
         self._meta = state["_meta"]
         self._reset_handles()
 
-    def __del__(self) -> None:
-        if getattr(self, "_pid", None) == os.getpid():  # never close descriptors a parent owns
+    # os functions bound here: at interpreter exit the module's globals may be gone before this runs
+    def __del__(self, _getpid=os.getpid, _close=os.close) -> None:
+        if getattr(self, "_pid", None) == _getpid():  # never close descriptors a parent owns
             for fd in [*getattr(self, "_fds", {}).values(), getattr(self, "_closing", None)]:
                 if fd is not None:
                     try:
-                        os.close(fd)
+                        _close(fd)
                     except OSError:
                         pass
 
