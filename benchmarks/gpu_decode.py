@@ -5,14 +5,16 @@
 Builds 256-px JPEG + label datasets (tar shards and LMDB), then measures images/s
 delivered to the GPU as normalised bf16 (B, 3, 224, 224) batches by:
 
-* CPU decode: ``ImageReader(output="tensor")`` in ``--cpu-workers`` DataLoader
-  processes, batches copied to the GPU (pinned, non-blocking), resized and
+* CPU decode: ``ImageReader(output="tensor")`` in ``--cpu-workers`` workers (the backend
+  ``mmloader.loader`` picks), batches copied to the GPU (pinned, non-blocking), resized and
   normalised there;
 * GPU decode: ``ImageReader(output="raw")`` (packed bytes) in ``--gpu-workers``
   threads, then :class:`mmloader.GPUDecode` (batched nvJPEG on a side stream).
 
-It prints a table with both rates, their ratio and peak GPU memory; goal:
->= 25,000 images/s and >= 2x the CPU path. On a machine without the wheels
+It prints a table with both rates, their ratio and peak GPU memory, and writes it with the
+goal's verdict (>= 25,000 images/s and >= 2x the CPU path) into the ``gpu`` section of
+``--results`` (default: benchmarks/RESULTS.md; on the device machine point it at a copy
+under ``$OUT`` so that it comes back). On a machine without the wheels
 (lmdb, tqdm, pyyaml), fetch them here first, as the device README describes:
 ``pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 manylinux2014_x86_64 -d .whl lmdb tqdm pyyaml`` and install them there with
@@ -100,6 +102,7 @@ def main() -> int:
     p.add_argument("--gpu-workers", type=int, default=4)
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/mmloader-gpu"))
+    p.add_argument("--results", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
     args = p.parse_args()
     import torch
     if not torch.cuda.is_available():
@@ -118,10 +121,24 @@ def main() -> int:
         rows.append((fmt, cpu, gpu, cpu_mem, gpu_mem))
         print(f"{fmt}: CPU decode ({args.cpu_workers} workers) {cpu:,.0f} img/s, GPU decode "
               f"({args.gpu_workers} threads) {gpu:,.0f} img/s", flush=True)
-    print("\n| store | CPU decode img/s | GPU decode img/s | GPU / CPU | peak GPU memory (GiB) CPU / GPU path |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    lines = ["## GPU decode (`benchmarks/gpu_decode.py`)", "",
+             f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPUs; {args.samples:,} 256-px JPEGs + labels, "
+             f"normalised bf16 (B, 3, 224, 224) batches of {args.batch_size} on the GPU; {args.passes} passes "
+             f"after a warm-up pass; CPU decode: `mmloader.loader` as it chooses, {args.cpu_workers} workers; "
+             f"GPU decode: `GPUDecode` fed packed bytes by {args.gpu_workers} threads.", "",
+             "| store | CPU decode img/s | GPU decode img/s | GPU / CPU | peak GPU memory (GiB) CPU / GPU path |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     for fmt, cpu, gpu, cm, gm in rows:
-        print(f"| {fmt} | {cpu:,.0f} | {gpu:,.0f} | {gpu / cpu:.2f}x | {cm:.1f} / {gm:.1f} |")
+        lines.append(f"| {fmt} | {cpu:,.0f} | {gpu:,.0f} | {gpu / cpu:.2f}x | {cm:.1f} / {gm:.1f} |")
+    worst_gpu = min(r[2] for r in rows)
+    worst_ratio = min(r[2] / r[1] for r in rows)
+    met = worst_gpu >= 25_000 and worst_ratio >= 2.0
+    lines += ["", f"Goal: >= 25,000 img/s and >= 2x CPU decode on every store: **{'met' if met else 'not met'}** "
+              f"(slowest store {worst_gpu:,.0f} img/s, {worst_ratio:.2f}x)."]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from data import write_section
+    write_section(args.results, "gpu", "\n".join(lines))  # the other benchmarks' sections stay
+    print("\n".join(lines))
     return 0
 
 
