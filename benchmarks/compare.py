@@ -409,7 +409,10 @@ def write_results(args, info, results, failures, lim) -> None:
             versions.append(f"{mod} {__import__(mod).__version__}")
         except Exception:
             pass
-    lines += ["Versions: " + ", ".join(versions), ""]
+    lines += ["Versions: " + ", ".join(versions), "",
+              "Peak worker USS counts the pages that no other process maps, so a single worker process is "
+              "charged for the dataset's file pages it has mapped (an LMDB file under the map trimmer's "
+              "512 MB threshold ends up mapped whole); with two workers those pages are shared and drop out.", ""]
     for workload in (DECODED, RAW):
         title = "Decoded images (uint8 CHW) + captions" if workload == DECODED else "Raw bytes (no decode) + captions"
         lines += [f"### {title}", "", "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
