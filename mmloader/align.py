@@ -249,6 +249,8 @@ class Zipped(torch.utils.data.Dataset):
                 reasons.append(f"a custom reader ({type(r).__name__}) for {name!r}")
             elif r.transform is not None or r._decode_fn is not None:
                 reasons.append(f"a {'transform' if r.transform is not None else 'decode='} on {name!r}")
+            elif not r.decodes_builtin():
+                reasons.append(f"a decode assigned on the reader for {name!r}")
             elif r.python_per_sample:
                 reasons.append(f"{type(r).__name__} (Python per packet) for {name!r}")
         return reasons

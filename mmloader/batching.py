@@ -88,13 +88,18 @@ class Collate:
         self.masks, self.pad_value, self.pack = tuple(masks), pad_value, tuple(pack)
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        return collate(samples, self.pad_value, self.masks, self.pack)
+        return self.columns(sample_columns(samples))
 
     def columns(self, columns: dict[str, Any]) -> dict[str, Any]:
+        """The batch from columns (``name -> values``): whole-batch reads call this directly, rows
+        of samples reach it through ``__call__``, so a subclass overriding it sees every batch."""
         return collate_columns(columns, self.pad_value, self.masks, self.pack)
 
     def packing(self, pack: Sequence[str]) -> "Collate":
-        """The same collate (a subclass stays itself), also packing the modalities ``pack``."""
+        """The same collate (a subclass stays itself), also packing the modalities ``pack``:
+        itself when it packs them already, otherwise a copy made once, when the stream is built."""
+        if set(pack) <= set(self.pack):
+            return self
         out = copy.copy(self)
         out.pack = tuple(dict.fromkeys([*self.pack, *pack]))
         return out
@@ -122,11 +127,15 @@ def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
 def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = (),
             pack: Sequence[str] = ()) -> dict[str, Any]:
     """The default collate for :class:`mmloader.Stream` batches (rows of samples)."""
+    return collate_columns(sample_columns(samples), pad_value, masks, pack)
+
+
+def sample_columns(samples: Sequence[dict[str, Any]]) -> dict[str, list]:
+    """Rows of samples as columns, every name of any sample, ``_MISSING`` where a sample lacks it."""
     names: dict[str, None] = {}
     for s in samples:
         names.update(dict.fromkeys(s))
-    columns = {name: [s.get(name, _MISSING) for s in samples] for name in names}
-    return collate_columns(columns, pad_value, masks, pack)
+    return {name: [s.get(name, _MISSING) for s in samples] for name in names}
 
 
 def is_image(t: torch.Tensor) -> bool:

@@ -41,7 +41,9 @@ class BatchBuilder:
         self.datasets, self.source_names = list(datasets), source_names
         self.on_error, self.max_consecutive_errors, self.control = on_error, max_consecutive_errors, control
         self.collate_fn = _with_packing(collate_fn, self.datasets)
-        columnar = self.collate_fn.columns if isinstance(self.collate_fn, Collate) else None
+        # A Collate whose __call__ is its own builds from columns; an overridden __call__ sees rows.
+        columnar = (self.collate_fn.columns if isinstance(self.collate_fn, Collate)
+                    and type(self.collate_fn).__call__ is Collate.__call__ else None)
         # The whole-batch path needs column-wise collation and datasets that read whole batches.
         self._columns = columnar if all(hasattr(d, "get_batch") for d in self.datasets) else None
 

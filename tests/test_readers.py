@@ -446,3 +446,32 @@ def test_reader_subclass_overriding_decode_is_used_for_whole_batches(tmp_path):
                                           1, backend="thread")))
         assert "x" not in batch.get("__offsets__", {})
         assert torch.equal(batch["x"], torch.stack([reader[i] for i in range(6)])), type(reader).__name__
+
+
+def test_a_zero_byte_raw_image_is_reported_by_key_on_every_path(tmp_path):
+    """reader[i] raised on a 0-byte image field while the raw batch path packed it as an empty
+    image: an image is never 0 bytes (a truncated write), so both report it, naming the key."""
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "jpg": b"" if i == 1 else jpeg_bytes(i, (8, 8))})
+    reader = mmloader.ImageReader(path, output="raw")
+    with pytest.raises(DecodeError, match="0 bytes.*k1"):
+        reader[1]
+    stream = mmloader.Stream(mmloader.zip(x=reader), batch_size=4, shuffle=False)
+    with pytest.raises(DecodeError, match="0 bytes.*k1"):
+        next(iter(mmloader.loader(stream, 1, backend="thread")))
+    skipping = mmloader.Stream(mmloader.zip(x=reader), batch_size=2, shuffle=False, on_error="skip")
+    keys = [k for b in mmloader.loader(skipping, 1, backend="thread") for k in b["__key__"]]
+    assert "k1" not in keys and len(keys) == 4
+
+
+def test_a_decode_assigned_on_a_reader_is_used_for_whole_batches(tmp_path):
+    """decode replaced on one reader (not a subclass) was used by reader[i] but skipped by batches."""
+    path = write_dataset(tmp_path / "d.lmdb", 4, "lmdb")
+    reader = mmloader.TextReader(path)
+    reader.decode = lambda data, key: bytes(data).decode().upper()
+    stream = mmloader.Stream(mmloader.zip(t=reader), batch_size=4, shuffle=False)
+    assert stream.python_work() == ["a decode assigned on the reader for 't'"]
+    batch = next(iter(mmloader.loader(stream, 1, backend="thread")))
+    assert batch["t"] == [reader[i] for i in range(4)] and batch["t"][0].isupper()

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 import mmloader
+from conftest import jpeg_bytes
 
 WORLD = 2
 
@@ -572,3 +573,68 @@ def test_collate_subclass_runs_and_counts_as_user_python(tmp_path):
     assert stream.python_work() == ["a custom collate_fn"]
     batches = list(mmloader.loader(stream, 1, backend="thread"))
     assert len(batches) == 4 and all(b["tag"] == "mine" for b in batches)
+
+
+def test_collate_subclass_overriding_call_sees_every_batch(tmp_path):
+    """A Collate subclass overriding __call__ (the usual way to customise a collate) was never
+    called: whole-batch reads went to Collate.columns."""
+    path = _text_dataset(tmp_path / "d", 16, 1)
+    calls = []
+
+    class Counted(mmloader.Collate):
+        def __call__(self, samples):
+            calls.append(len(samples))
+            return {**super().__call__(samples), "n": len(samples)}
+
+    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
+                             collate_fn=Counted(), shuffle=False)
+    batches = list(mmloader.loader(stream, 1, backend="thread"))
+    assert calls == [4, 4, 4, 4] and [b["n"] for b in batches] == [4, 4, 4, 4]
+    assert [b["caption"] for b in batches][0] == ["t0", "t1", "t2", "t3"]
+
+
+def test_collate_subclass_overriding_columns_sees_batches_built_sample_by_sample(tmp_path):
+    """Collate.__call__ used the module's collate(), so an overridden columns() was skipped for
+    batches built from rows: one with a skipped corrupt sample, or from a plain map-style dataset."""
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(8):
+            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, (8, 8)) if i != 5 else b"\xff\xd8 not a jpeg"})
+
+    class Tagged(mmloader.Collate):
+        def columns(self, columns):
+            return {**super().columns(columns), "tag": "mine"}
+
+    skipping = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path)), batch_size=4, shuffle=False,
+                               on_error="skip", collate_fn=Tagged())
+    rows = mmloader.Stream(_Rows([{"x": torch.tensor(i)} for i in range(8)]), batch_size=4, shuffle=False,
+                           collate_fn=Tagged())
+    for stream in (skipping, rows):
+        batches = list(mmloader.loader(stream, 1, backend="thread"))
+        assert len(batches) == 2 and all(b["tag"] == "mine" for b in batches)
+
+
+def test_a_collate_that_needs_no_packing_is_used_as_given():
+    """The stream used a copy of the user's Collate even when it added nothing to pack, so
+    changing its settings between epochs did nothing (a plain callable is used as given)."""
+    coll = mmloader.Collate()
+    stream = mmloader.Stream(_Rows([{"x": torch.tensor([i, i])} for i in range(8)]), batch_size=4,
+                             collate_fn=coll, shuffle=False)
+    loader = mmloader.loader(stream, 1, backend="thread")
+    assert "__mask__" not in next(iter(loader))
+    coll.masks = ("x",)
+    loader.set_epoch(1)
+    assert next(iter(loader))["__mask__"]["x"].all()
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A plain map-style dataset (no whole-batch reads)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]

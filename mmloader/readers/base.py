@@ -49,6 +49,9 @@ class Reader:
     ...     def decode(self, data, key):
     ...         return torchaudio.load(io.BytesIO(data))[0]
     >>> wav = WavReader("speech.lmdb", field="wav"); wav[0]          # doctest: +SKIP
+
+    ``decode`` (and ``transform=``) are the hooks: :func:`mmloader.zip` and batches read the
+    store themselves and call them, not a subclass's ``__getitem__`` or ``from_record``.
     """
 
     default_field: str = ""
@@ -130,7 +133,8 @@ class Reader:
         """Whether :meth:`from_column` accepts ``memoryview`` values (zero-copy store reads)
         as well as ``bytes``: only when the ``decode`` in use is marked :func:`accepts_views`
         (a subclass's own ``decode``, or ``decode=``, may call ``bytes`` methods)."""
-        return self._decode_fn is None and getattr(type(self).decode, "accepts_views", False)
+        return (self._decode_fn is None and "decode" not in vars(self)
+                and getattr(type(self).decode, "accepts_views", False))
 
     # -- decoding -------------------------------------------------------------
     def pick(self, record: dict) -> tuple[str, Any]:
@@ -172,8 +176,13 @@ class Reader:
         """Whether a batch can take a reader's whole-batch fast path: built-in decoding, no
         transform, no ``.gz``, every value present and within ``max_field_bytes`` (anything else
         goes sample by sample, where problems are reported by key)."""
-        return (self._decode_fn is None and self.transform is None and not self.gzipped
-                and decode_is_builtin(type(self)) and self.all_present_within_limit(datas))
+        return (self.transform is None and not self.gzipped and self.decodes_builtin()
+                and self.all_present_within_limit(datas))
+
+    def decodes_builtin(self) -> bool:
+        """Whether values go through the built-in reader's own ``decode``: no ``decode=``, and
+        no subclass (or assignment on this reader) replacing ``decode``, which fast paths skip."""
+        return self._decode_fn is None and "decode" not in vars(self) and decode_is_builtin(type(self))
 
     def all_present_within_limit(self, datas: list) -> bool:
         """Every value present and at most ``max_field_bytes`` (one pass in C: a batch's check

@@ -7,9 +7,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import DecodeError
 from ..imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
-from .base import Reader, accepts_views, as_bytes, decode_is_builtin
+from .base import Reader, accepts_views, as_bytes
 from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of
 from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
                            probe)
@@ -68,8 +69,7 @@ class ImageReader(Reader):
     @property
     def packs_bytes(self) -> bool:
         """Raw encoded bytes are packed into one buffer per batch (see :mod:`mmloader.batching`)."""
-        return (self.output == "raw" and self._decode_fn is None and self.transform is None
-                and decode_is_builtin(type(self)))
+        return self.output == "raw" and self.transform is None and self.decodes_builtin()
 
     @property
     def takes_views(self) -> bool:  # raw bytes are only joined; tensors decode from views (no copy)
@@ -88,7 +88,7 @@ class ImageReader(Reader):
                 pass  # redo sample by sample: the error must name its key
         if self.output != "raw":  # the per-sample decoders below take bytes
             datas = as_bytes(datas)
-        if self.output != "raw" or not plain:
+        if self.output != "raw" or not plain or not min(map(len, datas), default=1):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
         # (with the process backend's ring, the copy goes straight into the shared slot).
@@ -125,6 +125,8 @@ class ImageReader(Reader):
         if self._decode_fn is not None:
             return self._decode_fn(data)
         if self.output == "raw":
+            if not len(data):  # an image is never 0 bytes: a truncated write, not a value to pass on
+                raise DecodeError("empty image field (0 bytes)")
             return torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if self.output == "pil":
             return decode_to_pil(data, self.mode, self.size, self.max_pixels)
