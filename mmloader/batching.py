@@ -18,10 +18,10 @@ ordinary tensors: stacked, or padded with a mask.
 """
 from __future__ import annotations
 
-import copy
+import contextvars
 import itertools
 import operator
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -92,17 +92,27 @@ class Collate:
 
     def columns(self, columns: dict[str, Any]) -> dict[str, Any]:
         """The batch from columns (``name -> values``): whole-batch reads call this directly, rows
-        of samples reach it through ``__call__``, so a subclass overriding it sees every batch."""
-        return collate_columns(columns, self.pad_value, self.masks, self.pack)
+        of samples reach it through ``__call__``, so a subclass overriding it sees every batch.
+        Packs ``pack`` and what the stream's readers declare (:func:`packing_also`)."""
+        also = _STREAM_PACK.get()
+        return collate_columns(columns, self.pad_value, self.masks, self.pack + also if also else self.pack)
 
-    def packing(self, pack: Sequence[str]) -> "Collate":
-        """The same collate (a subclass stays itself), also packing the modalities ``pack``:
-        itself when it packs them already, otherwise a copy made once, when the stream is built."""
-        if set(pack) <= set(self.pack):
-            return self
-        out = copy.copy(self)
-        out.pack = tuple(dict.fromkeys([*self.pack, *pack]))
-        return out
+
+# The modalities a stream's readers deliver as encoded bytes, packed by any Collate it calls: set
+# around the call (per thread) instead of copying the user's Collate, which stays the one in use.
+_STREAM_PACK: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("mmloader_stream_pack", default=())
+
+
+def packing_also(pack: tuple[str, ...], fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` with every :class:`Collate` inside also packing the modalities ``pack``.
+
+    >>> packing_also(("image",), Collate(), samples)   # doctest: +SKIP
+    """
+    token = _STREAM_PACK.set(pack)
+    try:
+        return fn(arg)
+    finally:
+        _STREAM_PACK.reset(token)
 
 
 def pack_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

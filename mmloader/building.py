@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch.utils.data
 
-from .batching import Collate, collate, merge_columns
+from .batching import Collate, collate, merge_columns, packing_also
 from .control import SharedControl
 from .errors import MMLoaderError, SampleError
 
@@ -40,7 +40,13 @@ class BatchBuilder:
             raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(map(repr, ON_ERROR))}")
         self.datasets, self.source_names = list(datasets), source_names
         self.on_error, self.max_consecutive_errors, self.control = on_error, max_consecutive_errors, control
-        self.collate_fn = _with_packing(collate_fn, self.datasets)
+        # Packing is declared by the readers that deliver encoded bytes (ImageReader(output="raw")),
+        # never guessed from a tensor's dtype; a Collate of the user's packs them too (not a copy).
+        pack = tuple(dict.fromkeys(name for d in self.datasets for name in getattr(d, "packed_modalities", [])))
+        if collate_fn is collate:
+            collate_fn, pack = Collate(pack=pack), ()
+        self.collate_fn = collate_fn
+        self._pack = pack if isinstance(collate_fn, Collate) else ()
         # A Collate whose __call__ is its own builds from columns; an overridden __call__ sees rows.
         columnar = (self.collate_fn.columns if isinstance(self.collate_fn, Collate)
                     and type(self.collate_fn).__call__ is Collate.__call__ else None)
@@ -51,13 +57,16 @@ class BatchBuilder:
               batched: bool) -> Any:
         if batched and self._columns is not None:
             try:
-                return self._columns(self._batch_columns(sources, indices))
+                return self._collate(self._columns, self._batch_columns(sources, indices))
             except SampleError:
                 pass  # the per-sample path below reports (or skips) the culprit by key
         samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
         if not batched:
             return samples[0]
-        return self.collate_fn(samples) if self.collate_fn is not None else samples
+        return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
+
+    def _collate(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        return packing_also(self._pack, fn, arg) if self._pack else fn(arg)
 
     def _batch_columns(self, sources: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
         share = torch.utils.data.get_worker_info() is not None  # the batch goes to another process
@@ -97,15 +106,3 @@ class BatchBuilder:
                 source, index = int(s), int(i)
         raise MMLoaderError(f"{self.max_consecutive_errors} consecutive samples failed to load; "
                             "the dataset looks broken (run `mmloader verify`)")
-
-
-def _with_packing(collate_fn, datasets) -> Callable | None:
-    """The default collate (or a :class:`Collate`) that also packs the modalities whose readers
-    deliver encoded bytes (``ImageReader(output="raw")``): packing is declared, never guessed
-    from a tensor's dtype."""
-    pack = [name for d in datasets for name in getattr(d, "packed_modalities", [])]
-    if collate_fn is collate:
-        return Collate(pack=pack)
-    if isinstance(collate_fn, Collate):
-        return collate_fn.packing(pack)
-    return collate_fn

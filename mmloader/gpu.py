@@ -157,15 +157,29 @@ class GPUDecode:
         return batch
 
     def _process(self, batch: dict) -> dict:
+        if self.name not in batch:  # a mix's batch in which no sample has the modality
+            return batch
         encoded = unpack(batch, self.name)  # views of one (pinned, with CUDA) buffer: no copies
         out = dict(batch)
-        out[self.name] = self.transform(self.decode_images(encoded), self._generator(batch))
+        present = batch.get("__present__", {}).get(self.name)
+        if present is None or bool(present.all()):
+            out[self.name] = self.transform(self.decode_images(encoded), self._generator(batch))
+        else:  # a mix whose other source has no image: its rows are zeros, as the default collate's
+            out[self.name] = self._with_absent_rows(encoded, present.tolist(), self._generator(batch))
         offsets = dict(out.get("__offsets__", {}))
         offsets.pop(self.name, None)
         out["__offsets__"] = offsets
         if not offsets:
             del out["__offsets__"]
         return out
+
+    def _with_absent_rows(self, encoded: list[torch.Tensor], present: list[bool],
+                          generator: torch.Generator) -> torch.Tensor:
+        rows = [i for i, here in enumerate(present) if here]  # some: a batch without any lacks the name
+        decoded = self.transform(self.decode_images([encoded[i] for i in rows]), generator)
+        out = decoded.new_zeros((len(encoded), *decoded.shape[1:]))
+        out[rows] = decoded
+        return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
 
     def __iter__(self) -> Iterator[dict]:
         # Batch n+1 is decoded (on the side stream with CUDA) while the caller works on batch n.

@@ -136,3 +136,29 @@ def test_random_crop_and_flip_follow_the_seed_on_both_backends(mixed):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     c = run("thread", epoch=1)
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_a_mix_whose_other_source_has_no_image_gets_zero_rows(mixed, tmp_path):
+    """GPUDecode decoded the 0-byte entries of rows without an image (a mix with a text-only
+    source) and raised: those rows are zeros, as the default collate makes them."""
+    with mmloader.LMDBWriter(tmp_path / "t.lmdb") as w:
+        for i in range(20):
+            w.write({"__key__": f"t{i}", "txt": f"only text {i}"})
+    images = mmloader.zip(image=mmloader.ImageReader(mixed, output="raw"))
+    texts = mmloader.zip(caption=mmloader.TextReader(tmp_path / "t.lmdb"))
+    stream = mmloader.Stream(mmloader.mix([images, texts], names=["img", "txt"]), batch_size=6, seed=0)
+    store, absent, here = mmloader.open(mixed), 0, 0
+    for batch in mmloader.GPUDecode(mmloader.loader(stream, 1, backend="thread"), device="cpu", size=(32, 48)):
+        if "image" not in batch:  # no sample of this batch has one: the modality is absent, as collated
+            absent += len(batch["__key__"])
+            continue
+        assert batch["image"].shape == (6, 3, 32, 48)
+        present = batch.get("__present__", {}).get("image", torch.ones(6, dtype=torch.bool)).tolist()
+        for key, row, present in zip(batch["__key__"], batch["image"], present):
+            if present:
+                here += 1
+                assert torch.equal(row, decode_to_tensor(store.get(key)["jpg"], "RGB"))
+            else:
+                absent += 1
+                assert not row.any()
+    assert here == 20 and absent == 20

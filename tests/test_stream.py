@@ -614,17 +614,34 @@ def test_collate_subclass_overriding_columns_sees_batches_built_sample_by_sample
         assert len(batches) == 2 and all(b["tag"] == "mine" for b in batches)
 
 
-def test_a_collate_that_needs_no_packing_is_used_as_given():
-    """The stream used a copy of the user's Collate even when it added nothing to pack, so
-    changing its settings between epochs did nothing (a plain callable is used as given)."""
-    coll = mmloader.Collate()
-    stream = mmloader.Stream(_Rows([{"x": torch.tensor([i, i])} for i in range(8)]), batch_size=4,
-                             collate_fn=coll, shuffle=False)
-    loader = mmloader.loader(stream, 1, backend="thread")
-    assert "__mask__" not in next(iter(loader))
-    coll.masks = ("x",)
-    loader.set_epoch(1)
-    assert next(iter(loader))["__mask__"]["x"].all()
+def test_a_users_collate_is_used_as_given_also_when_raw_images_are_packed(tmp_path):
+    """The stream used a copy of the user's Collate (to add the raw images' packing), so changing
+    its settings between epochs did nothing (a plain callable is used as given)."""
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(8):
+            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, (8, 8)), "npy": _npy([i, i])})
+    for output in ("tensor", "raw"):
+        coll = mmloader.Collate()
+        ds = mmloader.zip(image=mmloader.ImageReader(path, output=output), x=mmloader.ArrayReader(path))
+        loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=coll, shuffle=False), 1,
+                                 backend="thread")
+        batch = next(iter(loader))
+        assert "__mask__" not in batch
+        assert ("image" in batch.get("__offsets__", {})) == (output == "raw")
+        coll.masks = ("x",)
+        loader.set_epoch(1)
+        batch = next(iter(loader))
+        assert batch["__mask__"]["x"].all(), output
+        assert ("image" in batch.get("__offsets__", {})) == (output == "raw")
+
+
+def _npy(values) -> bytes:
+    import io
+    import numpy as np
+    out = io.BytesIO()
+    np.save(out, np.asarray(values, dtype=np.int64))
+    return out.getvalue()
 
 
 class _Rows(torch.utils.data.Dataset):

@@ -64,7 +64,7 @@ class ImageReader(Reader):
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]
-        return self.output != "raw" and self._decode_fn is None
+        return self.output != "raw" and self.decodes_builtin()
 
     @property
     def packs_bytes(self) -> bool:
