@@ -102,7 +102,9 @@ def _verify_lmdb(store: LMDBStore, meta: dict, report: Report, decode: bool, pro
             count += 1
             nbytes += len(v)
             crc = zlib.crc32(v, crc)
-            if decode and _is_image(f):
+            if _is_image(f) and not len(v):  # a truncated write; found without decoding
+                report.add(where, f"sample {store.key(idx)!r} field {f!r}: empty image (0 bytes)")
+            elif decode and _is_image(f):
                 _try_decode(report, where, store.key(idx), f, v)
         if count != want_count:
             missing = "" if want_count != n else " (every sample should have it)"
@@ -209,6 +211,8 @@ def _verify_shard(store: TarStore, meta: dict, report: Report, decode: bool, s: 
                 if c is None or row >= len(table) or tuple(table[row, c]) != (off, sz):
                     report.add(name, f"sample {key!r} field {f!r}: offset index does not match the tar "
                                      f"(tar: {off}+{sz})")
+                elif _is_image(f) and not sz:
+                    report.add(name, f"sample {key!r} field {f!r}: empty image (0 bytes)")
                 elif decode and _is_image(f):
                     _try_decode(report, name, key, f, sample[f])
             row += 1

@@ -421,6 +421,18 @@ def test_verify_decode_catches_corrupt_image(tmp_path):
     assert not report.ok and any("'bad'" in p for p in report.problems)
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_verify_reports_an_empty_image_without_decoding(tmp_path, fmt):
+    """A 0-byte image matches its metadata (it was written so) but is never an image: verify
+    names it without --decode, since readers refuse it on every path."""
+    path = tmp_path / ("d.lmdb" if fmt == "lmdb" else "d")
+    with mmloader.writer_for(path, fmt) as w:
+        w.write({"__key__": "good", "jpg": jpeg_bytes(1), "txt": ""})
+        w.write({"__key__": "empty", "jpg": b"", "txt": "an empty caption is fine"})
+    report = verify(path, progress=False)
+    assert report.problems and all("'empty'" in p and "0 bytes" in p for p in report.problems), report.problems
+
+
 @pytest.mark.parametrize("name,size,mtime", [("a/b/0001.jpg", 20000, 0), ("x.txt", 0, 1700000000),
                                              ("k" * 95 + ".jpg", 12345678, 5)])
 def test_fast_tar_headers_are_byte_identical_to_tarfile(name, size, mtime):
