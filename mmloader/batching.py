@@ -81,30 +81,42 @@ class Collate:
     """A collate with options: ``masks`` names modalities that always get a ``__mask__``
     entry (so a batch whose token lists happen to have equal lengths has the same schema).
 
+    While a stream collates, ``pack`` also holds the modalities its readers deliver as encoded
+    bytes (``ImageReader(output="raw")``): the stream uses your object as given, never a copy.
+
     >>> stream = mmloader.Stream(ds, batch_size=32, collate_fn=Collate(masks=["caption"]))  # doctest: +SKIP
     """
 
     def __init__(self, masks: Sequence[str] = (), pad_value: float = 0, pack: Sequence[str] = ()):
-        self.masks, self.pad_value, self.pack = tuple(masks), pad_value, tuple(pack)
+        self.masks, self.pad_value, self.pack = tuple(masks), pad_value, pack
+
+    @property
+    def pack(self) -> tuple[str, ...]:
+        """The modalities packed: those given, plus the stream's (:func:`packing_also`)."""
+        also = _STREAM_PACK.get()
+        return tuple(dict.fromkeys((*self._pack, *also))) if also else self._pack
+
+    @pack.setter
+    def pack(self, names: Sequence[str]) -> None:
+        self._pack = tuple(names)
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return self.columns(sample_columns(samples))
 
     def columns(self, columns: dict[str, Any]) -> dict[str, Any]:
         """The batch from columns (``name -> values``): whole-batch reads call this directly, rows
-        of samples reach it through ``__call__``, so a subclass overriding it sees every batch.
-        Packs ``pack`` and what the stream's readers declare (:func:`packing_also`)."""
-        also = _STREAM_PACK.get()
-        return collate_columns(columns, self.pad_value, self.masks, self.pack + also if also else self.pack)
+        of samples reach it through ``__call__``, so a subclass overriding it sees every batch."""
+        return collate_columns(columns, self.pad_value, self.masks, self.pack)
 
 
-# The modalities a stream's readers deliver as encoded bytes, packed by any Collate it calls: set
-# around the call (per thread) instead of copying the user's Collate, which stays the one in use.
+# The modalities a stream's readers deliver as encoded bytes: set around the stream's call to its
+# collate_fn (per thread), read by Collate.pack and collate(), so the user's Collate needs no copy.
 _STREAM_PACK: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("mmloader_stream_pack", default=())
 
 
 def packing_also(pack: tuple[str, ...], fn: Callable[[Any], Any], arg: Any) -> Any:
-    """``fn(arg)`` with every :class:`Collate` inside also packing the modalities ``pack``.
+    """``fn(arg)`` with :class:`Collate` and :func:`collate` inside also packing ``pack`` (any
+    of them it calls: one that collates a 1-D uint8 field of the same name packs it too).
 
     >>> packing_also(("image",), Collate(), samples)   # doctest: +SKIP
     """
@@ -136,8 +148,10 @@ def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
 
 def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = (),
             pack: Sequence[str] = ()) -> dict[str, Any]:
-    """The default collate for :class:`mmloader.Stream` batches (rows of samples)."""
-    return collate_columns(sample_columns(samples), pad_value, masks, pack)
+    """The default collate for :class:`mmloader.Stream` batches (rows of samples); packs ``pack``
+    and, called while a stream collates, the modalities its readers deliver as encoded bytes."""
+    also = _STREAM_PACK.get()
+    return collate_columns(sample_columns(samples), pad_value, masks, (*pack, *also) if also else pack)
 
 
 def sample_columns(samples: Sequence[dict[str, Any]]) -> dict[str, list]:

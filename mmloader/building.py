@@ -41,12 +41,12 @@ class BatchBuilder:
         self.datasets, self.source_names = list(datasets), source_names
         self.on_error, self.max_consecutive_errors, self.control = on_error, max_consecutive_errors, control
         # Packing is declared by the readers that deliver encoded bytes (ImageReader(output="raw")),
-        # never guessed from a tensor's dtype; a Collate of the user's packs them too (not a copy).
+        # never guessed from a tensor's dtype; a user's collate_fn gets it around each call, so a
+        # Collate (or mmloader.collate) inside it packs them too, and their object is used as given.
         pack = tuple(dict.fromkeys(name for d in self.datasets for name in getattr(d, "packed_modalities", [])))
         if collate_fn is collate:
             collate_fn, pack = Collate(pack=pack), ()
-        self.collate_fn = collate_fn
-        self._pack = pack if isinstance(collate_fn, Collate) else ()
+        self.collate_fn, self._pack = collate_fn, pack
         # A Collate whose __call__ is its own builds from columns; an overridden __call__ sees rows.
         columnar = (self.collate_fn.columns if isinstance(self.collate_fn, Collate)
                     and type(self.collate_fn).__call__ is Collate.__call__ else None)

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from .errors import MMLoaderError
 from .readers import IMAGE_EXTENSIONS
+from .readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip
 from .readers.image_decode import decode_to_tensor
 from .storage import LMDBStore, Store, TarStore, open_store
 from .storage.remote_tar import RemoteTarStore
@@ -39,12 +40,13 @@ class Report:
 
 
 def _is_image(field: str) -> bool:
+    field = field[:-3] if field.endswith(".gz") else field  # readers gunzip, then decode
     return field.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS
 
 
 def _try_decode(report: Report, where: str, key: str, field: str, data: bytes) -> None:
     try:
-        decode_to_tensor(data)
+        decode_to_tensor(_gunzip(data, DEFAULT_MAX_FIELD_BYTES) if field.endswith(".gz") else data)
     except Exception as e:
         report.add(where, f"sample {key!r} field {field!r} does not decode: {e}")
 

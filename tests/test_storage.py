@@ -433,6 +433,19 @@ def test_verify_reports_an_empty_image_without_decoding(tmp_path, fmt):
     assert report.problems and all("'empty'" in p and "0 bytes" in p for p in report.problems), report.problems
 
 
+def test_verify_checks_gzipped_images_like_the_readers(tmp_path):
+    """An image stored as .jpg.gz is gunzipped and decoded by the readers: verify treats it as
+    an image (a 0-byte one is reported, a good one decodes with --decode)."""
+    import gzip
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "good", "jpg.gz": gzip.compress(jpeg_bytes(1))})
+        w.write({"__key__": "empty", "jpg.gz": b""})
+    for decode in (False, True):
+        problems = verify(path, decode=decode, progress=False).problems
+        assert len(problems) == 1 and "'empty'" in problems[0] and "0 bytes" in problems[0], problems
+
+
 @pytest.mark.parametrize("name,size,mtime", [("a/b/0001.jpg", 20000, 0), ("x.txt", 0, 1700000000),
                                              ("k" * 95 + ".jpg", 12345678, 5)])
 def test_fast_tar_headers_are_byte_identical_to_tarfile(name, size, mtime):

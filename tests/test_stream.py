@@ -655,3 +655,42 @@ class _Rows(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.rows[i]
+
+
+def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
+    """A user's Collate is used as given, and raw images stay packed whatever it does with
+    ``self.pack`` (a list, passed on to mmloader.collate / collate_columns) and whichever path
+    built the batch (a skipped empty image sends one batch sample by sample)."""
+    from mmloader.batching import collate_columns
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(8):
+            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, (8, 8)) if i != 5 else b""})
+
+    class ListPack(mmloader.Collate):
+        def __init__(self):
+            super().__init__()
+            self.pack = []
+
+    class PassesPackOn(mmloader.Collate):
+        def __call__(self, samples):
+            return mmloader.collate(samples, self.pad_value, self.masks, self.pack)
+
+    class ColumnsPassOn(mmloader.Collate):
+        def columns(self, columns):
+            return collate_columns(columns, self.pad_value, self.masks, self.pack)
+
+    def plain_function(samples):
+        return {**mmloader.collate(samples), "mine": True}
+
+    for coll in (ListPack(), PassesPackOn(), ColumnsPassOn(), plain_function):
+        stream = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, output="raw")), batch_size=4,
+                                 shuffle=False, on_error="skip", collate_fn=coll)
+        batches = list(mmloader.loader(stream, 1, backend="thread"))
+        assert len(batches) == 2
+        for b in batches:
+            assert "image" in b["__offsets__"], coll
+            assert all(bytes(t.numpy()) == mmloader.open(path).get(k)["jpg"]
+                       for k, t in zip(b["__key__"], mmloader.unpack(b, "image")))
+        if isinstance(coll, mmloader.Collate):
+            assert coll.pack == ()  # outside a stream's call: what the user gave
