@@ -93,8 +93,7 @@ class Collate:
     @property
     def pack(self) -> tuple[str, ...]:
         """The modalities packed: those given, plus the stream's (:func:`packing_also`)."""
-        also = _STREAM_PACK.get()
-        return tuple(dict.fromkeys((*self._pack, *also))) if also else self._pack
+        return with_stream_pack(self._pack)
 
     @pack.setter
     def pack(self, names: Sequence[str]) -> None:
@@ -112,6 +111,12 @@ class Collate:
 # The modalities a stream's readers deliver as encoded bytes: set around the stream's call to its
 # collate_fn (per thread), read by Collate.pack and collate(), so the user's Collate needs no copy.
 _STREAM_PACK: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("mmloader_stream_pack", default=())
+
+
+def with_stream_pack(pack: tuple[str, ...]) -> tuple[str, ...]:
+    """``pack`` and, while a stream collates, the modalities its readers deliver as encoded bytes."""
+    also = _STREAM_PACK.get()
+    return tuple(dict.fromkeys((*pack, *also))) if also else pack
 
 
 def packing_also(pack: tuple[str, ...], fn: Callable[[Any], Any], arg: Any) -> Any:
@@ -150,8 +155,7 @@ def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequ
             pack: Sequence[str] = ()) -> dict[str, Any]:
     """The default collate for :class:`mmloader.Stream` batches (rows of samples); packs ``pack``
     and, called while a stream collates, the modalities its readers deliver as encoded bytes."""
-    also = _STREAM_PACK.get()
-    return collate_columns(sample_columns(samples), pad_value, masks, (*pack, *also) if also else pack)
+    return collate_columns(sample_columns(samples), pad_value, masks, with_stream_pack(tuple(pack)))
 
 
 def sample_columns(samples: Sequence[dict[str, Any]]) -> dict[str, list]:

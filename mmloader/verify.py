@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import zlib
@@ -39,6 +40,7 @@ class Report:
         return head + f"{len(self.problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in self.problems)
 
 
+@functools.lru_cache(maxsize=None)  # asked for every value; a dataset has a few field names
 def _is_image(field: str) -> bool:
     field = field[:-3] if field.endswith(".gz") else field  # readers gunzip, then decode
     return field.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS

@@ -6,6 +6,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -607,7 +608,7 @@ def test_collate_subclass_overriding_columns_sees_batches_built_sample_by_sample
 
     skipping = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path)), batch_size=4, shuffle=False,
                                on_error="skip", collate_fn=Tagged())
-    rows = mmloader.Stream(_Rows([{"x": torch.tensor(i)} for i in range(8)]), batch_size=4, shuffle=False,
+    rows = mmloader.Stream([{"x": torch.tensor(i)} for i in range(8)], batch_size=4, shuffle=False,
                            collate_fn=Tagged())
     for stream in (skipping, rows):
         batches = list(mmloader.loader(stream, 1, backend="thread"))
@@ -620,7 +621,7 @@ def test_a_users_collate_is_used_as_given_also_when_raw_images_are_packed(tmp_pa
     path = tmp_path / "d.lmdb"
     with mmloader.LMDBWriter(path) as w:
         for i in range(8):
-            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, (8, 8)), "npy": _npy([i, i])})
+            w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, (8, 8)), "npy": np.array([i, i], dtype=np.int64)})
     for output in ("tensor", "raw"):
         coll = mmloader.Collate()
         ds = mmloader.zip(image=mmloader.ImageReader(path, output=output), x=mmloader.ArrayReader(path))
@@ -634,27 +635,6 @@ def test_a_users_collate_is_used_as_given_also_when_raw_images_are_packed(tmp_pa
         batch = next(iter(loader))
         assert batch["__mask__"]["x"].all(), output
         assert ("image" in batch.get("__offsets__", {})) == (output == "raw")
-
-
-def _npy(values) -> bytes:
-    import io
-    import numpy as np
-    out = io.BytesIO()
-    np.save(out, np.asarray(values, dtype=np.int64))
-    return out.getvalue()
-
-
-class _Rows(torch.utils.data.Dataset):
-    """A plain map-style dataset (no whole-batch reads)."""
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return self.rows[i]
 
 
 def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
