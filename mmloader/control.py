@@ -6,12 +6,20 @@ changes made in the training process never reach them (a classic trap:
 resume flag therefore live in a small tensor in shared memory, which forked,
 spawned and forkserver workers all map; so do per-worker counters of skipped
 samples, so the training process can report them.
+
+Only DataLoader workers share it with the process that made it. A Stream that reaches
+another training process (Lightning's ``ddp_spawn`` pickles the module, ``ddp_fork``
+forks the parent) gets its own copy there on first use: sharing one tensor between
+ranks would give every rank the first rank's place in the world.
 """
 from __future__ import annotations
 
+import os
 import threading
+from typing import Any
 
 import torch
+import torch.utils.data
 
 from .distributed import rank_and_world
 
@@ -27,15 +35,27 @@ class SharedControl:
     """
 
     def __init__(self):
-        self._t = torch.zeros(4 + _SKIP_SLOTS, dtype=torch.int64).share_memory_()
+        self._tensor = torch.zeros(4 + _SKIP_SLOTS, dtype=torch.int64).share_memory_()
         self._lock = threading.Lock()
+        self._owner = os.getpid()
 
     def __getstate__(self) -> dict:
-        return {"_t": self._t}
+        return {"_tensor": self._tensor, "_owner": self._owner}
 
     def __setstate__(self, state: dict) -> None:
-        self._t = state["_t"]
+        self._tensor, self._owner = state["_tensor"], state["_owner"]
         self._lock = threading.Lock()
+
+    @property
+    def _t(self) -> torch.Tensor:
+        if self._owner != os.getpid() and torch.utils.data.get_worker_info() is None:
+            # Another training process (not a DataLoader worker of ours): its own state from now
+            # on, with its place in the world still to be found.
+            self._tensor = self._tensor.clone().share_memory_()
+            self._tensor[_RANK] = self._tensor[_WORLD] = 0
+            self._tensor[4:] = 0
+            self._owner = os.getpid()
+        return self._tensor
 
     @property
     def epoch(self) -> int:
@@ -58,11 +78,13 @@ class SharedControl:
             raise ValueError(f"rank {rank} outside world {world}")
         self._t[_RANK], self._t[_WORLD] = rank, world
 
-    def world(self) -> tuple[int, int]:
-        """(rank, world): fixed on first use from ``torch.distributed`` or the environment."""
-        if int(self._t[_WORLD]) == 0:
-            self.set_world(*rank_and_world())
-        return int(self._t[_RANK]), int(self._t[_WORLD])
+    def world(self, group: Any = None) -> tuple[int, int]:
+        """(rank, world): fixed on first use from ``group`` (a ProcessGroup), else
+        ``torch.distributed`` or the environment."""
+        t = self._t
+        if int(t[_WORLD]) == 0:
+            self.set_world(*rank_and_world(group))
+        return int(t[_RANK]), int(t[_WORLD])
 
     def count_skip(self, worker: int | None) -> None:
         """One more skipped sample, counted by the worker process ``worker`` (None: this process).

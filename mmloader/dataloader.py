@@ -36,18 +36,32 @@ def default_num_workers() -> int:
     return max(1, available_cpus() // max(local_world_size(), 1))
 
 
-class Loader(Resumable, torch.utils.data.DataLoader):
-    """A :class:`torch.utils.data.DataLoader` over a :class:`Stream` that knows where it is.
+class Loader(Resumable):
+    """Batches of a :class:`Stream` from DataLoader worker processes, knowing where it is.
 
     ``state_dict()`` records the epoch and how many batches this rank has
     delivered; ``load_state_dict()`` resumes at exactly the next unseen batch by
     arithmetic (nothing is replayed), also onto another world size or worker count.
+
+    It runs a :class:`torch.utils.data.DataLoader` (``loader.dataloader``; its public
+    attributes, e.g. ``num_workers``, read through) but is not one: frameworks that
+    rebuild or re-shard DataLoaders (accelerate's ``prepare``, HF Trainer) leave it as
+    it is, so the sharding stays mmloader's.
 
     >>> loader = mmloader.loader(stream, backend="process")     # doctest: +SKIP
     >>> for epoch in range(start_epoch, 100):                    # doctest: +SKIP
     ...     loader.set_epoch(epoch)
     ...     for batch in loader:
     ...         step(batch); ckpt["loader"] = loader.state_dict()
+
+    Args:
+        stream: the Stream to deliver.
+        num_workers: worker processes (default: the CPUs per local rank).
+        pin_memory: pin batches (default: when CUDA is available).
+        persistent_workers: keep workers between passes (default: with workers).
+        prefetch_factor: batches each worker builds ahead (default 2).
+        ring: batches cross from workers through shared-memory slots (:mod:`mmloader.ring`).
+        **kwargs: other :class:`torch.utils.data.DataLoader` options (e.g. ``multiprocessing_context``).
     """
 
     def __init__(self, stream: Stream, num_workers: int | None = None, *, pin_memory: bool | None = None,
@@ -69,16 +83,26 @@ class Loader(Resumable, torch.utils.data.DataLoader):
         # Batches leave the Stream collated: no second conversion (torch's default one turns a
         # collate's tuples into lists, so the two backends would differ).
         kwargs.setdefault("collate_fn", _as_is)
-        super().__init__(_RingStream(stream, self.ring) if self.ring is not None else stream, batch_size=None,
-                         num_workers=workers, pin_memory=pin_memory and not self.pin_batches,
-                         persistent_workers=persistent_workers and workers > 0,
-                         prefetch_factor=prefetch_factor if workers > 0 else None, **kwargs)
+        self.dataloader = torch.utils.data.DataLoader(
+            _RingStream(stream, self.ring) if self.ring is not None else stream, batch_size=None,
+            num_workers=workers, pin_memory=pin_memory and not self.pin_batches,
+            persistent_workers=persistent_workers and workers > 0,
+            prefetch_factor=prefetch_factor if workers > 0 else None, **kwargs)
         self.stream = stream
         self.batches_seen = 0
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def __getattr__(self, attr: str) -> Any:  # num_workers, pin_memory... of the DataLoader
+        if attr.startswith("_") or attr in ("dataloader", "stream", "ring"):
+            raise AttributeError(attr)
+        return getattr(self.dataloader, attr)
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self) -> Iterator[Any]:
         self.stream._where()  # fix rank/world in the main process, before workers start
-        iterator = super().__iter__()
+        self._begin_pass()
+        iterator = iter(self.dataloader)
         # Persistent workers reuse one iterator, which remembers the length of the pass it was
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
@@ -112,7 +136,7 @@ class Loader(Resumable, torch.utils.data.DataLoader):
 
     def _dead_workers(self, wait_s: float = 2.0) -> list[str]:
         """Workers that exited, waiting a moment for one whose death broke the connection."""
-        workers = getattr(getattr(self, "_iterator", None), "_workers", [])
+        workers = getattr(getattr(self.dataloader, "_iterator", None), "_workers", [])
         deadline = time.monotonic() + wait_s
         while True:
             dead = [f"pid {w.pid} killed by signal {-w.exitcode}" if w.exitcode < 0
@@ -122,16 +146,21 @@ class Loader(Resumable, torch.utils.data.DataLoader):
             time.sleep(0.05)
 
     def _shutdown(self) -> None:
-        if getattr(self, "_iterator", None) is not None:
-            workers = list(getattr(self._iterator, "_workers", []))
-            self._iterator._shutdown_workers()
-            self._iterator = None
+        dataloader = self.__dict__.get("dataloader")
+        if getattr(dataloader, "_iterator", None) is not None:
+            workers = list(getattr(dataloader._iterator, "_workers", []))
+            dataloader._iterator._shutdown_workers()
+            dataloader._iterator = None
             killed = [w.pid for w in workers if w.exitcode is not None and w.exitcode < 0]
             if killed:  # (checked first: at interpreter exit this module's functions may be gone)
                 _remove_orphan_segments(killed)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume mid-epoch. Persistent workers restart once so they see the new plan."""
+        """Resume mid-epoch. Persistent workers restart once so they see the new plan.
+
+        Args:
+            state: a :meth:`state_dict` of this stream.
+        """
         super().load_state_dict(state)
         self._shutdown()
 

@@ -62,12 +62,13 @@ class GPUDecode:
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
         self._held_state: Any = None  # the loader's state when the batch the caller holds was taken
+        self._left_early = False  # the caller stopped taking batches before the pass ended
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, attr: str) -> Any:  # epoch, stream... of the loader
-        if attr in ("loader", "__setstate__", "_held_state"):
+        if attr in ("loader", "__setstate__", "_held_state", "_left_early"):
             raise AttributeError(attr)
         return getattr(self.loader, attr)
 
@@ -81,12 +82,20 @@ class GPUDecode:
         return held() if callable(held) else held
 
     def load_state_dict(self, state: dict) -> None:
-        self._held_state = None
+        """Resume the loader at ``state`` (a :meth:`state_dict`)."""
+        self._held_state, self._left_early = None, False
         self.loader.load_state_dict(state)  # type: ignore[attr-defined]
 
     def set_epoch(self, epoch: int) -> None:
-        self._held_state = None
+        """Select the loader's epoch (see :meth:`mmloader.Loader.set_epoch`)."""
+        self._held_state, self._left_early = None, False
         self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+
+    @property
+    def sampler(self) -> Any:
+        """Where Lightning and accelerate call ``set_epoch``: it reaches this wrapper (and the loader)."""
+        from .resumable import EpochSampler
+        return EpochSampler(self)  # type: ignore[arg-type]
 
     def _snapshot(self) -> Any:
         """The loader's state right now, cheaply: mmloader's loaders give a deferred state."""
@@ -184,8 +193,14 @@ class GPUDecode:
     def __iter__(self) -> Iterator[dict]:
         # Batch n+1 is decoded (on the side stream with CUDA) while the caller works on batch n.
         # The same read-ahead runs on the CPU, so its bookkeeping is tested without a GPU.
+        if self._left_early and self._held_state is not None:
+            # The last pass was left early: continue after the batch the caller last received,
+            # not after the one decoded ahead (the loader would count that one as delivered).
+            self.loader.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
+        batches = iter(self.loader)
+        self._held_state, self._left_early = self._snapshot(), True  # nothing received of this pass yet
         pending = None
-        for batch in self.loader:
+        for batch in batches:
             state = self._snapshot()  # taken before the next batch is read ahead
             with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
                 ready = self._process(batch)
@@ -198,6 +213,7 @@ class GPUDecode:
             pending = (ready, event, state)
         if pending is not None:
             yield self._handoff(*pending)
+        self._left_early = False
 
     def _handoff(self, batch: dict, event: Any, state: Any) -> dict:
         self._held_state = state

@@ -1,10 +1,79 @@
-"""The resume protocol both loader backends share: ``set_epoch``, ``state_dict``, ``load_state_dict``."""
+"""The resume protocol both loader backends share: epochs, ``state_dict``, ``load_state_dict``.
+
+What each pass of a loader delivers (the same on both backends, under ``GPUDecode``
+and with persistent workers):
+
+* the first pass: the current epoch (0 unless ``set_epoch`` or ``load_state_dict`` chose);
+* after ``load_state_dict``: the rest of the saved epoch, for that one pass only;
+* after ``set_epoch(e)``: epoch ``e`` from its start;
+* otherwise, after a completed pass: the next epoch, so a loop that never calls
+  ``set_epoch`` still gets a new order each epoch;
+* otherwise, after a pass left early (a ``break``, a framework's batch limit): the same
+  epoch from its next unseen batch, exactly as a resume from ``state_dict()`` taken
+  then. Frameworks that limit batches per epoch call ``set_epoch`` before the next
+  one (Lightning does, through :attr:`Resumable.sampler`), which starts it afresh.
+
+The formats follow torchdata's ``StatefulDataLoader``: ``state_dict()`` is plain data
+(JSON-able), taken at any point, loaded before the next pass.
+"""
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Iterator
 
 from .stream import Stream
+
+
+class EpochSampler:
+    """What frameworks find at ``loader.sampler``: ``set_epoch`` reaches the loader.
+
+    Lightning, accelerate and HF Trainer call ``set_epoch`` on a loader's sampler at
+    each epoch (as they would on a ``DistributedSampler``); mmloader has no sampler,
+    its plan does the sharding, so this one only forwards the epoch.
+
+    Args:
+        loader: the loader whose epoch it sets.
+    """
+
+    def __init__(self, loader: "Resumable"):
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select ``epoch`` on the loader (see :meth:`Resumable.set_epoch`)."""
+        self.loader.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[None]:
+        raise TypeError("mmloader's loaders plan their own batches; this sampler only carries set_epoch")
+
+
+class LoaderStats:
+    """How long the training loop waited for data, and for how long it ran between batches.
+
+    ``wait`` is the time spent inside the loader's ``next()``; ``compute`` the time
+    between receiving a batch and asking for the next one. The first batch of each pass
+    (starting workers, filling the pipeline) is counted apart, in ``first_wait``.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Start counting afresh."""
+        self.batches, self.samples, self.wait, self.compute = 0, 0, 0.0, 0.0
+        self.first_batches, self.first_wait, self.samples_after_first = 0, 0.0, 0
+
+    def as_dict(self) -> dict[str, float]:
+        """The figures as plain numbers (per batch in milliseconds; rates per second)."""
+        timed = self.batches - self.first_batches
+        total = self.wait + self.compute
+        return {"batches": self.batches, "samples": self.samples,
+                "wait_s": self.wait, "compute_s": self.compute, "first_batch_wait_s": self.first_wait,
+                "wait_ms_per_batch": 1e3 * self.wait / timed if timed else 0.0,
+                "compute_ms_per_batch": 1e3 * self.compute / timed if timed else 0.0,
+                "wait_fraction": self.wait / total if total else 0.0,
+                "batches_per_s": timed / total if total else 0.0,
+                "samples_per_s": self.samples_after_first / total if total else 0.0}
 
 
 class Resumable:
@@ -17,28 +86,99 @@ class Resumable:
     stream: Stream
     batches_seen = 0
     epoch_done = False
+    _passes = 0
+    _stats: LoaderStats | None = None
 
     @property
     def epoch(self) -> int:
         """The epoch being delivered (after ``load_state_dict``: the epoch the state resumes)."""
         return self.stream.epoch
 
+    @property
+    def sampler(self) -> EpochSampler:
+        """An object with ``set_epoch``, where Lightning and accelerate look for one."""
+        return EpochSampler(self)
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; keeps a pending resume of this same epoch (see :meth:`Stream.set_epoch`)."""
-        if epoch != self.stream.epoch or self.epoch_done:
-            self.batches_seen, self.epoch_done = 0, False
+        """Select the epoch the next pass delivers, from its start; a resume pending for this same
+        epoch is kept (see :meth:`Stream.set_epoch`).
+
+        Args:
+            epoch: the epoch number (its order is a function of the stream's seed and it).
+        """
         self.stream.set_epoch(epoch)
+        self.batches_seen, self.epoch_done = 0, False
+
+    def _begin_pass(self) -> None:
+        """Decide what this pass delivers (the module docstring's rules), before workers start."""
+        stream = self.stream
+        if stream._resume_fresh:
+            stream._resume_fresh = False  # it applies to this pass only
+        elif stream._epoch_chosen or self._passes == 0:
+            if stream.control.resuming:
+                stream.drop_resume()  # a resume some earlier pass delivered
+        elif self.epoch_done:
+            stream.drop_resume()
+            stream.control.epoch = stream.epoch + 1
+        else:  # left early: continue this epoch at its next unseen batch
+            self.load_state_dict(self.state_dict())
+            stream._resume_fresh = False
+        stream._epoch_chosen = False
+        self._passes += 1
+        self.batches_seen, self.epoch_done = 0, False
 
     def _counted(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        self.batches_seen, self.epoch_done = 0, False
-        total = len(self.stream)
-        for batch in iterator:
+        total = self.stream.remaining()
+        if total == 0:
+            self.epoch_done = True
+        stats = self.stats_counter
+        batch_size = self.stream.batch_size or 1
+        clock = time.perf_counter
+        first = True
+        while True:
+            asked = clock()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            got = clock()
+            stats.batches += 1
+            stats.samples += batch_size
+            if first:
+                stats.first_batches += 1
+                stats.first_wait += got - asked
+                first = False
+            else:
+                stats.wait += got - asked
+                stats.samples_after_first += batch_size
             self.batches_seen += 1
+            # Counted as delivered now: frameworks that know the length (Lightning) never ask
+            # for the batch after the last, so the pass may never see StopIteration.
             self.epoch_done = self.batches_seen >= total
             yield batch
-        # A full pass ended: the next pass (same epoch or next) starts from the beginning.
-        self.epoch_done = True
-        self.stream.end_of_pass()
+            stats.compute += clock() - got
+
+    @property
+    def stats_counter(self) -> LoaderStats:
+        if self._stats is None:
+            self._stats = LoaderStats()
+        return self._stats
+
+    def stats(self, reset: bool = False) -> dict[str, float]:
+        """How the training loop waited for data since the loader was made (or last reset).
+
+        Keys: ``batches``, ``samples``, ``wait_s`` (inside ``next()``), ``compute_s``
+        (between batches), ``first_batch_wait_s`` (each pass's first batch, counted apart),
+        ``wait_ms_per_batch``, ``compute_ms_per_batch``, ``wait_fraction`` (of the loop's
+        time; near 0 when data keeps up), ``batches_per_s`` and ``samples_per_s`` delivered.
+
+        Args:
+            reset: start counting afresh after reading (for per-interval logging).
+        """
+        figures = self.stats_counter.as_dict()
+        if reset:
+            self.stats_counter.reset()
+        return figures
 
     def state_dict(self) -> dict:
         """Where this rank is: epoch plus delivered batches (and the plan geometry to check against).
@@ -50,6 +190,10 @@ class Resumable:
         return functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume at exactly the next unseen batch (also on another world size or worker count)."""
+        """Resume at exactly the next unseen batch (also on another world size or worker count).
+
+        Args:
+            state: a :meth:`state_dict` of this stream (the next pass delivers the rest of its epoch).
+        """
         self.stream.resume(state)
         self.batches_seen, self.epoch_done = 0, False

@@ -49,18 +49,26 @@ class Stream(torch.utils.data.IterableDataset):
       position); :func:`mmloader.rng` gives it, and worker processes running user Python
       also reseed the global RNGs with it (see :mod:`mmloader.seeding`).
 
+    * Epochs advance by themselves: each pass of a loader after a completed pass is the
+      next epoch; ``set_epoch`` chooses one explicitly; a pass after one left early
+      continues that epoch at its next unseen batch (see :class:`mmloader.resumable.Resumable`).
+    * ``group``: the data-parallel process group (a ``torch.distributed`` ProcessGroup, or
+      a 1-D ``DeviceMesh`` such as ``mesh["dp"]``): rank and world size come from it, so
+      the tensor-parallel peers of one data-parallel rank get the same batches.
+
     >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
     >>> loader = mmloader.loader(stream)                    # doctest: +SKIP
     >>> for epoch in range(10):                             # doctest: +SKIP
-    ...     loader.set_epoch(epoch)
-    ...     for batch in loader: ...
+    ...     for batch in loader: ...                        # epochs 0, 1, 2 ... in new orders
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, *, block_size: int = 1024, window_blocks: int = 16,
                  collate_fn: Callable[[list], Any] | None = collate, on_error: str = "raise",
                  max_consecutive_errors: int = 100, seed_workers: bool = True,
-                 bucket_by: str | Callable[[int], int] | None = None, bucket_window: int = 64):
+                 bucket_by: str | Callable[[int], int] | None = None, bucket_window: int = 64,
+                 group: Any = None):
+        from .distributed import data_parallel_group
         from .mixture import Mix
         _check_options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                        block_size=block_size, window_blocks=window_blocks, bucket_window=bucket_window,
@@ -87,6 +95,10 @@ class Stream(torch.utils.data.IterableDataset):
             raise ValueError(f"bucket_by={bucket_by!r} is not a modality of the dataset ({names})")
         self.bucket_by, self.bucket_window = bucket_by, bucket_window
         self.control = SharedControl()
+        self.group = data_parallel_group(group)
+        self._epoch_chosen = False  # set_epoch was called since the last pass began
+        self._resume_fresh = False  # load_state_dict was called since the last pass began
+        self._steps_before = 0  # batches (samples unbatched) this rank delivered of the resumed epoch before
         self.builder = BatchBuilder(self.datasets, self.mix.names if self.mix is not None else None,
                                     collate_fn, on_error, max_consecutive_errors, self.control)
         self.collate_fn, self.on_error = collate_fn, on_error
@@ -118,19 +130,32 @@ class Stream(torch.utils.data.IterableDataset):
         epoch = int(epoch)
         pending = self._resume
         if self.control.resuming and (pending is None or pending["epoch"] != epoch):
-            if pending is not None:
+            if pending is not None and self._resume_fresh:
                 warnings.warn(f"set_epoch({epoch}) drops the pending resume of epoch {pending['epoch']} "
                               "(load_state_dict): that epoch's unseen samples will not be delivered",
                               stacklevel=2)
-            self.control.resuming = False
+            self.drop_resume()
         self.control.epoch = epoch
+        self._epoch_chosen = True
+
+    def drop_resume(self) -> None:
+        """Forget a resume (the next pass of its epoch delivers the whole epoch)."""
+        self.control.resuming = False
+        self._resume, self._resume_fresh, self._steps_before = None, False, 0
 
     def set_world(self, rank: int, world: int) -> None:
-        """Fix (rank, world); by default they are detected at first use."""
+        """Fix (rank, world); by default they are detected at first use (from ``group``)."""
         self.control.set_world(rank, world)
 
     def _where(self) -> tuple[int, int]:
-        return self.control.world()
+        return self.control.world(self.group)
+
+    def __getstate__(self) -> dict:
+        # A process group cannot cross to worker processes; they read (rank, world) from the
+        # shared control, which the training process fixes before starting them.
+        state = self.__dict__.copy()
+        state["group"] = None
+        return state
 
     def plan(self, epoch: int | None = None):
         """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``."""
@@ -176,7 +201,15 @@ class Stream(torch.utils.data.IterableDataset):
                 "padding": max(per_rank * world - len(visit), 0)}
 
     def __len__(self) -> int:
-        """Batches per rank when batching, else samples per rank."""
+        """Batches per rank of the epoch when batching, else samples per rank.
+
+        During a resumed pass this is still the whole epoch's count, as frameworks expect
+        (they count the steps already taken): the batches delivered before the state was
+        saved plus those still to come (:meth:`remaining`)."""
+        return self._steps_before + self.remaining()
+
+    def remaining(self) -> int:
+        """Batches (samples unbatched) per rank that the current pass delivers."""
         g = self.geometry()
         return g["batches_per_rank"] if self.batch_size else g["samples_per_rank"]
 
@@ -191,7 +224,8 @@ class Stream(torch.utils.data.IterableDataset):
         return progress_state(seed=self.seed, epoch=epoch, world=world, plan_len=len(plan),
                               ranges=visit.as_list(), samples_per_rank=per_rank,
                               consumed=0 if epoch_done else batches_seen * (self.batch_size or 1),
-                              batch_size=self.batch_size, drop_last=self.drop_last)
+                              batch_size=self.batch_size, drop_last=self.drop_last,
+                              steps=0 if epoch_done else self._steps_before + batches_seen)
 
     def resume(self, state: dict) -> None:
         """Continue ``state``'s epoch with only the samples it had not delivered.
@@ -204,10 +238,8 @@ class Stream(torch.utils.data.IterableDataset):
         self.control.epoch = state["epoch"]
         self._resume = {"epoch": state["epoch"], "ranges": ranges}
         self.control.resuming = True
-
-    def end_of_pass(self) -> None:
-        """Called when a full pass over the epoch finished: a repeat pass is a full epoch."""
-        self.control.resuming = False
+        self._resume_fresh = True
+        self._steps_before = int(state.get("steps", state["consumed"] // (state.get("batch_size") or 1)))
 
     def python_work(self) -> list[str]:
         """What in this pipeline runs user Python per sample or batch (transforms, custom

@@ -171,7 +171,7 @@ SCRIPT = textwrap.dedent("""
                              multiprocessing_context="fork")
     for i, batch in enumerate(loader):
         if i == 2:
-            print("pids", os.getpid(), *[w.pid for w in loader._iterator._workers], flush=True)
+            print("pids", os.getpid(), *[w.pid for w in loader.dataloader._iterator._workers], flush=True)
             {action}
         time.sleep(0.2)
 """)
@@ -181,7 +181,7 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("action", ["os.kill(os.getpid(), signal.SIGINT)",
                                     # the killed worker is made to leave a segment behind, as it does
                                     # when killed between torch's shm_open and unlink
-                                    "w = loader._iterator._workers[0].pid; "
+                                    "w = loader.dataloader._iterator._workers[0].pid; "
                                     "open(f'/dev/shm/torch_{w}_999999', 'w').close(); "
                                     "os.kill(w, signal.SIGKILL)"])
 def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):

@@ -50,6 +50,8 @@ def _rank_main(rank: int, init: str, cases: list, out: str) -> None:
     loader = mmloader.loader(_stream(path, 4), num_workers=2, multiprocessing_context="fork")
     loader.set_epoch(1)
     epoch1 = _keys(loader)
+    epoch2_by_itself = _keys(loader)  # a pass after a completed pass is the next epoch
+    loader.set_epoch(1)
     epoch1_again = _keys(loader)
     loader.set_epoch(2)
     epoch2 = _keys(loader)
@@ -63,6 +65,7 @@ def _rank_main(rank: int, init: str, cases: list, out: str) -> None:
     resumed = _keys(resumed_loader)
     after_resume_next_epoch = (resumed_loader.set_epoch(2), _keys(resumed_loader))[1]
     results["_resume"] = {"epoch1": epoch1, "epoch1_again": epoch1_again, "epoch2": epoch2,
+                          "epoch2_by_itself": epoch2_by_itself,
                           "first": first, "state": state, "resumed": resumed,
                           "next_epoch": after_resume_next_epoch}
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
@@ -108,6 +111,7 @@ def test_same_seed_same_order_other_epoch_other_order(ddp_run):
         res = r["_resume"]
         assert res["epoch1"] == res["epoch1_again"]
         assert res["epoch1"] != res["epoch2"]
+        assert res["epoch2_by_itself"] == res["epoch2"]
         assert sorted(_flat(res["epoch1"])) != _flat(res["epoch1"])  # really shuffled
     both = [_flat(r["_resume"]["epoch1"]) for r in results]
     assert not set(both[0]) & set(both[1])  # ranks see disjoint samples (1000 divides evenly)
@@ -206,6 +210,7 @@ def test_thread_backend_same_batches_and_resume(tmp_path):
     process = _keys(mmloader.loader(_stream(path, 5), num_workers=2))
     thread = mmloader.loader(_stream(path, 5), num_workers=2, backend="thread")
     assert _keys(thread) == process and len(thread) == len(process)
+    thread.set_epoch(0)  # (without it, this pass would be epoch 1)
     it = iter(thread)
     for _ in range(4):
         next(it)

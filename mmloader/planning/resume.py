@@ -14,8 +14,12 @@ STATE_VERSION = 1
 
 
 def progress_state(*, seed: int, epoch: int, world: int, plan_len: int, ranges: list, samples_per_rank: int,
-                   consumed: int, batch_size: int | None, drop_last: bool) -> dict:
+                   consumed: int, batch_size: int | None, drop_last: bool, steps: int | None = None) -> dict:
     """The state after every rank delivered ``consumed`` of its ``samples_per_rank`` samples.
+
+    ``steps``: batches (samples unbatched) each rank has delivered of this epoch in all,
+    counting passes before a resume (default: those of ``consumed``): what a framework
+    restored from the same checkpoint counts as the epoch's steps done.
 
     >>> progress_state(seed=0, epoch=2, world=1, plan_len=8, ranges=[[0, 8]], samples_per_rank=8,
     ...                consumed=4, batch_size=4, drop_last=False)["consumed"]
@@ -24,7 +28,8 @@ def progress_state(*, seed: int, epoch: int, world: int, plan_len: int, ranges: 
     return {"version": STATE_VERSION, "seed": int(seed), "epoch": int(epoch), "world": int(world),
             "plan_len": int(plan_len), "ranges": [list(map(int, r)) for r in ranges],
             "samples_per_rank": int(samples_per_rank), "consumed": min(int(consumed), int(samples_per_rank)),
-            "batch_size": batch_size, "drop_last": bool(drop_last)}
+            "batch_size": batch_size, "drop_last": bool(drop_last),
+            "steps": int(consumed) // (batch_size or 1) if steps is None else int(steps)}
 
 
 def resume_ranges(state: dict, *, seed: int, plan_len: int, world: int) -> list[tuple[int, int]]:
