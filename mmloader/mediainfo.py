@@ -114,6 +114,15 @@ def _seconds(d: float | None) -> str:
 def _stream_duration(stream) -> float | None:
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
+    # Matroska/WebM: the track's own length is a tag ("00:00:02.008000000"), the container's
+    # duration covers every track (an audio track may outlast the video)
+    tag = (stream.metadata or {}).get("DURATION")
+    if tag:
+        try:
+            h, m, sec = tag.split(":")
+            return int(h) * 3600 + int(m) * 60 + float(sec)
+        except ValueError:
+            return None
     return None
 
 
@@ -209,8 +218,11 @@ def check_decodes(data: Any, limits: Limits | None = None) -> MediaInfo:
         for s in streams:
             s.codec_context.thread_count = 1
             s.codec_context.options = {"err_detect": "explode"}
-        seen = {s.index: 0.0 for s in streams}
+        seen = {s.index: 0.0 for s in streams}  # where each stream's data ends (a frame's time + duration)
         for packet in container.demux(*streams):
+            if packet.pts is not None and packet.duration:
+                end = float((packet.pts + packet.duration) * packet.time_base)
+                seen[packet.stream_index] = max(seen[packet.stream_index], end)
             for frame in packet.decode():
                 if frame.time is not None:
                     seen[packet.stream_index] = max(seen[packet.stream_index], frame.time)

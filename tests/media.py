@@ -46,8 +46,10 @@ def _encode_audio(container, stream, x: np.ndarray, rate: int) -> None:
 
 
 def make_video(ext: str = "mp4", seconds: float = 2.0, fps: int = 15, width: int = 64, height: int = 48,
-               keyint: int = 10, audio_rate: int | None = None, bframes: bool = True) -> bytes:
-    """A small video (and, with ``audio_rate``, a stereo AAC/Opus track of :func:`signal`)."""
+               keyint: int = 10, audio_rate: int | None = None, bframes: bool = True,
+               audio_codec: str | None = None) -> bytes:
+    """A small video (and, with ``audio_rate``, a stereo track of :func:`signal`: AAC, or Opus in
+    WebM, or ``audio_codec``)."""
     import av
     out = io.BytesIO()
     c = av.open(out, "w", format=CONTAINER[ext])
@@ -62,8 +64,11 @@ def make_video(ext: str = "mp4", seconds: float = 2.0, fps: int = 15, width: int
         s.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}
     a = None
     if audio_rate:
-        a = c.add_stream("libopus" if ext == "webm" else "aac", rate=audio_rate if ext != "webm" else 48000)
+        acodec = audio_codec or ("libopus" if ext == "webm" else "aac")
+        a = c.add_stream(acodec, rate=48000 if acodec == "libopus" else audio_rate)
         a.layout = "stereo"
+        if acodec == "vorbis":
+            a.codec_context.options = {"strict": "-2"}  # FFmpeg's own Vorbis encoder is "experimental"
     for i in range(int(seconds * fps)):
         frame = av.VideoFrame.from_ndarray(frame_image(i, width, height), format="rgb24")
         frame.pts = i
@@ -100,6 +105,70 @@ def make_audio(ext: str = "flac", seconds: float = 2.0, rate: int = 44100, chann
     _encode_audio(c, s, x, rate)
     c.close()
     return out.getvalue()
+
+
+def index_image(i: int, width: int = 32, height: int = 32) -> np.ndarray:
+    """Frame ``i`` with its index in the pixels: the top half's level is ``i % 16``, the bottom
+    half's ``i // 16`` (steps of 14 levels, far wider than a codec's error on flat areas)."""
+    img = np.empty((height, width, 3), np.uint8)
+    img[:height // 2] = 16 + 14 * (i % 16)
+    img[height // 2:] = 16 + 14 * (i // 16)
+    return img
+
+
+def read_index(img: np.ndarray) -> int:
+    """The frame index :func:`index_image` drew, from an (H, W, 3) or (3, H, W) decoded frame."""
+    a = np.asarray(img, dtype=np.float64)
+    if a.shape[0] == 3 and a.shape[-1] != 3:
+        a = a.transpose(1, 2, 0)
+    h = a.shape[0]
+    top, bottom = a[h // 8:h * 3 // 8].mean(), a[h * 5 // 8:h * 7 // 8].mean()
+    return int(round((top - 16) / 14)) + 16 * int(round((bottom - 16) / 14))
+
+
+def make_indexed_video(ext: str, fps: float = 30, frames: int = 24, times: list[Fraction] | None = None,
+                       bframes: bool = True, keyint: int = 12) -> bytes:
+    """A 32x32 video whose frame ``i`` shows its index (:func:`index_image`), at ``i / fps``
+    seconds (29.97: ``30000/1001``), or at ``times`` (seconds, exact fractions: variable rate).
+    H.264 in mp4/mkv/mov (``bframes``: two B-frames between references, or none), VP9 in WebM."""
+    import av
+    out = io.BytesIO()
+    c = av.open(out, "w", format=CONTAINER[ext])
+    rate = Fraction(fps).limit_denominator(1001)
+    tb = Fraction(1, 1000) if times is not None else 1 / rate  # a phone's VFR: millisecond times
+    codec = "libvpx-vp9" if ext == "webm" else "libx264"
+    s = c.add_stream(codec, rate=rate)
+    s.width, s.height, s.pix_fmt = 32, 32, "yuv420p"
+    s.codec_context.gop_size = keyint
+    if times is not None:
+        s.codec_context.time_base = tb
+    if codec == "libx264":
+        s.options = {"preset": "ultrafast", "bf": "2" if bframes else "0", "sc_threshold": "0",
+                     "keyint_min": str(keyint), "crf": "18"}
+    else:
+        s.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}
+    stamps = [int(t / tb) for t in times] if times is not None else list(range(frames))
+    for i, pts in enumerate(stamps):
+        frame = av.VideoFrame.from_ndarray(index_image(i), format="rgb24")
+        frame.pts, frame.time_base = pts, tb
+        for p in s.encode(frame):
+            c.mux(p)
+    for p in s.encode(None):
+        c.mux(p)
+    c.close()
+    return out.getvalue()
+
+
+def decode_indexed(data: bytes) -> list[tuple[float, int]]:
+    """The reference: PyAV decoding every frame, in presentation order: (time in seconds from the
+    stream's start, the index its pixels show)."""
+    import av
+    c = av.open(io.BytesIO(data))
+    s = c.streams.video[0]
+    start = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
+    out = sorted((float(f.pts * s.time_base) - start, read_index(f.to_ndarray(format="rgb24"))) for f in c.decode(s))
+    c.close()
+    return out
 
 
 def decode_all_video(data: bytes, size: tuple[int, int] | None = None) -> dict[float, np.ndarray]:

@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ from mmloader.seeding import enter_batch
 av = pytest.importorskip("av")
 sf = pytest.importorskip("soundfile")
 
-from media import (decode_all_audio, decode_all_video, make_audio, make_video, signal)  # noqa: E402
+from media import (decode_all_audio, decode_all_video, decode_indexed, make_audio, make_indexed_video,  # noqa: E402
+                   make_video, read_index, signal)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +63,81 @@ def test_video_frames_equal_a_reference_decode_of_the_same_timestamps(tmp_path, 
             assert frames.shape[0] == (options["frames"] or 10) == len(shown)
             asked, step = reader.targets(mmloader.mediainfo.probe(data), f"k{i}")
             for j, (t, a) in enumerate(zip(shown, asked)):
-                expected = max((x for x in times if x <= a + 1e-6), default=times[0])
-                assert abs(t - expected) < 1e-6, (j, t, a, expected)  # the frame shown at that time
+                # frame n was encoded for n / 15 s (the container may round its time): the one
+                # shown at an asked time, or, with fps=None, consecutive frames from the first
+                n = int(np.floor(asked[0] * 15 + 1e-6)) + j if options.get("fps") is None else \
+                    int(np.floor(a * 15 + 1e-6))
+                expected = times[min(n, len(times) - 1)]
+                assert abs(t - expected) < 1e-6, (j, t, a, expected)
                 assert np.array_equal(frames[j].permute(1, 2, 0).numpy(), reference[round(t, 6)]), (ext, j, t)
+
+
+# -- frame selection on the containers' own timestamps (indices drawn in the pixels) -------------------
+#: A phone's variable frame rate: bursts at 30 fps, frames held for up to 0.4 s (milliseconds).
+PHONE_MS = [0, 33, 66, 200, 233, 500, 533, 566, 900, 933, 966, 1000, 1033, 1500, 1533, 1900]
+VFR = [Fraction(t, 1000) for t in PHONE_MS]
+
+
+def _shown_at(times: list[Fraction], t: Fraction) -> int:
+    """The index of the frame shown at ``t`` on the timeline the clip was encoded with."""
+    return max([i for i, x in enumerate(times) if x <= t] or [0])
+
+
+def _exact(x: float) -> Fraction:
+    return Fraction(x).limit_denominator(1 << 20)
+
+
+@pytest.mark.parametrize("ext,rate,bframes", [
+    ("webm", 30, False), ("webm", 15, False), ("mkv", 30, True), ("mkv", 15, False), ("mkv", 25, True),
+    ("mp4", 29.97, True), ("mp4", 60, False), ("mov", 24, True),
+    ("webm", "vfr", False), ("mkv", "vfr", True), ("mp4", "vfr", True), ("mov", "vfr", False)])
+def test_frames_are_the_ones_encoded_at_the_asked_times_in_every_container(tmp_path, ext, rate, bframes):
+    """Each frame shows its index; the expected indices come from the times the clip was encoded
+    with (not from the container's rounded timestamps, nor the reader's rule), the expected
+    timestamps from PyAV decoding every frame. Matroska/WebM store milliseconds: a 30 fps frame
+    2 at 67 ms is still the frame for 2/30 s (it was taken for frame 1 there)."""
+    if rate == "vfr":
+        times, data, fast = VFR, make_indexed_video(ext, times=VFR, bframes=bframes), Fraction(5)
+    else:
+        period = 1 / _exact(30000 / 1001 if rate == 29.97 else rate)
+        times = [i * period for i in range(int(rate))]  # one second
+        data, fast = make_indexed_video(ext, rate, frames=len(times), bframes=bframes), Fraction(round(rate), 2)
+    reference = decode_indexed(data)
+    assert [i for _, i in reference] == list(range(len(times)))  # every frame decodes to its index
+    when = {i: t for t, i in reference}
+    path = store_of(tmp_path, "x.lmdb", [{"__key__": "k", ext: data}])
+    third = float(times[3])  # exactly on frame 3's time (rounded by the container)
+    cases = [(dict(frames=8, fps=None, clip="start"), list(range(8))),
+             (dict(frames=5, fps=None, clip=third), list(range(3, 8))),
+             (dict(frames=None, fps=None, max_seconds=0.5), [i for i, t in enumerate(times) if t < Fraction(1, 2)]),
+             (dict(frames=6, fps=float(fast), clip="start"), [_shown_at(times, j / fast) for j in range(6)]),
+             (dict(frames=4, fps=float(fast), clip=third), [_shown_at(times, times[3] + j / fast) for j in range(4)])]
+    for options, expected in cases:
+        reader = mmloader.VideoReader(path, ext, **options)
+        got = [read_index(f.numpy()) for f in reader[0]]
+        assert got == expected, (options, got, expected)
+        shown = reader.timestamps[0].numpy()
+        assert np.allclose(shown, [when[i] for i in expected], atol=1e-9), (options, shown)
+
+
+def test_a_gap_in_variable_rate_video_is_not_truncation(tmp_path):
+    """Frames held 0.33 s (> 2 average frame periods) are valid: the file passes a full decode,
+    so no clip over it is truncated, nor dropped under on_error="skip"; cutting the data still
+    is a DecodeError."""
+    data = make_indexed_video("mp4", times=VFR)
+    mmloader.mediainfo.check_decodes(data)  # what convert --check-decode runs
+    path = store_of(tmp_path, "g.lmdb", [{"__key__": f"k{i}", "mp4": data} for i in range(2)])
+    for options, expected in ((dict(frames=2, fps=5, clip=0.6), [7, 7]),
+                              (dict(frames=None, fps=5, max_seconds=1.0), [0, 3, 4, 7, 7])):
+        reader = mmloader.VideoReader(path, "mp4", **options)
+        assert [read_index(f.numpy()) for f in reader[0]] == expected
+        stream = mmloader.Stream(mmloader.zip(video=reader), batch_size=2, on_error="skip", shuffle=False)
+        batches = list(mmloader.loader(stream, num_workers=1, backend="thread"))
+        assert stream.skipped == 0 and [b["__key__"] for b in batches] == [["k0", "k1"]]
+    mkv = make_indexed_video("mkv", times=VFR)
+    cut = store_of(tmp_path, "c.lmdb", [{"__key__": "cut", "mkv": mkv[:len(mkv) * 2 // 3]}])
+    with pytest.raises(DecodeError, match="truncated video.*key='cut'"):
+        mmloader.VideoReader(cut, "mkv", frames=4, fps=2, clip="start")[0]
 
 
 def _garble_packets(data: bytes, lo: float, hi: float) -> bytes:
@@ -356,6 +430,24 @@ def test_video_with_its_audio_track_aligned_by_timestamps(tmp_path, clips):
     stream = mmloader.Stream(ds, batch_size=4, seed=0)
     batch = next(iter(mmloader.loader(stream, num_workers=2, backend="thread")))
     assert batch["video"].shape == (4, 6, 3, 24, 32) and batch["audio"].shape == (4, 2, n)
+
+
+@pytest.mark.parametrize("codec", ["libopus", "vorbis"])
+def test_opus_and_vorbis_windows_in_webm_equal_a_whole_file_decode(tmp_path, codec):
+    """Matroska stores packet times in milliseconds (24 samples at 48 kHz) and Opus starts
+    ``pre_skip`` samples early: a window is placed on the codec's frame grid, not the rounded
+    packet time (it was 24 samples off for Opus at 0.5 s and 1.0 s)."""
+    data = make_video("webm", seconds=2, fps=5, width=32, height=32, audio_rate=44100, audio_codec=codec)
+    full, rate = decode_all_audio(data)
+    path = store_of(tmp_path, "o.lmdb", [{"__key__": "k", "webm": data}])
+    for clip in (0.5, 1.0, 0.77):
+        x = mmloader.AudioReader(path, "webm", sample_rate=None, mono=False, max_seconds=0.5, clip=clip)[0].numpy()
+        a = int(round(clip * rate))
+        assert x.shape == (2, int(0.5 * rate)) and np.abs(x - full[:, a:a + x.shape[1]]).max() < 1e-4, (clip,)
+    video = mmloader.VideoReader(path, "webm", frames=4, fps=5, clip=1.0, audio=dict(sample_rate=None, mono=False))
+    x, first = video.audio[0].numpy(), float(video.timestamps[0][0])
+    a = int(round(first * rate))
+    assert first == 1.0 and np.abs(x - full[:, a:a + x.shape[1]]).max() < 1e-4
 
 
 # -- converters, inspect, preview, configs ------------------------------------------------------------

@@ -34,6 +34,14 @@ SOUNDFILE_FORMATS = ("wav", "flac", "mp3", "ogg-vorbis")
 LOSSLESS_CODECS = ("flac", "alac", "wavpack") + tuple(f"pcm_{t}" for t in ("s16le", "s24le", "s32le", "f32le",
                                                                              "f64le", "u8", "s16be", "mulaw", "alaw"))
 PREROLL_S = 0.2
+#: Opus needs longer for its decoder state (CELT's energy and pitch filters) to match a whole-file
+#: decode's: measured 1.6e-3 off after 0.2 s, 1e-7 after 0.5 s (48 kHz stereo, tests/test_av.py).
+PREROLL_BY_CODEC = {"opus": 0.5, "libopus": 0.5}
+
+
+def preroll(codec: str) -> float:
+    """Seconds decoded and dropped before a window of this codec (0: it decodes from a seek exactly)."""
+    return 0.0 if codec in LOSSLESS_CODECS else PREROLL_BY_CODEC.get(codec, PREROLL_S)
 #: Codecs whose frames carry checksums: FFmpeg checks them and stops at a mismatch.
 STRICT_CODECS = ("flac", "alac", "wavpack")
 #: FFmpeg's default channel layouts by channel count (swresample needs a layout).
@@ -231,17 +239,18 @@ class AudioReader(Reader):
                 if info.video is None:
                     raise DecodeError(f"no video stream to align the audio with ({info.describe()})")
                 times, step = self.clip.targets(info, key)
-                shown = _demux_times(container, container.streams.video[0], times)
+                shown = _demux_times(container, container.streams.video[0], self.clip.plan(info, key))
                 start_s, length_s = float(shown[0]), len(times) * step
             else:
                 start_s, length_s = self.window(info.audio.duration or info.duration, key)
-            if isinstance(self.clip, VideoReader) and start_s <= PREROLL_S:
+            lead = preroll(container.streams.audio[0].codec_context.name)
+            if isinstance(self.clip, VideoReader) and start_s <= lead:
                 # from the start: a fresh demuxer (after a seek to 0 the mp4 demuxer no longer drops
                 # the encoder's priming samples, so the first samples would differ from a full decode)
                 container.close()
                 container = open_container(data)
             return _decode_audio(container, container.streams.audio[0], info, start_s, length_s, self.limits,
-                                 rewind=isinstance(self.clip, VideoReader) and start_s > PREROLL_S)
+                                 rewind=isinstance(self.clip, VideoReader) and start_s > lead)
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt audio: {e}") from None
         finally:
@@ -271,6 +280,35 @@ def _check_length(got: int, want: int, rate: int, info: MediaInfo) -> None:
                           f"asked" + (f" (the header says {declared:.2f} s)" if declared else ""))
 
 
+def _frame_grid(stream, rate: int) -> tuple[int, int] | None:
+    """(period, offset) in samples of the positions where this codec's frames can start, when the
+    container's packet times are too coarse to place a frame to the sample (Matroska/WebM store
+    milliseconds: 48 samples at 48 kHz) and the grid is fine enough to round to; else None.
+
+    Opus frames last multiples of 2.5 ms (120 samples at 48 kHz) from the first packet, which
+    starts ``pre_skip`` samples (OpusHead) before the first sample a decode returns; Vorbis
+    frames hop by multiples of a quarter of its short block (identification header) from 0."""
+    tb = stream.time_base
+    resolution = float(tb) * rate if tb else 0.0
+    if resolution <= 1.0:
+        return None
+    cc = stream.codec_context
+    extra = bytes(cc.extradata or b"")
+    grid = None
+    if cc.name in ("opus", "libopus") and rate == 48000:
+        head = extra.find(b"OpusHead")
+        pre_skip = int.from_bytes(extra[head + 10:head + 12], "little") if head >= 0 and len(extra) >= head + 12 \
+            else int(getattr(cc, "delay", 0) or 0)
+        grid = (120, -pre_skip % 120)
+    elif cc.name in ("vorbis", "libvorbis"):
+        ident = extra.find(b"\x01vorbis")
+        if ident >= 0 and len(extra) > ident + 28:
+            grid = ((1 << (extra[ident + 28] & 0x0F)) // 4, 0)
+    if grid is None or grid[0] <= resolution + 2:  # the rounding could land on the wrong boundary
+        return None
+    return grid
+
+
 def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: float | None,
                   limits: Limits, rewind: bool = False) -> tuple[np.ndarray, int]:
     """Samples of ``stream`` from ``start_s`` (seconds from its start) for ``length_s`` seconds."""
@@ -282,17 +320,18 @@ def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: 
     if not rate:
         raise DecodeError("audio stream without a sample rate")
     origin = _start(stream)
-    preroll = 0.0 if cc.name in LOSSLESS_CODECS else PREROLL_S
-    if start_s > preroll or rewind:
+    lead = preroll(cc.name)
+    if start_s > lead or rewind:
         # Lossy decoders need the frames before a position to decode it exactly (AAC and MP3 overlap
         # frames, Opus asks for 80 ms): seek earlier and drop what precedes the window. Windows that
         # start within the pre-roll are decoded from the start (a seek to 0 would keep the encoder's
         # priming samples that a fresh demuxer drops).
-        container.seek(int((max(0.0, start_s - preroll) + origin) / stream.time_base), stream=stream,
+        container.seek(int((max(0.0, start_s - lead) + origin) / stream.time_base), stream=stream,
                        backward=True)
     first = int(round(start_s * rate))
     want = None if length_s is None else int(round(length_s * rate))
     cap = int(limits.max_duration * rate) if limits.max_duration else None
+    grid = _frame_grid(stream, rate)
     parts: list[np.ndarray] = []
     have = 0
     position = None  # sample index (from the stream's start) of the next decoded sample
@@ -300,6 +339,9 @@ def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: 
         x = _planar_float(frame)
         if frame.pts is not None:
             position = int(round((float(frame.pts * stream.time_base) - origin) * rate))
+            if grid is not None:  # a coarse packet time: the frame boundary it rounds
+                period, offset = grid
+                position = offset + int(round((position - offset) / period)) * period
         elif position is None:
             position = first
         begin = position

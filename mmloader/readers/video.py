@@ -9,13 +9,24 @@ resizes them (``size=``), never at full resolution first. Nothing is written to 
 FFmpeg reads the bytes from memory.
 
 Frame selection, the same everywhere (the reader, its ``timestamps`` companion, its ``audio``
-companion): the clip asks for times ``t0 + k * step`` (``step = 1 / fps``, or the video's own
-frame period when ``fps`` is None); each time gets the frame *shown* at that time, the last
-frame whose presentation time is <= it. ``t0`` comes from ``clip``: ``"start"`` (0),
-``"center"``, a number of seconds, or ``"random"``: uniform over the positions where the clip
-fits, drawn from the batch's seed (:func:`mmloader.rng`) and the sample's key, so it is the same
-on both backends, for any worker count, after a resume, and for the companions of one reader;
-another epoch draws another position.
+companion), on the container's own timestamps whatever their time base (mp4: often 1/15360 s,
+Matroska/WebM: milliseconds), in presentation order. ``t0`` comes from ``clip``: ``"start"``
+(0), ``"center"``, a number of seconds, or ``"random"``: uniform over the positions where the
+clip fits, drawn from the batch's seed (:func:`mmloader.rng`) and the sample's key, so it is the
+same on both backends, for any worker count, after a resume, and for the companions of one
+reader; another epoch draws another position. The first frame is the one *shown* at ``t0``.
+
+* ``fps=None``: that frame and the next ``frames - 1`` decoded frames, consecutive whatever the
+  spacing (constant or variable frame rate); with ``frames=None``, every frame shown before
+  ``max_seconds``.
+* ``fps=k``: for each asked time ``t0 + j / k``, the frame shown at that time: the last one whose
+  presentation time is <= it, give or take half the stream's timestamp resolution (a 30 fps frame
+  2 stored at 67 ms in Matroska is the frame shown at 2/30 s = 66.7 ms, not the one before).
+  Where a variable-rate video holds one frame longer than ``1 / k``, that frame repeats.
+
+The ``timestamps`` companion reports each returned frame's own presentation time as stored
+(seconds from the stream's start), not the time asked: uneven for variable-rate video, in
+millisecond steps for Matroska, and repeated with a repeated frame.
 """
 from __future__ import annotations
 
@@ -153,7 +164,9 @@ class VideoReader(Reader):
 
     # -- planning a clip (header and demuxing only) ----------------------------
     def targets(self, info: MediaInfo, key: str) -> tuple[np.ndarray, float]:
-        """(times in seconds from the stream's start, step) of the frames to return."""
+        """(times in seconds from the stream's start, step) of the frames to return: the asked
+        times with ``fps=k``; with ``fps=None``, ``times[0]`` is where the consecutive frames
+        start and the rest are nominal (at the average rate: what the audio companion spans)."""
         v = info.video
         duration = v.duration if v.duration is not None else info.duration
         native = v.fps or 25.0
@@ -167,6 +180,14 @@ class VideoReader(Reader):
         room = usable - self.frames * step if duration is not None else 0.0
         t0 = clip_start(self.clip, key, room)
         return t0 + np.arange(self.frames) * step, step
+
+    def plan(self, info: MediaInfo, key: str) -> "_Plan":
+        """What :func:`_decode_targets` and :func:`_demux_times` look for."""
+        times, _step = self.targets(info, key)
+        if self.fps is not None:
+            return _Plan(times)
+        until = float(self.max_seconds) if self.frames is None else None
+        return _Plan(times, consecutive=True, until=until)
 
     def _open(self, data, key: str):
         container = open_container(data)
@@ -192,19 +213,19 @@ class VideoReader(Reader):
         av = import_av()
         container, stream, info = self._open(data, key)
         try:
-            times, step = self.targets(info, key)
+            plan = self.plan(info, key)
             v = info.video
             hw = self._output_hw(v.height, v.width)
             convert = lambda frame: frame.reformat(width=hw[1], height=hw[0], format="rgb24",  # noqa: E731
                                                    interpolation=INTERPOLATION).to_ndarray()
             try:
-                chosen = _decode_targets(container, stream, times, self.threads, convert)
+                chosen, reached = _decode_targets(container, stream, plan, self.threads, convert)
             except _Overshoot:  # the seek landed after the clip: read from the start instead
                 container.close()
                 container, stream, info = self._open(data, key)
-                chosen = _decode_targets(container, stream, times, self.threads, convert, seek=False)
+                chosen, reached = _decode_targets(container, stream, plan, self.threads, convert, seek=False)
             shown = np.array([t for t, _ in chosen], dtype=np.float64)
-            _check_not_truncated(shown, times, info)
+            _check_not_truncated(reached, plan, info)
             out = torch.from_numpy(np.stack([a for _, a in chosen])) if len({a.shape for _, a in chosen}) == 1 else None
             if out is None:
                 raise DecodeError("the frames of the clip differ in size (a resolution change mid-stream): "
@@ -228,8 +249,7 @@ class VideoReader(Reader):
         av = import_av()
         container, stream, info = self._open(data, key)
         try:
-            times, _step = self.targets(info, key)
-            return _demux_times(container, stream, times)
+            return _demux_times(container, stream, self.plan(info, key))
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt video: {e}") from None
         finally:
@@ -243,8 +263,31 @@ class _Overshoot(Exception):
     """The keyframe the demuxer seeked to lies after the first asked time."""
 
 
+class _Plan:
+    """The frames a clip asks for. ``times`` (seconds from the stream's start, ascending): with
+    ``consecutive`` False, the frame shown at each; with it True, the frame shown at
+    ``times[0]`` and the frames decoded after it: ``len(times)`` in all, or (``until`` given)
+    every one shown before ``until``."""
+
+    __slots__ = ("times", "consecutive", "until")
+
+    def __init__(self, times: np.ndarray, consecutive: bool = False, until: float | None = None):
+        self.times, self.consecutive, self.until = np.asarray(times, dtype=np.float64), consecutive, until
+
+    @property
+    def last(self) -> float:
+        """The latest time the clip asks to see (the nominal end of consecutive frames)."""
+        return float(self.times[-1]) if self.until is None else max(float(self.times[-1]), self.until)
+
+
 def _start(stream) -> float:
     return float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+
+
+def _tolerance(stream) -> float:
+    """Half the stream's timestamp resolution (0.5 ms in Matroska): a frame stored at the time
+    asked, rounded to that resolution, is still the frame shown at it."""
+    return float(stream.time_base) / 2 + 1e-9 if stream.time_base else 1e-9
 
 
 def _seek(container, stream, first_time: float) -> None:
@@ -253,37 +296,69 @@ def _seek(container, stream, first_time: float) -> None:
         container.seek(target, stream=stream, backward=True, any_frame=False)
 
 
-def _decode_targets(container, stream, times: np.ndarray, threads: int, convert: Callable, seek: bool = True
-                    ) -> list[tuple[float, Any]]:
-    """The frame shown at each of ``times`` (seconds from the stream's start), decoding only
-    what they need: GOPs (a keyframe and the packets up to the next) that show none of them are
-    skipped; in the others, decoding stops after the last frame needed, and frames well before
-    the next one needed are decoded only when other frames refer to them (``skip_frame``).
+def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Callable, seek: bool = True
+                    ) -> tuple[list[tuple[float, Any]], float | None]:
+    """The frames ``plan`` asks for, decoding only what they need: GOPs (a keyframe and the
+    packets up to the next) that show none of them are skipped; in the others, decoding stops
+    after the last frame needed, and a non-reference frame is not decoded when a later frame of
+    its GOP is shown before the next time needed (``skip_frame``).
 
-    Returns ``(time, convert(frame))`` per time asked: a frame is converted when it is chosen,
-    while the decoder still holds it, and once however many times show it."""
+    Returns ``([(time, convert(frame)), ...], reached)``: a frame is converted when it is chosen,
+    while the decoder still holds it, and once however many times it repeats. ``reached`` is None
+    when every frame was found before the stream ended, else the end (seconds from the start:
+    the last packet's time plus its duration) of what the stream holds."""
     cc = stream.codec_context
     cc.thread_count = threads
     cc.options = {"err_detect": "explode"}  # corrupt data raises instead of being concealed
     tb = stream.time_base
     origin = _start(stream)
-    pending = [origin + float(t) for t in times]  # absolute seconds, ascending
-    rate = stream.average_rate or stream.guessed_rate
-    margin = 3.0 / float(rate) if rate else 0.25  # no skipped frame can be the one shown at a time asked
+    tol = _tolerance(stream)
+    pending = [origin + float(t) for t in plan.times]  # absolute seconds, ascending
+    until = origin + plan.until if plan.until is not None else None
+    count = None if until is not None else len(pending)
     chosen: list[tuple[float, Any]] = []
     last: list = [None, None]  # the last decoded frame (shown up to the next one), converted or None
-    state = {"fed": False, "skipping": False}  # the decoder holds frames / skips non-reference ones
+    state = {"fed": False, "skipping": False, "started": False, "end": None, "stop": False}
+
+    def done() -> bool:
+        if plan.consecutive:
+            return state["stop"] or (count is not None and len(chosen) >= count)
+        return len(chosen) == len(pending)
+
+    def need() -> float:
+        """The earliest presentation time still needed (-inf: every frame from here on)."""
+        if plan.consecutive:
+            return -float("inf") if state["started"] else pending[0]
+        return pending[len(chosen)]
 
     def choose(frame, converted: list) -> tuple[float, Any]:
         if converted[0] is None:
             converted[0] = (float(frame.pts * tb) - origin, convert(frame))
         return converted[0]
 
+    def take(frame) -> None:
+        """Consecutive frames: ``frame`` is the next one, unless the clip is complete."""
+        t = float(frame.pts * tb)
+        if until is not None and chosen and t >= until - tol:
+            state["stop"] = True
+        elif not done():
+            chosen.append(choose(frame, [None]))
+
     def on_frame(frame) -> None:
-        if frame.pts is None:
+        if frame.pts is None or done():
             return
         t = float(frame.pts * tb)  # frame.time is unset on frames a drain hands out
-        while len(chosen) < len(pending) and pending[len(chosen)] < t - 1e-9:
+        if plan.consecutive:
+            if state["started"]:
+                take(frame)
+            elif pending[0] < t - tol:  # the frame before this one is the one shown at t0
+                state["started"] = True
+                if last[0] is not None:
+                    chosen.append(choose(last[0], last[1]))
+                take(frame)
+            last[0], last[1] = frame, [None]
+            return
+        while len(chosen) < len(pending) and pending[len(chosen)] < t - tol:
             if last[0] is None:  # asked before the first frame: the first frame
                 last[0], last[1] = frame, [None]
             chosen.append(choose(last[0], last[1]))
@@ -298,60 +373,85 @@ def _decode_targets(container, stream, times: np.ndarray, threads: int, convert:
                 state["fed"] = False
 
     def feed(gop: list, next_keyframe: float) -> None:
+        shown = sorted(float(p.pts * tb) for p in gop if p.pts is not None)
         for p in gop:
-            if len(chosen) == len(pending) or pending[len(chosen)] >= next_keyframe - 1e-9:
+            if done() or need() + tol >= next_keyframe:
                 break  # what is left of this GOP shows no frame asked for
-            far = p.pts is not None and float(p.pts * tb) < pending[len(chosen)] - margin
+            # skippable: a later frame of this GOP is shown before the next time needed
+            t = float(p.pts * tb) if p.pts is not None else None
+            later = next((x for x in shown if t is not None and x > t), None)
+            far = later is not None and later <= need()
             if far != state["skipping"]:
                 cc.skip_frame = "NONREF" if far else "DEFAULT"
                 state["skipping"] = far
             for frame in cc.decode(p):
                 on_frame(frame)
             state["fed"] = True
-        if len(chosen) < len(pending) and pending[len(chosen)] >= next_keyframe - 1e-9:
+        if not done() and need() + tol >= next_keyframe:
             drain()  # the next frame asked for is in a later GOP: start that one fresh
 
     if seek:
-        _seek(container, stream, float(times[0]))
+        _seek(container, stream, float(plan.times[0]))
     gop: list = []
     seen_keyframe = False
     for packet in container.demux(stream):
         if packet.size == 0 and packet.pts is None:
             continue  # the demuxer's end-of-stream marker
+        if packet.pts is not None:
+            end = float((packet.pts + (packet.duration or 0)) * tb)
+            state["end"] = end if state["end"] is None else max(state["end"], end)
         if packet.is_keyframe and packet.pts is not None:
             k_time = float(packet.pts * tb)
-            if not seen_keyframe and seek and k_time > pending[0] + 1e-9 and k_time > origin + 1e-9:
+            if not seen_keyframe and seek and k_time > pending[0] + tol and k_time > origin + tol:
                 raise _Overshoot()
             seen_keyframe = True
             if gop:
                 feed(gop, k_time)
-                if len(chosen) == len(pending):
-                    return chosen
+                if done():
+                    return chosen, None
             gop = [packet]
         elif seen_keyframe:
             gop.append(packet)
         # packets before the first keyframe cannot be decoded on their own: dropped
     if gop:
         feed(gop, float("inf"))
-    if len(chosen) < len(pending):
+    if not done():
         drain(flush=False)  # the frames still inside the decoder; the last one stays valid
     if last[0] is None:
         raise DecodeError("no frame could be decoded")
-    while len(chosen) < len(pending):
+    complete = done()
+    if plan.consecutive and not chosen:  # t0 at or after the last frame: that frame
         chosen.append(choose(last[0], last[1]))
-    return chosen
+    target = len(pending) if count is None or not plan.consecutive else count
+    if not plan.consecutive or count is not None:
+        while len(chosen) < target:  # past the end: the last frame repeats
+            chosen.append(choose(last[0], last[1]))
+    reached = None if complete or state["end"] is None else state["end"] - origin
+    return chosen, reached
 
 
-def _demux_times(container, stream, times: np.ndarray) -> np.ndarray:
+def _demux_times(container, stream, plan: _Plan) -> np.ndarray:
     """The presentation times of the frames :func:`_decode_targets` picks, from packet times
     alone (no decoding)."""
     tb = stream.time_base
     origin = _start(stream)
-    asked = origin + np.asarray(times, dtype=np.float64)
+    tol = _tolerance(stream)
+    asked = np.asarray(plan.times, dtype=np.float64)
+    count = len(asked) if plan.until is None else None
+
+    def enough(pts: list[float]) -> bool:
+        """Every frame the plan needs is known (closed GOPs: none later is shown before them)."""
+        if not plan.consecutive:
+            return pts[-1] > origin + asked[-1] + tol if pts else False
+        ordered = np.sort(pts)
+        i0 = max(0, int(np.searchsorted(ordered, origin + asked[0] + tol, side="right")) - 1)
+        if count is not None:
+            return len(ordered) - i0 > count
+        return bool(ordered[-1] >= origin + plan.until - tol)
 
     def collect(seek: bool) -> list[float] | None:
         if seek:
-            _seek(container, stream, float(times[0]))
+            _seek(container, stream, float(asked[0]))
         pts: list[float] = []
         seen_keyframe = False
         for packet in container.demux(stream):
@@ -359,11 +459,11 @@ def _demux_times(container, stream, times: np.ndarray) -> np.ndarray:
                 continue
             t = float(packet.pts * tb)
             if packet.is_keyframe:
-                if not seen_keyframe and seek and t > asked[0] + 1e-9 and t > origin + 1e-9:
+                if not seen_keyframe and seek and t > origin + asked[0] + tol and t > origin + tol:
                     return None
                 seen_keyframe = True
-                if t > asked[-1] + 1e-9 and pts:
-                    break  # every frame shown up to the last asked time is known (closed GOPs)
+                if pts and enough(pts):
+                    break
             if seen_keyframe:
                 pts.append(t)
         return pts
@@ -374,22 +474,31 @@ def _demux_times(container, stream, times: np.ndarray) -> np.ndarray:
         pts = collect(False)
     if not pts:
         raise DecodeError("no frame in the video stream")
-    pts_sorted = np.sort(np.asarray(pts))
-    idx = np.searchsorted(pts_sorted, asked + 1e-9, side="right") - 1
-    return pts_sorted[np.clip(idx, 0, None)] - origin
+    ordered = np.sort(np.asarray(pts)) - origin
+    if not plan.consecutive:
+        idx = np.searchsorted(ordered, asked + tol, side="right") - 1
+        return ordered[np.clip(idx, 0, None)]
+    i0 = max(0, int(np.searchsorted(ordered, asked[0] + tol, side="right")) - 1)
+    if count is None:
+        rest = ordered[i0:]
+        keep = rest[1:][rest[1:] < plan.until - tol]
+        return np.concatenate([rest[:1], keep])
+    out = ordered[i0:i0 + count]
+    return np.concatenate([out, np.repeat(out[-1:], count - len(out))])
 
 
-def _check_not_truncated(shown: np.ndarray, times: np.ndarray, info: MediaInfo) -> None:
-    """A clip asked inside the declared duration that the stream does not reach: truncated data."""
+def _check_not_truncated(reached: float | None, plan: _Plan, info: MediaInfo) -> None:
+    """The stream ended before the clip was complete and before its header says it ends:
+    truncated data. A long gap between frames of a stream that reaches its declared end is not."""
     v = info.video
     declared = v.duration if v.duration is not None else info.duration
-    if declared is None or not len(shown):
+    if reached is None or declared is None:
         return
-    frame_period = 1.0 / (v.fps or 25.0)
-    wanted = min(float(times[-1]), declared - frame_period)
-    if float(shown.max()) + 2 * frame_period + 1e-6 < wanted:
-        raise DecodeError(f"truncated video: the stream ends at {float(shown.max()):.2f} s, the clip asks for "
-                          f"{float(times[-1]):.2f} s and the header says {declared:.2f} s")
+    slack = 2.0 / (v.fps or 25.0)
+    wanted = min(plan.last, declared)
+    if reached + slack + 1e-6 < wanted:
+        raise DecodeError(f"truncated video: the stream ends at {reached:.2f} s, the clip asks for "
+                          f"{plan.last:.2f} s and the header says {declared:.2f} s")
 
 
 class VideoTimestamps(Reader):
