@@ -310,6 +310,43 @@ def test_converting_to_s3_then_reading_back_equals_the_local_conversion(s3, tmp_
     assert "converted-tar/data-000004.tar" not in names  # objects of the replaced dataset removed
 
 
+def test_a_missing_bucket_is_named_at_once_not_taken_for_a_missing_object(s3, tmp_path, capsys, monkeypatch):
+    """The server's NoSuchBucket is named (it was "data-000000.tar: no such object", while
+    uploading): when converting (before any shard is written), writing and opening, with obstore
+    and with the stdlib client, and at once (no retries)."""
+    from converters import pairs
+    raw = write_pairs_folder(tmp_path / "raw", 3, 16)
+    url = "s3://no-such-bucket-mm/x"
+    started = time.monotonic()
+    assert pairs.main([str(raw), url, "-q"]) != 0
+    err = capsys.readouterr().err
+    assert "no such bucket 'no-such-bucket-mm' (the server says NoSuchBucket" in err and "data-0000" not in err, err
+    for client in ("", "simple"):
+        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
+        with pytest.raises(RemoteError, match=r"s3://no-such-bucket-mm/x/index.json: LIST failed: no such bucket"):
+            mmloader.writer_for(url)
+        with pytest.raises(RemoteError, match=r"s3://no-such-bucket-mm/x/index.json: GET failed: no such bucket"):
+            mmloader.open(url, retry_deadline=60)
+    assert time.monotonic() - started < 10
+
+
+def test_invalid_bucket_names_and_refused_access_are_named_not_retried():
+    """The answers S3 gives (their XML as sent; moto answers NoSuchBucket for every name, so the
+    others are read here from the bodies AWS documents) become one message, raised at once."""
+    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidBucketName</Code><Message>The specified '
+            b'bucket is not valid.</Message><BucketName>My_Bucket</BucketName></Error>')
+    e = remote._HTTPStatus(400, "s3://My_Bucket/x/index.json", body)
+    assert remote.server_refusal(e) == ("invalid bucket name 'My_Bucket' (the server says InvalidBucketName: "
+                                        "The specified bucket is not valid.)")
+    location = remote.Location("s3://My_Bucket/x")
+    with pytest.raises(RemoteError, match="LIST failed: invalid bucket name 'My_Bucket'"):
+        remote._Deadline(location.policy, "s3://My_Bucket/x/index.json", "LIST").next_delay(e, location)
+    denied = remote._HTTPStatus(403, "s3://b/x", b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message>"
+                                                  b"</Error>")
+    assert remote.server_refusal(denied) == "access denied (the server says AccessDenied: Access Denied)"
+    assert remote.server_refusal(remote._HTTPStatus(503, "s3://b/x", b"<Error><Code>SlowDown</Code></Error>")) is None
+
+
 _KILLED_UPLOAD = textwrap.dedent("""
     import sys
     sys.path[:0] = {paths!r}

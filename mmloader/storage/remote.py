@@ -24,7 +24,9 @@ temporary credentials themselves.
 **Retries.** Timeouts, connection errors and resets, 5xx, 408/429/503 and short bodies are
 retried with exponential backoff and full jitter until ``retry_deadline`` seconds have passed
 without success; then :class:`RemoteUnavailableError` names the URL and the last error. A
-missing object is :class:`FileNotFoundError` at once, other 4xx answers are not retried.
+missing object is :class:`FileNotFoundError` at once, other 4xx answers are not retried; a
+missing bucket, an invalid bucket name or refused access is a :class:`RemoteError` at once that
+names what the server said (``no such bucket 'b' (the server says NoSuchBucket: ...)``).
 """
 from __future__ import annotations
 
@@ -207,6 +209,42 @@ _OBSTORE_PERMANENT = {"NotSupportedError", "PreconditionError", "NotModifiedErro
                       "UnauthenticatedError", "JoinError"}
 
 
+#: S3 error codes (the ``<Code>`` of an error answer) that no retry can cure, as said to a user.
+S3_REFUSALS = {"NoSuchBucket": "no such bucket", "InvalidBucketName": "invalid bucket name",
+               "AccessDenied": "access denied", "AllAccessDisabled": "access denied (all access disabled)",
+               "InvalidAccessKeyId": "access denied (the access key ID is unknown to the server)",
+               "SignatureDoesNotMatch": "access denied (the secret key does not match the access key ID)",
+               "AccountProblem": "access denied (a problem with the account)",
+               "PermanentRedirect": "the bucket is at another endpoint or in another region",
+               "AuthorizationHeaderMalformed": "the request's region does not match the bucket's"}
+_S3_CODE = re.compile(r"<Code>\s*(\w+)\s*</Code>|An error occurred \((\w+)\)")
+
+
+def server_refusal(e: BaseException) -> str | None:
+    """What an S3 error answer inside ``e`` says, when it is one of :data:`S3_REFUSALS`:
+    ``"no such bucket 'b' (NoSuchBucket: The specified bucket does not exist)"``; else None.
+    Read from the answer's XML (obstore and the plain-HTTP client keep it in the error's text)
+    or from botocore's parsed ``response``."""
+    text = str(e) + "\n" + bytes(getattr(e, "body", b"") or b"").decode("utf-8", "replace")
+    response = getattr(e, "response", None)
+    code = (response.get("Error") or {}).get("Code") if isinstance(response, dict) else None
+    if not code:
+        m = _S3_CODE.search(text)
+        code = (m.group(1) or m.group(2)) if m else None
+    if code not in S3_REFUSALS:
+        return None
+    what = S3_REFUSALS[code]
+    bucket = re.search(r"<BucketName>([^<]*)</BucketName>", text)
+    if bucket:
+        what += f" {bucket.group(1)!r}"
+    message = re.search(r"<Message>([^<]*)</Message>", text)
+    if message is None and isinstance(response, dict):
+        detail = (response.get("Error") or {}).get("Message")
+    else:
+        detail = message.group(1) if message else None
+    return f"{what} (the server says {code}" + (f": {detail.strip()})" if detail else ")")
+
+
 def _auth_error(e: BaseException) -> bool:
     return isinstance(e, PermissionError) or _status(e) in (401, 403)
 
@@ -236,6 +274,9 @@ class _Deadline:
             self.rebuilt = True
             location.rebuild()  # credentials may have rotated: resolve them again
             return 0.0
+        refusal = server_refusal(e)
+        if refusal is not None:  # a missing bucket is not a missing object, and no retry cures it
+            raise RemoteError(f"{self.url}: {self.what} failed: {refusal}") from None
         if isinstance(e, FileNotFoundError):
             raise FileNotFoundError(f"{self.url}: no such object") from None
         if isinstance(e, ObjectChangedError):
@@ -732,7 +773,7 @@ class _ObstoreClient(_Client):
 class _HTTPStatus(OSError):
     def __init__(self, status: int, url: str, body: bytes = b""):
         super().__init__(f"{url}: HTTP status {status}: {body[:200].decode('utf-8', 'replace')}")
-        self.status = status
+        self.status, self.body = status, body[:4096]
 
 
 def static_s3_credentials(options: dict) -> tuple[str, str, str | None] | None | bool:
@@ -874,6 +915,8 @@ class _SimpleClient(_Client):
         raise AssertionError("unreachable")
 
     def _check(self, status: int, body: bytes, name: str) -> None:
+        if status >= 300 and server_refusal(_HTTPStatus(status, self.url(name), body)):
+            raise _HTTPStatus(status, self.url(name), body)  # named by _Deadline (no such bucket, ...)
         if status == 404:
             raise FileNotFoundError(f"{self.url(name)}: no such object")
         if status in (401, 403):

@@ -42,7 +42,12 @@ def _tmp_root() -> str:
 
 
 def check_destination(location: Location, fmt: str, overwrite: bool) -> None:
-    """FileExistsError when a dataset is already at ``location`` and ``overwrite`` is not given."""
+    """FileExistsError when a dataset is already at ``location`` and ``overwrite`` is not given;
+    a :class:`~mmloader.storage.remote.RemoteError` naming a missing bucket, an invalid bucket
+    name or refused access before anything is written."""
+    # A HEAD answer has no body, so there a missing bucket looks like a missing object: a LIST
+    # (of the one name, so it stays small) gets the server's NoSuchBucket / InvalidBucketName.
+    location.list(MANIFEST)
     marker = MANIFEST if fmt == "tar" else "data.mdb"
     if not overwrite and location.exists(marker):
         raise FileExistsError(f"{location.url} already holds a dataset ({marker}); pass overwrite=True "
