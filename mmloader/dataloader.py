@@ -29,6 +29,9 @@ from .threaded import ThreadLoader, _pin
 
 log = logging.getLogger("mmloader")
 BACKENDS = ("auto", "thread", "process")
+_DATALOADER_SETTINGS = frozenset({"num_workers", "pin_memory", "pin_memory_device", "persistent_workers",
+                                  "prefetch_factor", "multiprocessing_context", "timeout", "worker_init_fn",
+                                  "collate_fn", "generator", "in_order"})
 
 
 def default_num_workers() -> int:
@@ -92,8 +95,10 @@ class Loader(Resumable):
         self.batches_seen = 0
 
     def __getattr__(self, attr: str) -> Any:  # num_workers, pin_memory... of the DataLoader
-        if attr.startswith("_") or attr in ("dataloader", "stream", "ring"):
-            raise AttributeError(attr)
+        # Only its settings: a `dataset` or `batch_sampler` here would have frameworks treat
+        # this loader as a DataLoader to rebuild.
+        if attr not in _DATALOADER_SETTINGS or "dataloader" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
         return getattr(self.dataloader, attr)
 
     def __len__(self) -> int:

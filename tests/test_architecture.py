@@ -17,7 +17,7 @@ LAYERS = {
     3: ["align", "batching"],
     4: ["mixture", "control", "building", "stream"],
     5: ["resumable", "threaded", "ring", "dataloader", "gpu"],
-    6: ["config", "planview", "preview", "describe", "verify", "bench"],
+    6: ["config", "planview", "preview", "describe", "verify", "bench", "frameworks"],
     7: ["cli", "__init__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}

@@ -1,0 +1,90 @@
+"""Hugging Face ``transformers.Trainer`` over an mmloader loader, resumable from its checkpoints.
+
+The Trainer builds its own DataLoader from a dataset and, on resume, skips the batches
+already trained by reading them again. With mmloader the loader does the sharding and
+resumes by arithmetic, so :func:`use_loader` hands the Trainer the loader, turns the
+Trainer's own data skipping off, and stores the loader's state in every checkpoint::
+
+    trainer = Trainer(model=model, args=TrainingArguments(...))
+    use_loader(trainer, mmloader.loader(stream))
+    trainer.train(resume_from_checkpoint=True)   # continues at the next unseen batch
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as e:
+    raise ImportError("mmloader.frameworks.hf_trainer needs transformers: pip install 'mmloader[transformers]'") from e
+
+from ..errors import ResumeError
+
+log = logging.getLogger("mmloader")
+STATE_FILE = "mmloader-loader-rank{rank}.json"
+
+
+def use_loader(trainer: Any, loader: Any) -> Any:
+    """Make ``trainer`` train on ``loader``, with its state in the Trainer's checkpoints.
+
+    Args:
+        trainer: a ``transformers.Trainer`` (or subclass); made without a train dataset or with one.
+        loader: an mmloader loader (:func:`mmloader.loader`, ``GPUDecode``...).
+
+    Returns:
+        The trainer.
+    """
+    trainer.get_train_dataloader = lambda: loader  # this instance only; the class is left alone
+    if not trainer.args.ignore_data_skip:
+        # The Trainer would re-read the trained batches through a DataLoader of its own; the
+        # loader's state already resumes at the next unseen batch.
+        trainer.args.ignore_data_skip = True
+        log.info("mmloader: TrainingArguments.ignore_data_skip set to True (the loader's state resumes it)")
+    trainer.add_callback(LoaderCheckpoint(loader))
+    return trainer
+
+
+class LoaderCheckpoint(TrainerCallback):
+    """Saves the loader's state into each checkpoint folder; loads it when training resumes.
+
+    One JSON file per data-parallel rank (``mmloader-loader-rank{r}.json``), beside the
+    Trainer's own files. A resumed run whose checkpoint has no such file raises
+    :class:`mmloader.errors.ResumeError` instead of restarting the epoch silently.
+
+    Args:
+        loader: the loader to save and restore.
+        resume_from: the checkpoint folder to load from when it is not
+            ``output_dir/checkpoint-<global step>`` (a checkpoint moved elsewhere).
+    """
+
+    def __init__(self, loader: Any, resume_from: str | os.PathLike | None = None):
+        self.loader, self.resume_from = loader, resume_from
+
+    def _file(self, folder: str | os.PathLike) -> Path:
+        stream = getattr(self.loader, "stream", None)
+        rank = stream._where()[0] if stream is not None else 0
+        return Path(folder) / STATE_FILE.format(rank=rank)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = self._file(folder)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.loader.state_dict()))
+        os.replace(tmp, path)  # never a half-written state under the final name
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 0:
+            return
+        folder = self.resume_from or Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        path = self._file(folder)
+        if not path.is_file():
+            raise ResumeError(f"resuming at step {state.global_step}, but {path} does not exist: this checkpoint "
+                              "holds no mmloader loader state (give LoaderCheckpoint(resume_from=...) "
+                              "if the checkpoint was moved)")
+        self.loader.load_state_dict(json.loads(path.read_text()))
+        log.info("mmloader: loader resumed from %s (epoch %s)", path, self.loader.epoch)

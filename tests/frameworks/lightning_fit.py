@@ -1,0 +1,88 @@
+"""Lightning Trainer (2 CPU DDP processes) over mmloader.frameworks.lightning.DataModule.
+
+    python lightning_fit.py DATA OUT [--strategy ddp|ddp_spawn] [--preempt-after N]
+                                     [--resume CKPT] [--limit-train-batches N] [--datamodule]
+
+Without --datamodule the LightningModule's train_dataloader() returns mmloader.loader(...),
+as a user would write it with no integration at all.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+from common import record, stream
+
+import lightning.pytorch as pl
+import mmloader
+from mmloader.frameworks.lightning import DataModule, DataWaitCallback
+
+
+class Model(pl.LightningModule):
+    def __init__(self, out: str, data: str | None = None, backend: str = "auto"):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.out, self.data, self.backend = out, data, backend
+        self.loader = None
+
+    def train_dataloader(self):  # used when no DataModule is given
+        if self.loader is None:
+            self.loader = mmloader.loader(stream(self.data), backend=self.backend, num_workers=2)
+        return self.loader
+
+    def training_step(self, batch, batch_idx):
+        keys = list(batch["__key__"])
+        record(self.out, self.global_rank, epoch=self.current_epoch, step=self.global_step, keys=keys)
+        return self.layer(torch.ones(len(keys), 1)).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Preempt(pl.Callback):
+    """Save a checkpoint after step N and exit at once, as a preempted job would."""
+
+    def __init__(self, after: int, path: str):
+        self.after, self.path = after, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.after:
+            trainer.save_checkpoint(self.path)
+            os._exit(0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("data")
+    p.add_argument("out")
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--preempt-after", type=int)
+    p.add_argument("--resume")
+    p.add_argument("--limit-train-batches", type=int)
+    p.add_argument("--datamodule", action="store_true")
+    a = p.parse_args()
+    wait = DataWaitCallback(every_n_steps=2)
+    callbacks = [wait] + ([Preempt(a.preempt_after, str(Path(a.out) / "preempt.ckpt"))] if a.preempt_after else [])
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=a.strategy, max_epochs=2,
+                         limit_train_batches=a.limit_train_batches, callbacks=callbacks, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0)
+    if a.datamodule:
+        dm = DataModule(functools.partial(stream, a.data), backend=a.backend, num_workers=2)
+        trainer.fit(Model(a.out), dm, ckpt_path=a.resume)
+        loader = dm.train_dataloader()
+    else:
+        model = Model(a.out, a.data, a.backend)
+        trainer.fit(model, ckpt_path=a.resume)
+        loader = model.loader
+    stats = loader.stats()
+    Path(a.out, f"stats-rank{trainer.global_rank}.json").write_text(json.dumps({**stats, "logged": wait.last}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""mmloader inside real training frameworks, in real processes: Lightning (ddp, ddp_spawn, a
+preemption and resume from its checkpoint), accelerate and transformers.Trainer under torchrun,
+and a 2x2 DeviceMesh. The scripts live in tests/frameworks/; each records the batches its
+training steps received, per rank, and the tests count samples from those records."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent / "frameworks"
+sys.path.insert(0, str(HERE))
+from common import BATCH, SAMPLES, make_dataset  # noqa: E402
+
+PER_RANK = SAMPLES // 2 // BATCH  # batches per rank and epoch with 2 ranks
+
+
+def _run(script: str, *args: str, nproc: int | None = None, timeout: float = 240) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                             if nproc else []), str(HERE / script), *args]
+    done = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{script} {args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+
+
+def _seen(out: Path, ranks: int = 2) -> list[list[dict]]:
+    return [[json.loads(line) for line in (out / f"seen-rank{r}.jsonl").read_text().splitlines()]
+            for r in range(ranks)]
+
+
+def _per_epoch(rows: list[list[dict]], **where) -> Counter:
+    """(epoch, key) -> how many times training received it, over all ranks."""
+    c: Counter = Counter()
+    for rank_rows in rows:
+        for row in rank_rows:
+            if all(row.get(k) == v for k, v in where.items()):
+                c.update((row["epoch"], key) for key in row["keys"])
+    return c
+
+
+def _assert_each_epoch_exactly_once(counts: Counter, epochs: list[int]) -> None:
+    for e in epochs:
+        keys = {k: n for (ep, k), n in counts.items() if ep == e}
+        assert len(keys) == SAMPLES and set(keys.values()) == {1}, (e, sorted(keys.items())[:5], len(keys))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    pytest.importorskip("lightning")
+    return make_dataset(tmp_path_factory.mktemp("fw") / "data")
+
+
+@pytest.fixture(scope="module")
+def lightning_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lightning")
+    _run("lightning_fit.py", str(data), str(out))
+    return out
+
+
+def test_lightning_ddp_epochs_advance_in_new_orders_each_exactly_once(lightning_run):
+    rows = _seen(lightning_run)
+    assert [len(r) for r in rows] == [2 * PER_RANK] * 2
+    _assert_each_epoch_exactly_once(_per_epoch(rows), [0, 1])
+    for r in rows:  # a new order in epoch 1 (Lightning never called our loader's set_epoch before)
+        assert r[0]["keys"] != r[PER_RANK]["keys"]
+    stats = json.loads((lightning_run / "stats-rank0.json").read_text())["logged"]
+    assert stats["batches"] == 2 and stats["compute_s"] > 0 and 0 <= stats["wait_fraction"] < 1
+
+
+def test_lightning_preempted_mid_epoch_resumes_from_its_checkpoint(data, lightning_run, tmp_path):
+    _run("lightning_fit.py", str(data), str(tmp_path), "--preempt-after", "4")
+    first = _seen(tmp_path)
+    assert [len(r) for r in first] == [4, 4]
+    _run("lightning_fit.py", str(data), str(tmp_path), "--resume", str(tmp_path / "preempt.ckpt"))
+    both = _seen(tmp_path)
+    _assert_each_epoch_exactly_once(_per_epoch(both), [0, 1])  # epoch 1 whole, not the tail of epoch 0
+    uninterrupted = _seen(lightning_run)
+    for r in range(2):  # and in the order an uninterrupted run trains
+        assert [row["keys"] for row in both[r]] == [row["keys"] for row in uninterrupted[r]]
+
+
+def test_lightning_ddp_spawn_datamodule_with_limit_train_batches(data, lightning_run, tmp_path):
+    _run("lightning_fit.py", str(data), str(tmp_path), "--strategy", "ddp_spawn", "--datamodule",
+         "--limit-train-batches", "3")
+    rows, full = _seen(tmp_path), _seen(lightning_run)
+    for r in range(2):
+        assert [row["epoch"] for row in rows[r]] == [0, 0, 0, 1, 1, 1]
+        # epoch 1 starts at its own beginning (Lightning's set_epoch), not after epoch 0's 3 batches
+        assert [row["keys"] for row in rows[r]] == [row["keys"] for row in full[r][:3] + full[r][PER_RANK:][:3]]
+    assert not {k for row in rows[0][:3] for k in row["keys"]} & {k for row in rows[1][:3] for k in row["keys"]}
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_accelerate_prepare_leaves_the_sharding_to_mmloader(data, tmp_path, backend):
+    pytest.importorskip("accelerate")
+    _run("accelerate_loop.py", str(data), str(tmp_path), "--backend", backend, nproc=2)
+    info = json.loads((tmp_path / "info-rank0.json").read_text())
+    assert info["same_object"] and info["len"] == PER_RANK
+    rows = _seen(tmp_path)
+    _assert_each_epoch_exactly_once(_per_epoch(rows, run="train"), [0, 1])
+    resumed = _per_epoch(rows, run="resumed")  # load_state after step 1 of epoch 1: its 4 last batches
+    trained = _per_epoch([[row for row in r if row["run"] == "train" and row["epoch"] == 1][2:] for r in rows])
+    assert resumed == trained and sum(resumed.values()) == SAMPLES - 2 * 2 * BATCH
+
+
+def test_hf_trainer_resumes_at_the_next_unseen_batch(data, tmp_path):
+    pytest.importorskip("transformers")
+    _run("hf_trainer_fit.py", str(data), str(tmp_path), "--preempt-after", "4", nproc=2)
+    assert [len(r) for r in _seen(tmp_path)] == [4, 4]
+    state = json.loads((tmp_path / "run" / "checkpoint-4" / "mmloader-loader-rank1.json").read_text())
+    assert (state["epoch"], state["steps"]) == (0, 4)
+    _run("hf_trainer_fit.py", str(data), str(tmp_path), "--resume", nproc=2)
+    rows = _seen(tmp_path)
+    assert [len(r) for r in rows] == [2 * PER_RANK] * 2
+    _assert_each_epoch_exactly_once(_per_epoch(rows), [0, 1])
+
+
+def test_device_mesh_tp_peers_get_the_same_batches_dp_ranks_split_the_data(data, tmp_path):
+    _run("mesh_loop.py", str(data), str(tmp_path), nproc=4)
+    info = [json.loads((tmp_path / f"info-rank{r}.json").read_text()) for r in range(4)]
+    assert all("2-D mesh" in i["two_d_error"] for i in info)
+    rows = _seen(tmp_path, ranks=4)
+    for backend in ("thread", "process"):
+        by_rank = [[row for row in r if row["backend"] == backend] for r in rows]
+        by_dp: dict[int, list] = {}
+        for i, r in zip(info, by_rank):
+            by_dp.setdefault(i["dp"], []).append([(row["epoch"], row["keys"]) for row in r])
+        for dp, peers in by_dp.items():
+            assert len(peers) == 2 and peers[0] == peers[1], (backend, dp)  # tp peers: identical
+        one_per_dp = [by_rank[next(r for r, i in enumerate(info) if i["dp"] == dp and i["tp"] == 0)]
+                      for dp in (0, 1)]
+        _assert_each_epoch_exactly_once(_per_epoch(one_per_dp), [0, 1])
+        assert one_per_dp[0][0]["keys"] != one_per_dp[0][PER_RANK]["keys"]
