@@ -19,7 +19,6 @@ from common import record, stream
 
 import lightning.pytorch as pl
 import mmloader
-from mmloader.frameworks.lightning import DataModule, DataWaitCallback
 
 
 class Model(pl.LightningModule):
@@ -66,6 +65,7 @@ def main() -> None:
     p.add_argument("--limit-train-batches", type=int)
     p.add_argument("--datamodule", action="store_true")
     a = p.parse_args()
+    from mmloader.frameworks.lightning import DataModule, DataWaitCallback
     wait = DataWaitCallback(every_n_steps=2)
     callbacks = [wait] + ([Preempt(a.preempt_after, str(Path(a.out) / "preempt.ckpt"))] if a.preempt_after else [])
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=a.strategy, max_epochs=2,

@@ -1,0 +1,169 @@
+"""What each pass of a loader delivers (mmloader.resumable): epochs that advance by themselves,
+explicit set_epoch, a resume for one pass, a pass left early, on both backends, with persistent
+workers and under GPUDecode (its CPU path); len() during a resumed pass; stats(); a Stream's
+control private to each training process."""
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as tmp
+
+import mmloader
+from conftest import jpeg_bytes
+
+N, BATCH = 40, 4
+PER_EPOCH = N // BATCH
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("epochs") / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(N):
+            w.write({"__key__": f"k{i:03d}", "txt": f"t{i}", "jpg": jpeg_bytes(i, size=(16, 16))})
+    return path
+
+
+def _stream(path, images: bool = False):
+    readers = {"caption": mmloader.TextReader(str(path))}
+    if images:
+        readers["image"] = mmloader.ImageReader(str(path), output="raw")
+    return mmloader.Stream(mmloader.zip(**readers), batch_size=BATCH, seed=5, block_size=4, window_blocks=2)
+
+
+LOADERS = {
+    "thread": lambda p: mmloader.loader(_stream(p), num_workers=2, backend="thread"),
+    "process": lambda p: mmloader.loader(_stream(p), num_workers=2, backend="process", persistent_workers=False),
+    "persistent": lambda p: mmloader.loader(_stream(p), num_workers=2, backend="process", persistent_workers=True),
+    "gpudecode": lambda p: mmloader.GPUDecode(mmloader.loader(_stream(p, images=True), num_workers=2,
+                                                              backend="thread"), device="cpu"),
+}
+
+
+def _pass(loader, limit: int | None = None) -> list[list[str]]:
+    """One pass; with ``limit``, take that many batches the way Lightning does: never asking for more."""
+    it = iter(loader)
+    return [list(b["__key__"]) for b in (itertools.islice(it, limit) if limit is not None else it)]
+
+
+def _flat(batches):
+    return [k for b in batches for k in b]
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_a_loop_without_set_epoch_gets_a_new_complete_order_each_epoch(path, kind):
+    loader = LOADERS[kind](path)
+    reference = mmloader.loader(_stream(path), num_workers=0)
+    epochs = [_pass(loader) for _ in range(3)]
+    for e, batches in enumerate(epochs):
+        assert sorted(_flat(batches)) == [f"k{i:03d}" for i in range(N)]
+        reference.set_epoch(e)
+        assert batches == _pass(reference), e  # the epoch's plan, as set_epoch(e) gives it
+    assert len({tuple(_flat(b)) for b in epochs}) == 3
+    assert loader.epoch == 2
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_a_pass_taking_exactly_len_batches_then_the_next_pass_is_the_next_epoch(path, kind):
+    """Lightning stops at len(loader) and never sees StopIteration; the next epoch must be whole."""
+    loader = LOADERS[kind](path)
+    first = _pass(loader, limit=len(loader))
+    second = _pass(loader, limit=len(loader))
+    assert len(first) == len(second) == PER_EPOCH and first != second
+    assert sorted(_flat(second)) == sorted(_flat(first))
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_a_pass_left_early_continues_at_the_next_unseen_batch(path, kind):
+    loader = LOADERS[kind](path)
+    full = _pass(LOADERS[kind](path))
+    head = _pass(loader, limit=3)
+    rest = _pass(loader)  # no set_epoch: the rest of epoch 0
+    assert head + rest == full
+    assert loader.epoch == 0 and loader.state_dict()["epoch"] == 1
+    assert sorted(_flat(_pass(loader))) == sorted(_flat(full)) and loader.epoch == 1
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_set_epoch_wins_and_a_resume_applies_to_one_pass(path, kind):
+    loader = LOADERS[kind](path)
+    epoch0 = _pass(loader)
+    loader.set_epoch(0)
+    assert _pass(loader) == epoch0  # explicit: epoch 0 again, not 1
+    loader.set_epoch(0)
+    head = _pass(loader, limit=4)
+    state = loader.state_dict()
+    resumed = LOADERS[kind](path)
+    resumed.load_state_dict(state)
+    assert len(resumed) == PER_EPOCH  # the whole epoch's count, as frameworks expect
+    rest = _pass(resumed, limit=len(resumed) - state["steps"])  # stopped at the count, as Lightning does
+    assert head + rest == epoch0
+    assert resumed.state_dict()["epoch"] == 1
+    epoch1 = _pass(resumed)  # the next epoch, whole: not the resumed tail again
+    assert len(epoch1) == PER_EPOCH and sorted(_flat(epoch1)) == sorted(_flat(epoch0)) and epoch1 != epoch0
+
+
+def test_state_records_steps_across_resumes(path):
+    loader = LOADERS["thread"](path)
+    _pass(loader, limit=3)
+    s1 = loader.state_dict()
+    again = LOADERS["thread"](path)
+    again.load_state_dict(s1)
+    _pass(again, limit=2)
+    s2 = again.state_dict()
+    assert (s1["steps"], s2["steps"], s2["epoch"]) == (3, 5, 0)
+    third = LOADERS["thread"](path)
+    third.load_state_dict(s2)
+    assert len(third) == PER_EPOCH and len(_pass(third)) == PER_EPOCH - 5
+
+
+def test_stats_measure_wait_and_compute(path):
+    loader = LOADERS["thread"](path)
+    for _ in loader:
+        time.sleep(0.01)
+    s = loader.stats(reset=True)
+    assert s["batches"] == PER_EPOCH and s["samples"] == N
+    assert s["compute_s"] >= 0.01 * (PER_EPOCH - 1) and s["compute_ms_per_batch"] >= 10
+    assert 0 <= s["wait_fraction"] < 1 and s["first_batch_wait_s"] > 0
+    assert loader.stats()["batches"] == 0
+
+
+def test_group_needs_an_initialised_process_group(path):
+    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
+                             group=object())
+    with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
+        len(stream)
+
+
+def _child(stream, queue) -> None:
+    import os
+    os.environ.update(RANK="1", WORLD_SIZE="2")
+    stream.set_epoch(7)
+    queue.put((stream._where(), stream.epoch))
+
+
+def test_a_stream_sent_to_another_training_process_gets_its_own_control(path):
+    """Lightning's ddp_spawn pickles the module (and its Stream) into each rank: the shared
+    control must not make every rank take the first one's place, or its epoch."""
+    stream = _stream(path)
+    stream.set_world(0, 2)
+    ctx = tmp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child, args=(stream, queue))
+    child.start()
+    where, epoch = queue.get(timeout=120)
+    child.join(60)
+    assert where == (1, 2) and epoch == 7
+    assert stream._where() == (0, 2) and stream.epoch == 0
+
+
+def test_frameworks_find_set_epoch_on_the_sampler(path):
+    loader = LOADERS["process"](path)
+    loader.sampler.set_epoch(3)
+    assert loader.epoch == 3 and not isinstance(loader, torch.utils.data.DataLoader)
+    assert loader.num_workers == 2  # the DataLoader's settings read through
+    with pytest.raises(AttributeError):
+        loader.dataset  # noqa: B018 (a framework must not take it for a DataLoader to rebuild)
