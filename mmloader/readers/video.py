@@ -30,6 +30,7 @@ millisecond steps for Matroska, and repeated with a repeated frame.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from typing import Any, Callable, Sequence
@@ -378,9 +379,8 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
             if done() or need() + tol >= next_keyframe:
                 break  # what is left of this GOP shows no frame asked for
             # skippable: a later frame of this GOP is shown before the next time needed
-            t = float(p.pts * tb) if p.pts is not None else None
-            later = next((x for x in shown if t is not None and x > t), None)
-            far = later is not None and later <= need()
+            later = bisect.bisect_right(shown, float(p.pts * tb)) if p.pts is not None else len(shown)
+            far = later < len(shown) and shown[later] <= need()
             if far != state["skipping"]:
                 cc.skip_frame = "NONREF" if far else "DEFAULT"
                 state["skipping"] = far
