@@ -719,3 +719,53 @@ def test_a_shard_that_cannot_be_opened_is_a_format_error_naming_it(tmp_path):
     os.chmod(next(path.glob("*.tar")), 0)
     with pytest.raises(FormatError, match=r"data-000000\.tar .*cannot be opened: Permission denied"):
         mmloader.open(path)[0]
+
+
+def test_a_map_of_the_file_right_next_to_lmdbs_is_not_taken_for_part_of_it(tmp_path):
+    """The kernel may place a user's map of data.mdb right next to LMDB's (a flake of the test
+    above): pieces of one map adjoin in memory *and* in file offset; a second map starts again
+    at offset 0, so it must not be merged into the region that gets unmapped."""
+    import ctypes
+    import mmap
+    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb_store import shared_env
+    path = _lmdb_of(tmp_path / "next.lmdb", [b"x" * 10_000] * 20)
+    store = mmloader.open(path)
+    store.read_many([0], ["bin"])
+    env, _dbs = shared_env(store.path)
+    data = str(path / "data.mdb")
+    lmdb_start, lmdb_len = map_trimmer._mapping_of(data, _lmdb_map_address(data))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = os.sysconf("SC_PAGE_SIZE")
+    size = -(-os.path.getsize(data) // page) * page
+    got = None
+    with open(data, "rb") as f:
+        for want in (lmdb_start + lmdb_len, lmdb_start - size):  # right after LMDB's map, else right before
+            got = libc.mmap(want, size, mmap.PROT_READ, mmap.MAP_SHARED | 0x100000, f.fileno(), 0)  # NOREPLACE
+            if got == want:
+                break
+            if got not in (None, ctypes.c_void_p(-1).value):
+                libc.munmap(got, size)
+            got = None
+    if got is None:
+        pytest.skip("could not map the file right next to LMDB's map here")
+    try:
+        assert map_trimmer._mapping_of(data, lmdb_start) == (lmdb_start, lmdb_len)
+        assert lmdb_len <= env.info()["map_size"] + os.sysconf("SC_PAGE_SIZE")
+    finally:
+        libc.munmap(got, size)
+
+
+def _lmdb_map_address(data_file: str) -> int:
+    """An address inside the largest mapping of ``data_file`` (LMDB's map: map_size long)."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].rstrip("\n") == os.path.realpath(data_file):
+                a, b = (int(x, 16) for x in parts[0].split("-"))
+                spans.append((b - a, a))
+    return max(spans)[1]

@@ -133,9 +133,9 @@ def forget_trimmers() -> None:
 
 def _mapping_of(path: str, inside: int) -> tuple[int, int] | None:
     """(start, length) of the mapping of ``path`` that holds address ``inside`` (with the
-    mappings of the file adjoining it: the kernel may split one map), from /proc/self/maps.
-    Only that map: the file may be mapped elsewhere too (a user's mmap), and what lies between
-    two maps is other memory, which MADV_DONTNEED would wipe."""
+    pieces the kernel split it into: adjoining in memory *and* in file offset), from
+    /proc/self/maps. Only that map: the file may be mapped elsewhere too (a user's mmap,
+    which the kernel may place right next to LMDB's), and MADV_DONTNEED would wipe it."""
     try:
         target = os.path.realpath(path)
         spans = []
@@ -144,17 +144,21 @@ def _mapping_of(path: str, inside: int) -> tuple[int, int] | None:
                 parts = line.split(maxsplit=5)
                 if len(parts) == 6 and parts[5].rstrip("\n") == target:
                     a, b = parts[0].split("-")
-                    spans.append((int(a, 16), int(b, 16)))
+                    spans.append((int(a, 16), int(b, 16), int(parts[2], 16)))
     except (OSError, ValueError):
         return None
     spans.sort()
-    hit = next((j for j, (a, b) in enumerate(spans) if a <= inside < b), None)
+    hit = next((j for j, (a, b, _o) in enumerate(spans) if a <= inside < b), None)
     if hit is None:
         return None
+
+    def continues(left: tuple[int, int, int], right: tuple[int, int, int]) -> bool:
+        return left[1] == right[0] and left[2] + (left[1] - left[0]) == right[2]
+
     first = last = hit
-    while first > 0 and spans[first - 1][1] == spans[first][0]:
+    while first > 0 and continues(spans[first - 1], spans[first]):
         first -= 1
-    while last + 1 < len(spans) and spans[last + 1][0] == spans[last][1]:
+    while last + 1 < len(spans) and continues(spans[last], spans[last + 1]):
         last += 1
     return spans[first][0], spans[last][1] - spans[first][0]
 
