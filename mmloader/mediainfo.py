@@ -115,15 +115,28 @@ def _stream_duration(stream) -> float | None:
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
     # Matroska/WebM: the track's own length is a tag ("00:00:02.008000000"), the container's
-    # duration covers every track (an audio track may outlast the video)
+    # duration covers every track (an audio track may outlast the video). The tag is where the
+    # track ends on the segment's clock (from 0), not its length: a track whose first timestamp
+    # is 0.5 s and that ends at 1.7 s lasts 1.2 s
     tag = (stream.metadata or {}).get("DURATION")
     if tag:
         try:
             h, m, sec = tag.split(":")
-            return int(h) * 3600 + int(m) * 60 + float(sec)
+            end = int(h) * 3600 + int(m) * 60 + float(sec)
         except ValueError:
             return None
+        return _from_start(end, _stream_start(stream))
     return None
+
+
+def _stream_start(stream) -> float:
+    return float(stream.start_time * stream.time_base) if stream.start_time is not None and stream.time_base else 0.0
+
+
+def _from_start(end: float, start: float) -> float:
+    """A Matroska end time as a length from the stream's first timestamp (an end at or before that
+    start is taken as a length already: some muxers write one)."""
+    return end - start if 0 < start < end else end
 
 
 def open_container(data: Any):
@@ -154,6 +167,9 @@ def info_of(container) -> MediaInfo:
                                       frames=int(s.duration or 0) if s.time_base and s.time_base.denominator
                                       == cc.sample_rate else 0))
     duration = container.duration / 1_000_000 if container.duration is not None else None
+    if duration is not None and "matroska" in (container.format.name or "") and container.start_time:
+        # Matroska's segment duration also runs from 0 (FFmpeg's other demuxers give a length)
+        duration = _from_start(duration, container.start_time / 1_000_000)
     durations = [s.duration for s in streams if s.duration is not None]
     if durations:
         duration = max(durations + ([duration] if duration is not None else []))

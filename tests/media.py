@@ -127,10 +127,13 @@ def read_index(img: np.ndarray) -> int:
 
 
 def make_indexed_video(ext: str, fps: float = 30, frames: int = 24, times: list[Fraction] | None = None,
-                       bframes: bool = True, keyint: int = 12) -> bytes:
+                       bframes: bool = True, keyint: int = 12, start: Fraction = Fraction(0),
+                       open_gop: bool = False) -> bytes:
     """A 32x32 video whose frame ``i`` shows its index (:func:`index_image`), at ``i / fps``
-    seconds (29.97: ``30000/1001``), or at ``times`` (seconds, exact fractions: variable rate).
-    H.264 in mp4/mkv/mov (``bframes``: two B-frames between references, or none), VP9 in WebM."""
+    seconds (29.97: ``30000/1001``), or at ``times`` (seconds, exact fractions: variable rate),
+    the first at ``start``. H.264 in mp4/mkv/mov (``bframes``: two B-frames between references,
+    or none; ``open_gop``: x264's open GOPs, three B-frames, so every keyframe after the first is
+    a recovery point whose leading B-frames reference the GOP before), VP9 in WebM."""
     import av
     out = io.BytesIO()
     c = av.open(out, "w", format=CONTAINER[ext])
@@ -145,9 +148,13 @@ def make_indexed_video(ext: str, fps: float = 30, frames: int = 24, times: list[
     if codec == "libx264":
         s.options = {"preset": "ultrafast", "bf": "2" if bframes else "0", "sc_threshold": "0",
                      "keyint_min": str(keyint), "crf": "18"}
+        if open_gop:
+            s.options["x264-params"] = (f"open-gop=1:keyint={keyint}:min-keyint={keyint}:scenecut=0:"
+                                        "bframes=3:b-adapt=0")
     else:
         s.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}
-    stamps = [int(t / tb) for t in times] if times is not None else list(range(frames))
+    stamps = [int((t + start) / tb) for t in times] if times is not None else \
+        [i + int(start / tb) for i in range(frames)]
     for i, pts in enumerate(stamps):
         frame = av.VideoFrame.from_ndarray(index_image(i), format="rgb24")
         frame.pts, frame.time_base = pts, tb

@@ -153,6 +153,36 @@ def _garble_packets(data: bytes, lo: float, hi: float) -> bytes:
     return bytes(out)
 
 
+def _consecutive(reference: list[tuple[float, int]], t0: float, count: int) -> list[int]:
+    """The indices of the frame shown at ``t0`` and the next ``count - 1`` ones of a reference."""
+    i0 = max([i for i, (t, _) in enumerate(reference) if t <= t0 + 1e-6] or [0])
+    return [i for _, i in reference[i0:i0 + count]]
+
+
+def test_matroska_video_that_starts_late_lasts_from_its_first_timestamp(tmp_path):
+    """Matroska's DURATION tag and segment duration are end times on a clock from 0: a stream
+    whose first frame is at 0.5 s and that holds 1.2 s of frames lasts 1.2 s, so clips fit in
+    1.2 s (none is truncated, "center" is the middle of the frames), as in mp4."""
+    data = make_indexed_video("mkv", 30, frames=36, start=Fraction(1, 2))
+    reference = decode_indexed(data)  # times from the stream's start
+    length = reference[-1][0] + 1 / 30
+    assert abs(mmloader.mediainfo.probe(data).video.duration - length) < 2e-3
+    mmloader.mediainfo.check_decodes(data)  # a complete file: a full decode agrees
+    path = store_of(tmp_path, "late.lmdb", [{"__key__": "k", "mkv": data}])
+    # the latest start leaving 8 frames is frame 28's (encoded for 28/30 s): the middle, 14/30 s,
+    # is frame 14's time
+    cases = [(dict(frames=8, fps=None, clip="center"), list(range(14, 22))),
+             (dict(frames=4, fps=None, clip=1.0), [30, 31, 32, 33]),
+             (dict(frames=4, fps=None, clip=1.5), [32, 33, 34, 35]),  # past the room: the last 4
+             (dict(frames=4, fps=10, clip=1.3), [24, 27, 30, 33])]    # room: 1.2 - 4 / 10 = 0.8 s
+    for options, expected in cases:
+        assert [read_index(f.numpy()) for f in mmloader.VideoReader(path, "mkv", **options)[0]] == expected, options
+    for seed in range(6):
+        enter_batch(seed, False)
+        got = [read_index(f.numpy()) for f in mmloader.VideoReader(path, "mkv", frames=4, clip="random")[0]]
+        assert got == list(range(got[0], got[0] + 4)), (seed, got)
+
+
 def test_video_seeks_and_skips_what_the_clip_does_not_show(tmp_path):
     """Only what the clip shows is decoded: the GOPs before it (the seek), the rest of a GOP after
     the frame it needs, and whole GOPs between two of its frames are never decoded, so garbage
