@@ -183,6 +183,26 @@ def test_matroska_video_that_starts_late_lasts_from_its_first_timestamp(tmp_path
         assert got == list(range(got[0], got[0] + 4)), (seed, got)
 
 
+@pytest.mark.parametrize("ext", ["mp4", "mkv"])
+def test_open_gop_h264_decodes_after_a_seek_and_damage_is_still_an_error(tmp_path, ext):
+    """x264 open GOPs: a keyframe after the first is a recovery point whose leading B-frames
+    reference the GOP before; a decoder that starts there (after a seek, or after skipping GOPs)
+    never saw those references, which is not damage. Damaged packets still are."""
+    data = make_indexed_video(ext, 30, frames=48, open_gop=True)
+    reference = decode_indexed(data)
+    assert [i for _, i in reference] == list(range(48))
+    path = store_of(tmp_path, "og.lmdb", [{"__key__": "k", ext: data}])
+    for clip in (0.35, 0.45, 1.3):
+        for fps in (None, 30):
+            reader = mmloader.VideoReader(path, ext, frames=3, fps=fps, clip=clip)
+            assert [read_index(f.numpy()) for f in reader[0]] == _consecutive(reference, clip, 3), (clip, fps)
+    sparse = mmloader.VideoReader(path, ext, frames=3, fps=2, clip="start")  # skips GOPs between frames
+    assert [read_index(f.numpy()) for f in sparse[0]] == [0, 15, 30]
+    bad = store_of(tmp_path, "bad.lmdb", [{"__key__": "bad", ext: _garble_packets(data, 1.25, 1.35)}])
+    with pytest.raises(DecodeError, match="key='bad'"):
+        mmloader.VideoReader(bad, ext, frames=3, fps=None, clip=1.3)[0]
+
+
 def test_video_seeks_and_skips_what_the_clip_does_not_show(tmp_path):
     """Only what the clip shows is decoded: the GOPs before it (the seek), the rest of a GOP after
     the frame it needs, and whole GOPs between two of its frames are never decoded, so garbage

@@ -291,6 +291,28 @@ def _tolerance(stream) -> float:
     return float(stream.time_base) / 2 + 1e-9 if stream.time_base else 1e-9
 
 
+#: What a decoder that starts at a keyframe after a seek (or a skipped GOP) may report for the
+#: pictures it never saw: an open GOP's recovery point (x264 ``open-gop``) is followed by leading
+#: B-frames that reference the previous GOP, and the frames after it may unmark (MMCO) pictures
+#: of that GOP. Only these are let through, and only in the first GOP after a fresh start.
+_MISSING_REFERENCE = ("mmco: unref short failure", "mmco: unref long failure",
+                      "reference picture missing during reorder", "missing reference picture",
+                      "reference count overflow", "co located pocs unavailable",
+                      "could not find ref with poc")
+#: Of those, what a frame shown from the keyframe on may report without its pixels being wrong:
+#: unmarking a picture from before the keyframe changes no sample.
+_UNMARK = ("mmco: unref short failure", "mmco: unref long failure")
+
+
+def _missing_reference(error, leading: bool) -> bool:
+    """``error`` (from sending a packet of the first GOP after a fresh start) is a reference the
+    decoder never saw, not damage: any of :data:`_MISSING_REFERENCE` for a leading frame (shown
+    before its keyframe, never chosen), only an unmarking for the others."""
+    log = getattr(error, "log", None)
+    message = str(log[2]).strip().lower() if isinstance(log, tuple) and len(log) >= 3 else ""
+    return bool(message) and any(m in message for m in (_MISSING_REFERENCE if leading else _UNMARK))
+
+
 def _seek(container, stream, first_time: float) -> None:
     if first_time > 0:
         target = int((first_time + _start(stream)) / stream.time_base)
@@ -308,6 +330,7 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
     while the decoder still holds it, and once however many times it repeats. ``reached`` is None
     when every frame was found before the stream ended, else the end (seconds from the start:
     the last packet's time plus its duration) of what the stream holds."""
+    av = import_av()
     cc = stream.codec_context
     cc.thread_count = threads
     cc.options = {"err_detect": "explode"}  # corrupt data raises instead of being concealed
@@ -373,8 +396,20 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
                 cc.flush_buffers()
                 state["fed"] = False
 
+    def send(p, fresh: bool, keyframe_pts) -> list:
+        try:
+            return cc.decode(p)
+        except av.error.InvalidDataError as e:
+            # err_detect=explode also raises for the references a decoder that starts at this
+            # keyframe never saw (an open GOP): only those, only here, are not damage
+            if fresh and _missing_reference(e, leading=p.pts is not None and keyframe_pts is not None
+                                            and p.pts < keyframe_pts):
+                return []
+            raise
+
     def feed(gop: list, next_keyframe: float) -> None:
         shown = sorted(float(p.pts * tb) for p in gop if p.pts is not None)
+        fresh = not state["fed"]  # the decoder starts at this GOP's keyframe
         for p in gop:
             if done() or need() + tol >= next_keyframe:
                 break  # what is left of this GOP shows no frame asked for
@@ -384,7 +419,7 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
             if far != state["skipping"]:
                 cc.skip_frame = "NONREF" if far else "DEFAULT"
                 state["skipping"] = far
-            for frame in cc.decode(p):
+            for frame in send(p, fresh, gop[0].pts):
                 on_frame(frame)
             state["fed"] = True
         if not done() and need() + tol >= next_keyframe:
