@@ -203,6 +203,37 @@ def test_open_gop_h264_decodes_after_a_seek_and_damage_is_still_an_error(tmp_pat
         mmloader.VideoReader(bad, ext, frames=3, fps=None, clip=1.3)[0]
 
 
+def _cut_after_a_reference(data: bytes) -> bytes:
+    """``data`` cut after the last packet that B-frames follow in decode order, save one (in the
+    header of the block after it): frames shown before the last frame it keeps are lost too."""
+    c = av.open(io.BytesIO(data))
+    s = c.streams.video[0]
+    packets = [(p.pts, p.pos, p.pos + p.size) for p in c.demux(s) if p.pts is not None]
+    c.close()
+    cuts = [(end + after_pos) // 2 + 1 for (pts, _, end), (after, after_pos, _) in zip(packets, packets[1:])
+            if after < pts]
+    return data[:cuts[-2]]
+
+
+def test_a_cut_matroska_file_with_b_frames_is_truncated_not_a_gap(tmp_path):
+    """Cut after a P-frame, a file with B-frames has lost frames shown before the last one it
+    keeps: a clip that reads to the end of the data is truncated (the data ends before the
+    header's duration), never frames skipped or the last one repeated; a clip before the cut
+    still equals the reference."""
+    data = make_indexed_video("mkv", 30, frames=36, bframes=True)
+    cut = _cut_after_a_reference(data)
+    kept = [i for _, i in decode_indexed(cut)]
+    assert kept != list(range(len(kept))) and kept[-1] < 35  # frames lost before the last one kept
+    path = store_of(tmp_path, "cut.lmdb", [{"__key__": "cut", "mkv": cut}])
+    first_gap = next(i for i, j in enumerate(kept) if i != j)
+    for options in (dict(frames=4, fps=None, clip=(first_gap - 1) / 30), dict(frames=36, fps=None, clip="start"),
+                    dict(frames=4, fps=30, clip=(first_gap - 0.5) / 30)):
+        with pytest.raises(DecodeError, match="truncated video.*key='cut'"):
+            mmloader.VideoReader(path, "mkv", **options)[0]
+    early = mmloader.VideoReader(path, "mkv", frames=4, fps=None, clip=0.2)
+    assert [read_index(f.numpy()) for f in early[0]] == [6, 7, 8, 9]
+
+
 def test_video_seeks_and_skips_what_the_clip_does_not_show(tmp_path):
     """Only what the clip shows is decoded: the GOPs before it (the seek), the rest of a GOP after
     the frame it needs, and whole GOPs between two of its frames are never decoded, so garbage

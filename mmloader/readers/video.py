@@ -328,8 +328,8 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
 
     Returns ``([(time, convert(frame)), ...], reached)``: a frame is converted when it is chosen,
     while the decoder still holds it, and once however many times it repeats. ``reached`` is None
-    when every frame was found before the stream ended, else the end (seconds from the start:
-    the last packet's time plus its duration) of what the stream holds."""
+    when the clip was complete before the end of the data was read, else the end (seconds from
+    the start: the latest packet time plus its duration) of what the stream holds."""
     av = import_av()
     cc = stream.codec_context
     cc.thread_count = threads
@@ -454,14 +454,13 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
         drain(flush=False)  # the frames still inside the decoder; the last one stays valid
     if last[0] is None:
         raise DecodeError("no frame could be decoded")
-    complete = done()
     if plan.consecutive and not chosen:  # t0 at or after the last frame: that frame
         chosen.append(choose(last[0], last[1]))
     target = len(pending) if count is None or not plan.consecutive else count
     if not plan.consecutive or count is not None:
         while len(chosen) < target:  # past the end: the last frame repeats
             chosen.append(choose(last[0], last[1]))
-    reached = None if complete or state["end"] is None else state["end"] - origin
+    reached = None if state["end"] is None else state["end"] - origin
     return chosen, reached
 
 
@@ -523,15 +522,25 @@ def _demux_times(container, stream, plan: _Plan) -> np.ndarray:
 
 
 def _check_not_truncated(reached: float | None, plan: _Plan, info: MediaInfo) -> None:
-    """The stream ended before the clip was complete and before its header says it ends:
-    truncated data. A long gap between frames of a stream that reaches its declared end is not."""
+    """The clip read to the end of the data, and the data ends before the stream's declared
+    duration: truncated (a cut file loses its last frames, and with B-frames also frames shown
+    before the last one it holds, so neither the frames found nor a repeated last frame can be
+    trusted). A long gap between frames of a stream that reaches its declared end is not.
+
+    With the stream's own duration (mp4's track, Matroska's track tag) the end must be reached to
+    within half a frame; with only the container's (which may be an audio track's), the clip's
+    nominal end must be, to within two frames."""
     v = info.video
-    declared = v.duration if v.duration is not None else info.duration
-    if reached is None or declared is None:
+    if reached is None:
         return
-    slack = 2.0 / (v.fps or 25.0)
-    wanted = min(plan.last, declared)
-    if reached + slack + 1e-6 < wanted:
+    period = 1.0 / (v.fps or 25.0)
+    if v.duration is not None:
+        if reached + period / 2 + 2e-3 < v.duration:
+            raise DecodeError(f"truncated video: the stream ends at {reached:.3f} s, its header says "
+                              f"{v.duration:.3f} s (the clip asks for {plan.last:.2f} s)")
+        return
+    declared = info.duration
+    if declared is not None and reached + 2 * period + 1e-6 < min(plan.last, declared):
         raise DecodeError(f"truncated video: the stream ends at {reached:.2f} s, the clip asks for "
                           f"{plan.last:.2f} s and the header says {declared:.2f} s")
 
