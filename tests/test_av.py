@@ -234,6 +234,23 @@ def test_a_cut_matroska_file_with_b_frames_is_truncated_not_a_gap(tmp_path):
     assert [read_index(f.numpy()) for f in early[0]] == [6, 7, 8, 9]
 
 
+@pytest.mark.parametrize("ext", ["mkv", "mp4"])
+def test_consecutive_clips_fit_in_frames_not_seconds(tmp_path, ext):
+    """fps=None: a clip start leaves ``frames`` real frames, whatever the spacing: frames every
+    10 ms then one at 2 s (0.19 s of frames, a 2 s stream) never gives a repeated frame."""
+    times = [Fraction(i, 100) for i in range(20)] + [Fraction(2)]
+    data = make_indexed_video(ext, times=times)
+    reference = decode_indexed(data)
+    assert [i for _, i in reference] == list(range(21))
+    path = store_of(tmp_path, "s.lmdb", [{"__key__": f"k{i}", ext: data} for i in range(8)])
+    for clip in ("center", "random"):
+        reader = mmloader.VideoReader(path, ext, frames=8, fps=None, clip=clip)
+        for i in range(8):
+            got = [read_index(f.numpy()) for f in reader[i]]
+            assert got == list(range(got[0], got[0] + 8)), (clip, i, got)
+            assert np.allclose(reader.timestamps[i].numpy(), [reference[j][0] for j in got], atol=1e-9)
+
+
 def test_video_seeks_and_skips_what_the_clip_does_not_show(tmp_path):
     """Only what the clip shows is decoded: the GOPs before it (the seek), the rest of a GOP after
     the frame it needs, and whole GOPs between two of its frames are never decoded, so garbage

@@ -238,9 +238,9 @@ class AudioReader(Reader):
             if isinstance(self.clip, VideoReader):
                 if info.video is None:
                     raise DecodeError(f"no video stream to align the audio with ({info.describe()})")
-                times, step = self.clip.targets(info, key)
-                shown = _demux_times(container, container.streams.video[0], self.clip.plan(info, key))
-                start_s, length_s = float(shown[0]), len(times) * step
+                plan = self.clip.plan(info, key, container)
+                shown = _demux_times(container, container.streams.video[0], plan)
+                start_s, length_s = float(shown[0]), len(plan.times) * plan.step
             else:
                 start_s, length_s = self.window(info.audio.duration or info.duration, key)
             lead = preroll(container.streams.audio[0].codec_context.name)

@@ -164,10 +164,14 @@ class VideoReader(Reader):
         return self._audio
 
     # -- planning a clip (header and demuxing only) ----------------------------
-    def targets(self, info: MediaInfo, key: str) -> tuple[np.ndarray, float]:
+    def targets(self, info: MediaInfo, key: str, container=None) -> tuple[np.ndarray, float]:
         """(times in seconds from the stream's start, step) of the frames to return: the asked
         times with ``fps=k``; with ``fps=None``, ``times[0]`` is where the consecutive frames
-        start and the rest are nominal (at the average rate: what the audio companion spans)."""
+        start and the rest are nominal (at the average rate: what the audio companion spans).
+
+        With ``fps=None`` a clip fits in frames, not seconds: given the open ``container``, the
+        latest start is the time of the ``frames``-th frame from the end (found by demuxing the
+        last GOPs), so a start always leaves ``frames`` real frames, whatever the spacing."""
         v = info.video
         duration = v.duration if v.duration is not None else info.duration
         native = v.fps or 25.0
@@ -179,16 +183,20 @@ class VideoReader(Reader):
             count = max(1, int(np.ceil(usable / step - 1e-9)))
             return np.arange(count) * step, step
         room = usable - self.frames * step if duration is not None else 0.0
+        if self.fps is None and duration is not None and container is not None and self.clip != "start":
+            latest = _last_start(container, container.streams.video[0], self.frames, duration, step)
+            room = latest if self.max_seconds is None else min(latest, float(self.max_seconds) - self.frames * step)
         t0 = clip_start(self.clip, key, room)
         return t0 + np.arange(self.frames) * step, step
 
-    def plan(self, info: MediaInfo, key: str) -> "_Plan":
-        """What :func:`_decode_targets` and :func:`_demux_times` look for."""
-        times, _step = self.targets(info, key)
+    def plan(self, info: MediaInfo, key: str, container=None) -> "_Plan":
+        """What :func:`_decode_targets` and :func:`_demux_times` look for (``container``: see
+        :meth:`targets`)."""
+        times, step = self.targets(info, key, container)
         if self.fps is not None:
-            return _Plan(times)
+            return _Plan(times, step=step)
         until = float(self.max_seconds) if self.frames is None else None
-        return _Plan(times, consecutive=True, until=until)
+        return _Plan(times, consecutive=True, until=until, step=step)
 
     def _open(self, data, key: str):
         container = open_container(data)
@@ -214,7 +222,7 @@ class VideoReader(Reader):
         av = import_av()
         container, stream, info = self._open(data, key)
         try:
-            plan = self.plan(info, key)
+            plan = self.plan(info, key, container)
             v = info.video
             hw = self._output_hw(v.height, v.width)
             convert = lambda frame: frame.reformat(width=hw[1], height=hw[0], format="rgb24",  # noqa: E731
@@ -250,7 +258,7 @@ class VideoReader(Reader):
         av = import_av()
         container, stream, info = self._open(data, key)
         try:
-            return _demux_times(container, stream, self.plan(info, key))
+            return _demux_times(container, stream, self.plan(info, key, container))
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt video: {e}") from None
         finally:
@@ -270,10 +278,12 @@ class _Plan:
     ``times[0]`` and the frames decoded after it: ``len(times)`` in all, or (``until`` given)
     every one shown before ``until``."""
 
-    __slots__ = ("times", "consecutive", "until")
+    __slots__ = ("times", "consecutive", "until", "step")
 
-    def __init__(self, times: np.ndarray, consecutive: bool = False, until: float | None = None):
+    def __init__(self, times: np.ndarray, consecutive: bool = False, until: float | None = None,
+                 step: float = 0.0):
         self.times, self.consecutive, self.until = np.asarray(times, dtype=np.float64), consecutive, until
+        self.step = step
 
     @property
     def last(self) -> float:
@@ -289,6 +299,37 @@ def _tolerance(stream) -> float:
     """Half the stream's timestamp resolution (0.5 ms in Matroska): a frame stored at the time
     asked, rounded to that resolution, is still the frame shown at it."""
     return float(stream.time_base) / 2 + 1e-9 if stream.time_base else 1e-9
+
+
+def _last_start(container, stream, count: int, duration: float, step: float) -> float:
+    """The time (seconds from the stream's start) of the ``count``-th frame from the end, by
+    demuxing from a keyframe before the end (further back until ``count`` frames are seen); 0 when
+    the stream holds fewer. The demuxer is left back at the stream's start."""
+    tb = stream.time_base
+    origin = _start(stream)
+    back = 2 * count * step + 1.0
+    try:
+        while True:
+            at = max(0.0, duration - back)
+            container.seek(int((at + origin) / tb) if at > 0 else (stream.start_time or 0), stream=stream,
+                           backward=True, any_frame=False)
+            pts: list[int] = []
+            first = None
+            for packet in container.demux(stream):
+                if packet.pts is None or (first is None and not packet.is_keyframe):
+                    continue
+                first = packet.pts if first is None else first
+                if packet.pts >= first:  # an open GOP's leading frames belong before the keyframe
+                    pts.append(packet.pts)
+            if len(pts) >= count or at <= 0 or first is None or float(first * tb) - origin <= 0:
+                break
+            back *= 4
+    finally:
+        container.seek(stream.start_time or 0, stream=stream, backward=True, any_frame=False)
+    if len(pts) < count:
+        return 0.0
+    pts.sort()
+    return float(pts[-count] * tb) - origin
 
 
 #: What a decoder that starts at a keyframe after a seek (or a skipped GOP) may report for the
