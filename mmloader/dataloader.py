@@ -104,15 +104,13 @@ class Loader(Resumable):
     def __len__(self) -> int:
         return len(self.stream)
 
-    def __iter__(self) -> Iterator[Any]:
-        self.stream._where()  # fix rank/world in the main process, before workers start
-        self._begin_pass()
-        iterator = iter(self.dataloader)
+    def _batches(self) -> Iterator[Any]:
+        iterator = iter(self.dataloader)  # (persistent workers: reset for this pass)
         # Persistent workers reuse one iterator, which remembers the length of the pass it was
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
             iterator._IterableDataset_len_called = len(self.stream)
-        return self._counted(self._stop_workers_on_error(self._received(iterator)))
+        return self._stop_workers_on_error(self._received(iterator))
 
     def _received(self, iterator: Iterator[Any]) -> Iterator[Any]:
         if self.ring is None:
@@ -124,6 +122,7 @@ class Loader(Resumable):
             yield _pin(batch) if self.pin_batches else batch
 
     def _stop_workers_on_error(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        this_pass = self._active
         try:
             yield from iterator
         except (OSError, EOFError) as e:  # e.g. ConnectionResetError: a worker died handing over a batch
@@ -132,6 +131,13 @@ class Loader(Resumable):
             if dead:
                 raise RuntimeError(f"DataLoader worker(s) exited unexpectedly ({', '.join(dead)}) while "
                                    f"sending a batch ({type(e).__name__}: {e})") from e
+            raise
+        except GeneratorExit:
+            # The pass was left (a break, a framework dropping its iterator, interpreter exit after
+            # an error raised in the loop's own code): stop its workers, unless a newer pass already
+            # uses them (persistent workers, an old iterator closed late).
+            if self._active is this_pass:
+                self._shutdown()
             raise
         except BaseException:
             # A worker died or raised: stop the others now. Left running, they stay registered

@@ -97,11 +97,14 @@ class GPUDecode:
         from .resumable import EpochSampler
         return EpochSampler(self)  # type: ignore[arg-type]
 
-    def _snapshot(self) -> Any:
-        """The loader's state right now, cheaply: mmloader's loaders give a deferred state."""
+    def _snapshot(self, before_last: bool = False) -> Any:
+        """The loader's state right now (``before_last``: as it was before the batch it last
+        delivered), cheaply: mmloader's loaders give a deferred state."""
         snap = getattr(self.loader, "snapshot", None)
         if snap is not None:
-            return snap()
+            return snap(before_last=before_last)
+        if before_last:
+            return None
         state = getattr(self.loader, "state_dict", None)
         return state() if state is not None else None
 
@@ -197,10 +200,11 @@ class GPUDecode:
             # The last pass was left early: continue after the batch the caller last received,
             # not after the one decoded ahead (the loader would count that one as delivered).
             self.loader.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
-        batches = iter(self.loader)
-        self._held_state, self._left_early = self._snapshot(), True  # nothing received of this pass yet
+        self._held_state, self._left_early = None, True
         pending = None
-        for batch in batches:
+        for batch in self.loader:
+            if pending is None and self._held_state is None:  # the pass's start: nothing handed over yet
+                self._held_state = self._snapshot(before_last=True)
             state = self._snapshot()  # taken before the next batch is read ahead
             with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
                 ready = self._process(batch)

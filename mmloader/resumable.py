@@ -88,6 +88,8 @@ class Resumable:
     epoch_done = False
     _passes = 0
     _stats: LoaderStats | None = None
+    _active: object | None = None  # the pass delivering now (None between passes)
+    _next_epoch: int | None = None  # set_epoch called while a pass was delivering
 
     @property
     def epoch(self) -> int:
@@ -101,17 +103,45 @@ class Resumable:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next pass delivers, from its start; a resume pending for this same
-        epoch is kept (see :meth:`Stream.set_epoch`).
+        epoch is kept (see :meth:`Stream.set_epoch`). Called while a pass is delivering, it
+        applies to the next pass: the batches of this one, and states taken during it, stay
+        those of its own epoch.
 
         Args:
             epoch: the epoch number (its order is a function of the stream's seed and it).
         """
+        if self._active is not None and not self.epoch_done:
+            self._next_epoch = int(epoch)
+            return
+        self._next_epoch = None
         self.stream.set_epoch(epoch)
         self.batches_seen, self.epoch_done = 0, False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._pass()
+
+    def _pass(self) -> Iterator[Any]:
+        # Everything is decided at the first next(), not at iter(): frameworks make an iterator
+        # and only then set the epoch (Lightning), or make one they never use.
+        self.stream._where()  # fix rank/world in this process, before any worker starts
+        self._begin_pass()
+        token = self._active = object()
+        try:
+            yield from self._counted(self._batches())
+        finally:
+            if self._active is token:  # (an old pass closed late must not end a newer one)
+                self._active = None
+
+    def _batches(self) -> Iterator[Any]:
+        """The backend's batches for the pass just begun."""
+        raise NotImplementedError
 
     def _begin_pass(self) -> None:
         """Decide what this pass delivers (the module docstring's rules), before workers start."""
         stream = self.stream
+        if self._next_epoch is not None:  # set while the last pass was delivering
+            epoch, self._next_epoch = self._next_epoch, None
+            self.set_epoch(epoch)
         if stream._resume_fresh:
             stream._resume_fresh = False  # it applies to this pass only
         elif stream._epoch_chosen or self._passes == 0:
@@ -142,15 +172,16 @@ class Resumable:
             except StopIteration:
                 return
             got = clock()
+            size = _batch_len(batch, batch_size)
             stats.batches += 1
-            stats.samples += batch_size
+            stats.samples += size
             if first:
                 stats.first_batches += 1
                 stats.first_wait += got - asked
                 first = False
             else:
                 stats.wait += got - asked
-                stats.samples_after_first += batch_size
+                stats.samples_after_first += size
             self.batches_seen += 1
             # Counted as delivered now: frameworks that know the length (Lightning) never ask
             # for the batch after the last, so the pass may never see StopIteration.
@@ -182,11 +213,21 @@ class Resumable:
 
     def state_dict(self) -> dict:
         """Where this rank is: epoch plus delivered batches (and the plan geometry to check against).
-        After the epoch's last batch: the start of the next epoch."""
+        After the epoch's last batch: the start of the next epoch (the one ``set_epoch`` chose,
+        if it was called during the pass)."""
+        if self.epoch_done and self._next_epoch is not None:
+            return self.stream.progress(0, epoch_done=True, next_epoch=self._next_epoch)
         return self.stream.progress(self.batches_seen, epoch_done=self.epoch_done)
 
-    def snapshot(self):
-        """A deferred :meth:`state_dict` of this very moment (cheap: computed only if called)."""
+    def snapshot(self, before_last: bool = False):
+        """A deferred :meth:`state_dict` of this very moment (cheap: computed only if called).
+
+        Args:
+            before_last: the state as it was before the batch delivered last (a wrapper that
+                reads ahead hands it to its caller later).
+        """
+        if before_last and self.batches_seen:
+            return functools.partial(self.stream.progress, self.batches_seen - 1)
         return functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
 
     def load_state_dict(self, state: dict) -> None:
@@ -196,4 +237,10 @@ class Resumable:
             state: a :meth:`state_dict` of this stream (the next pass delivers the rest of its epoch).
         """
         self.stream.resume(state)
-        self.batches_seen, self.epoch_done = 0, False
+        self.batches_seen, self.epoch_done, self._next_epoch = 0, False, None
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a batch: its keys when it has them (a short last batch), else the batch size."""
+    keys = batch.get("__key__") if isinstance(batch, dict) else None
+    return len(keys) if isinstance(keys, (list, tuple)) else default

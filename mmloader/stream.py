@@ -213,11 +213,11 @@ class Stream(torch.utils.data.IterableDataset):
         g = self.geometry()
         return g["batches_per_rank"] if self.batch_size else g["samples_per_rank"]
 
-    def progress(self, batches_seen: int, epoch_done: bool = False) -> dict:
+    def progress(self, batches_seen: int, epoch_done: bool = False, next_epoch: int | None = None) -> dict:
         """A resumable state after this rank delivered ``batches_seen`` batches of the current
         epoch (all ranks step together). ``epoch_done``: the epoch's last batch was delivered,
-        so the state points at the start of the next epoch."""
-        epoch = self.epoch + 1 if epoch_done else self.epoch
+        so the state points at the start of the next epoch (``next_epoch``, default the one after)."""
+        epoch = (self.epoch + 1 if next_epoch is None else int(next_epoch)) if epoch_done else self.epoch
         _rank, world, plan, visit, per_rank = self._layout(epoch)
         if epoch_done:
             visit, per_rank = RangeList([(0, len(plan))]), self._per_rank(plan, RangeList([(0, len(plan))]), world)

@@ -52,13 +52,11 @@ class ThreadLoader(Resumable):
     def __len__(self) -> int:
         return len(self.stream)
 
-    def __iter__(self) -> Iterator[Any]:
-        self.stream._where()
-        self._begin_pass()
+    def _batches(self) -> Iterator[Any]:
         parallel = any(getattr(ds, "releases_gil", False) for ds in self.stream.datasets)
         producers = self.producers or (self.num_workers if parallel else 1)
         run = _Run(self.stream.batch_tasks(0, 1), producers, self.prefetch_factor * producers, self.pin_memory)
-        return self._counted(run.batches())
+        return run.batches()
 
 
 class _Run:

@@ -167,3 +167,59 @@ def test_frameworks_find_set_epoch_on_the_sampler(path):
     assert loader.num_workers == 2  # the DataLoader's settings read through
     with pytest.raises(AttributeError):
         loader.dataset  # noqa: B018 (a framework must not take it for a DataLoader to rebuild)
+
+
+@pytest.mark.parametrize("kind", ["thread", "process", "persistent"])
+def test_set_epoch_after_iter_applies_to_that_pass_as_lightning_calls_it(path, kind):
+    """Lightning makes the iterator first, then sets the epoch (also right after a resume)."""
+    reference = mmloader.loader(_stream(path), num_workers=0)
+    reference.set_epoch(1)
+    epoch1 = _pass(reference)
+    loader = LOADERS[kind](path)
+    iter(loader)  # an iterator never used is no pass (Lightning makes one at start-up)
+    _pass(loader, limit=6)
+    state = loader.state_dict()
+    resumed = LOADERS[kind](path)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    with pytest.warns(UserWarning, match="drops the pending resume of epoch 0"):
+        resumed.sampler.set_epoch(1)  # epoch 0 ended early (limit_train_batches): epoch 1 now
+    assert [list(b["__key__"]) for b in it] == epoch1
+    fresh = LOADERS[kind](path)
+    it = iter(fresh)
+    fresh.sampler.set_epoch(1)
+    assert [list(b["__key__"]) for b in it] == epoch1
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_set_epoch_during_a_pass_applies_to_the_next_one(path, kind):
+    loader = LOADERS[kind](path)
+    full = _pass(LOADERS[kind](path))
+    it = iter(loader)
+    head = [list(next(it)["__key__"]) for _ in range(3)]
+    loader.set_epoch(1)
+    assert loader.epoch == 0 and loader.state_dict()["steps"] == 3  # still this pass's position
+    rest = [list(b["__key__"]) for b in it]
+    assert head + rest == full
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)  # the epoch set, from its start
+    resumed = LOADERS[kind](path)
+    resumed.load_state_dict(state)
+    assert len(_pass(resumed)) == PER_EPOCH
+    assert _pass(loader) == _pass(_one_epoch(path, 1))
+
+
+def _one_epoch(path, epoch):
+    loader = mmloader.loader(_stream(path), num_workers=0)
+    loader.set_epoch(epoch)
+    return loader
+
+
+def test_stats_count_a_short_last_batch_as_it_is(tmp_path):
+    path = tmp_path / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(42):
+            w.write({"__key__": f"k{i:03d}", "txt": f"t{i}"})
+    loader = mmloader.loader(_stream(path), num_workers=1, backend="thread")
+    list(loader)
+    assert loader.stats()["samples"] == 42 and loader.stats()["batches"] == 11

@@ -85,13 +85,15 @@ def test_lightning_preempted_mid_epoch_resumes_from_its_checkpoint(data, lightni
 
 
 def test_lightning_ddp_spawn_datamodule_with_limit_train_batches(data, lightning_run, tmp_path):
+    """Process backend with persistent workers: Lightning leaves each epoch after 3 batches, makes
+    the next iterator and only then sets the epoch."""
     _run("lightning_fit.py", str(data), str(tmp_path), "--strategy", "ddp_spawn", "--datamodule",
-         "--limit-train-batches", "3")
+         "--limit-train-batches", "3", "--max-epochs", "3", "--backend", "process")
     rows, full = _seen(tmp_path), _seen(lightning_run)
     for r in range(2):
-        assert [row["epoch"] for row in rows[r]] == [0, 0, 0, 1, 1, 1]
+        assert [row["epoch"] for row in rows[r]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
         # epoch 1 starts at its own beginning (Lightning's set_epoch), not after epoch 0's 3 batches
-        assert [row["keys"] for row in rows[r]] == [row["keys"] for row in full[r][:3] + full[r][PER_RANK:][:3]]
+        assert [row["keys"] for row in rows[r][:6]] == [row["keys"] for row in full[r][:3] + full[r][PER_RANK:][:3]]
     assert not {k for row in rows[0][:3] for k in row["keys"]} & {k for row in rows[1][:3] for k in row["keys"]}
 
 

@@ -8,6 +8,11 @@ Trainer's own data skipping off, and stores the loader's state in every checkpoi
     trainer = Trainer(model=model, args=TrainingArguments(...))
     use_loader(trainer, mmloader.loader(stream))
     trainer.train(resume_from_checkpoint=True)   # continues at the next unseen batch
+
+With ``gradient_accumulation_steps`` that does not divide the epoch's batches, a resumed
+epoch's last (shorter) accumulation group joins the next epoch's first optimizer step: the
+Trainer restarts its step count in a resumed epoch when its own data skipping is off. Every
+sample is still trained exactly once.
 """
 from __future__ import annotations
 

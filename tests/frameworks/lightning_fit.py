@@ -64,11 +64,12 @@ def main() -> None:
     p.add_argument("--resume")
     p.add_argument("--limit-train-batches", type=int)
     p.add_argument("--datamodule", action="store_true")
+    p.add_argument("--max-epochs", type=int, default=2)
     a = p.parse_args()
     from mmloader.frameworks.lightning import DataModule, DataWaitCallback
     wait = DataWaitCallback(every_n_steps=2)
     callbacks = [wait] + ([Preempt(a.preempt_after, str(Path(a.out) / "preempt.ckpt"))] if a.preempt_after else [])
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=a.strategy, max_epochs=2,
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=a.strategy, max_epochs=a.max_epochs,
                          limit_train_batches=a.limit_train_batches, callbacks=callbacks, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
