@@ -166,14 +166,9 @@ class Loader(Resumable):
             if killed:  # (checked first: at interpreter exit this module's functions may be gone)
                 _remove_orphan_segments(killed)
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume mid-epoch. Persistent workers restart once so they see the new plan.
-
-        Args:
-            state: a :meth:`state_dict` of this stream.
-        """
-        super().load_state_dict(state)
-        self._shutdown()
+    def _resume_now(self, state: dict) -> None:
+        super()._resume_now(state)
+        self._shutdown()  # persistent workers restart once, so they see the new plan
 
 
 def _remove_orphan_segments(pids: Iterable[int]) -> None:

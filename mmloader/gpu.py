@@ -83,13 +83,15 @@ class GPUDecode:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume the loader at ``state`` (a :meth:`state_dict`)."""
-        self._held_state, self._left_early = None, False
         self.loader.load_state_dict(state)  # type: ignore[attr-defined]
+        if getattr(self.loader, "_pending", None) is None:
+            self._held_state, self._left_early = None, False
 
     def set_epoch(self, epoch: int) -> None:
         """Select the loader's epoch (see :meth:`mmloader.Loader.set_epoch`)."""
-        self._held_state, self._left_early = None, False
         self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
+        if getattr(self.loader, "_pending", None) is None:  # applied now, not when the pass ends
+            self._held_state, self._left_early = None, False
 
     @property
     def sampler(self) -> Any:
@@ -196,28 +198,37 @@ class GPUDecode:
     def __iter__(self) -> Iterator[dict]:
         # Batch n+1 is decoded (on the side stream with CUDA) while the caller works on batch n.
         # The same read-ahead runs on the CPU, so its bookkeeping is tested without a GPU.
-        if self._left_early and self._held_state is not None:
+        if self._left_early and self._held_state is not None and getattr(self.loader, "_pending", None) is None:
             # The last pass was left early: continue after the batch the caller last received,
             # not after the one decoded ahead (the loader would count that one as delivered).
             self.loader.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
         self._held_state, self._left_early = None, True
         pending = None
-        for batch in self.loader:
-            if pending is None and self._held_state is None:  # the pass's start: nothing handed over yet
-                self._held_state = self._snapshot(before_last=True)
-            state = self._snapshot()  # taken before the next batch is read ahead
-            with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
-                ready = self._process(batch)
-                event = None
-                if self._side is not None:
-                    event = torch.cuda.Event()
-                    event.record(self._side)
-            if pending is not None:
-                yield self._handoff(*pending)
-            pending = (ready, event, state)
-        if pending is not None:
-            yield self._handoff(*pending)
-        self._left_early = False
+        batches = iter(self.loader)
+        try:
+            for batch in batches:
+                if pending is None and self._held_state is None:  # the pass's start: nothing handed over yet
+                    self._held_state = self._snapshot(before_last=True)
+                state = self._snapshot()  # taken before the next batch is read ahead
+                with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
+                    ready = self._process(batch)
+                    event = None
+                    if self._side is not None:
+                        event = torch.cuda.Event()
+                        event.record(self._side)
+                if pending is not None:
+                    yield self._handoff(*pending)
+                pending = (ready, event, state)
+            if pending is not None:  # the last batch: nothing is read ahead now, the loader's own state holds
+                yield self._handoff(pending[0], pending[1], None)
+            self._left_early = False
+        finally:
+            deferred = getattr(self.loader, "_pending", None) is not None
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # the loader's pass ends now: a set_epoch/load_state_dict made during it applies
+            if deferred:  # ...so what this pass held no longer describes where the next one starts
+                self._held_state, self._left_early = None, False
 
     def _handoff(self, batch: dict, event: Any, state: Any) -> dict:
         self._held_state = state

@@ -13,6 +13,10 @@ and with persistent workers):
   then. Frameworks that limit batches per epoch call ``set_epoch`` before the next
   one (Lightning does, through :attr:`Resumable.sampler`), which starts it afresh.
 
+A pass is decided at its first batch (frameworks make the iterator before setting the
+epoch); ``set_epoch``/``load_state_dict`` during a pass apply when it ends; one pass at a
+time (a second, interleaved iterator raises).
+
 The formats follow torchdata's ``StatefulDataLoader``: ``state_dict()`` is plain data
 (JSON-able), taken at any point, loaded before the next pass.
 """
@@ -89,7 +93,8 @@ class Resumable:
     _passes = 0
     _stats: LoaderStats | None = None
     _active: object | None = None  # the pass delivering now (None between passes)
-    _next_epoch: int | None = None  # set_epoch called while a pass was delivering
+    _pending: tuple[str, Any] | None = None  # set_epoch/load_state_dict that came during a pass
+    batch_sampler = None  # frameworks read it beside `sampler` (Lightning's shuffle check)
 
     @property
     def epoch(self) -> int:
@@ -104,18 +109,47 @@ class Resumable:
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next pass delivers, from its start; a resume pending for this same
         epoch is kept (see :meth:`Stream.set_epoch`). Called while a pass is delivering, it
-        applies to the next pass: the batches of this one, and states taken during it, stay
-        those of its own epoch.
+        applies when that pass ends: its batches, and states taken during it, stay those of
+        its own epoch.
 
         Args:
             epoch: the epoch number (its order is a function of the stream's seed and it).
         """
-        if self._active is not None and not self.epoch_done:
-            self._next_epoch = int(epoch)
+        if self._delivering():
+            self._pending = ("epoch", int(epoch))
             return
-        self._next_epoch = None
+        self._pending = None
         self.stream.set_epoch(epoch)
         self.batches_seen, self.epoch_done = 0, False
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at exactly the next unseen batch (also on another world size or worker count).
+        Called while a pass is delivering, it applies when that pass ends (checked now).
+
+        Args:
+            state: a :meth:`state_dict` of this stream (the next pass delivers the rest of its epoch).
+        """
+        if self._delivering():
+            self.stream.check_resume(state)  # a state that does not fit fails here, not later
+            self._pending = ("state", state)
+            return
+        self._pending = None
+        self._resume_now(state)
+
+    def _resume_now(self, state: dict) -> None:
+        self.stream.resume(state)
+        self.batches_seen, self.epoch_done = 0, False
+
+    def _delivering(self) -> bool:
+        """A pass is under way and has batches left to deliver."""
+        return self._active is not None and not self.epoch_done
+
+    def _apply_pending(self) -> None:
+        """Apply a set_epoch/load_state_dict that came while the last pass was delivering."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._active = None
+            (self.set_epoch if pending[0] == "epoch" else self.load_state_dict)(pending[1])
 
     def __iter__(self) -> Iterator[Any]:
         return self._pass()
@@ -124,13 +158,15 @@ class Resumable:
         # Everything is decided at the first next(), not at iter(): frameworks make an iterator
         # and only then set the epoch (Lightning), or make one they never use.
         self.stream._where()  # fix rank/world in this process, before any worker starts
+        self._apply_pending()  # (a pass left without being closed: a reference to it kept)
         self._begin_pass()
         token = self._active = object()
         try:
-            yield from self._counted(self._batches())
+            yield from self._counted(self._batches(), token)
         finally:
             if self._active is token:  # (an old pass closed late must not end a newer one)
                 self._active = None
+                self._apply_pending()
 
     def _batches(self) -> Iterator[Any]:
         """The backend's batches for the pass just begun."""
@@ -139,9 +175,6 @@ class Resumable:
     def _begin_pass(self) -> None:
         """Decide what this pass delivers (the module docstring's rules), before workers start."""
         stream = self.stream
-        if self._next_epoch is not None:  # set while the last pass was delivering
-            epoch, self._next_epoch = self._next_epoch, None
-            self.set_epoch(epoch)
         if stream._resume_fresh:
             stream._resume_fresh = False  # it applies to this pass only
         elif stream._epoch_chosen or self._passes == 0:
@@ -151,13 +184,13 @@ class Resumable:
             stream.drop_resume()
             stream.control.epoch = stream.epoch + 1
         else:  # left early: continue this epoch at its next unseen batch
-            self.load_state_dict(self.state_dict())
+            self._resume_now(self.state_dict())
             stream._resume_fresh = False
         stream._epoch_chosen = False
         self._passes += 1
         self.batches_seen, self.epoch_done = 0, False
 
-    def _counted(self, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _counted(self, iterator: Iterator[Any], token: object) -> Iterator[Any]:
         total = self.stream.remaining()
         if total == 0:
             self.epoch_done = True
@@ -166,6 +199,10 @@ class Resumable:
         clock = time.perf_counter
         first = True
         while True:
+            if self._active is not token:
+                raise RuntimeError("this pass of the loader was superseded by a newer one (iter(loader) "
+                                   "again): a loader delivers one pass at a time; make a second loader "
+                                   "over the same stream definition for a second one")
             asked = clock()
             try:
                 batch = next(iterator)
@@ -215,8 +252,11 @@ class Resumable:
         """Where this rank is: epoch plus delivered batches (and the plan geometry to check against).
         After the epoch's last batch: the start of the next epoch (the one ``set_epoch`` chose,
         if it was called during the pass)."""
-        if self.epoch_done and self._next_epoch is not None:
-            return self.stream.progress(0, epoch_done=True, next_epoch=self._next_epoch)
+        pending = self._pending
+        if self.epoch_done and pending is not None:  # the pass is over; the next one is that
+            if pending[0] == "state":
+                return pending[1]
+            return self.stream.progress(0, epoch_done=True, next_epoch=pending[1])
         return self.stream.progress(self.batches_seen, epoch_done=self.epoch_done)
 
     def snapshot(self, before_last: bool = False):
@@ -229,15 +269,6 @@ class Resumable:
         if before_last and self.batches_seen:
             return functools.partial(self.stream.progress, self.batches_seen - 1)
         return functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume at exactly the next unseen batch (also on another world size or worker count).
-
-        Args:
-            state: a :meth:`state_dict` of this stream (the next pass delivers the rest of its epoch).
-        """
-        self.stream.resume(state)
-        self.batches_seen, self.epoch_done, self._next_epoch = 0, False, None
 
 
 def _batch_len(batch: Any, default: int) -> int:

@@ -227,6 +227,11 @@ class Stream(torch.utils.data.IterableDataset):
                               batch_size=self.batch_size, drop_last=self.drop_last,
                               steps=0 if epoch_done else self._steps_before + batches_seen)
 
+    def check_resume(self, state: dict) -> None:
+        """Raise :class:`mmloader.errors.ResumeError` if ``state`` does not fit this stream."""
+        _rank, world = self._where()
+        resume_ranges(state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world)
+
     def resume(self, state: dict) -> None:
         """Continue ``state``'s epoch with only the samples it had not delivered.
 

@@ -223,3 +223,60 @@ def test_stats_count_a_short_last_batch_as_it_is(tmp_path):
     loader = mmloader.loader(_stream(path), num_workers=1, backend="thread")
     list(loader)
     assert loader.stats()["samples"] == 42 and loader.stats()["batches"] == 11
+
+
+@pytest.mark.parametrize("kind", LOADERS)
+def test_set_epoch_reaches_the_next_pass_while_an_old_iterator_is_still_referenced(path, kind):
+    loader = LOADERS[kind](path)
+    old = iter(loader)
+    next(old), next(old)
+    loader.set_epoch(1)
+    assert _pass(loader) == _pass(_one_epoch(path, 1)) and loader.epoch == 1
+    del old
+
+
+@pytest.mark.parametrize("kind", ["thread", "process", "persistent"])
+def test_two_passes_of_one_loader_at_once_is_a_clear_error(path, kind):
+    loader = LOADERS[kind](path)
+    with pytest.raises(RuntimeError, match="superseded by a newer one"):
+        for _a, _b in zip(loader, loader):
+            pass
+    assert len(_pass(loader)) == PER_EPOCH - 2  # each pass delivered one batch; the next goes on after them
+
+
+@pytest.mark.parametrize("kind", ["thread", "process", "persistent"])
+def test_load_state_dict_during_a_pass_applies_when_it_ends(path, kind):
+    loader = LOADERS[kind](path)
+    full = _pass(LOADERS[kind](path))
+    it = iter(loader)
+    next(it)
+    saved = loader.state_dict()
+    next(it), next(it)
+    loader.load_state_dict(saved)
+    assert loader.state_dict()["steps"] == 3  # this pass still delivers its own plan
+    assert [list(b["__key__"]) for b in it] == full[3:]
+    assert _pass(loader) == full[1:]  # then the loaded state: after batch 1
+    with pytest.raises(mmloader.errors.ResumeError):  # a state that cannot fit fails at once
+        it = iter(loader)
+        next(it)
+        loader.load_state_dict({**saved, "plan_len": 7})
+
+
+def test_states_follow_a_set_epoch_made_during_a_pass(path):
+    gpu = LOADERS["gpudecode"](path)
+    it = iter(gpu)
+    next(it), next(it)
+    gpu.set_epoch(1)
+    assert (gpu.state_dict()["epoch"], gpu.state_dict()["steps"]) == (0, 2)  # what the caller received
+    del it
+    assert gpu.state_dict()["epoch"] == 1 and gpu.state_dict()["consumed"] == 0  # the pass ended: epoch 1
+    loader = LOADERS["thread"](path)
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(1)
+    del it  # a break
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    resumed = LOADERS["thread"](path)
+    resumed.load_state_dict(state)
+    assert _pass(resumed) == _pass(loader) == _pass(_one_epoch(path, 1))

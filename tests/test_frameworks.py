@@ -138,3 +138,36 @@ def test_device_mesh_tp_peers_get_the_same_batches_dp_ranks_split_the_data(data,
                       for dp in (0, 1)]
         _assert_each_epoch_exactly_once(_per_epoch(one_per_dp), [0, 1])
         assert one_per_dp[0][0]["keys"] != one_per_dp[0][PER_RANK]["keys"]
+
+
+def test_lightning_validates_and_fits_with_mmloader_val_loaders(data):
+    """Lightning reads batch_sampler beside sampler on eval loaders (its shuffle check)."""
+    import lightning.pytorch as pl
+    import torch
+    sys.path.insert(0, str(HERE))
+    from common import stream
+
+    import mmloader
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.seen = torch.nn.Linear(1, 1), []
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(torch.ones(len(batch["__key__"]), 1)).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            self.seen += list(batch["__key__"])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    model = Model()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    for backend in ("thread", "process"):
+        model.seen = []
+        trainer.validate(model, dataloaders=mmloader.loader(stream(data, shuffle=False), backend=backend,
+                                                           num_workers=1), verbose=False)
+        assert sorted(model.seen) == [f"k{i:04d}" for i in range(SAMPLES)]
