@@ -233,7 +233,7 @@ def _dataset_of(name: str) -> str:
 
 
 def run_one(name: str, workload: str, paths: dict, workers: int, batch: int, epochs: int = 1) -> dict:
-    from mmloader.bench import measure
+    from mmloader.cli.bench import measure
     from data import warm
     warm(paths[_dataset_of(name)])
     loader = build(name, workload, paths, workers, batch)

@@ -48,7 +48,7 @@ def measure(path: str, read: int, workers: int, batch: int, backend: str) -> dic
     import mmloader
     from data import warm
     warm(path)  # the first batch must not wait on the disk
-    from mmloader.bench import _children, smaps_rollup
+    from mmloader.cli.bench import _children, smaps_rollup
     ds = mmloader.zip(image=mmloader.ImageReader(path, output="raw"), caption=mmloader.TextReader(path))
     stream = mmloader.Stream(ds, batch_size=batch, seed=0)
     loader = (mmloader.loader(stream, num_workers=workers, persistent_workers=False) if backend == "process"

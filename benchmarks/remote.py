@@ -195,7 +195,7 @@ def measure_one(args) -> dict:
     import torch  # noqa: F401  imports are not the loader's time to first batch
     import mmloader  # noqa: F401
     for mod in {"webdataset": ["webdataset"], "mosaicml-streaming": ["streaming"], "litdata": ["litdata"]}.get(
-            args.run, ["mmloader.readers", "mmloader.stream", "mmloader.threaded"]):
+            args.run, ["mmloader.readers", "mmloader.loading.stream", "mmloader.loading.threaded"]):
         importlib.import_module(mod)
     try:
         urllib.request.urlopen(urllib.request.Request(f"{endpoint}/__reset__", method="POST")).read()

@@ -452,10 +452,10 @@ def import_libraries(name: str) -> None:
     mods = {"hf-streaming": ["datasets", "transformers", "transformers.trainer_pt_utils"],
             "hf-mmap": ["datasets", "transformers", "transformers.trainer_pt_utils"],
             "litdata-tokens": ["litdata", "litdata.streaming.item_loader"],
-            "mmloader-textlines": ["mmloader", "mmloader.readers", "mmloader.stream", "mmloader.dataloader"],
-            "mmloader-lmdb": ["mmloader", "mmloader.readers", "mmloader.stream", "mmloader.dataloader"],
-            "mmloader-lmdb-ids": ["mmloader", "mmloader.readers", "mmloader.stream", "mmloader.dataloader"],
-            "mmloader-textlines-transform": ["mmloader", "mmloader.readers", "mmloader.stream", "mmloader.dataloader"]}
+            "mmloader-textlines": ["mmloader", "mmloader.readers", "mmloader.loading.stream", "mmloader.loading.dataloader"],
+            "mmloader-lmdb": ["mmloader", "mmloader.readers", "mmloader.loading.stream", "mmloader.loading.dataloader"],
+            "mmloader-lmdb-ids": ["mmloader", "mmloader.readers", "mmloader.loading.stream", "mmloader.loading.dataloader"],
+            "mmloader-textlines-transform": ["mmloader", "mmloader.readers", "mmloader.loading.stream", "mmloader.loading.dataloader"]}
     for mod in ["torch", "torch.utils.data", "tokenizers", *mods.get(name, [])]:
         importlib.import_module(mod)
 
@@ -480,7 +480,7 @@ class TreeMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
-        from mmloader.bench import _children, smaps_rollup
+        from mmloader.cli.bench import _children, smaps_rollup
         me = os.getpid()
         main = smaps_rollup(me)
         tree = main["pss"]

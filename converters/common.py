@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 import mmloader
 from mmloader.errors import MMLoaderError
-from mmloader.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
+from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import format_for, is_url
 from mmloader.storage.remote_write import check_remote_destination
 from mmloader.storage.atomic import check_not_busy, clean_stale_partials
@@ -91,7 +91,7 @@ class Options:
     max_pixels: int = 150_000_000
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_seconds: float | None = None
-    transcode: Any = None  # mmloader.mediainfo.Transcode
+    transcode: Any = None  # mmloader.media.mediainfo.Transcode
 
 
 # -- option values -----------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def _transcode_spec(text: str):
-    from mmloader.mediainfo import Transcode  # torch-free, and PyAV is imported only when used
+    from mmloader.media.mediainfo import Transcode  # torch-free, and PyAV is imported only when used
     try:
         return Transcode.parse(text)
     except ValueError as e:
@@ -481,7 +481,7 @@ _FIELD_OF_FORMAT = {"jpeg": "jpg", "mpo": "jpg", "png": "png", "webp": "webp", "
 def read_file(path: str, limit: int, image: bool) -> bytes:
     """The bytes of ``path``, refused by size before reading; an image's header is checked on its
     first :data:`PROBE_BYTES` before the rest is read."""
-    from mmloader.imageinfo import probe
+    from mmloader.media.imageinfo import probe
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open; a device never ends
             raise ItemError("not a regular file", path)
@@ -518,7 +518,7 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
 
 def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | None, str]:
     """Validate (and optionally re-encode) an image; returns (bytes, new extension or None, format)."""
-    from mmloader.imageinfo import check_decodes, check_pixels, probe
+    from mmloader.media.imageinfo import check_decodes, check_pixels, probe
     try:
         info = probe(data)
         check_pixels(info, opts.max_pixels)
@@ -550,7 +550,7 @@ def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple
     """Check a video or audio file from its header (duration, streams, codec; the readers' limits),
     fully decode it with ``--check-decode``, refuse or trim it with ``--max-seconds``, re-encode it
     with ``--transcode``. Returns (bytes, field name)."""
-    from mmloader import mediainfo
+    from mmloader.media import mediainfo
     kind = mediainfo.field_kind(field_name)
     try:
         info = mediainfo.check_decodes(data) if opts.check_decode else mediainfo.probe(data)
@@ -603,7 +603,7 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
 
 
 def media_kind(field_name: str) -> str | None:
-    from mmloader.mediainfo import field_kind
+    from mmloader.media.mediainfo import field_kind
     return field_kind(field_name) if not field_name.endswith(".gz") else None
 
 

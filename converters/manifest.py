@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmloader.mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
+from mmloader.media.mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 
 from .common import (IMAGE_EXTENSIONS, ConversionError, Item, UsageError, canonical_extension, label_kind,
                      execute, item_source, layout_parser)

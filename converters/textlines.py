@@ -27,8 +27,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from mmloader.readers.tokens import encode_batch
-from mmloader.readers.tokens import load_tokenizer as tokenizer_from
+from mmloader.media.tokenizer import encode_batch
+from mmloader.media.tokenizer import load_tokenizer as tokenizer_from
 from mmloader.storage.textlines import TextLinesStore, line_key
 
 from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageError, check_required_fields,

@@ -8,6 +8,9 @@
 Storage (writers, ``open``) imports without torch, so converters start fast; the
 torch-facing API (readers, zip, Stream, loader...) is imported on first use.
 """
+import importlib.abc
+import importlib.util
+import sys
 from importlib import import_module
 from typing import Any
 
@@ -19,25 +22,56 @@ from .storage import open_store as open
 
 # name -> (module, attribute): the torch-facing API, imported on first use.
 _LAZY = {
-    "SampleCache": (".cache", "SampleCache"), "Reader": (".readers", "Reader"),
+    "SampleCache": (".readers.cache", "SampleCache"), "Reader": (".readers", "Reader"),
     "ImageReader": (".readers", "ImageReader"), "TextReader": (".readers", "TextReader"),
     "LabelReader": (".readers", "LabelReader"), "JSONReader": (".readers", "JSONReader"),
     "ArrayReader": (".readers", "ArrayReader"), "VideoReader": (".readers", "VideoReader"),
     "AudioReader": (".readers", "AudioReader"), "TextLinesReader": (".readers", "TextLinesReader"),
     "reader_for": (".readers", "reader_for"), "readers": (".readers", None),
-    "zip": (".align", "zip_readers"), "Zipped": (".align", "Zipped"),
-    "Collate": (".batching", "Collate"), "collate": (".batching", "collate"), "unpack": (".batching", "unpack"),
-    "Stream": (".stream", "Stream"), "Loader": (".dataloader", "Loader"),
-    "ThreadLoader": (".dataloader", "ThreadLoader"), "loader": (".dataloader", "loader"),
-    "Mix": (".mixture", "Mix"), "mix": (".mixture", "mix"), "from_config": (".config", "from_config"),
-    "GPUDecode": (".gpu", "GPUDecode"), "rng": (".seeding", "rng"),
+    "zip": (".align.zip", "zip_readers"), "Zipped": (".align.zip", "Zipped"),
+    "Collate": (".align.collate", "Collate"), "collate": (".align.collate", "collate"),
+    "unpack": (".align.collate", "unpack"),
+    "Stream": (".loading.stream", "Stream"), "Loader": (".loading.dataloader", "Loader"),
+    "ThreadLoader": (".loading.dataloader", "ThreadLoader"), "loader": (".loading.dataloader", "loader"),
+    "Mix": (".align.mix", "Mix"), "mix": (".align.mix", "mix"), "from_config": (".loading.config", "from_config"),
+    "GPUDecode": (".loading.gpu", "GPUDecode"), "rng": (".readers.seeding", "rng"),
 }
+
+# Modules that moved into the layer packages: their old import paths keep working.
+_MOVED = {
+    "imageinfo": "media.imageinfo", "mediainfo": "media.mediainfo", "seeding": "readers.seeding",
+    "cache": "readers.cache", "batching": "align.collate", "mixture": "align.mix",
+    **{name: f"loading.{name}" for name in ("distributed", "control", "building", "stream", "resumable",
+                                             "threaded", "ring", "dataloader", "gpu", "config")},
+    "describe": "cli.inspect", "verify": "cli.verify", "preview": "cli.preview", "planview": "cli.plan",
+    "bench": "cli.bench",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``mmloader.<old name>`` as the module it became (the same module object)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        head, _, rest = fullname.partition(".")
+        if head != __name__ or rest not in _MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        return import_module(f"{__name__}.{_MOVED[spec.name.partition('.')[2]]}")
+
+    def exec_module(self, module: Any) -> None:  # already executed under its new name
+        pass
+
+
+if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
 
 
 def __getattr__(name: str) -> Any:
     entry = _LAZY.get(name)
     if entry is None:
-        try:  # a submodule, e.g. mmloader.config.is_config_path after a plain `import mmloader`
+        try:  # a submodule, e.g. mmloader.loading.config.is_config_path after a plain `import mmloader`
             return import_module(f".{name}", __name__)
         except ModuleNotFoundError:
             raise AttributeError(f"module 'mmloader' has no attribute {name!r}") from None

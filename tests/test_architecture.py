@@ -9,18 +9,21 @@ import mmloader
 
 PACKAGE = Path(mmloader.__file__).parent
 
-# Lower numbers are lower layers. A module may import its own layer and the ones below.
+# Lower numbers are lower layers. A module may import its own layer and the ones below. The
+# packages of mmloader/ are the layers (storage <- readers <- align <- planning/streaming <-
+# loading <- frameworks <- CLI); inside loading/, its modules are layered again (SUBLAYERS).
 LAYERS = {
-    0: ["_version", "errors", "distributed", "imageinfo", "mediainfo", "planning"],
+    0: ["_version", "errors", "media", "planning"],
     1: ["storage"],
-    2: ["readers", "cache", "seeding"],  # seeding imports no mmloader module: readers draw from it
-    3: ["align", "batching"],
-    4: ["mixture", "control", "building", "stream"],
-    5: ["resumable", "threaded", "ring", "dataloader", "gpu"],
-    6: ["config", "planview", "preview", "describe", "verify", "bench", "frameworks"],
-    7: ["cli", "__init__"],
+    2: ["readers"],
+    3: ["align"],
+    4: ["loading"],
+    5: ["frameworks"],
+    6: ["cli", "__init__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+SUBLAYERS = {"loading": {0: ["__init__", "distributed", "control"], 1: ["building"], 2: ["stream"],
+                         3: ["resumable", "ring"], 4: ["threaded", "dataloader"], 5: ["gpu", "config"]}}
 
 
 def _top(module_path: Path) -> str:
@@ -54,6 +57,14 @@ def test_every_module_has_a_layer():
     assert tops <= set(LAYER_OF), f"modules without a layer: {sorted(tops - set(LAYER_OF))}"
 
 
+def test_the_top_of_the_package_is_its_layers():
+    """mmloader/ reads like the architecture: the layer packages and three small files."""
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 13, entries
+    assert {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py"} <= \
+        {"__init__", "_version", "errors"}
+
+
 def test_no_module_imports_a_layer_above_its_own():
     problems = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -63,6 +74,36 @@ def test_no_module_imports_a_layer_above_its_own():
                 problems.append(f"{path.relative_to(PACKAGE)} (layer {own}) imports {target} "
                                 f"(layer {LAYER_OF[target]})")
     assert not problems, "\n".join(problems)
+
+
+def test_inside_a_package_no_module_imports_a_sublayer_above_its_own():
+    problems = []
+    for package, layers in SUBLAYERS.items():
+        layer_of = {name: layer for layer, names in layers.items() for name in names}
+        for path in sorted((PACKAGE / package).glob("*.py")):
+            own = layer_of[path.stem]
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                    target = node.module.split(".")[0]
+                    if layer_of.get(target, -1) > own:
+                        problems.append(f"{package}/{path.name} imports {package}/{target}.py (a sublayer above)")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_library_never_imports_the_converters_and_they_use_its_public_writer_api():
+    """converters/ sit on top of mmloader: mmloader never imports them (only the CLI's convert
+    dispatches to them, by name), and they import no layer above storage/readers-free code."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            assert not any(n.split(".")[0] == "converters" for n in names), f"{path} imports converters"
+    allowed = {"errors", "media", "storage", "__init__"}
+    for path in sorted((PACKAGE.parent / "converters").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mmloader."):
+                part = node.module.split(".")[1]
+                assert part in allowed, f"converters/{path.name} imports mmloader.{part} (torch-facing layers)"
 
 
 def test_planning_is_pure():
@@ -79,11 +120,21 @@ def test_docstring_examples_of_the_pure_modules_run():
     import importlib
     names = ["mmloader.planning.order", "mmloader.planning.partition", "mmloader.planning.mixing",
              "mmloader.planning.bucketing", "mmloader.planning.epoch", "mmloader.planning.resume",
-             "mmloader.storage.keys", "mmloader.storage", "mmloader.imageinfo", "mmloader.batching",
-             "mmloader.seeding", "mmloader.control", "mmloader.cache", "mmloader.config"]
+             "mmloader.storage.keys", "mmloader.storage", "mmloader.media.imageinfo", "mmloader.align.collate",
+             "mmloader.readers.seeding", "mmloader.loading.control", "mmloader.readers.cache", "mmloader.loading.config"]
     attempted = 0
     for name in names:
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, f"{name}: {result.failed} docstring example(s) failed"
         attempted += result.attempted
     assert attempted >= 20
+
+
+def test_every_converter_imports_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys, converters.pairs, converters.imagefolder, converters.manifest, converters.textlines, "
+            "converters.parquet, converters.ray_engine; print(sorted(m for m in ('torch', 'torchvision') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])

@@ -16,7 +16,7 @@ import torch
 
 import mmloader
 from mmloader.errors import DecodeError, SizeLimitError
-from mmloader.seeding import enter_batch
+from mmloader.readers.seeding import enter_batch
 
 av = pytest.importorskip("av")
 sf = pytest.importorskip("soundfile")
@@ -61,7 +61,7 @@ def test_video_frames_equal_a_reference_decode_of_the_same_timestamps(tmp_path, 
             shown = reader.timestamps[i].numpy()
             assert frames.dtype == torch.uint8 and frames.shape[1] == 3
             assert frames.shape[0] == (options["frames"] or 10) == len(shown)
-            asked, step = reader.targets(mmloader.mediainfo.probe(data), f"k{i}")
+            asked, step = reader.targets(mmloader.media.mediainfo.probe(data), f"k{i}")
             for j, (t, a) in enumerate(zip(shown, asked)):
                 # frame n was encoded for n / 15 s (the container may round its time): the one
                 # shown at an asked time, or, with fps=None, consecutive frames from the first
@@ -125,7 +125,7 @@ def test_a_gap_in_variable_rate_video_is_not_truncation(tmp_path):
     so no clip over it is truncated, nor dropped under on_error="skip"; cutting the data still
     is a DecodeError."""
     data = make_indexed_video("mp4", times=VFR)
-    mmloader.mediainfo.check_decodes(data)  # what convert --check-decode runs
+    mmloader.media.mediainfo.check_decodes(data)  # what convert --check-decode runs
     path = store_of(tmp_path, "g.lmdb", [{"__key__": f"k{i}", "mp4": data} for i in range(2)])
     for options, expected in ((dict(frames=2, fps=5, clip=0.6), [7, 7]),
                               (dict(frames=None, fps=5, max_seconds=1.0), [0, 3, 4, 7, 7])):
@@ -166,8 +166,8 @@ def test_matroska_video_that_starts_late_lasts_from_its_first_timestamp(tmp_path
     data = make_indexed_video("mkv", 30, frames=36, start=Fraction(1, 2))
     reference = decode_indexed(data)  # times from the stream's start
     length = reference[-1][0] + 1 / 30
-    assert abs(mmloader.mediainfo.probe(data).video.duration - length) < 2e-3
-    mmloader.mediainfo.check_decodes(data)  # a complete file: a full decode agrees
+    assert abs(mmloader.media.mediainfo.probe(data).video.duration - length) < 2e-3
+    mmloader.media.mediainfo.check_decodes(data)  # a complete file: a full decode agrees
     path = store_of(tmp_path, "late.lmdb", [{"__key__": "k", "mkv": data}])
     # the latest start leaving 8 frames is frame 28's (encoded for 28/30 s): the middle, 14/30 s,
     # is frame 14's time
@@ -397,8 +397,8 @@ def _ten_hours_mp4(data: bytes) -> bytes:
 def test_a_ten_hour_header_is_refused_before_decoding(tmp_path, monkeypatch):
     video = _ten_hours_mp4(make_video("mp4", seconds=1, fps=10, keyint=5))
     audio = _ten_hours_flac(make_audio("flac", seconds=1, rate=16000, channels=1))
-    assert mmloader.mediainfo.probe(video).duration > 9 * 3600
-    assert mmloader.mediainfo.probe(audio).duration > 9 * 3600
+    assert mmloader.media.mediainfo.probe(video).duration > 9 * 3600
+    assert mmloader.media.mediainfo.probe(audio).duration > 9 * 3600
     path = store_of(tmp_path, "h.lmdb", [{"__key__": "long", "mp4": video, "flac": audio}])
 
     def no_decoding(*a, **k):
@@ -601,11 +601,11 @@ def test_max_seconds_and_transcode(tmp_path, raw_media):
     store = mmloader.open(tmp_path / "t.lmdb")
     for i in range(3):
         rec = store.read(i)
-        info = mmloader.mediainfo.probe(rec["mp4"])
+        info = mmloader.media.mediainfo.probe(rec["mp4"])
         v, a = info.video, info.audio
         assert (v.codec, v.height, v.width, v.fps) == ("h264", 32, 42, 5.0) and a.sample_rate == 8000
         assert info.duration <= 1.5 + 0.25
-        assert mmloader.mediainfo.probe(rec["flac"]).audio.sample_rate == 8000
+        assert mmloader.media.mediainfo.probe(rec["flac"]).audio.sample_rate == 8000
     bad = _mm("convert", "pairs", raw_media / "clips", tmp_path / "x.lmdb", "--transcode", "fps=0")
     assert bad.returncode == 2 and "--transcode" in bad.stderr
 
@@ -734,7 +734,7 @@ def test_mixed_video_audio_image_batches_through_2_ranks_x_2_workers(tmp_path, r
 def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
     """Persistent worker processes decode clips for 20 epochs; RSS, descriptors and mappings are
     read from outside the workers (/proc), so nothing in them changes to be observed."""
-    from mmloader.bench import _children
+    from mmloader.cli.bench import _children
     from test_reliability import _proc_figures
     data = make_video("mp4", seconds=2, fps=15, keyint=10, audio_rate=16000, width=96, height=64)
     path = store_of(tmp_path, "m.lmdb", [{"__key__": f"k{i:02d}", "mp4": data, "txt": f"t{i}"} for i in range(24)])
@@ -763,7 +763,7 @@ def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
 
 def test_import_mmloader_and_converters_without_av():
     code = ("import sys, mmloader, converters.pairs, converters.manifest, converters.common\n"
-            "mmloader.mediainfo.field_kind('mp4')\n"
+            "mmloader.media.mediainfo.field_kind('mp4')\n"
             "assert not {'av', 'soundfile', 'torch'} & set(sys.modules), sorted({'av', 'soundfile', 'torch'} & set(sys.modules))\n"
             "import mmloader.readers\n"
             "assert not {'av', 'soundfile'} & set(sys.modules)\n")
@@ -774,7 +774,7 @@ def test_import_mmloader_and_converters_without_av():
 
 def test_auto_backend_picks_worker_processes_for_media_readers(tmp_path, clips):
     """PyAV runs Python per packet (it holds the GIL): the default loader uses processes for it."""
-    from mmloader.dataloader import choose_backend
+    from mmloader.loading.dataloader import choose_backend
     path = store_of(tmp_path, "m.lmdb", [{"__key__": "k0", "mp4": clips["av"], "txt": "a"}])
     text_only = mmloader.Stream(mmloader.zip(txt=mmloader.TextReader(path)), batch_size=1)
     video = mmloader.Stream(mmloader.zip(v=mmloader.VideoReader(path, "mp4", frames=2), txt=mmloader.TextReader(path)),

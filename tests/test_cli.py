@@ -221,7 +221,7 @@ def test_preview_draws_each_sample_image(tmp_path, capsys):
     assert code == 0, err
     assert "[0] k0 | txt: colour 0" in text
     sheet = np.asarray(Image.open(out).convert("RGB")).astype(int)
-    from mmloader.preview import THUMB
+    from mmloader.cli.preview import THUMB
     cell_w, cell_h = THUMB + 16, THUMB + 64 + 8
     for n, c in enumerate(colours):  # the middle of each cell's thumbnail is the sample's colour
         x, y = (n % 2) * cell_w + 8 + THUMB // 2, (n // 2) * cell_h + 4 + THUMB // 2

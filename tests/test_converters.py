@@ -19,7 +19,7 @@ from PIL import Image
 
 import mmloader
 from mmloader.cli import main as cli
-from mmloader.verify import verify
+from mmloader.cli.verify import verify
 
 from conftest import jpeg_bytes, train_tokenizer, write_pairs_folder
 
@@ -497,7 +497,7 @@ def unreadable(monkeypatch):
     import errno
     import builtins
     import converters.common
-    import mmloader.verify
+    import mmloader.cli.verify
     chmodded = []
     denied: set[str] = set()
 
@@ -520,7 +520,7 @@ def unreadable(monkeypatch):
             return real_open(file, *a, **kw)
         monkeypatch.setattr(os, "scandir", scandir)
         monkeypatch.setattr(converters.common, "open", open_, raising=False)
-        monkeypatch.setattr(mmloader.verify, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
     yield deny
     for path, mode in chmodded:
         path.chmod(mode)
@@ -804,7 +804,7 @@ def test_header_beyond_the_first_64k_still_found(tmp_path):
     im = Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8))
     buf = io.BytesIO()
     im.save(buf, "JPEG", icc_profile=bytes(150_000))  # three APP2 segments before the frame header
-    from mmloader.imageinfo import probe
+    from mmloader.media.imageinfo import probe
     assert buf.getvalue().index(b"\xff\xc0") > 128 << 10 and probe(buf.getvalue()).width == 8
     with pytest.raises(mmloader.DecodeError):
         probe(buf.getvalue()[:64 << 10])

@@ -1,4 +1,4 @@
-"""What each pass of a loader delivers (mmloader.resumable): epochs that advance by themselves,
+"""What each pass of a loader delivers (mmloader.loading.resumable): epochs that advance by themselves,
 explicit set_epoch, a resume for one pass, a pass left early, on both backends, with persistent
 workers and under GPUDecode (its CPU path); len() during a resumed pass; stats(); a Stream's
 control private to each training process."""

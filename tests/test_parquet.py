@@ -16,7 +16,7 @@ from PIL import Image
 
 import mmloader
 from mmloader.cli import main as cli
-from mmloader.verify import verify
+from mmloader.cli.verify import verify
 
 from conftest import jpeg_bytes
 

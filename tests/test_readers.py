@@ -313,7 +313,7 @@ def test_subclassed_readers_get_bytes_in_batches(any_ds):
     ds = mmloader.zip(image=mmloader.ImageReader(any_ds, output="raw"), caption=Upper(any_ds),
                       plain=mmloader.TextReader(any_ds))
     # get_batch itself, not a Stream: a Stream would hide a failure by retrying sample by sample
-    from mmloader.batching import collate_columns
+    from mmloader.align.collate import collate_columns
     batch = collate_columns(ds.get_batch(list(range(6))))
     assert batch["caption"] == [c.upper() for c in batch["plain"]]
     assert batch["plain"][0] == "caption number 0 é"
@@ -382,7 +382,7 @@ def test_cmyk_jpeg_missing_its_second_half_is_a_decode_error():
 
 
 def test_verify_decode_reports_the_halved_jpeg(tmp_path):
-    from mmloader.verify import verify
+    from mmloader.cli.verify import verify
     path = tmp_path / "half.lmdb"
     with mmloader.LMDBWriter(path) as w:
         w.write({"__key__": "halved", "jpg": _half_jpeg()})

@@ -20,7 +20,7 @@ import mmloader
 from mmloader.cli import main as cli
 from mmloader.errors import (ConfigError, DecodeError, FormatError, SampleError, SizeLimitError,
                              UnsafeFieldError)
-from mmloader.verify import verify
+from mmloader.cli.verify import verify
 
 from conftest import jpeg_bytes, write_dataset, write_pairs_folder
 
@@ -345,7 +345,7 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     """The default path, unwrapped: whole-batch reads with zero-copy views from LMDB, pread from
     shards, images decoded into shared memory, the LMDB map trimmer active. The workers are
     measured from this process, so nothing in them changes to be observed."""
-    from mmloader.bench import _children
+    from mmloader.cli.bench import _children
     from mmloader.storage import map_trimmer
     path = write_dataset(tmp_path / "e.lmdb", 64, "lmdb")
     shards = write_dataset(tmp_path / "e", 64, "tar", shard_size=5)

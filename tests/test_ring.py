@@ -1,4 +1,4 @@
-"""The process backend's shared-memory ring (mmloader.ring): same batches, no overwrites, no leaks."""
+"""The process backend's shared-memory ring (mmloader.loading.ring): same batches, no overwrites, no leaks."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mmloader
-from mmloader.ring import RingBatch, SlotTensor, _Arena, _pack, _unpack
+from mmloader.loading.ring import RingBatch, SlotTensor, _Arena, _pack, _unpack
 
 from conftest import write_dataset
 

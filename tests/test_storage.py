@@ -17,7 +17,7 @@ import webdataset as wds
 import mmloader
 from mmloader.errors import DuplicateKeyError, FormatError, KeyValidationError, RandomAccessError
 from mmloader.storage.encoding import encode_value
-from mmloader.verify import verify
+from mmloader.cli.verify import verify
 
 from conftest import jpeg_bytes, make_samples, write_dataset
 
@@ -702,11 +702,11 @@ def test_a_field_twice_in_one_sample_is_refused_when_indexing(tmp_path):
 
 def test_vocabulary_leftovers(tmp_path):
     """Review findings: the .lmdb rule ignores case, submodules are attributes, jfif is jpg."""
-    from mmloader.imageinfo import canonical_extension
+    from mmloader.media.imageinfo import canonical_extension
     with mmloader.writer_for(tmp_path / "UPPER.LMDB") as w:
         w.write({"__key__": "k", "txt": "x"})
     assert mmloader.open(tmp_path / "UPPER.LMDB").format == "lmdb"
-    done = subprocess.run([sys.executable, "-c", "import mmloader; print(mmloader.config.is_config_path('a.yaml'))"],
+    done = subprocess.run([sys.executable, "-c", "import mmloader; print(mmloader.loading.config.is_config_path('a.yaml'))"],
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "True"
     assert canonical_extension("JFIF") == "jpg"

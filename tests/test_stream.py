@@ -222,8 +222,8 @@ def test_thread_backend_same_batches_and_resume(tmp_path):
 
 
 def test_auto_backend_threads_for_builtin_decoders_processes_for_user_python(tmp_path, caplog):
-    from mmloader.dataloader import Loader
-    from mmloader.threaded import ThreadLoader
+    from mmloader.loading.dataloader import Loader
+    from mmloader.loading.threaded import ThreadLoader
     path = _text_dataset(tmp_path / "d", 20, 2)
     text = lambda **kw: mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path), **kw)),  # noqa: E731
                                         batch_size=4, seed=7)
@@ -299,7 +299,7 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
 
 def test_thread_backend_delivers_batches_before_the_error_in_order(tmp_path):
     for producers in (1, 3):
-        loader = mmloader.threaded.ThreadLoader(mmloader.Stream(_BrokenAt(40, 23), batch_size=4, shuffle=False),
+        loader = mmloader.loading.threaded.ThreadLoader(mmloader.Stream(_BrokenAt(40, 23), batch_size=4, shuffle=False),
                                                 producers=producers)
         got = []
         with pytest.raises(mmloader.SampleError, match="k23"):
@@ -313,7 +313,7 @@ def test_thread_backend_stops_its_threads_when_left_early(tmp_path):
     path = _text_dataset(tmp_path / "d", 200, 4)
     before = threading.active_count()
     for producers in (1, 2):
-        it = iter(mmloader.threaded.ThreadLoader(_stream(path, 2), producers=producers))
+        it = iter(mmloader.loading.threaded.ThreadLoader(_stream(path, 2), producers=producers))
         next(it)
         it.close()
     assert threading.active_count() == before
@@ -323,7 +323,7 @@ def test_thread_backend_many_producers_same_batches(tmp_path):
     path = _text_dataset(tmp_path / "d", 131, 5)
     expect = _keys(mmloader.loader(_stream(path, 3), num_workers=1, backend="thread"))
     for producers in (2, 5):
-        assert _keys(mmloader.threaded.ThreadLoader(_stream(path, 3), producers=producers)) == expect
+        assert _keys(mmloader.loading.threaded.ThreadLoader(_stream(path, 3), producers=producers)) == expect
 
 
 # -- issue 13: the documented paths -------------------------------------------------------------
@@ -528,7 +528,8 @@ def test_a_custom_collate_gives_the_same_types_on_both_backends(tmp_path):
 def test_batch_seed_is_computed_only_for_batches_that_draw(tmp_path, monkeypatch):
     """The seed (numpy SeedSequence, ~14 us) was computed for every batch, a tenth of a raw
     batch's build; now on first use of mmloader.rng(), with the same value."""
-    from mmloader import seeding, stream as stream_module
+    from mmloader.loading import stream as stream_module
+    from mmloader.readers import seeding
     path = _text_dataset(tmp_path / "d", 32, 2)
     calls = []
 
@@ -646,7 +647,7 @@ def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
     """A user's Collate is used as given, and raw images stay packed whatever it does with
     ``self.pack`` (a list, passed on to mmloader.collate / collate_columns) and whichever path
     built the batch (a skipped empty image sends one batch sample by sample)."""
-    from mmloader.batching import collate_columns
+    from mmloader.align.collate import collate_columns
     path = tmp_path / "d.lmdb"
     with mmloader.LMDBWriter(path) as w:
         for i in range(8):

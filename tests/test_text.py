@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mmloader
-from mmloader.batching import pad_ragged, pad_stack
+from mmloader.align.collate import pad_ragged, pad_stack
 from mmloader.errors import DecodeError, UnsafeFieldError
 from mmloader.readers.npy import npy_array
 
@@ -231,7 +231,7 @@ def test_config_tokenizer_key(corpus, tmp_path):
     cfg = tmp_path / "exp.yaml"
     cfg.write_text(f"batch_size: 5\nsources:\n  c:\n    path: {text}\n    modalities:\n"
                    f"      txt: {{tokenizer: {tok_path}, add_special_tokens: false}}\n")
-    batch = next(iter(mmloader.config.from_config(cfg)))
+    batch = next(iter(mmloader.loading.config.from_config(cfg)))
     tok = Tokenizer.from_file(str(tok_path))
     row = batch["txt"][0][batch["__mask__"]["txt"][0]].tolist()
     assert row in [tok.encode(l, add_special_tokens=False).ids for l in LINES]
@@ -330,10 +330,10 @@ def test_config_tokenizer_errors_name_the_key(corpus, tmp_path):
     text, tok_path = corpus
     cfg = {"root": str(tok_path.parent), "batch_size": 4,
            "sources": {"c": {"path": str(text), "modalities": {"txt": {"tokenizer": Path(tok_path.name)}}}}}
-    assert next(iter(mmloader.config.from_config(cfg)))["txt"].dtype == torch.int32  # a Path, relative to root
+    assert next(iter(mmloader.loading.config.from_config(cfg)))["txt"].dtype == torch.int32  # a Path, relative to root
     cfg["sources"]["c"]["modalities"]["txt"]["tokenizer"] = "missing.json"
     with pytest.raises(mmloader.errors.ConfigError, match="sources.c.modalities.txt.*missing.json"):
-        mmloader.config.from_config(cfg)
+        mmloader.loading.config.from_config(cfg)
 
 
 def test_line_lookups_map_none_of_the_index(tmp_path):

@@ -20,9 +20,9 @@ except ImportError:  # the older package name
     except ImportError as e:
         raise ImportError("mmloader.frameworks.lightning needs Lightning: pip install 'mmloader[lightning]'") from e
 
-from ..config import from_config
-from ..dataloader import loader as make_loader
-from ..stream import Stream
+from ..loading.config import from_config
+from ..loading.dataloader import loader as make_loader
+from ..loading.stream import Stream
 
 StreamSource = Stream | Callable[[], Stream] | str
 

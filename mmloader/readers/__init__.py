@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 
 from ..errors import UnsafeFieldError
-from ..imageinfo import IMAGE_EXTENSIONS
+from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from ..storage.textlines import TextLinesStore
 from .base import Reader
 from .basic import ArrayReader, JSONReader, LabelReader, TextReader
 from .image import ImageReader
-from ..mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
+from ..media.mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 from .audio import AudioReader
 from .video import VideoReader, VideoTimestamps
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import DecodeError, SizeLimitError
-from ..mediainfo import (AUDIO_EXTENSIONS, DEFAULT_MAX_CHANNELS, DEFAULT_MAX_DURATION, DEFAULT_MAX_SAMPLE_RATE,
+from ..media.mediainfo import (AUDIO_EXTENSIONS, DEFAULT_MAX_CHANNELS, DEFAULT_MAX_DURATION, DEFAULT_MAX_SAMPLE_RATE,
                          VIDEO_EXTENSIONS, Limits, MediaInfo, StreamInfo, import_av, import_soundfile, info_of,
                          open_container)
 from ..storage import Store

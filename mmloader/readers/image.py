@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import DecodeError
-from ..imageinfo import IMAGE_EXTENSIONS
+from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from .base import Reader, accepts_views, as_bytes
 from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of
@@ -68,7 +68,7 @@ class ImageReader(Reader):
 
     @property
     def packs_bytes(self) -> bool:
-        """Raw encoded bytes are packed into one buffer per batch (see :mod:`mmloader.batching`)."""
+        """Raw encoded bytes are packed into one buffer per batch (see :mod:`mmloader.align.collate`)."""
         return self.output == "raw" and self.transform is None and self.decodes_builtin()
 
     @property

@@ -9,7 +9,7 @@ JPEG data: premature end of data segment"): torchvision and Pillow print them on
 stderr and return a gray or garbled image. Every JPEG therefore goes through it
 in strict mode, and such an image is a :class:`DecodeError`, never passed on.
 
-Every path checks the pixel count from the header (``mmloader.imageinfo``) *before*
+Every path checks the pixel count from the header (``mmloader.media.imageinfo``) *before*
 decoding, so a decompression bomb costs a header parse, not gigabytes.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torchvision.io import ImageReadMode, decode_png
 from torchvision.transforms.v2.functional import resize
 
 from ..errors import DecodeError
-from ..imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
+from ..media.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
 # PNG path (and nvJPEG on GPUs), so keep using them without warning every user.

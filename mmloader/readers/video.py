@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from ..errors import DecodeError, SampleError, SizeLimitError
-from ..mediainfo import (DEFAULT_MAX_DURATION, DEFAULT_MAX_FRAME_PIXELS, VIDEO_EXTENSIONS, Limits, MediaInfo,
+from ..media.mediainfo import (DEFAULT_MAX_DURATION, DEFAULT_MAX_FRAME_PIXELS, VIDEO_EXTENSIONS, Limits, MediaInfo,
                          import_av, info_of, open_container)
-from ..seeding import rng
+from .seeding import rng
 from ..storage import Store
 from .base import Reader
 

@@ -36,13 +36,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
-from .mixture import Mix
-from .readers import IMAGE_EXTENSIONS, reader_for
-from .storage import is_url, open_store
-from .storage.textlines import TextLinesStore
+from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
+from ..align.mix import Mix
+from ..readers import IMAGE_EXTENSIONS, reader_for
+from ..storage import is_url, open_store
+from ..storage.textlines import TextLinesStore
 from .stream import Stream
-from .align import Zipped, zip_readers
+from ..align.zip import Zipped, zip_readers
 
 TOP_KEYS = {"seed", "batch_size", "shuffle", "drop_last", "batch_composition", "mix", "sources", "root",
             "block_size", "window_blocks", "on_error", "align", "bucket_by", "bucket_window"}

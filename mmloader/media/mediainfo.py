@@ -17,7 +17,7 @@ from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DecodeError, SizeLimitError
+from ..errors import DecodeError, SizeLimitError
 
 #: Field names (file extensions) that hold video (possibly with an audio track).
 VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "m4v", "avi", "ogv")

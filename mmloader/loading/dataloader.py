@@ -2,7 +2,7 @@
 
 Two backends build the same batches in the same order: worker processes
 (:class:`Loader`, a real ``torch.utils.data.DataLoader``) and threads of the
-training process (:class:`mmloader.threaded.ThreadLoader`). ``backend="auto"``
+training process (:class:`mmloader.loading.threaded.ThreadLoader`). ``backend="auto"``
 (the default) picks by what the pipeline runs: only built-in decoders (JPEG/PNG
 decoding and store reads release the GIL or are short) -> threads, which need no
 pickling or shared-memory copies and measured fastest here for decoded and raw
@@ -63,7 +63,7 @@ class Loader(Resumable):
         pin_memory: pin batches (default: when CUDA is available).
         persistent_workers: keep workers between passes (default: with workers).
         prefetch_factor: batches each worker builds ahead (default 2).
-        ring: batches cross from workers through shared-memory slots (:mod:`mmloader.ring`).
+        ring: batches cross from workers through shared-memory slots (:mod:`mmloader.loading.ring`).
         **kwargs: other :class:`torch.utils.data.DataLoader` options (e.g. ``multiprocessing_context``).
     """
 
@@ -79,7 +79,7 @@ class Loader(Resumable):
             pin_memory = torch.cuda.is_available()
         if workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
-        # Batches cross from the workers through a ring of shared-memory slots (mmloader.ring);
+        # Batches cross from the workers through a ring of shared-memory slots (mmloader.loading.ring);
         # with pinned memory they are pinned here, after the ring, not by the DataLoader's thread.
         self.ring = BatchRing(workers, prefetch_factor + 2) if ring and workers > 0 else None
         self.pin_batches = bool(pin_memory and self.ring is not None)

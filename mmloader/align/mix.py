@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .planning.mixing import MixOrder, quotas
+from ..planning.mixing import MixOrder, quotas
 
 
 class Mix:

@@ -140,7 +140,7 @@ def dataset_for_bench(path: str, raw: bool = False):
     """Every field of a dataset that all samples have, with the natural reader; the image fields
     as one ``image`` modality (alternatives, e.g. ``jpg;png``), raw bytes with ``raw``."""
     import mmloader
-    from .imageinfo import IMAGE_EXTENSIONS
+    from ..media.imageinfo import IMAGE_EXTENSIONS
     store = mmloader.open(path)
     counts = store.metadata.get("field_counts", {})
     readers = {}
@@ -159,8 +159,8 @@ def dataset_for_bench(path: str, raw: bool = False):
 def main(args) -> int:
     """The CLI: ``mmloader bench PATH|CONFIG [--workers W --batch-size B --epochs E --step-ms T]``."""
     import mmloader
-    from .dataloader import default_num_workers
-    from .config import is_config_path
+    from ..loading.dataloader import default_num_workers
+    from ..loading.config import is_config_path
     path = str(args.path)
     if is_config_path(path):
         stream = mmloader.from_config(path, batch_size=args.batch_size)
@@ -169,7 +169,7 @@ def main(args) -> int:
     workers = args.workers if args.workers is not None else default_num_workers()
     backend = getattr(args, "backend", None) or "auto"
     if backend == "auto":
-        from .dataloader import choose_backend
+        from ..loading.dataloader import choose_backend
         backend = choose_backend(stream)[0]
     loader = mmloader.loader(stream, num_workers=workers, backend=backend)
     r = measure(loader, epochs=args.epochs)

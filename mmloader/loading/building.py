@@ -17,9 +17,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch.utils.data
 
-from .batching import Collate, collate, merge_columns, packing_also
+from ..align.collate import Collate, collate, merge_columns, packing_also
 from .control import SharedControl
-from .errors import MMLoaderError, SampleError
+from ..errors import MMLoaderError, SampleError
 
 log = logging.getLogger("mmloader")
 

@@ -8,11 +8,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch.utils.data
 
-from .cache import SampleCache, fresh_copy
-from .errors import AlignmentError
-from .imageinfo import IMAGE_EXTENSIONS
-from .readers.base import Reader, as_bytes
-from .readers.columns import per_sample
+from ..readers.cache import SampleCache, fresh_copy
+from ..errors import AlignmentError
+from ..media.imageinfo import IMAGE_EXTENSIONS
+from ..readers.base import Reader, as_bytes
+from ..readers.columns import per_sample
 
 log = logging.getLogger("mmloader")
 
@@ -242,7 +242,7 @@ class Zipped(torch.utils.data.Dataset):
 
     def python_work(self) -> list[str]:
         """User Python run per sample: transforms, ``decode=`` callables, reader subclasses."""
-        from .readers import BUILTIN_READERS
+        from ..readers import BUILTIN_READERS
         reasons = [f"a transform on {name!r}" for name in self.transforms]
         for name, r in self.readers.items():
             if type(r) not in BUILTIN_READERS:

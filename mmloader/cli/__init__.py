@@ -14,8 +14,8 @@ import os
 import sys
 from typing import Sequence
 
-from ._version import __version__
-from .errors import MMLoaderError
+from .._version import __version__
+from ..errors import MMLoaderError
 
 CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines", "parquet")
 #: Exit status when the reader of our output went away (``mmloader inspect X | head``): what a
@@ -24,13 +24,13 @@ EXIT_BROKEN_PIPE = 141
 
 
 def _inspect(args) -> int:
-    from .describe import describe
+    from .inspect import describe
     print(describe(args.path, preview=args.preview))
     return 0
 
 
 def _verify(args) -> int:
-    from .describe import open_with_metadata
+    from .inspect import open_with_metadata
     from .verify import verify
     store, _ = open_with_metadata(args.path)  # not a dataset at all: a one-line error, like every command
     report = verify(store, decode=args.decode, progress=not args.quiet)
@@ -39,9 +39,9 @@ def _verify(args) -> int:
 
 
 def _index(args) -> int:
-    from .storage import build_index, is_url
+    from ..storage import build_index, is_url
     if is_url(args.dir):
-        from .storage.remote_write import build_index_remote
+        from ..storage.remote_write import build_index_remote
         manifest = build_index_remote(args.dir, output=args.output, progress=not args.quiet)
     else:
         manifest = build_index(args.dir, output=args.output, progress=not args.quiet)
@@ -61,8 +61,8 @@ def _convert(layout: str, rest: list[str]) -> int:
 
 def _merge(args) -> int:
     from pathlib import Path
-    from .storage.merge import find_parts, merge, merge_parts, parts_dir_for
-    from .storage import is_url
+    from ..storage.merge import find_parts, merge, merge_parts, parts_dir_for
+    from ..storage import is_url
     if not args.sources and is_url(args.dst):
         raise ValueError(f"{args.dst}: name the local parts to merge (e.g. `mmloader merge out.parts/ {args.dst}`)")
     sources = args.sources or [str(parts_dir_for(args.dst))]
@@ -89,9 +89,9 @@ def _merge(args) -> int:
 
 def _preview(args) -> int:
     from .preview import contact_sheet, dataset_for_preview
-    from .config import is_config_path
+    from ..loading.config import is_config_path
     if is_config_path(args.path):
-        from .config import load_config, build_sources
+        from ..loading.config import load_config, build_sources
         sources = build_sources(load_config(args.path), pil_images=True)
         indices_by = [(name, ds) for name, ds in sources.items()]
     else:
@@ -117,7 +117,7 @@ def _preview(args) -> int:
 
 
 def _plan(args) -> int:
-    from .planview import describe_plan
+    from .plan import describe_plan
     print(describe_plan(args.config, world=args.world, workers=args.workers))
     return 0
 
@@ -301,7 +301,7 @@ def _run(argv: list[str]) -> int:
         return _convert(argv[1], argv[2:])
     args = parser.parse_args(argv)
     import lmdb
-    from .storage.remote_lmdb import progress_bars
+    from ..storage.remote_lmdb import progress_bars
     try:
         with progress_bars(not getattr(args, "quiet", False)):  # -q: no bar from storage work either
             return args.func(args)
@@ -309,7 +309,3 @@ def _run(argv: list[str]) -> int:
         raise
     except (MMLoaderError, OSError, lmdb.Error, ValueError) as e:
         return _failure(args.command, e)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,8 +25,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from .batching import unpack
-from .readers.image_decode import decode_to_tensor
+from ..align.collate import unpack
+from ..readers.image_decode import decode_to_tensor
 
 _JPEG = b"\xff\xd8\xff"
 

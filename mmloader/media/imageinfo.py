@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from .errors import DecodeError, SizeLimitError
+from ..errors import DecodeError, SizeLimitError
 
 #: Field names (file extensions, lower case) that hold images: the one list readers and converters
 #: share; the same set as torchvision's ``ImageFolder``, so an imagefolder conversion finds the same files.

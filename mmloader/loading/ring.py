@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from .readers.columns import arena
+from ..readers.columns import arena
 
 _ALIGN = 64
 _MIN_SLOT = 1 << 20

@@ -7,10 +7,10 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from .mediainfo import field_kind
-from .readers import IMAGE_EXTENSIONS, AudioReader, VideoReader, reader_for
-from .storage import open_store
-from .align import zip_readers
+from ..media.mediainfo import field_kind
+from ..readers import IMAGE_EXTENSIONS, AudioReader, VideoReader, reader_for
+from ..storage import open_store
+from ..align.zip import zip_readers
 
 THUMB = 160
 

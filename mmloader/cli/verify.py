@@ -11,13 +11,13 @@ from dataclasses import dataclass, field as dc_field
 import numpy as np
 from tqdm import tqdm
 
-from .errors import MMLoaderError
-from .readers import IMAGE_EXTENSIONS
-from .readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip
-from .readers.image_decode import decode_to_tensor
-from .storage import LMDBStore, Store, TarStore, open_store
-from .storage.remote_tar import RemoteTarStore
-from .storage.tar_stages import group_samples, tar_members
+from ..errors import MMLoaderError
+from ..readers import IMAGE_EXTENSIONS
+from ..readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip
+from ..readers.image_decode import decode_to_tensor
+from ..storage import LMDBStore, Store, TarStore, open_store
+from ..storage.remote_tar import RemoteTarStore
+from ..storage.tar_stages import group_samples, tar_members
 
 
 @dataclass

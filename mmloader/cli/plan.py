@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from .config import from_config
+from ..loading.config import from_config
 
 
 def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1,

@@ -4,11 +4,11 @@ from __future__ import annotations
 import json
 import os
 
-from .errors import FormatError
-from .readers import IMAGE_EXTENSIONS
-from .mediainfo import field_kind
-from .readers.image_decode import probe
-from .storage import LMDBStore, Store, TarStore, open_store
+from ..errors import FormatError
+from ..readers import IMAGE_EXTENSIONS
+from ..media.mediainfo import field_kind
+from ..readers.image_decode import probe
+from ..storage import LMDBStore, Store, TarStore, open_store
 
 
 def human_bytes(n: float) -> str:
@@ -46,9 +46,9 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
 def describe_media(kind: str, data: bytes) -> str:
     """Duration, streams (codec, resolution, fps / sample rate, channels) and the decoder mmloader
     would use: ``mov 10.00 s; h264 854x480 30 fps; aac 44100 Hz 2 ch; decoder pyav``."""
-    from .mediainfo import probe as probe_media
-    from .readers.audio import SOUNDFILE_FORMATS, sniff
-    from .mediainfo import import_soundfile
+    from ..media.mediainfo import probe as probe_media
+    from ..readers.audio import SOUNDFILE_FORMATS, sniff
+    from ..media.mediainfo import import_soundfile
     try:
         info = probe_media(data)
     except ImportError as e:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .readers.columns import Packed, Ragged, Stacked, per_sample
+from ..readers.columns import Packed, Ragged, Stacked, per_sample
 
 _MISSING = object()
 

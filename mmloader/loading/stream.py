@@ -1,10 +1,10 @@
 """``mmloader.Stream``: an epoch plan streamed to one rank's DataLoader workers.
 
-The Stream composes the parts that each do one job: :mod:`mmloader.control`
+The Stream composes the parts that each do one job: :mod:`mmloader.loading.control`
 (state shared with workers: epoch, place in the world, resume flag, skip
 counts), :mod:`mmloader.planning` (the epoch plan, the rank/worker split, resume
-arithmetic — pure functions), :mod:`mmloader.seeding` (per-batch seeds) and
-:mod:`mmloader.building` (reading and collating a batch, the error policy).
+arithmetic — pure functions), :mod:`mmloader.readers.seeding` (per-batch seeds) and
+:mod:`mmloader.loading.building` (reading and collating a batch, the error policy).
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .batching import Collate, collate
+from ..align.collate import Collate, collate
 from .building import BatchBuilder
 from .control import SharedControl
-from .planning import RangeList, worker_batches
-from .planning.epoch import epoch_plan
-from .planning.partition import batches_per_rank, planned_batches, unit_samples_per_rank
-from .planning.resume import progress_state, resume_ranges
-from .seeding import batch_seed, enter_batch
+from ..planning import RangeList, worker_batches
+from ..planning.epoch import epoch_plan
+from ..planning.partition import batches_per_rank, planned_batches, unit_samples_per_rank
+from ..planning.resume import progress_state, resume_ranges
+from ..readers.seeding import batch_seed, enter_batch
 
 log = logging.getLogger("mmloader")
 
@@ -47,11 +47,11 @@ class Stream(torch.utils.data.IterableDataset):
       batches, to cut padding.
     * Randomness: every batch has a seed from (seed, epoch, rank, its first plan
       position); :func:`mmloader.rng` gives it, and worker processes running user Python
-      also reseed the global RNGs with it (see :mod:`mmloader.seeding`).
+      also reseed the global RNGs with it (see :mod:`mmloader.readers.seeding`).
 
     * Epochs advance by themselves: each pass of a loader after a completed pass is the
       next epoch; ``set_epoch`` chooses one explicitly; a pass after one left early
-      continues that epoch at its next unseen batch (see :class:`mmloader.resumable.Resumable`).
+      continues that epoch at its next unseen batch (see :class:`mmloader.loading.resumable.Resumable`).
     * ``group``: the data-parallel process group (a ``torch.distributed`` ProcessGroup, or
       a 1-D ``DeviceMesh`` such as ``mesh["dp"]``): rank and world size come from it, so
       the tensor-parallel peers of one data-parallel rank get the same batches.
@@ -69,7 +69,7 @@ class Stream(torch.utils.data.IterableDataset):
                  bucket_by: str | Callable[[int], int] | None = None, bucket_window: int = 64,
                  group: Any = None):
         from .distributed import data_parallel_group
-        from .mixture import Mix
+        from ..align.mix import Mix
         _check_options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                        block_size=block_size, window_blocks=window_blocks, bucket_window=bucket_window,
                        max_consecutive_errors=max_consecutive_errors)
