@@ -121,7 +121,8 @@ def test_docstring_examples_of_the_pure_modules_run():
     names = ["mmloader.planning.order", "mmloader.planning.partition", "mmloader.planning.mixing",
              "mmloader.planning.bucketing", "mmloader.planning.epoch", "mmloader.planning.resume",
              "mmloader.storage.keys", "mmloader.storage", "mmloader.media.imageinfo", "mmloader.align.collate",
-             "mmloader.readers.seeding", "mmloader.loading.control", "mmloader.readers.cache", "mmloader.loading.config"]
+             "mmloader.readers.seeding", "mmloader.loading.control", "mmloader.readers.cache", "mmloader.loading.config",
+             "mmloader.readers.registry"]
     attempted = 0
     for name in names:
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
@@ -138,3 +139,25 @@ def test_every_converter_imports_without_torch():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
+def test_one_registry_of_reader_kinds_feeds_reader_for_configs_and_the_api():
+    from mmloader.loading import config
+    from mmloader.readers.registry import BUILTIN_READERS, KINDS, kind_for_field
+    assert set(KINDS) | {"timestamps"} == config.READERS
+    for kind in KINDS.values():
+        assert getattr(mmloader, kind.cls.__name__) is kind.cls and kind.cls.__name__ in mmloader.__all__
+        for ext in kind.extensions:
+            assert kind_for_field(f"x.{ext}") is kind
+    assert set(BUILTIN_READERS) >= {k.cls for k in KINDS.values()}
+    text = (PACKAGE / "loading" / "config.py").read_text()
+    assert "__name__ ==" not in text and '"VideoReader"' not in text  # classes, not their names as strings
+
+
+def test_old_module_paths_resolve_to_the_new_homes():
+    import importlib
+    for old, new in [("stream", "loading.stream"), ("config", "loading.config"), ("batching", "align.collate"),
+                     ("mediainfo", "media.mediainfo"), ("verify", "cli.verify"), ("dataloader", "loading.dataloader")]:
+        assert importlib.import_module(f"mmloader.{old}") is importlib.import_module(f"mmloader.{new}")
+    from mmloader.stream import Stream
+    assert Stream is mmloader.Stream

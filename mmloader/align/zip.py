@@ -242,7 +242,7 @@ class Zipped(torch.utils.data.Dataset):
 
     def python_work(self) -> list[str]:
         """User Python run per sample: transforms, ``decode=`` callables, reader subclasses."""
-        from ..readers import BUILTIN_READERS
+        from ..readers.registry import BUILTIN_READERS
         reasons = [f"a transform on {name!r}" for name in self.transforms]
         for name, r in self.readers.items():
             if type(r) not in BUILTIN_READERS:

@@ -38,7 +38,8 @@ import yaml
 
 from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
 from ..align.mix import Mix
-from ..readers import IMAGE_EXTENSIONS, reader_for
+from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
+from ..readers.registry import KINDS
 from ..storage import is_url, open_store
 from ..storage.textlines import TextLinesStore
 from .stream import Stream
@@ -55,7 +56,8 @@ READER_KEYS = {"field", "path", "index_path", "reader", "output", "mode", "size"
                "frames", "fps", "clip", "max_seconds", "max_duration", "threads", "sample_rate", "mono",
                "decoder", "max_sample_rate", "max_channels"}
 TEXT_SUFFIXES = (".txt", ".text")
-READERS = {"image", "text", "label", "json", "array", "bytes", "video", "audio", "timestamps"}
+#: What ``reader:`` may name: the registry's kinds, and a video modality's timestamps companion.
+READERS = {*KINDS, "timestamps"}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -212,8 +214,8 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings
         # a companion of a video modality listed before it: its frames' times, or (audio) its audio track
         target = opts.pop("clip", None)
         video = (siblings or {}).get(target)
-        if type(video).__name__ != "VideoReader":
-            videos = [n for n, r in (siblings or {}).items() if type(r).__name__ == "VideoReader"]
+        if not isinstance(video, VideoReader):
+            videos = [n for n, r in (siblings or {}).items() if isinstance(r, VideoReader)]
             raise ConfigError(f"{where}.clip: {target!r} is not a video modality listed before it in this source "
                               f"(video modalities: {videos}); a {kind or 'companion'} modality names one with clip:")
         opts.setdefault("field", video.field)
@@ -231,10 +233,6 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings
     if pil_images and (kind == "image" or ext in IMAGE_EXTENSIONS):
         opts["output"] = "pil"
         opts.pop("transform", None)
-    import mmloader
-    classes = {"image": mmloader.ImageReader, "text": mmloader.TextReader, "label": mmloader.LabelReader,
-               "json": mmloader.JSONReader, "array": mmloader.ArrayReader, "bytes": mmloader.Reader,
-               "video": mmloader.VideoReader, "audio": mmloader.AudioReader}
     if video is not None:
         if kind == "timestamps":
             if opts:
@@ -247,7 +245,7 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings
     try:
         if kind is not None:
             opts.pop("allow_pickle", None)
-            return classes[kind](store, field, **opts)
+            return KINDS[kind].cls(store, field, **opts)
         return reader_for(store, field, **opts)
     except UnsafeFieldError as e:
         raise ConfigError(f"{where}: {e}") from None

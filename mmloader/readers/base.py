@@ -224,6 +224,6 @@ def decode_is_builtin(cls: type) -> bool:
     >>> decode_is_builtin(Upper), decode_is_builtin(mmloader.TextReader)   # doctest: +SKIP
     (False, True)
     """
-    from . import BUILTIN_READERS
+    from .registry import BUILTIN_READERS
     builtin = next(c for c in cls.__mro__ if c in BUILTIN_READERS)
     return cls.decode is builtin.decode
