@@ -25,7 +25,7 @@ from ..media.mediainfo import (AUDIO_EXTENSIONS, DEFAULT_MAX_CHANNELS, DEFAULT_M
                          open_container)
 from ..storage import Store
 from .base import Reader
-from .video import CLIPS, VideoReader, _demux_times, _start, check_clip, clip_start
+from .clips import CLIPS, ClipSource, _demux_times, _start, check_clip, clip_start
 
 DECODERS = ("auto", "pyav", "soundfile")
 #: The decoder measured fastest for each format that libsndfile reads (the others: FFmpeg).
@@ -144,7 +144,7 @@ class AudioReader(Reader):
         if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float))
                                         or not 0 < max_seconds < float("inf")):
             raise ValueError(f"max_seconds={max_seconds!r}: expected a positive number or None")
-        if not isinstance(clip, VideoReader):
+        if not isinstance(clip, ClipSource):
             check_clip(clip)
             if clip != "start" and max_seconds is None:
                 raise ValueError(f"clip={clip!r} places a window of max_seconds: give max_seconds too")
@@ -163,7 +163,7 @@ class AudioReader(Reader):
     # -- which decoder --------------------------------------------------------
     def decoder_for(self, data) -> str:
         """``"soundfile"`` or ``"pyav"``: the decoder this reader uses for these bytes."""
-        if isinstance(self.clip, VideoReader) or self.decoder == "pyav":
+        if isinstance(self.clip, ClipSource) or self.decoder == "pyav":
             return "pyav"
         if self.decoder == "soundfile":
             return "soundfile"
@@ -231,11 +231,11 @@ class AudioReader(Reader):
         try:
             info = info_of(container)
             self.limits.check(info)
-            if isinstance(self.clip, VideoReader):
+            if isinstance(self.clip, ClipSource):
                 self.clip.limits.check(info)
             if info.audio is None:
                 raise DecodeError(f"no audio stream ({info.describe()})")
-            if isinstance(self.clip, VideoReader):
+            if isinstance(self.clip, ClipSource):
                 if info.video is None:
                     raise DecodeError(f"no video stream to align the audio with ({info.describe()})")
                 plan = self.clip.plan(info, key, container)
@@ -244,13 +244,13 @@ class AudioReader(Reader):
             else:
                 start_s, length_s = self.window(info.audio.duration or info.duration, key)
             lead = preroll(container.streams.audio[0].codec_context.name)
-            if isinstance(self.clip, VideoReader) and start_s <= lead:
+            if isinstance(self.clip, ClipSource) and start_s <= lead:
                 # from the start: a fresh demuxer (after a seek to 0 the mp4 demuxer no longer drops
                 # the encoder's priming samples, so the first samples would differ from a full decode)
                 container.close()
                 container = open_container(data)
             return _decode_audio(container, container.streams.audio[0], info, start_s, length_s, self.limits,
-                                 rewind=isinstance(self.clip, VideoReader) and start_s > lead)
+                                 rewind=isinstance(self.clip, ClipSource) and start_s > lead)
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt audio: {e}") from None
         finally:

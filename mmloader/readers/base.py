@@ -224,6 +224,7 @@ def decode_is_builtin(cls: type) -> bool:
     >>> decode_is_builtin(Upper), decode_is_builtin(mmloader.TextReader)   # doctest: +SKIP
     (False, True)
     """
-    from .registry import BUILTIN_READERS
-    builtin = next(c for c in cls.__mro__ if c in BUILTIN_READERS)
+    # mmloader's own readers are the classes defined in this package (the registry's kinds and
+    # the companions); the nearest of them in the MRO is the built-in one ``cls`` extends.
+    builtin = next(c for c in cls.__mro__ if c.__module__.startswith(f"{__package__}."))
     return cls.decode is builtin.decode
