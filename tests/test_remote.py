@@ -22,6 +22,7 @@ import pytest
 
 import mmloader
 from mmloader.storage import remote, shard_cache
+from mmloader.storage.remote import location, ranges, sigv4, urls
 from mmloader.storage.remote import RemoteError, RemoteUnavailableError
 from mmloader.storage.remote_tar import RemoteTarStore
 
@@ -526,7 +527,7 @@ def test_wrong_bytes_are_never_passed_on_and_missing_objects_fail_at_once(data, 
 
 
 def test_url_helpers_and_cache_limits_docstrings():
-    for module in (remote, shard_cache):
+    for module in (urls, location, sigv4, ranges, shard_cache):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 

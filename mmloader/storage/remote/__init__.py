@@ -1,0 +1,60 @@
+"""Object storage (``s3://``, ``gs://``, ``az://``, ``http(s)://``): URLs, clients, retries.
+
+One :class:`Location` per dataset URL: it pickles as ``(url, storage_options, policy)`` — never
+a client, never credentials from the environment — and builds its client lazily, in the
+process that makes the request.
+
+**Clients.** Requests go through `obstore <https://developmentseed.org/obstore>`_ (Rust:
+S3/GCS/Azure/HTTP in one package, requests run without the GIL; measured at a fraction of s3fs's
+CPU per ranged GET: README "Dependencies"). obstore's runtime does not survive ``fork()``: a
+child forked from a process that has used it hangs on its first request. So a process records
+that it started obstore, and a process forked from one that did reads through the standard
+library's HTTP client instead (:class:`_SimpleClient`: plain HTTP, or S3 signed with SigV4 from
+static credentials; fsspec where that does not apply) — never a hang. The few small reads of
+opening a dataset (manifest, offset indexes) also go through the standard library's client
+while this process has not started obstore itself: it starts in milliseconds, and DataLoader
+workers forked after opening a dataset still get obstore for the data.
+
+**Credentials** come from the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``GOOGLE_APPLICATION_CREDENTIALS``,
+``AZURE_STORAGE_ACCOUNT_NAME``, ...) or ``storage_options``, and are re-resolved: a client is
+rebuilt when those variables change and after an authentication error, and the clients refresh
+temporary credentials themselves.
+
+**Retries.** Timeouts, connection errors and resets, 5xx, 408/429/503 and short bodies are
+retried with exponential backoff and full jitter until ``retry_deadline`` seconds have passed
+without success; then :class:`RemoteUnavailableError` names the URL and the last error. A
+missing object is :class:`FileNotFoundError` at once, other 4xx answers are not retried; a
+missing bucket, an invalid bucket name or refused access is a :class:`RemoteError` at once that
+names what the server said (``no such bucket 'b' (the server says NoSuchBucket: ...)``).
+
+
+**Where things live.** :mod:`.urls` (URL helpers), :mod:`.errors`, :mod:`.retry` (the policy,
+which failures are retried, deadlines), :mod:`.runtime` (which client a process may use, the
+event loop, background threads), :mod:`.location` (:class:`Location`), :mod:`.client` (the
+:class:`Client` protocol every client implements), one module per client
+(:mod:`.obstore_client`, :mod:`.simple_client`, :mod:`.fsspec_client`), :mod:`.sigv4` (S3
+signing for the standard-library client) and :mod:`.ranges` (coalescing, length checks). This
+module re-exports their names: ``from mmloader.storage.remote import Location`` works as before.
+"""
+from __future__ import annotations
+
+from .client import _CLIENT_OPTION_KEYS, Client, _Client
+from .errors import LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody, _HTTPStatus
+from .fsspec_client import _FsspecClient
+from .location import CREDENTIAL_ENV, Location
+from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
+from .ranges import _check_length, coalesce
+from .retry import (_OBSTORE_PERMANENT, S3_REFUSALS, Policy, _auth_error, _Deadline, _status, server_refusal,
+                    short_message, transient)
+from .runtime import (_background, _mark_obstore, _settle_at_exit, event_loop, fsspec_usable, obstore_inherited,
+                      obstore_started_here, obstore_usable, run)
+from .sigv4 import _botocore_credentials, sigv4_headers, static_s3_credentials
+from .simple_client import _SimpleClient
+from .urls import SCHEMES, check_url, is_url, join, parent_and_name, scheme_of
+
+__all__ = ["CREDENTIAL_ENV", "Client", "Location", "LongBody", "ObjectChangedError", "Policy", "RemoteError",
+           "RemoteUnavailableError", "S3_REFUSALS", "SCHEMES", "ShortBody", "check_url", "coalesce", "event_loop",
+           "fsspec_usable", "is_url", "join", "obstore_inherited", "obstore_started_here", "obstore_usable",
+           "parent_and_name", "run", "scheme_of", "server_refusal", "short_message", "sigv4_headers",
+           "static_s3_credentials", "transient"]

@@ -1,0 +1,107 @@
+"""What every client does (:class:`Client`), and the retry loop the blocking clients share
+(:class:`_Client`). :class:`~.location.Location` picks one client per process and purpose and
+calls only these methods on it."""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .retry import _Deadline
+from .runtime import _background
+
+if TYPE_CHECKING:
+    from .location import Location
+
+#: Client settings (obstore's ``client_options``) every client accepts in ``storage_options``;
+#: the fsspec client drops them (its own settings come from the policy).
+_CLIENT_OPTION_KEYS = {"allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "user_agent",
+                       "pool_idle_timeout", "pool_max_idle_per_host", "http1_only", "http2_only", "proxy_url",
+                       "default_headers", "read_timeout"}
+
+
+@runtime_checkable
+class Client(Protocol):
+    """The requests of one process to one :class:`~.location.Location`. Names are relative to
+    the location's folder; every request is retried under the location's policy, and a pinned
+    name (``location.pins``) is read only as its pinned version."""
+
+    location: Location
+
+    def url(self, name: str) -> str:
+        """The full URL of ``name``, as error messages name it."""
+        ...
+
+    def get(self, name: str) -> bytes:
+        """The whole object ``name``."""
+        ...
+
+    def get_many(self, names: list[str]) -> list[bytes]:
+        """Several whole objects, concurrently, in the order of ``names``."""
+        ...
+
+    def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
+        """``[(name, start, end), ...]`` -> the bytes of each range (each exactly ``end - start``)."""
+        ...
+
+    def start_range(self, name: str, start: int, end: int) -> concurrent.futures.Future:
+        """Bytes ``[start, end)`` of ``name`` fetched in the background: a future of them."""
+        ...
+
+    def start_ranges(self, requests: list[tuple[str, int, int]]) -> concurrent.futures.Future:
+        """:meth:`get_ranges` started in the background: a future of the list."""
+        ...
+
+    def head(self, name: str) -> tuple[int | None, str | None]:
+        """(size, ETag) of ``name``; (None, None) when there is no such object."""
+        ...
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        """(name, size) of every object under ``prefix``."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """name -> ETag of every object under the folder (empty where listings cannot say)."""
+        ...
+
+    def put_file(self, name: str, local: str) -> None:
+        """Upload the local file ``local`` as ``name``."""
+        ...
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Store ``data`` as ``name``."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Delete ``name``; a missing object is not an error."""
+        ...
+
+
+class _Client:
+    """What the clients share: URLs for messages, and the blocking retry loop."""
+
+    location: Location
+
+    def url(self, name: str) -> str:
+        return self.location.name_url(name)
+
+    def _rebuild(self) -> None:
+        """Build the client again (credentials resolved again after an authentication error)."""
+
+    def start_ranges(self, requests: list[tuple[str, int, int]]) -> concurrent.futures.Future:
+        # the blocking clients run the whole batch on a background thread; obstore overrides
+        # this with one task on its event loop
+        return _background().submit(self.get_ranges, list(requests))
+
+    def _retry(self, what: str, name: str, fn):
+        """``fn()``, retried under the location's policy (see :class:`_Deadline`)."""
+        deadline = _Deadline(self.location.policy, self.url(name), what)
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                rebuilt = deadline.rebuilt
+                delay = deadline.next_delay(e, self.location)
+                if deadline.rebuilt and not rebuilt:
+                    self._rebuild()
+                time.sleep(delay)

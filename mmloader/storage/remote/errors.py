@@ -1,0 +1,35 @@
+"""The errors of object-storage requests: those callers catch (:class:`RemoteError` and its
+kinds), and the bodies and statuses the retry policy classifies."""
+from __future__ import annotations
+
+from ...errors import MMLoaderError
+
+
+class RemoteError(MMLoaderError):
+    """A request to object storage failed for good (not retried, or out of retries)."""
+
+
+class RemoteUnavailableError(RemoteError):
+    """Object storage did not answer successfully within the retry deadline."""
+
+
+class ObjectChangedError(RemoteError):
+    """An object is no longer the version this dataset was opened with (replaced or rewritten):
+    reading on would mix two versions of the data, so it is never retried or skipped."""
+
+
+class LongBody(OSError):
+    """A response had more bytes than asked for: the server does not honour the request."""
+
+
+class ShortBody(OSError):
+    """A response had fewer bytes than asked for (a body cut short in transit)."""
+
+
+class _HTTPStatus(OSError):
+    """A non-success HTTP answer of the standard-library client; ``body`` (its first 4 KiB) is
+    kept so that :func:`~.retry.server_refusal` can read the S3 error code in it."""
+
+    def __init__(self, status: int, url: str, body: bytes = b""):
+        super().__init__(f"{url}: HTTP status {status}: {body[:200].decode('utf-8', 'replace')}")
+        self.status, self.body = status, body[:4096]

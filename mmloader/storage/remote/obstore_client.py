@@ -1,0 +1,182 @@
+"""The obstore client (Rust: S3/GCS/Azure/HTTP, requests without the GIL), the default for
+data reads in a process that did not inherit obstore's runtime through fork()."""
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING
+
+from .client import _CLIENT_OPTION_KEYS, _Client
+from .ranges import _check_length
+from .retry import _Deadline
+from .runtime import _mark_obstore, event_loop, run
+
+if TYPE_CHECKING:
+    from .location import Location
+
+
+_OBSTORE_CONFIG_KEYS = {"s3": {"endpoint", "region", "access_key_id", "secret_access_key", "session_token",
+                               "skip_signature", "virtual_hosted_style_request", "request_payer", "token",
+                               "default_region", "imdsv1_fallback", "unsigned_payload", "checksum_algorithm",
+                               "conditional_put", "s3_express", "bucket"},
+                        "gs": {"service_account", "service_account_key", "application_credentials", "bucket"},
+                        "az": {"account_name", "account_key", "sas_key", "token", "use_emulator", "endpoint",
+                               "container_name", "client_id", "client_secret", "tenant_id", "use_fabric_endpoint",
+                               "bearer_token", "skip_signature"},
+                        "http": set()}
+
+
+class _ObstoreClient(_Client):
+    """obstore: requests on a shared event loop thread, ``max_in_flight`` at once, GIL-free."""
+
+    def __init__(self, location: Location):
+        import obstore
+        self.location, self.obstore = location, obstore
+        self._sem: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._build()
+
+    def _build(self) -> None:
+        from obstore.store import from_url
+        location = self.location
+        _mark_obstore()
+        opts = dict(location.storage_options)
+        policy = location.policy
+        client_options = {"timeout": f"{policy.request_timeout}s", "connect_timeout": f"{policy.connect_timeout}s",
+                          **{k: opts.pop(k) for k in list(opts) if k in _CLIENT_OPTION_KEYS}}
+        for k in ("timeout", "connect_timeout", "read_timeout", "pool_idle_timeout"):
+            if isinstance(client_options.get(k), (int, float)):
+                client_options[k] = f"{client_options[k]}s"
+        url = location.url
+        if location.scheme == "s3":
+            endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint and endpoint.startswith("http://"):
+                client_options.setdefault("allow_http", True)
+            if endpoint and "virtual_hosted_style_request" not in opts:
+                opts["virtual_hosted_style_request"] = False
+            if not (opts.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+                opts["region"] = "us-east-1"
+        elif location.scheme == "http":
+            if url.startswith("http://"):
+                client_options.setdefault("allow_http", True)
+        retry = {"max_retries": 0}  # mmloader retries (backoff + deadline) around every request
+        if location.scheme == "http":
+            self.store = from_url(url, client_options=client_options, retry_config=retry)
+        else:
+            unknown = set(opts) - _OBSTORE_CONFIG_KEYS[location.scheme]
+            if unknown:
+                raise ValueError(f"{url}: unknown storage_options {sorted(unknown)} for {location.scheme}:// "
+                                 f"(known: {sorted(_OBSTORE_CONFIG_KEYS[location.scheme] | _CLIENT_OPTION_KEYS)})")
+            self.store = from_url(url, config=opts or None, client_options=client_options, retry_config=retry)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem[0] is not loop:
+            self._sem = (loop, asyncio.Semaphore(self.location.policy.max_in_flight))
+        return self._sem[1]
+
+    async def _retrying(self, what: str, name: str, make):
+        deadline = _Deadline(self.location.policy, self.url(name), what)
+        while True:
+            try:
+                async with self._semaphore():
+                    return await asyncio.wait_for(make(), self.location.policy.request_timeout + 5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # classified: retried, or raised naming the URL
+                rebuilt = deadline.rebuilt
+                delay = deadline.next_delay(e, self.location)
+                if deadline.rebuilt and not rebuilt:
+                    self._rebuild()
+            await asyncio.sleep(delay)
+
+    def _options(self, name: str, **options) -> dict:
+        pinned = self.location.pins.get(name)
+        return {**options, "if_match": pinned} if pinned else options
+
+    async def _range(self, name: str, start: int, end: int):
+        async def once():
+            result = await self.obstore.get_async(self.store, name, options=self._options(name, range=(start, end)))
+            meta = result.meta
+            self.location._checked_etag(name, meta.get("e_tag"))
+            data = await result.bytes_async()
+            _check_length(data, end - start, self.url(name), start, meta.get("size"))
+            return data
+        return await self._retrying(f"GET bytes {start}-{end - 1}", name, once)
+
+    async def _whole(self, name: str):
+        async def once():
+            result = await self.obstore.get_async(self.store, name, options=self._options(name))
+            meta = result.meta
+            self.location._checked_etag(name, meta.get("e_tag"))
+            data = await result.bytes_async()
+            if meta.get("size") is not None:
+                _check_length(data, meta["size"], self.url(name), 0)
+            return data
+        return await self._retrying("GET", name, once)
+
+    def versions(self) -> dict[str, str]:
+        return {name: etag for name, _size, etag in self._listing("") if etag}
+
+    def get(self, name: str) -> bytes:
+        return bytes(run(self._whole(name)))
+
+    def get_many(self, names: list[str]) -> list[bytes]:
+        async def all_():
+            return await asyncio.gather(*(self._whole(n) for n in names))
+        return [bytes(b) for b in run(all_())]
+
+    def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
+        async def all_():
+            return await asyncio.gather(*(self._range(n, a, b) for n, a, b in requests))
+        return run(all_())
+
+    def start_range(self, name: str, start: int, end: int):
+        return asyncio.run_coroutine_threadsafe(self._range(name, start, end), event_loop())
+
+    def start_ranges(self, requests: list[tuple[str, int, int]]):
+        async def all_():
+            return await asyncio.gather(*(self._range(n, a, b) for n, a, b in requests))
+        return asyncio.run_coroutine_threadsafe(all_(), event_loop())
+
+    def head(self, name: str) -> tuple[int | None, str | None]:
+        async def once():
+            try:
+                meta = await self.obstore.head_async(self.store, name)
+            except FileNotFoundError:
+                return None, None
+            return int(meta["size"]), meta.get("e_tag")
+        return run(self._retrying("HEAD", name, once))
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        return [(name, size) for name, size, _etag in self._listing(prefix)]
+
+    def _listing(self, prefix: str) -> list[tuple[str, int, str | None]]:
+        def once():
+            return [(m["path"], int(m["size"]), m.get("e_tag"))
+                    for batch in self.obstore.list(self.store, prefix or None) for m in batch]
+        return self._retry("LIST", prefix, once)
+
+    def _rebuild(self) -> None:
+        self._build()  # credentials resolved again
+
+    def put_file(self, name: str, local: str) -> None:
+        from pathlib import Path
+        size = os.path.getsize(local)
+
+        async def once():
+            await self.obstore.put_async(self.store, name, Path(local), use_multipart=size > 64 << 20,
+                                         chunk_size=16 << 20, max_concurrency=8)
+        run(self._retrying("PUT", name, once))
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        async def once():
+            await self.obstore.put_async(self.store, name, data)
+        run(self._retrying("PUT", name, once))
+
+    def delete(self, name: str) -> None:
+        async def once():
+            try:
+                await self.obstore.delete_async(self.store, name)
+            except FileNotFoundError:
+                pass
+        run(self._retrying("DELETE", name, once))

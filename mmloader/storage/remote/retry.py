@@ -1,0 +1,186 @@
+"""The retry policy: which failures are retried (:func:`transient`), which are named at once
+(:func:`server_refusal`: a missing bucket, refused access), and the per-request bookkeeping of
+backoff and deadline (:class:`_Deadline`)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
+
+if TYPE_CHECKING:
+    from .location import Location
+
+log = logging.getLogger("mmloader")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How requests behave: ``retry_deadline`` (s) bounds how long a failing request is retried
+    (a server that is gone pauses the reader that long, then the error names the URL);
+    ``request_timeout`` (s) bounds one request; ``max_in_flight`` requests run at once per
+    process; backoff doubles from ``backoff`` up to ``max_backoff`` with full jitter."""
+    retry_deadline: float = 120.0
+    request_timeout: float = 30.0
+    connect_timeout: float = 5.0
+    max_in_flight: int = 64
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "Policy":
+        env = {"retry_deadline": "MMLOADER_RETRY_DEADLINE", "request_timeout": "MMLOADER_REQUEST_TIMEOUT"}
+        values = {}
+        for name, var in env.items():
+            if os.environ.get(var):
+                values[name] = float(os.environ[var])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        for name, low, strict in (("retry_deadline", 0, False), ("request_timeout", 0, True),
+                                  ("connect_timeout", 0, True), ("backoff", 0, False), ("max_backoff", 0, False)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < low or (strict and value == low) or value != value:
+                raise ValueError(f"{name}={value!r}: expected a number of seconds {'>' if strict else '>='} {low}")
+        if not isinstance(self.max_in_flight, int) or isinstance(self.max_in_flight, bool) or self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight={self.max_in_flight!r}: expected an integer >= 1")
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** attempt))
+
+
+_STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.I)
+
+
+def _status(e: BaseException) -> int | None:
+    for attr in ("status", "status_code", "code"):
+        v = getattr(e, attr, None)
+        if isinstance(v, int) and 100 <= v < 600:
+            return v
+    m = _STATUS.search(str(e))
+    return int(m.group(1)) if m else None
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a failed request may succeed when repeated: timeouts, connection errors and
+    resets, short bodies, 5xx and 408/429; not a missing object, a refused permission or
+    another 4xx."""
+    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError, LongBody,
+                      ValueError)):
+        return False
+    if isinstance(e, ShortBody):
+        return True
+    if type(e).__module__.startswith("obstore") and type(e).__name__ in _OBSTORE_PERMANENT:
+        return False
+    status = _status(e)
+    if status is not None:
+        return (status >= 500 and status not in (501, 505)) or status in (408, 429)
+    if isinstance(e, PermissionError):
+        return False
+    return isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ConnectionError, EOFError)) \
+        or type(e).__module__.startswith(("obstore", "aiohttp", "botocore", "aiobotocore", "urllib3", "http"))
+
+
+#: obstore errors that repeating the request cannot cure (a server without Range support, a
+#: failed precondition, a bad path or configuration, refused credentials).
+_OBSTORE_PERMANENT = {"NotSupportedError", "PreconditionError", "NotModifiedError", "InvalidPathError",
+                      "AlreadyExistsError", "UnknownConfigurationKeyError", "PermissionDeniedError",
+                      "UnauthenticatedError", "JoinError"}
+#: S3 error codes (the ``<Code>`` of an error answer) that no retry can cure, as said to a user.
+S3_REFUSALS = {"NoSuchBucket": "no such bucket", "InvalidBucketName": "invalid bucket name",
+               "AccessDenied": "access denied", "AllAccessDisabled": "access denied (all access disabled)",
+               "InvalidAccessKeyId": "access denied (the access key ID is unknown to the server)",
+               "SignatureDoesNotMatch": "access denied (the secret key does not match the access key ID)",
+               "AccountProblem": "access denied (a problem with the account)",
+               "PermanentRedirect": "the bucket is at another endpoint or in another region",
+               "AuthorizationHeaderMalformed": "the request's region does not match the bucket's"}
+_S3_CODE = re.compile(r"<Code>\s*(\w+)\s*</Code>|An error occurred \((\w+)\)")
+
+
+def server_refusal(e: BaseException) -> str | None:
+    """What an S3 error answer inside ``e`` says, when it is one of :data:`S3_REFUSALS`:
+    ``"no such bucket 'b' (NoSuchBucket: The specified bucket does not exist)"``; else None.
+    Read from the answer's XML (obstore and the plain-HTTP client keep it in the error's text)
+    or from botocore's parsed ``response``."""
+    text = str(e) + "\n" + bytes(getattr(e, "body", b"") or b"").decode("utf-8", "replace")
+    response = getattr(e, "response", None)
+    code = (response.get("Error") or {}).get("Code") if isinstance(response, dict) else None
+    if not code:
+        m = _S3_CODE.search(text)
+        code = (m.group(1) or m.group(2)) if m else None
+    if code not in S3_REFUSALS:
+        return None
+    what = S3_REFUSALS[code]
+    bucket = re.search(r"<BucketName>([^<]*)</BucketName>", text)
+    if bucket:
+        what += f" {bucket.group(1)!r}"
+    message = re.search(r"<Message>([^<]*)</Message>", text)
+    if message is None and isinstance(response, dict):
+        detail = (response.get("Error") or {}).get("Message")
+    else:
+        detail = message.group(1) if message else None
+    return f"{what} (the server says {code}" + (f": {detail.strip()})" if detail else ")")
+
+
+def _auth_error(e: BaseException) -> bool:
+    return isinstance(e, PermissionError) or _status(e) in (401, 403)
+
+
+def short_message(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = text[0] if text else type(e).__name__
+    return f"{type(e).__name__}: {first[:300]}"
+
+
+class _Deadline:
+    """Retry bookkeeping for one request: backoff, a deadline, one rebuild after an auth error."""
+
+    def __init__(self, policy: Policy, url: str, what: str):
+        self.policy, self.url, self.what = policy, url, what
+        self.start = time.monotonic()
+        self.attempt = 0
+        self.rebuilt = False
+
+    def next_delay(self, e: BaseException, location: "Location") -> float:
+        """Seconds to wait before trying again, or raise the error for good."""
+        if _auth_error(e) and not self.rebuilt:
+            self.rebuilt = True
+            location.rebuild()  # credentials may have rotated: resolve them again
+            return 0.0
+        refusal = server_refusal(e)
+        if refusal is not None:  # a missing bucket is not a missing object, and no retry cures it
+            raise RemoteError(f"{self.url}: {self.what} failed: {refusal}") from None
+        if isinstance(e, FileNotFoundError):
+            raise FileNotFoundError(f"{self.url}: no such object") from None
+        if isinstance(e, ObjectChangedError):
+            raise e
+        if type(e).__name__ == "PreconditionError" or _status(e) == 412:
+            raise ObjectChangedError(f"{self.url}: the object changed since this dataset was opened (its ETag "
+                                     "no longer matches); reading on would mix two versions of the data: open "
+                                     "the dataset again") from None
+        if _status(e) == 416:
+            raise ObjectChangedError(f"{self.url}: {self.what}: the range lies beyond the object's end (HTTP 416): "
+                                     "it was truncated or replaced since it was indexed") from None
+        if type(e).__name__ == "NotSupportedError" and "range" in str(e).lower():
+            raise RemoteError(f"{self.url}: the server does not support ranged reads (HTTP Range), which "
+                              "reading samples in place needs") from e
+        if not transient(e):
+            raise RemoteError(f"{self.url}: {self.what} failed: {short_message(e)}") from e
+        elapsed = time.monotonic() - self.start
+        if elapsed >= self.policy.retry_deadline:
+            raise RemoteUnavailableError(
+                f"{self.url}: {self.what} kept failing for {elapsed:.0f} s ({self.attempt + 1} attempts; "
+                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}") from e
+        if self.attempt == 0 or self.attempt % 10 == 0:
+            log.warning("%s: %s failed (%s); retrying for up to %.0f s more", self.url, self.what,
+                        short_message(e), self.policy.retry_deadline - elapsed)
+        delay = min(self.policy.delay(self.attempt), max(self.policy.retry_deadline - elapsed, 0.0))
+        self.attempt += 1
+        return delay

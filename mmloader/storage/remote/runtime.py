@@ -1,0 +1,108 @@
+"""Per-process machinery of the clients: which client a process may use (obstore, unless this
+process was forked from one that started obstore's runtime; fsspec), the event loop thread that
+runs obstore's requests, and a thread pool for the blocking clients' background requests."""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import threading
+from typing import Any
+
+
+_OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
+_OBSTORE_LOCK = threading.Lock()
+
+
+def obstore_usable() -> bool:
+    """obstore works in this process: installed, not disabled (``MMLOADER_REMOTE_CLIENT=fsspec``),
+    and its runtime was not started by a process this one was forked from."""
+    if os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower() == "fsspec":
+        return False
+    if obstore_inherited():
+        return False
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def obstore_inherited() -> bool:
+    """This process was forked from one that had started obstore's runtime (which does not
+    survive fork(): a request from here would hang)."""
+    return _OBSTORE_PID not in (None, os.getpid())
+
+
+def obstore_started_here() -> bool:
+    return _OBSTORE_PID == os.getpid()
+
+
+def _mark_obstore() -> None:
+    global _OBSTORE_PID
+    if _OBSTORE_PID != os.getpid():
+        with _OBSTORE_LOCK:
+            _OBSTORE_PID = os.getpid()
+
+
+def fsspec_usable() -> bool:
+    try:
+        import fsspec  # noqa: F401
+    except ImportError:
+        return False
+    return os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower() != "obstore"
+
+
+# An event loop thread per process for obstore's async API: many requests in flight from any
+# thread, the GIL released while they run.
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    global _LOOP
+    hit = _LOOP
+    if hit is None or hit[0] != os.getpid():
+        with _LOOP_LOCK:
+            hit = _LOOP
+            if hit is None or hit[0] != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="mmloader-remote", daemon=True).start()
+                hit = _LOOP = (os.getpid(), loop)
+                atexit.register(_settle_at_exit)
+    return hit[1]
+
+
+def _settle_at_exit(timeout: float = 10.0) -> None:
+    """Wait (a bounded time) for requests still in flight, e.g. read-ahead chunks, before the
+    interpreter finalizes: obstore's threads hand each answer to the loop by calling into Python,
+    and one arriving during finalization aborts the process (SIGABRT at exit)."""
+    hit = _LOOP
+    if hit is None or hit[0] != os.getpid() or not hit[1].is_running():
+        return
+
+    async def settle() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+    try:
+        asyncio.run_coroutine_threadsafe(settle(), hit[1]).result(timeout + 1)
+    except Exception:  # at exit: nothing more to do
+        pass
+
+
+def run(coro, timeout: float | None = None):
+    """Run a coroutine on this process's request loop and wait for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, event_loop()).result(timeout)
+
+
+_POOL: tuple[int, Any] | None = None
+
+
+def _background():
+    """A small per-process thread pool for background requests of the fsspec client."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        import concurrent.futures
+        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="mmloader-fetch"))
+    return _POOL[1]

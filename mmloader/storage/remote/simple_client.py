@@ -1,0 +1,205 @@
+"""The standard library's HTTP client: plain HTTP(S), or S3 signed with SigV4. Starts in
+milliseconds and survives fork(); listing and writing go through a full client."""
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from .client import _Client
+from .errors import ObjectChangedError, _HTTPStatus
+from .fsspec_client import _FsspecClient
+from .obstore_client import _ObstoreClient
+from .ranges import _check_length
+from .retry import server_refusal
+from .runtime import _background, obstore_usable
+from .sigv4 import sigv4_headers, static_s3_credentials
+
+if TYPE_CHECKING:
+    from .location import Location
+
+
+class _SimpleClient(_Client):
+    """The standard library's HTTP client (+ SigV4 for S3 with static credentials): starts in
+    milliseconds and survives fork. Used to open datasets (a few small reads) and where obstore
+    cannot run (a process forked from one that started it)."""
+
+    def __init__(self, location: Location):
+        from urllib.parse import quote, urlsplit
+        self.location = location
+        self._quote = quote
+        self._local = threading.local()
+        opts = location.storage_options
+        if location.scheme == "http":
+            parts = urlsplit(location.url)
+            self.secure, self.host = parts.scheme == "https", parts.netloc
+            self.prefix = parts.path.rstrip("/")
+            self.creds = True
+        else:
+            bucket, _, prefix = location.url.split("://", 1)[1].partition("/")
+            self.creds = static_s3_credentials(opts)
+            self.region = opts.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") \
+                or "us-east-1"
+            endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint:
+                parts = urlsplit(endpoint)
+                self.secure, self.host = parts.scheme == "https", parts.netloc
+                self.bucket_path = parts.path.rstrip("/") + "/" + bucket
+                self.prefix = self.bucket_path + ("/" + prefix if prefix else "")
+            else:
+                self.secure, self.host = True, f"{bucket}.s3.{self.region}.amazonaws.com"
+                self.bucket_path = "/"
+                self.prefix = "/" + prefix if prefix else ""
+            self.prefix = self.prefix.rstrip("/")
+            self.key_prefix = prefix.strip("/")
+
+    @staticmethod
+    def usable(location: Location) -> bool:
+        return location.scheme == "http" or (location.scheme == "s3" and
+                                             static_s3_credentials(location.storage_options) is not None)
+
+    def _conn(self):
+        import http.client
+        c = getattr(self._local, "conn", None)
+        if c is None or getattr(self._local, "pid", None) != os.getpid():
+            cls = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
+            c = self._local.conn = cls(self.host, timeout=self.location.policy.request_timeout)
+            self._local.pid = os.getpid()
+        return c
+
+    def _request(self, method: str, name: str, headers: dict | None = None, query: dict | None = None,
+                 path: str | None = None) -> tuple[int, dict, bytes]:
+        if path is None:
+            path = self._quote(f"{self.prefix}/{name}" if name else self.prefix or "/", safe="/~")
+        canonical_query = "&".join(f"{self._quote(k, safe='-_.~')}={self._quote(v, safe='-_.~')}"
+                                   for k, v in sorted((query or {}).items()))
+        hdrs = dict(headers or {})
+        if self.location.scheme == "s3" and self.creds is not True:
+            hdrs.update(sigv4_headers(method, self.host, path, self.region, self.creds, query=canonical_query))
+        target = f"{path}?{canonical_query}" if canonical_query else path
+        for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
+            conn = self._conn()
+            try:
+                conn.request(method, target, headers=hdrs)
+                resp = conn.getresponse()
+                body = resp.read()
+                return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+            except (ConnectionError, OSError) as e:
+                conn.close()
+                self._local.conn = None
+                import http.client
+                if attempt or not isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError,
+                                                 ConnectionResetError)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _check(self, status: int, body: bytes, name: str) -> None:
+        if status >= 300 and server_refusal(_HTTPStatus(status, self.url(name), body)):
+            raise _HTTPStatus(status, self.url(name), body)  # named by _Deadline (no such bucket, ...)
+        if status == 404:
+            raise FileNotFoundError(f"{self.url(name)}: no such object")
+        if status in (401, 403):
+            raise PermissionError(f"{self.url(name)}: access denied (HTTP {status})")
+        if status == 416:
+            raise ObjectChangedError(f"{self.url(name)}: the range asked for lies beyond the object's end (HTTP 416): "
+                                     "it was truncated or replaced since it was indexed")
+        if status >= 300:
+            raise _HTTPStatus(status, self.url(name), body)
+
+    def _rebuild(self) -> None:
+        self.__init__(self.location)  # type: ignore[misc]  # credentials read again
+
+    def _pinned(self, name: str, headers: dict) -> dict:
+        pinned = self.location.pins.get(name)
+        return {**headers, "If-Match": pinned} if pinned else headers
+
+    def get(self, name: str) -> bytes:
+        def once():
+            status, headers, body = self._request("GET", name, self._pinned(name, {}))
+            self._check(status, body, name)
+            self.location._checked_etag(name, headers.get("etag"))
+            if "content-length" in headers:
+                _check_length(body, int(headers["content-length"]), self.url(name), 0)
+            return body
+        return self._retry("GET", name, once)
+
+    def _range(self, name: str, start: int, end: int) -> bytes:
+        def once():
+            status, headers, body = self._request("GET", name,
+                                                  self._pinned(name, {"Range": f"bytes={start}-{end - 1}"}))
+            self._check(status, body, name)
+            self.location._checked_etag(name, headers.get("etag"))
+            total = None
+            if status == 206 and "/" in headers.get("content-range", ""):
+                tail = headers["content-range"].rsplit("/", 1)[1]
+                total = int(tail) if tail.isdigit() else None
+            elif status == 200:  # the server ignored Range: cut the range out
+                total = len(body)
+                body = body[start:end]
+            _check_length(body, end - start, self.url(name), start, total)
+            return body
+        return self._retry(f"GET bytes {start}-{end - 1}", name, once)
+
+    def versions(self) -> dict[str, str]:
+        """S3 ListObjectsV2 under the prefix: name -> ETag. Here, not through obstore: the
+        opening process must not start obstore's runtime (forked workers could not use it)."""
+        if self.location.scheme != "s3":
+            return {}
+        import xml.etree.ElementTree as ET
+        base = self.key_prefix + "/" if self.key_prefix else ""
+        out: dict[str, str] = {}
+        token = None
+        while True:
+            query = {"list-type": "2", "prefix": base, **({"continuation-token": token} if token else {})}
+
+            def once(query=query):
+                status, _headers, body = self._request("GET", "", query=query, path=self._quote(self.bucket_path,
+                                                                                                safe="/~"))
+                self._check(status, body, "")
+                return body
+            root = ET.fromstring(self._retry("LIST", "", once))
+            ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            for item in root.iter(f"{ns}Contents"):
+                key, etag = item.findtext(f"{ns}Key"), item.findtext(f"{ns}ETag")
+                if key and etag and key.startswith(base):
+                    out[key[len(base):]] = etag
+            token = root.findtext(f"{ns}NextContinuationToken")
+            if root.findtext(f"{ns}IsTruncated") != "true" or not token:
+                return out
+
+    def get_many(self, names: list[str]) -> list[bytes]:
+        if len(names) == 1:
+            return [self.get(names[0])]
+        return list(_background().map(self.get, names))
+
+    def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
+        if len(requests) == 1:
+            return [self._range(*requests[0])]
+        return list(_background().map(lambda r: self._range(*r), requests))
+
+    def start_range(self, name: str, start: int, end: int):
+        return _background().submit(self._range, name, start, end)
+
+    def head(self, name: str) -> tuple[int | None, str | None]:
+        def once():
+            status, headers, body = self._request("HEAD", name)
+            if status == 404:
+                return None, None
+            self._check(status, body, name)
+            return int(headers["content-length"]), headers.get("etag")
+        return self._retry("HEAD", name, once)
+
+    def _full(self) -> _Client:
+        return _ObstoreClient(self.location) if obstore_usable() else _FsspecClient(self.location)
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        return self._full().list(prefix)
+
+    def put_file(self, name: str, local: str) -> None:
+        self._full().put_file(name, local)
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        self._full().put_bytes(name, data)
+
+    def delete(self, name: str) -> None:
+        self._full().delete(name)
