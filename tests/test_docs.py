@@ -1,13 +1,18 @@
-"""Every Python and shell block of README.md runs, in order, as a new user would run them.
+"""Every Python and shell block of README.md and of the documentation site (docs/) runs, in
+order, as a new user would run them.
 
-The blocks run in a scratch folder holding the raw data a user would bring (an image+caption
-folder ``RAW/``, an ImageFolder tree ``train/``, a manifest ``captions.jsonl``, a text file
+Two readers: one reads README.md from top to bottom, the other reads the site page after page
+in the order of the ``nav`` of mkdocs.yml (Home, Convert, Read, ...). Each runs in its own
+scratch folder, and its Python blocks share one namespace, like a notebook: a page may use what
+an earlier page made (the Quickstart's ``ds``, ``jpeg``, ``colours``, ``pairs.lmdb``,
+``captions/``). Each folder holds the raw data a user would bring (an image+caption folder
+``RAW/``, an ImageFolder tree ``train/``, a manifest ``captions.jsonl``, a text file
 ``corpus.txt`` and its ``tokenizer.json``, a Parquet table ``pairs.parquet``) and what
-``make demo`` leaves in ``demo-out/``. Python blocks share one
-namespace, like a notebook. Shell blocks run in bash with ``set -e``; the few commands a test
-cannot run for real are checked instead: ``make TARGET`` runs as ``make -n TARGET`` (the target
-exists and its recipe expands), ``pip install -e '.[EXTRA]'`` checks that the extra exists, and
-``python benchmarks/X.py`` runs as ``--help`` (the script imports and parses its options).
+``make demo`` leaves in ``demo-out/``. Shell blocks run in bash with ``set -e``; the few
+commands a test cannot run for real are checked instead: ``make TARGET`` runs as
+``make -n TARGET`` (the target exists and its recipe expands), ``pip install -e '.[EXTRA]'``
+checks that the extra exists, and ``python benchmarks/X.py`` runs as ``--help`` (the script
+imports and parses its options). Blocks in other languages (``text``, ``yaml``) are not run.
 """
 from __future__ import annotations
 
@@ -23,13 +28,31 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.S | re.M)
+RUN = ("python", "bash", "sh", "shell")
 
 
-def blocks() -> list[tuple[int, str, str]]:
-    """(line, language, code) of every fenced block, in order."""
-    text = README.read_text()
-    return [(text[:m.start()].count("\n") + 1, m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
+def nav_pages(nav=None) -> list[Path]:
+    """The site's pages in the order of mkdocs.yml's ``nav``."""
+    if nav is None:
+        import yaml
+        nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    pages: list[Path] = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        pages += nav_pages(value) if isinstance(value, list) else [DOCS / value]
+    return pages
+
+
+def blocks(page: Path = README) -> list[tuple[str, int, str, str]]:
+    """(where, line, language, code) of every fenced block of a page, in order."""
+    text = page.read_text()
+    where = str(page.relative_to(ROOT))
+    return [(where, text[:m.start()].count("\n") + 1, m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
+
+
+READERS = {"readme": [README], "site": nav_pages()}
 
 
 def _user_data(work: Path) -> None:
@@ -77,35 +100,58 @@ python() {
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("readme")
-    _user_data(work)
-    return work
+def user_data(tmp_path_factory) -> Path:
+    data = tmp_path_factory.mktemp("user-data")
+    _user_data(data)
+    return data
 
 
-def test_readme_has_blocks_to_run():
-    langs = [lang for _line, lang, _code in blocks()]
-    assert langs.count("python") >= 4 and langs.count("bash") >= 3, langs
+def test_readme_fits_a_few_screens():
+    assert len(README.read_text().splitlines()) < 300
 
 
-def test_every_python_and_shell_block_runs(work, monkeypatch):
+def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
+    pages = nav_pages()
+    assert len(pages) == len(set(pages)), pages
+    assert all(p.is_file() for p in pages), [str(p) for p in pages if not p.is_file()]
+    assert sorted(DOCS.rglob("*.md")) == sorted(pages)
+
+
+def test_readme_and_site_have_blocks_to_run():
+    for reader, pages in READERS.items():
+        langs = [lang for page in pages for _w, _l, lang, _c in blocks(page)]
+        assert langs.count("python") >= 2 and langs.count("bash") >= 1, (reader, langs)
+    langs = [lang for page in READERS["site"] for _w, _l, lang, _c in blocks(page)]
+    assert langs.count("python") >= 8 and langs.count("bash") >= 5, langs
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_python_and_shell_block_runs(reader, user_data, tmp_path, monkeypatch):
+    work = tmp_path / reader
+    shutil.copytree(user_data, work, symlinks=True)
     monkeypatch.chdir(work)
     env = {**os.environ, "MMLOADER_ROOT": str(ROOT),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     namespace: dict = {"__name__": "__readme__"}
-    ran = 0
-    for line, lang, code in blocks():
+    todo = [block for page in READERS[reader] for block in blocks(page) if block[2] in RUN]
+    for where, line, lang, code in todo:
         if lang == "python":
             try:
-                exec(compile(code, f"README.md:{line}", "exec"), namespace)
+                exec(compile(code, f"{where}:{line}", "exec"), namespace)
             except Exception as e:
-                raise AssertionError(f"the Python block at README.md:{line} failed: {type(e).__name__}: {e}") from e
-        elif lang in ("bash", "sh", "shell"):
+                raise AssertionError(f"the Python block at {where}:{line} failed: {type(e).__name__}: {e}") from e
+        else:
             done = subprocess.run(["bash", "-c", SHELL_SHIMS + code], cwd=work, env=env, capture_output=True,
                                   text=True, timeout=600)
-            assert done.returncode == 0, f"the shell block at README.md:{line} failed ({done.returncode}):\n" \
+            assert done.returncode == 0, f"the shell block at {where}:{line} failed ({done.returncode}):\n" \
                                          f"{code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
-        else:
-            continue
-        ran += 1
-    assert ran == sum(lang in ("python", "bash", "sh", "shell") for _l, lang, _c in blocks())
+
+
+def test_the_site_builds_strict(tmp_path):
+    """``mkdocs build --strict``: no broken link or anchor, no docstring warning (needs the docs tooling)."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings_handlers.python")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
