@@ -190,21 +190,6 @@ def test_a_batch_of_adjacent_samples_is_one_coalesced_request(data, proxied):
     assert len([r for p, r in proxy.ranges if p.endswith(".tar")]) == 4  # threshold 0: one request per sample
 
 
-def test_readahead_fetches_each_byte_once_within_its_budget(data):
-    local = mmloader.open(data["local"]["tar"])
-    total = sum(s["bytes"] for s in local.shards)
-    store = RemoteTarStore(data["s3"]["tar"], readahead=True, chunk_bytes=4096, readahead_bytes=3 * 4096)
-    held = []
-    for start in range(0, N, 4):  # a sequential pass
-        assert store.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1] == \
-            local.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1]
-        held.append(store._ra.held)
-    assert max(held) <= 3 * 4096
-    stats = store.stats()
-    assert stats["readahead"] > 0
-    assert stats["readahead"] + stats["ranged"] <= 1.5 * total  # no read amplification beyond the first touches
-
-
 # -- the shard cache -------------------------------------------------------------------------------------------
 def test_cache_stays_under_its_limit_over_3_epochs_and_deletes_only_cached_files(data, tmp_path):
     local = mmloader.open(data["local"]["tar"])
