@@ -64,6 +64,19 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+def _submodules_on_access(package: str) -> Any:
+    """A module ``__getattr__`` for a layer package: ``mmloader.media.mediainfo`` after a plain
+    ``import mmloader``, as for any attribute path, without importing every module up front."""
+    def __getattr__(name: str) -> Any:
+        try:
+            return import_module(f"{package}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{package}.{name}":
+                raise
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+    return __getattr__
+
+
 if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
     sys.meta_path.append(_MovedModules())
 

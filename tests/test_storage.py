@@ -706,7 +706,7 @@ def test_vocabulary_leftovers(tmp_path):
     with mmloader.writer_for(tmp_path / "UPPER.LMDB") as w:
         w.write({"__key__": "k", "txt": "x"})
     assert mmloader.open(tmp_path / "UPPER.LMDB").format == "lmdb"
-    done = subprocess.run([sys.executable, "-c", "import mmloader; print(mmloader.loading.config.is_config_path('a.yaml'))"],
+    done = subprocess.run([sys.executable, "-c", "import mmloader; print(mmloader.config.is_config_path('a.yaml'))"],
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "True"
     assert canonical_extension("JFIF") == "jpg"

@@ -3,3 +3,6 @@
 from .zip import Zipped, zip_readers
 
 __all__ = ["Zipped", "zip_readers"]
+from .. import _submodules_on_access
+
+__getattr__ = _submodules_on_access(__name__)

@@ -309,3 +309,8 @@ def _run(argv: list[str]) -> int:
         raise
     except (MMLoaderError, OSError, lmdb.Error, ValueError) as e:
         return _failure(args.command, e)
+
+
+from .. import _submodules_on_access  # noqa: E402
+
+__getattr__ = _submodules_on_access(__name__)

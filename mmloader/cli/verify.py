@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import zlib
 from dataclasses import dataclass, field as dc_field
@@ -17,6 +16,7 @@ from ..readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip
 from ..readers.image_decode import decode_to_tensor
 from ..storage import LMDBStore, Store, TarStore, open_store
 from ..storage.remote_tar import RemoteTarStore
+from ..storage.tar_layout import sha256_file
 from ..storage.tar_stages import group_samples, tar_members
 
 
@@ -178,15 +178,12 @@ def _verify_shard(store: TarStore, meta: dict, report: Report, decode: bool, s: 
     size = os.path.getsize(path)
     if size != shard["bytes"]:
         report.add(name, f"size {size} bytes, manifest says {shard['bytes']} (truncated or replaced?)")
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            while b := f.read(1 << 22):
-                h.update(b)
+        digest = sha256_file(path)
     except OSError as e:  # one unreadable shard is a problem to list, not the end of the check
         report.add(name, f"unreadable: {e.strerror or e}")
         return
-    if h.hexdigest() != shard["sha256"]:
+    if digest != shard["sha256"]:
         report.add(name, "sha256 checksum mismatch: the file changed since it was written/indexed")
     try:
         if isinstance(store, RemoteTarStore):

@@ -38,15 +38,14 @@ from tqdm import tqdm
 from .._version import __version__
 from ..errors import FormatError
 from .atomic import AtomicDirectory
-from .shard_index import MANIFEST, ShardIndexBuilder, sha256_file
+from .shard_index import MANIFEST, ShardIndexBuilder
 from .tar_store import TarStore
-from .tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, _HashingFile
+from .tar_layout import HashingFile, end_of_archive, sample_bytes, sha256_file, should_cut
+from .tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 PART_FORMAT = "mmloader-part"
 PART_VERSION = 1
 _PART_NAME = re.compile(r"part-(\d+)-of-(\d+)")
-#: Bytes a sample adds to a shard in ShardWriter's cut rule: its data plus 1024 per member.
-MEMBER_OVERHEAD = 1024
 
 
 class PartError(FormatError):
@@ -370,7 +369,7 @@ def _sample_spans(store: TarStore, s: int, fields: list[str]):
                    if table[row, c, 0] >= 0]
         present.sort()  # member order in the tar = the order the sample's fields were written
         end = max(o + n + (-n % tarfile.BLOCKSIZE) for o, n, _f in present)
-        yield {f: (o, n) for o, n, f in present}, start, end, sum(n + MEMBER_OVERHEAD for _o, n, _f in present)
+        yield {f: (o, n) for o, n, f in present}, start, end, sample_bytes(n for _o, n, _f in present)
         start = end
 
 
@@ -389,16 +388,14 @@ def _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_byte
     state: dict = {"file": None, "name": "", "samples": 0}
 
     def full(size: int) -> bool:
-        """ShardWriter's rule: cut before a sample of ``size`` (data + 1024 per member)?"""
+        """ShardWriter's rule (:func:`should_cut`) before a sample of ``size``?"""
         f = state["file"]
-        return f is not None and (state["samples"] >= shard_size
-                                  or (state["samples"] > 0 and f.pos + size > shard_bytes))
+        return f is not None and should_cut(samples=state["samples"], written=f.pos, next_sample=size,
+                                            shard_size=shard_size, shard_bytes=shard_bytes)
 
     def close_out() -> None:
         f = state["file"]
-        end = tarfile.BLOCKSIZE * 2  # end of archive as ShardWriter (and tarfile) write it
-        end += (-(f.pos + end)) % tarfile.RECORDSIZE
-        f.write(b"\0" * end)
+        f.write(end_of_archive(f.pos))
         f.close()
         builder.end_shard(state["name"], f.pos, f.sha.hexdigest())
         result.written_shards += 1
@@ -443,7 +440,7 @@ def _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_byte
                             close_out()
                         if state["file"] is None:
                             state["name"] = f"data-{len(builder.shards):06d}.tar"
-                            state["file"], state["samples"] = _HashingFile(out.tmp / state["name"]), 0
+                            state["file"], state["samples"] = HashingFile(out.tmp / state["name"]), 0
                         f = state["file"]
                         shift = f.pos - a
                         src.seek(a)

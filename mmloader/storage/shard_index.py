@@ -106,14 +106,6 @@ class ShardIndexBuilder:
         return manifest
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
 def build_index(directory: str | os.PathLike, output: str | os.PathLike | None = None,
                 pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"), progress: bool = True) -> dict:
     """Index tar shards written by any tool: manifest + offset indexes + key index.

@@ -16,7 +16,8 @@ import numpy as np
 from ..errors import FormatError, RandomAccessError, SampleError
 from .base import Store
 from .meta import TAR_FORMATS
-from .shard_index import MANIFEST, sha256_file
+from .shard_index import MANIFEST
+from .tar_layout import sha256_file
 from .keys import split_member_name
 from .tar_stages import group_samples, tar_members
 

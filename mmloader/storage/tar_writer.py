@@ -1,7 +1,6 @@
 """Write WebDataset-compatible tar shards plus mmloader's manifest and offset indexes."""
 from __future__ import annotations
 
-import hashlib
 import os
 import tarfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -12,36 +11,11 @@ from .atomic import AtomicDirectory, AtomicWriter
 from .encoding import split_sample
 from .keys import validate_field, validate_key
 from .shard_index import ShardIndexBuilder
+from .tar_layout import HashingFile, end_of_archive, sample_bytes, should_cut
 
 #: One default per concept, shared by the Python API and the CLI.
 DEFAULT_SHARD_SIZE = 10_000  # samples per shard
 DEFAULT_SHARD_BYTES = 1 << 30  # bytes per shard (1 GiB)
-
-
-class _HashingFile:
-    """File wrapper that hashes and counts what tarfile writes (one pass, no re-read)."""
-
-    def __init__(self, path: Path):
-        self._f = open(path, "wb")
-        self.sha = hashlib.sha256()
-        self.pos = 0
-
-    def write(self, b) -> int:
-        self.sha.update(b)
-        self.pos += len(b)
-        return self._f.write(b)
-
-    def tell(self) -> int:
-        return self.pos
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def close(self) -> None:
-        """Sync to disk and close (safe to run on another thread after :meth:`flush`)."""
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
 
 
 def _octal(value: int, width: int) -> bytes:
@@ -82,7 +56,7 @@ class ShardWriter(AtomicWriter):
         self.name, self.shard_size, self.shard_bytes, self.mtime = name, shard_size, shard_bytes, mtime
         self.user_metadata = dict(metadata or {})
         self._index = ShardIndexBuilder(self._dir.tmp)
-        self._file: _HashingFile | None = None
+        self._file: HashingFile | None = None
         self._shard_samples = 0
         self._known_fields: set[str] = set()
         self._syncer: ThreadPoolExecutor | None = None
@@ -94,18 +68,14 @@ class ShardWriter(AtomicWriter):
 
     def _open_shard(self) -> None:
         fname = f"{self.name}-{len(self._index.shards):06d}.tar"
-        self._file = _HashingFile(self._dir.tmp / fname)
+        self._file = HashingFile(self._dir.tmp / fname)
         self._file_name = fname
         self._shard_samples = 0
 
     def _close_shard(self) -> None:
         if self._file is None:
             return
-        # End of archive exactly as tarfile writes it: two zero blocks, then zeros up to a
-        # whole 10 KiB record.
-        end = tarfile.BLOCKSIZE * 2
-        end += (-(self._file.pos + end)) % tarfile.RECORDSIZE
-        self._file.write(b"\0" * end)
+        self._file.write(end_of_archive(self._file.pos))
         self._file.flush()
         # The shard's fsync waits on the disk, not the CPU: run it beside the next shard's writing
         # (the commit waits for it, so nothing is renamed into place before it is on disk).
@@ -130,9 +100,10 @@ class ShardWriter(AtomicWriter):
         for f in fields:
             if f not in self._known_fields:
                 self._known_fields.add(validate_field(f))
-        size = sum(len(v) + 1024 for v in fields.values())
-        if self._file is not None and (self._shard_samples >= self.shard_size
-                                       or (self._shard_samples and self._file.pos + size > self.shard_bytes)):
+        size = sample_bytes(len(v) for v in fields.values())
+        if self._file is not None and should_cut(samples=self._shard_samples, written=self._file.pos,
+                                                 next_sample=size, shard_size=self.shard_size,
+                                                 shard_bytes=self.shard_bytes):
             self._close_shard()
         if self._file is None:
             self._open_shard()
