@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from mmloader.storage.remote import Location, ObjectChangedError
-from mmloader.storage.remote.client import Client, _Client
+from mmloader.storage.remote.client import Client, LocationLike, _Client
 from mmloader.storage.remote.fsspec_client import _FsspecClient
 from mmloader.storage.remote.obstore_client import _ObstoreClient
 from mmloader.storage.remote.simple_client import _SimpleClient
@@ -42,6 +42,7 @@ def test_the_protocol_declares_what_location_calls_on_a_client():
     assert {"get", "get_many", "get_ranges", "start_range", "start_ranges", "head", "list", "versions",
             "put_file", "put_bytes", "delete"} == set(_protocol_methods()) - {"url"}
     assert called == set(_protocol_methods()) - {"url"}, sorted(called)
+    assert isinstance(Location("s3://b/ds"), LocationLike)  # what the clients declare they use of it
 
 
 @pytest.mark.parametrize("kind", sorted(CLIENTS))

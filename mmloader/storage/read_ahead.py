@@ -17,12 +17,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .remote_tar import RemoteTarStore
+
+class RangedStore(Protocol):
+    """What a :class:`ReadAhead` reads of its store (a :class:`~.remote_tar.RemoteTarStore`;
+    declared here so that the two modules do not import each other)."""
+
+    shards: list[dict]
+    location: Any  # start_range(name, start, end) -> a concurrent.futures.Future of the bytes
+
+    def _shard_index(self, s: int) -> np.ndarray:
+        """Shard ``s``'s offset table: rows x fields x (offset, size), -1 where absent."""
+        ...
 
 
 class _Chunk:
@@ -42,7 +51,7 @@ class ReadAhead:
 
     STALE_S = 5.0  # a chunk unused this long may be dropped when room is needed
 
-    def __init__(self, store: "RemoteTarStore", budget: int, chunk_bytes: int):
+    def __init__(self, store: RangedStore, budget: int, chunk_bytes: int):
         self.store, self.budget, self.chunk_bytes = store, budget, chunk_bytes
         self.lock = threading.Lock()
         self.chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()

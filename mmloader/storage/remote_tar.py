@@ -17,7 +17,7 @@ Three ways a sample's bytes arrive, cheapest first:
    unused while room is needed. Read-ahead is on by default in the process that opened the
    store (the thread backend, a single process) and off in worker processes, which read
    interleaved batches (each would fetch whole chunks to use a fraction of them); the shard
-   cache is the way to share whole shards between worker processes.
+   cache is the way to share whole shards between worker processes. (:mod:`.read_ahead`)
 3. **Per-sample ranged GETs**, a batch at once: ranges of one shard less than ``coalesce``
    bytes apart are merged into one request, and all requests of the batch run concurrently
    (``max_in_flight``), without the GIL (obstore).
@@ -197,7 +197,7 @@ class RemoteTarStore(TarStore):
         names = [sh["file"] for sh in self._meta["shards"]]
         if not names or len(names) > self.MAX_HEAD_PINS:
             return
-        from .remote import _background
+        from .remote.runtime import _background
         try:
             answers = list(_background().map(lambda n: self.location.head(n, purpose="meta"), names))
         except (RemoteError, OSError) as e:

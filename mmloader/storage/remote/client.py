@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from .retry import _Deadline
+from .retry import Policy, _Deadline
 from .runtime import _background
-
-if TYPE_CHECKING:
-    from .location import Location
 
 #: Client settings (obstore's ``client_options``) every client accepts in ``storage_options``;
 #: the fsspec client drops them (its own settings come from the policy).
@@ -21,12 +18,36 @@ _CLIENT_OPTION_KEYS = {"allow_http", "allow_invalid_certificates", "timeout", "c
 
 
 @runtime_checkable
+class LocationLike(Protocol):
+    """What a client uses of its :class:`~.location.Location` (declared here, not imported, so
+    that the clients and the location that builds them do not import each other)."""
+
+    url: str
+    scheme: str
+    storage_options: dict
+    policy: Policy
+    pins: dict[str, str]
+
+    def name_url(self, name: str) -> str:
+        """The URL of ``name`` inside the folder."""
+        ...
+
+    def rebuild(self) -> None:
+        """Forget this process's clients (credentials are resolved again)."""
+        ...
+
+    def _checked_etag(self, name: str, etag: str | None) -> None:
+        """Compare an answer's ETag with the pin of ``name`` (pinning it on the first answer)."""
+        ...
+
+
+@runtime_checkable
 class Client(Protocol):
     """The requests of one process to one :class:`~.location.Location`. Names are relative to
     the location's folder; every request is retried under the location's policy, and a pinned
     name (``location.pins``) is read only as its pinned version."""
 
-    location: Location
+    location: LocationLike
 
     def url(self, name: str) -> str:
         """The full URL of ``name``, as error messages name it."""
@@ -80,7 +101,7 @@ class Client(Protocol):
 class _Client:
     """What the clients share: URLs for messages, and the blocking retry loop."""
 
-    location: Location
+    location: LocationLike
 
     def url(self, name: str) -> str:
         return self.location.name_url(name)

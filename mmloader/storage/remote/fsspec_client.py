@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .client import _CLIENT_OPTION_KEYS, _Client
+from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .errors import ShortBody
 from .retry import _Deadline
 from .runtime import _background
 from .urls import join
-
-if TYPE_CHECKING:
-    from .location import Location
 
 
 class _FsspecClient(_Client):
@@ -22,7 +19,7 @@ class _FsspecClient(_Client):
 
     PROTOCOL = {"s3": "s3", "gs": "gcs", "az": "az", "http": "http"}
 
-    def __init__(self, location: Location):
+    def __init__(self, location: LocationLike):
         self.location = location
         self._build()
 

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING
 
-from .client import _CLIENT_OPTION_KEYS, _Client
+from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .ranges import _check_length
 from .retry import _Deadline
 from .runtime import _mark_obstore, event_loop, run
-
-if TYPE_CHECKING:
-    from .location import Location
 
 
 _OBSTORE_CONFIG_KEYS = {"s3": {"endpoint", "region", "access_key_id", "secret_access_key", "session_token",
@@ -29,7 +25,7 @@ _OBSTORE_CONFIG_KEYS = {"s3": {"endpoint", "region", "access_key_id", "secret_ac
 class _ObstoreClient(_Client):
     """obstore: requests on a shared event loop thread, ``max_in_flight`` at once, GIL-free."""
 
-    def __init__(self, location: Location):
+    def __init__(self, location: LocationLike):
         import obstore
         self.location, self.obstore = location, obstore
         self._sem: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None

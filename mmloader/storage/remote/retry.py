@@ -10,12 +10,9 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
-
-if TYPE_CHECKING:
-    from .location import Location
 
 log = logging.getLogger("mmloader")
 
@@ -139,6 +136,13 @@ def short_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:300]}"
 
 
+class _Rebuildable(Protocol):
+    """What the retry bookkeeping needs of a location: building its clients again."""
+
+    def rebuild(self) -> None:
+        ...
+
+
 class _Deadline:
     """Retry bookkeeping for one request: backoff, a deadline, one rebuild after an auth error."""
 
@@ -148,7 +152,7 @@ class _Deadline:
         self.attempt = 0
         self.rebuilt = False
 
-    def next_delay(self, e: BaseException, location: "Location") -> float:
+    def next_delay(self, e: BaseException, location: _Rebuildable) -> float:
         """Seconds to wait before trying again, or raise the error for good."""
         if _auth_error(e) and not self.rebuilt:
             self.rebuilt = True

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
 
-from .client import _Client
+from .client import LocationLike, _Client
 from .errors import ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
 from .obstore_client import _ObstoreClient
@@ -15,16 +14,13 @@ from .retry import server_refusal
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
 
-if TYPE_CHECKING:
-    from .location import Location
-
 
 class _SimpleClient(_Client):
     """The standard library's HTTP client (+ SigV4 for S3 with static credentials): starts in
     milliseconds and survives fork. Used to open datasets (a few small reads) and where obstore
     cannot run (a process forked from one that started it)."""
 
-    def __init__(self, location: Location):
+    def __init__(self, location: LocationLike):
         from urllib.parse import quote, urlsplit
         self.location = location
         self._quote = quote
@@ -54,7 +50,7 @@ class _SimpleClient(_Client):
             self.key_prefix = prefix.strip("/")
 
     @staticmethod
-    def usable(location: Location) -> bool:
+    def usable(location: LocationLike) -> bool:
         return location.scheme == "http" or (location.scheme == "s3" and
                                              static_s3_credentials(location.storage_options) is not None)
 
