@@ -31,6 +31,8 @@ from mmloader.storage.atomic import check_not_busy, clean_stale_partials
 from mmloader.storage.meta import TAR_FORMATS
 from mmloader.storage.shard_index import MANIFEST
 from mmloader.storage.tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
+from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the one set of option types)
+from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
 
 #: Files larger than this are refused before a byte is read (``--max-file-bytes``). 256 MiB is
 #: several times the largest ordinary photo or scan (a JPEG at the 150-megapixel ``max_pixels``
@@ -95,51 +97,6 @@ class Options:
 
 
 # -- option values -----------------------------------------------------------------------------
-_SIZE = re.compile(r"(?i)\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(k|m|g|t)?(i?b)?\s*")
-
-
-def parse_size(text: str) -> int:
-    """A byte count: ``1G``/``1GiB`` (powers of 1024, as GNU coreutils), ``1GB`` (powers of 1000),
-    ``64K``, ``512M``, ``1e9``, ``1000000``.
-
-    >>> parse_size("1G"), parse_size("512M"), parse_size("64K"), parse_size("1e9"), parse_size("2GB")
-    (1073741824, 536870912, 65536, 1000000000, 2000000000)
-    """
-    m = _SIZE.fullmatch(str(text))
-    if not m or (m.group(3) and not m.group(2)):
-        raise ValueError(f"{text!r} is not a size (examples: 1G, 512M, 64K, 1e9, 1000000)")
-    number, unit, suffix = m.groups()
-    base = 1000 if suffix and suffix.lower() == "b" else 1024
-    value = float(number) * base ** " kmgt".index(unit.lower() if unit else " ")
-    if not math.isfinite(value) or value != int(value):
-        raise ValueError(f"{text!r} is not a whole number of bytes")
-    return int(value)
-
-
-def positive_size(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 bytes")
-    return value
-
-
-def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
-            allowed = f"from {low} to {high}" if high is not None else f"{low} or more"
-            raise argparse.ArgumentTypeError(f"{value}: must be {allowed}")
-        return value
-    parse.__name__ = "integer"  # argparse names the type in "invalid integer value"
-    return parse
-
-
 def parse_part(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
@@ -394,17 +351,6 @@ class SourceWalker:
         if self.symlinks:
             out.append(f"not followed: {len(self.symlinks)} symlinked folder(s), e.g. {self.symlinks[0]}")
         return out
-
-
-def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None) -> list:
-    """Seeded order, then the I-th contiguous slice of N: merging parts 0..N-1 gives the whole."""
-    if shuffle_seed is not None:
-        perm = np.random.default_rng(shuffle_seed).permutation(len(items))
-        items = [items[i] for i in perm]
-    if part is not None:
-        i, n = part
-        items = items[i * len(items) // n:(i + 1) * len(items) // n]
-    return items
 
 
 # -- labels ------------------------------------------------------------------------------------

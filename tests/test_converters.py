@@ -498,6 +498,7 @@ def unreadable(monkeypatch):
     import builtins
     import converters.common
     import mmloader.cli.verify
+    import mmloader.storage.tar_layout
     chmodded = []
     denied: set[str] = set()
 
@@ -521,6 +522,7 @@ def unreadable(monkeypatch):
         monkeypatch.setattr(os, "scandir", scandir)
         monkeypatch.setattr(converters.common, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.storage.tar_layout, "open", open_, raising=False)  # verify's sha256_file
     yield deny
     for path, mode in chmodded:
         path.chmod(mode)

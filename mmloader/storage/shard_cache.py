@@ -30,10 +30,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .sizes import parse_size
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
+
 
 log = logging.getLogger("mmloader")
 
@@ -43,21 +46,18 @@ DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "mmloader")
 
 
 def parse_limit(limit: int | str | None) -> int | None:
-    """``cache_limit`` in bytes: an integer, or ``"20G"``, ``"512M"`` (powers of 1024).
+    """``cache_limit`` in bytes: an integer, or a size such as ``"20G"`` (20 GiB) or ``"500MB"``
+    (:func:`mmloader.storage.sizes.parse_size`: the same units as the CLI's).
 
-    >>> parse_limit("2G"), parse_limit(1000), parse_limit(None)
-    (2147483648, 1000, None)
+    >>> parse_limit("2G"), parse_limit("2GB"), parse_limit(1000), parse_limit(None)
+    (2147483648, 2000000000, 1000, None)
     """
-    if limit is None or isinstance(limit, int):
-        if isinstance(limit, int) and limit < 1:
-            raise ValueError(f"cache_limit={limit!r}: expected a positive number of bytes")
-        return limit
-    text = str(limit).strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    if limit is None:
+        return None
     try:
-        value = int(float(text[:-1] if scale > 1 else text) * scale)
+        value = parse_size(limit)
     except ValueError:
-        raise ValueError(f"cache_limit={limit!r}: expected bytes, e.g. 20G or 500000000") from None
+        raise ValueError(f"cache_limit={limit!r}: expected bytes, e.g. 20G, 500MB or 500000000") from None
     if value < 1:
         raise ValueError(f"cache_limit={limit!r}: expected a positive number of bytes")
     return value
