@@ -180,3 +180,15 @@ def test_no_two_modules_import_each_other():
     cycles = sorted(f"{a} <-> {b}" for a, targets in graph.items() for b in targets
                     if a < b and a in graph.get(b, set()))
     assert not cycles, cycles
+
+
+def test_the_cli_is_one_module_per_subcommand_and_its_parser_loads_no_torch():
+    import subprocess
+    import sys
+    from mmloader import cli
+    for name in cli.COMMANDS:
+        module = getattr(cli, name)
+        assert module.HELP and module.EXAMPLES and callable(module.add_arguments), name
+    code = "import sys, mmloader.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 import mmloader
-from mmloader.cli import CONVERTERS, main as cli
+from mmloader.cli import main as cli
+from mmloader.cli.convert import CONVERTERS
 
 from conftest import write_dataset
 from test_converters import AS_ROOT, unreadable  # noqa: F401  (the fixture)

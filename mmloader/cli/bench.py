@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Any, Iterable
 
-import torch
 
 
 def _children(pid: int) -> list[int]:
@@ -95,6 +94,7 @@ class MemorySampler:
 def batch_size_of(batch: Any) -> tuple[int, int]:
     """(samples, bytes) in a batch: keys (or the first column) count samples; tensors, bytes and
     str count bytes."""
+    import torch
     if isinstance(batch, dict):
         n = len(batch["__key__"]) if "__key__" in batch else 1
         return n, sum(batch_size_of(v)[1] for k, v in batch.items() if k != "__key__")
@@ -189,3 +189,28 @@ def main(args) -> int:
         print(f"  step check      loading takes {per_batch_ms:.1f} ms per batch vs a {args.step_ms:.0f} ms step: "
               f"{ratio:.1f}x faster -> {verdict}")
     return 0
+
+
+# -- the subcommand ------------------------------------------------------------------------------
+HELP = "measure throughput, first-batch latency and memory on your data"
+EXAMPLES = ["mmloader bench out.lmdb --epochs 1", "mmloader bench samples/configs/mixed.yaml --step-ms 120"]
+
+
+def add_arguments(s) -> None:
+    """The options of ``mmloader bench``."""
+    from .args import int_at_least, positive_float
+    s.add_argument("path", help="a dataset or an experiment config")
+    s.add_argument("--workers", type=int_at_least(0), default=None, help="loader workers (default: CPUs "
+                   "per local rank)")
+    s.add_argument("--batch-size", type=int_at_least(1), default=64, help="samples per batch (default 64)")
+    s.add_argument("--epochs", type=int_at_least(1), default=2, help="epochs to time (default 2)")
+    s.add_argument("--step-ms", type=positive_float, default=None, help="training step time to compare against")
+    s.add_argument("--raw", action="store_true", help="raw bytes (no image decode)")
+    s.add_argument("--backend", choices=("auto", "thread", "process"), default="auto",
+                   help="as mmloader.loader(backend=): auto (default) picks threads for built-in decoders, "
+                        "worker processes for Python transforms")
+
+
+def run(args) -> int:
+    """Measure and print the figures."""
+    return main(args)

@@ -5,9 +5,8 @@ import json
 import os
 
 from ..errors import FormatError
-from ..readers import IMAGE_EXTENSIONS
+from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..media.mediainfo import field_kind
-from ..readers.image_decode import probe
 from ..storage import LMDBStore, Store, TarStore, open_store
 
 
@@ -25,6 +24,7 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
     if field.endswith(".gz"):
         return f"<gzip, {len(data)} bytes>"
     if ext in IMAGE_EXTENSIONS:
+        from ..readers.image_decode import probe  # (torch: only when an image is shown)
         try:
             info = probe(data)
             return f"<{info.format} {info.width}x{info.height}, {human_bytes(len(data))}>"
@@ -113,3 +113,22 @@ def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
                 if f in rec:
                     lines.append(f"       {f}: {describe_value(f, rec[f])}")
     return "\n".join(lines)
+
+
+# -- the subcommand ------------------------------------------------------------------------------
+HELP = "format, counts, fields, shards and a preview of a dataset"
+EXAMPLES = ["mmloader inspect out.lmdb", "mmloader inspect shards/ -n 0", "mmloader inspect s3://bucket/shards/"]
+
+
+def add_arguments(s) -> None:
+    """The options of ``mmloader inspect``."""
+    from .args import int_at_least
+    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory, local or a URL (s3://, gs://, az://, "
+                   "https://)")
+    s.add_argument("-n", "--preview", type=int_at_least(0), default=3, help="samples to preview (default 3)")
+
+
+def run(args) -> int:
+    """Print the dataset's description."""
+    print(describe(args.path, preview=args.preview))
+    return 0

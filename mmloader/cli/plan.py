@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..loading.config import from_config
 
 
 def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1,
@@ -13,6 +12,7 @@ def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: 
 
     >>> print(describe_plan("samples/configs/mixed.yaml", world=2))    # doctest: +SKIP
     """
+    from ..loading.config import from_config  # (torch)
     stream = from_config(config)
     stream.set_world(0, world)
     plan = stream.plan(0)
@@ -53,3 +53,24 @@ def _short(v: Any) -> str:
         return f"{type(v).__name__}{tuple(v.shape)}"
     text = repr(v)
     return text if len(text) < 50 else text[:47] + "..."
+
+
+# -- the subcommand ------------------------------------------------------------------------------
+HELP = "print an experiment config's resolved epoch plan"
+EXAMPLES = ["mmloader plan samples/configs/mixed.yaml --world 8 --workers 4"]
+
+
+def add_arguments(s) -> None:
+    """The options of ``mmloader plan``."""
+    from .args import int_at_least
+    s.add_argument("config", help="an experiment config (YAML, or JSON with 'sources')")
+    s.add_argument("--world", type=int_at_least(1), default=1, help="ranks (default 1)")
+    s.add_argument("--workers", type=int_at_least(0), default=1, help="workers per rank (default 1)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (fetching a dataset on object "
+                   "storage)")
+
+
+def run(args) -> int:
+    """Print the plan."""
+    print(describe_plan(args.config, world=args.world, workers=args.workers))
+    return 0

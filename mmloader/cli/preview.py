@@ -8,15 +8,16 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from ..media.mediainfo import field_kind
-from ..readers import IMAGE_EXTENSIONS, AudioReader, VideoReader, reader_for
+from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import open_store
-from ..align.zip import zip_readers
 
 THUMB = 160
 
 
 def dataset_for_preview(path: str | os.PathLike):
     """A zipped dataset of every readable field of a store (images as PIL)."""
+    from ..align.zip import zip_readers  # (torch: only when a sheet is made)
+    from ..readers import reader_for
     store = open_store(path)
     readers = {}
     for f in store.fields:
@@ -79,6 +80,7 @@ def waveform(audio, rate: int | None, size: tuple[int, int] = (THUMB, THUMB)) ->
 
 def _picture(dataset, sample: dict[str, Any]) -> Image.Image | None:
     """What to draw for a sample: its image, else its video's frames and/or its audio's waveform."""
+    from ..readers import AudioReader, VideoReader
     image = next((v for v in sample.values() if isinstance(v, Image.Image)), None)
     if image is not None:
         return image
@@ -138,3 +140,44 @@ def contact_sheet(dataset, indices: list[int], columns: int = 4) -> tuple[Image.
         caption = "\n".join(textwrap.wrap(" | ".join(words), 26)[:4])
         draw.text((x, y + THUMB + 4), caption, fill="black", font=font)
     return sheet, text_lines
+
+
+# -- the subcommand ------------------------------------------------------------------------------
+HELP = "contact sheet of samples (image + caption/label/key)"
+EXAMPLES = ["mmloader preview out.lmdb -o grid.png -n 16", "mmloader preview samples/configs/mixed.yaml"]
+
+
+def add_arguments(s) -> None:
+    """The options of ``mmloader preview``."""
+    from .args import int_at_least
+    s.add_argument("path", help="a dataset or an experiment config")
+    s.add_argument("-o", "--output", default="preview.png", help="the image to write (default preview.png)")
+    s.add_argument("-n", type=int_at_least(1), default=16, help="samples to show (default 16)")
+    s.add_argument("--columns", type=int_at_least(1), default=4, help="columns of the sheet (default 4)")
+
+
+def run(args) -> int:
+    """Write the contact sheet (one block per source of a config) and print its captions."""
+    from ..loading.config import build_sources, is_config_path, load_config
+    if is_config_path(args.path):
+        sources = build_sources(load_config(args.path), pil_images=True)
+        indices_by = [(name, ds) for name, ds in sources.items()]
+    else:
+        indices_by = [("", dataset_for_preview(args.path))]
+    sheets, all_lines = [], []
+    per = max(1, args.n // len(indices_by))
+    for name, ds in indices_by:
+        idx = list(range(min(per, len(ds))))
+        sheet, lines = contact_sheet(ds, idx, columns=args.columns)
+        sheets.append(sheet)
+        all_lines += [f"{name}: {line}" if name else line for line in lines]
+    width = max(s.width for s in sheets)
+    out = Image.new("RGB", (width, sum(s.height for s in sheets)), "white")
+    y = 0
+    for s in sheets:
+        out.paste(s, (0, y))
+        y += s.height
+    out.save(args.output)
+    print("\n".join(all_lines))
+    print(f"wrote {args.output}")
+    return 0

@@ -11,9 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import MMLoaderError
-from ..readers import IMAGE_EXTENSIONS
-from ..readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip
-from ..readers.image_decode import decode_to_tensor
+from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import LMDBStore, Store, TarStore, open_store
 from ..storage.remote_tar import RemoteTarStore
 from ..storage.tar_layout import sha256_file
@@ -48,6 +46,8 @@ def _is_image(field: str) -> bool:
 
 def _try_decode(report: Report, where: str, key: str, field: str, data: bytes) -> None:
     try:
+        from ..readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip  # (torch: only with --decode)
+        from ..readers.image_decode import decode_to_tensor
         decode_to_tensor(_gunzip(data, DEFAULT_MAX_FIELD_BYTES) if field.endswith(".gz") else data)
     except Exception as e:
         report.add(where, f"sample {key!r} field {field!r} does not decode: {e}")
@@ -223,3 +223,24 @@ def _verify_shard(store: TarStore, meta: dict, report: Report, decode: bool, s: 
     if row != shard["count"]:
         report.add(name, f"{row} samples in the tar, manifest says {shard['count']}")
     report.samples += min(row, shard["count"])
+
+
+# -- the subcommand ------------------------------------------------------------------------------
+HELP = "check manifest, checksums, indexes and fields; exit 1 listing each problem"
+EXAMPLES = ["mmloader verify out.lmdb", "mmloader verify shards/ --decode -q", "mmloader verify s3://bucket/shards/"]
+
+
+def add_arguments(s) -> None:
+    """The options of ``mmloader verify``."""
+    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory, local or a URL")
+    s.add_argument("--decode", action="store_true", help="also decode every image")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    """Verify; exit status 1 when a problem was found."""
+    from .inspect import open_with_metadata
+    store, _ = open_with_metadata(args.path)  # not a dataset at all: a one-line error, like every command
+    report = verify(store, decode=args.decode, progress=not args.quiet)
+    print(report.summary())
+    return 0 if report.ok else 1
