@@ -23,7 +23,7 @@ from .common import ConversionError, Item, SourceWalker, canonical_extension, ex
 EXAMPLES = ("mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
             "mmloader convert pairs CLIPS/ clips.lmdb --require mp4,txt --check-decode --max-seconds 30",
             "mmloader convert pairs RAW/ shards/ --shard-size 5000 --on-error skip",
-            "python -m converters.pairs RAW/ out.lmdb")
+            "python -m mmloader.converters.pairs RAW/ out.lmdb")
 LOOKED_FOR = "files grouped by stem (x.jpg + x.txt + ...), in the folder and its subfolders"
 
 

@@ -37,7 +37,7 @@ def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
     from .common import convert_part
     args = copy.copy(args)
     args.part, args.engine, args.quiet, args.parts, args.ray_address = f"{i}/{n}", "local", True, None, None
-    module = importlib.import_module(f"converters.{layout}")
+    module = importlib.import_module(f".{layout}", __package__)
     where = f"{socket.gethostname()}:{os.getpid()}"
     try:
         s = convert_part(layout, args, module.prepare)

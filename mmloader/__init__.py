@@ -12,6 +12,7 @@ import importlib.abc
 import importlib.util
 import sys
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from ._version import __version__
@@ -48,12 +49,23 @@ _MOVED = {
 }
 
 
+#: The converters live at the top of the repository (``converters/``); a wheel installs them as
+#: ``mmloader.converters``. In a source checkout that name is found here, next to the package.
+_CONVERTERS_SOURCE = Path(__file__).resolve().parent.parent / "converters"
+
+
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``mmloader.<old name>`` as the module it became (the same module object)."""
+    """Finds ``mmloader.<old name>`` as the module it became (the same module object), and
+    ``mmloader.converters`` in a source checkout (an installed wheel has it in the package)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         head, _, rest = fullname.partition(".")
-        if head != __name__ or rest not in _MOVED:
+        if head != __name__:
+            return None
+        if rest == "converters" and (_CONVERTERS_SOURCE / "__init__.py").is_file():
+            return importlib.util.spec_from_file_location(
+                fullname, _CONVERTERS_SOURCE / "__init__.py", submodule_search_locations=[str(_CONVERTERS_SOURCE)])
+        if rest not in _MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 

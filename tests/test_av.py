@@ -762,7 +762,7 @@ def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
 
 
 def test_import_mmloader_and_converters_without_av():
-    code = ("import sys, mmloader, converters.pairs, converters.manifest, converters.common\n"
+    code = ("import sys, mmloader, mmloader.converters.pairs, mmloader.converters.manifest, mmloader.converters.common\n"
             "mmloader.media.mediainfo.field_kind('mp4')\n"
             "assert not {'av', 'soundfile', 'torch'} & set(sys.modules), sorted({'av', 'soundfile', 'torch'} & set(sys.modules))\n"
             "import mmloader.readers\n"

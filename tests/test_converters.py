@@ -135,7 +135,7 @@ def _lines_text() -> bytes:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_textlines_boundaries_every_line_once_in_order(tmp_path, monkeypatch, workers):
-    import converters.textlines as tl
+    import mmloader.converters.textlines as tl
     monkeypatch.setattr(tl, "CHUNK_BYTES", 37)  # many ranges: lines cross boundaries everywhere
     src = tmp_path / "c.txt"
     src.write_bytes(_lines_text())
@@ -170,7 +170,7 @@ def test_textlines_parts_and_blank_policy(tmp_path):
 def test_textlines_tokenizer_stores_the_ids_of_every_line(tmp_path, monkeypatch, workers):
     pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer
-    import converters.textlines as tl
+    import mmloader.converters.textlines as tl
     monkeypatch.setattr(tl, "CHUNK_BYTES", 37)  # lines cross chunk boundaries: ids must follow their line
     src = tmp_path / "c.txt"
     src.write_bytes(_lines_text())
@@ -369,7 +369,7 @@ def test_a_part_killed_mid_write_and_rerun_gives_the_same_result(tmp_path, fmt):
     opts = ["--shard-size", "100", "--check-decode", "-q"]
     assert run("pairs", raw, tmp_path / f"whole{suffix}", *opts) == 0
     dst = tmp_path / f"out{suffix}"
-    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(dst), *opts]
+    cmd = [sys.executable, "-m", "mmloader.converters.pairs", str(raw), str(dst), *opts]
     assert subprocess.run([*cmd, "--part", "0/2"], cwd=ROOT).returncode == 0
     proc = subprocess.Popen([*cmd, "--part", "1/2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = tmp_path / f"out{suffix}.parts"
@@ -480,7 +480,7 @@ def test_path_errors(pairs_dir, tmp_path, capsys):
 
 
 def test_python_m_entry_point(pairs_dir, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "converters.pairs", str(pairs_dir), str(tmp_path / "o"), "-q"],
+    out = subprocess.run([sys.executable, "-m", "mmloader.converters.pairs", str(pairs_dir), str(tmp_path / "o"), "-q"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "wrote 12 samples" in out.stdout and "skipped 0" in out.stdout
 
@@ -496,7 +496,7 @@ def unreadable(monkeypatch):
     by os.scandir (folders, what os.walk lists with) and by the converters' and verify's open."""
     import errno
     import builtins
-    import converters.common
+    import mmloader.converters.common
     import mmloader.cli.verify
     import mmloader.storage.tar_layout
     chmodded = []
@@ -520,7 +520,7 @@ def unreadable(monkeypatch):
                 raise PermissionError(errno.EACCES, "Permission denied", str(file))
             return real_open(file, *a, **kw)
         monkeypatch.setattr(os, "scandir", scandir)
-        monkeypatch.setattr(converters.common, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.converters.common, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.storage.tar_layout, "open", open_, raising=False)  # verify's sha256_file
     yield deny
@@ -773,7 +773,7 @@ def _limited_run(args, tmp_path, limit_bytes=1 << 30) -> subprocess.CompletedPro
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    return subprocess.run([sys.executable, "-m", "converters.pairs", *map(str, args), "-q"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "mmloader.converters.pairs", *map(str, args), "-q"], cwd=ROOT,
                           capture_output=True, text=True, preexec_fn=cap, timeout=120)
 
 
@@ -888,7 +888,7 @@ def test_publish_never_replaces_a_dataset_that_appeared_meanwhile(tmp_path):
 def test_two_concurrent_conversion_processes(tmp_path):
     raw = write_pairs_folder(tmp_path / "raw", 600, 64)
     dst = tmp_path / "out"
-    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(dst), "-q", "--shard-size", "50"]
+    cmd = [sys.executable, "-m", "mmloader.converters.pairs", str(raw), str(dst), "-q", "--shard-size", "50"]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not list(tmp_path.glob(".out.partial-*")) and time.time() < deadline:
@@ -927,7 +927,7 @@ def test_bad_option_values_are_usage_errors_naming_the_option(tmp_path, capsys, 
 
 
 def test_sizes_parse_like_coreutils():
-    from converters.common import parse_size
+    from mmloader.converters.common import parse_size
     assert [parse_size(s) for s in ("1G", "512M", "64K", "1e9", "1000000", "1GiB", "1GB", "1.5K")] == \
         [1 << 30, 512 << 20, 64 << 10, 10 ** 9, 10 ** 6, 1 << 30, 10 ** 9, 1536]
     for bad in ("", "G", "1Q", "0.5", "1e-3", "-1"):
@@ -962,11 +962,11 @@ def test_image_spellings_fold_to_one_field(tmp_path):
 
 
 def test_converters_import_no_torch():
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "converters.pairs", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "mmloader.converters.pairs", "--help"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0 and "examples:" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
-    assert "torch" not in imported and "converters.common" in imported and "lmdb" in imported
+    assert "torch" not in imported and "mmloader.converters.common" in imported and "lmdb" in imported
 
 
 # -- review findings ------------------------------------------------------------------------------
@@ -1033,7 +1033,7 @@ def test_require_needs_a_field_name(tmp_path, pairs_dir):
 
 
 def test_labels_are_read_exactly():
-    from converters.common import label_kind
+    from mmloader.converters.common import label_kind
     for near in ("2.9999999999999999", "1e-400"):  # floats would round these to the integers 3 and 0
         kind, value = label_kind(near)
         assert kind == "number" and not isinstance(value, int)

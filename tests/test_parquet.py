@@ -338,7 +338,7 @@ def test_mmloader_imports_neither_pyarrow_nor_ray_and_parquet_help_needs_neither
     code = "import sys, mmloader; print(sorted(m for m in ('pyarrow', 'ray', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "converters.parquet", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "mmloader.converters.parquet", "--help"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0 and "examples:" in out.stdout and "--engine" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}

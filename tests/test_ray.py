@@ -99,7 +99,7 @@ def test_ray_retries_a_part_whose_worker_was_killed_and_the_result_is_the_same(c
     raw = write_pairs_folder(tmp_path / "raw", 1600, 128)
     opts = ["--shard-size", "100", "--check-decode", "-q"]
     assert run("pairs", raw, tmp_path / "one", *opts) == 0
-    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(tmp_path / "out"), *opts, "--engine", "ray",
+    cmd = [sys.executable, "-m", "mmloader.converters.pairs", str(raw), str(tmp_path / "out"), *opts, "--engine", "ray",
            "--parts", "2"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "RAY_ADDRESS": cluster}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -244,7 +244,7 @@ def test_conversion_killed_inside_the_write_window(tmp_path, fmt):
     raw = write_pairs_folder(tmp_path / "raw", 1500, 128)
     name = "out.lmdb" if fmt == "lmdb" else "out"
     dst = tmp_path / name
-    cmd = [sys.executable, "-m", "converters.pairs", str(raw), str(dst), "--shard-size", "100", "--check-decode", "-q"]
+    cmd = [sys.executable, "-m", "mmloader.converters.pairs", str(raw), str(dst), "--shard-size", "100", "--check-decode", "-q"]
     # LMDB writes pages at its commits (every 1000 samples); tar streams each shard as it goes.
     min_bytes = {"tar": 300_000, "lmdb": 1_000_000}[fmt]
 

@@ -281,7 +281,7 @@ def test_kill_9_during_a_download_leaves_no_partial_visible(data, proxied, tmp_p
 
 # -- writing ---------------------------------------------------------------------------------------------------
 def test_converting_to_s3_then_reading_back_equals_the_local_conversion(s3, tmp_path):
-    from converters import pairs
+    from mmloader.converters import pairs
     raw = write_pairs_folder(tmp_path / "raw", 12, 16)
     for fmt, suffix in (("tar", ""), ("lmdb", ".lmdb")):
         assert pairs.main([str(raw), str(tmp_path / f"local{suffix}"), "--shard-size", "5", "-q"]) == 0
@@ -300,7 +300,7 @@ def test_a_missing_bucket_is_named_at_once_not_taken_for_a_missing_object(s3, tm
     """The server's NoSuchBucket is named (it was "data-000000.tar: no such object", while
     uploading): when converting (before any shard is written), writing and opening, with obstore
     and with the stdlib client, and at once (no retries)."""
-    from converters import pairs
+    from mmloader.converters import pairs
     raw = write_pairs_folder(tmp_path / "raw", 3, 16)
     url = "s3://no-such-bucket-mm/x"
     started = time.monotonic()

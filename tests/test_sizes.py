@@ -28,7 +28,7 @@ def test_bad_sizes_are_refused_everywhere(bad):
 
 
 def test_the_convert_cli_reads_shard_bytes_with_these_units():
-    from converters.common import add_common_arguments
+    from mmloader.converters.common import add_common_arguments
     parser = argparse.ArgumentParser()
     add_common_arguments(parser)
     args = parser.parse_args(["src", "dst", "--shard-bytes", "2GB"])

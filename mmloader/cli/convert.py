@@ -32,7 +32,7 @@ def dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         return 0
     if argv[0] not in CONVERTERS:
         parser.error(f"unknown layout {argv[0]!r}: one of {', '.join(CONVERTERS)}")
-    return importlib.import_module(f"converters.{argv[0]}").main(argv[1:])
+    return importlib.import_module(f"mmloader.converters.{argv[0]}").main(argv[1:])
 
 
 run = None  # convert is dispatched before argparse sees the converter's options
