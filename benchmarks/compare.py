@@ -9,6 +9,7 @@ Every measurement runs in a fresh process (so memory and caches do not leak betw
 contenders); contenders alternate within each round and the table reports medians.
 Results go to benchmarks/RESULTS.md and benchmarks/results.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,22 @@ sys.path.insert(0, str(HERE))
 DECODED, RAW = "decoded", "raw"
 # mmloader-STORE-BACKEND[-1w]: "auto" is what `mmloader.loader(stream)` picks (the Quickstart's
 # configuration); "-1w" runs with one worker instead of --workers.
-CONTENDERS = ["mmloader-lmdb-auto", "mmloader-tar-auto", "mmloader-lmdb-thread", "mmloader-tar-thread",
-              "mmloader-lmdb-process", "mmloader-tar-process", "mmloader-lmdb-auto-1w", "mmloader-lmdb-process-1w",
-              "webdataset-docs", "webdataset-tuned", "mosaicml-streaming", "litdata", "folder-pillow",
-              "pickle-lmdb"]
+CONTENDERS = [
+    "mmloader-lmdb-auto",
+    "mmloader-tar-auto",
+    "mmloader-lmdb-thread",
+    "mmloader-tar-thread",
+    "mmloader-lmdb-process",
+    "mmloader-tar-process",
+    "mmloader-lmdb-auto-1w",
+    "mmloader-lmdb-process-1w",
+    "webdataset-docs",
+    "webdataset-tuned",
+    "mosaicml-streaming",
+    "litdata",
+    "folder-pillow",
+    "pickle-lmdb",
+]
 NO_RAW = {"webdataset-docs", "folder-pillow"}  # by definition they decode
 
 
@@ -45,12 +58,14 @@ def prepare(args) -> dict:
     raw = Path(args.raw_folder) if args.raw_folder else out / f"raw-{args.samples}"
     if not args.raw_folder and not (raw / ".complete").exists():
         from data import make_folder
+
         print(f"generating {args.samples} image+caption pairs in {raw} ...", flush=True)
         shutil.rmtree(raw, ignore_errors=True)
         mean = make_folder(raw, args.samples)
         (raw / ".complete").write_text(f"{mean:.0f}")
     stems = sorted(p.stem for p in raw.glob("*.jpg"))
     from data import warm
+
     warm(raw)  # every writer reads the folder from the page cache, not only those after the first
     timings = {}
 
@@ -60,32 +75,71 @@ def prepare(args) -> dict:
         timings[name] = time.perf_counter() - t0
         print(f"  converted with {name}: {timings[name]:.1f} s", flush=True)
 
-    paths = {"raw": raw, "lmdb": out / "mm.lmdb", "tar": out / "mm-shards", "wds": out / "wds",
-             "mds": out / "mds", "litdata": out / "litdata", "pickle": out / "pickle.lmdb"}
+    paths = {
+        "raw": raw,
+        "lmdb": out / "mm.lmdb",
+        "tar": out / "mm-shards",
+        "wds": out / "wds",
+        "mds": out / "mds",
+        "litdata": out / "litdata",
+        "pickle": out / "pickle.lmdb",
+    }
     mm = [str(ROOT / ".venv/bin/mmloader") if (ROOT / ".venv/bin/mmloader").exists() else "mmloader"]
-    timed("mmloader (tar, --workers %d)" % args.workers, lambda: subprocess.run(
-        mm + ["convert", "pairs", str(raw), str(paths["tar"]), "--workers", str(args.workers), "--shard-size",
-              "1000", "--overwrite", "-q"], check=True, stdout=subprocess.DEVNULL))
-    timed("mmloader (lmdb, --workers %d)" % args.workers, lambda: subprocess.run(
-        mm + ["convert", "pairs", str(raw), str(paths["lmdb"]), "--workers", str(args.workers), "--overwrite",
-              "-q"], check=True, stdout=subprocess.DEVNULL))
+    timed(
+        "mmloader (tar, --workers %d)" % args.workers,
+        lambda: subprocess.run(
+            mm
+            + [
+                "convert",
+                "pairs",
+                str(raw),
+                str(paths["tar"]),
+                "--workers",
+                str(args.workers),
+                "--shard-size",
+                "1000",
+                "--overwrite",
+                "-q",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        ),
+    )
+    timed(
+        "mmloader (lmdb, --workers %d)" % args.workers,
+        lambda: subprocess.run(
+            mm
+            + ["convert", "pairs", str(raw), str(paths["lmdb"]), "--workers", str(args.workers), "--overwrite", "-q"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        ),
+    )
 
     def wds_write():
         import webdataset as wds
+
         shutil.rmtree(paths["wds"], ignore_errors=True)
         paths["wds"].mkdir()
         with wds.ShardWriter(str(paths["wds"] / "shard-%06d.tar"), maxcount=1000, verbose=0) as sink:
             for stem in stems:
-                sink.write({"__key__": stem, "jpg": (raw / f"{stem}.jpg").read_bytes(),
-                            "txt": (raw / f"{stem}.txt").read_text()})
+                sink.write(
+                    {
+                        "__key__": stem,
+                        "jpg": (raw / f"{stem}.jpg").read_bytes(),
+                        "txt": (raw / f"{stem}.txt").read_text(),
+                    }
+                )
+
     timed("webdataset ShardWriter (python loop)", wds_write)
 
     def mds_write():
         from streaming import MDSWriter
+
         shutil.rmtree(paths["mds"], ignore_errors=True)
         with MDSWriter(out=str(paths["mds"]), columns={"jpg": "bytes", "txt": "str"}) as w:
             for stem in stems:
                 w.write({"jpg": (raw / f"{stem}.jpg").read_bytes(), "txt": (raw / f"{stem}.txt").read_text()})
+
     try:
         timed("MosaicML MDSWriter", mds_write)
     except ImportError:
@@ -93,9 +147,21 @@ def prepare(args) -> dict:
 
     def lit_write():
         shutil.rmtree(paths["litdata"], ignore_errors=True)
-        subprocess.run([sys.executable, str(HERE / "compare.py"), "--litdata-optimize", str(raw),
-                        str(paths["litdata"]), "--workers", str(args.workers)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "compare.py"),
+                "--litdata-optimize",
+                str(raw),
+                str(paths["litdata"]),
+                "--workers",
+                str(args.workers),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
     if importlib.util.find_spec("litdata"):
         timed(f"litdata.optimize (num_workers={args.workers})", lit_write)
     else:
@@ -103,18 +169,26 @@ def prepare(args) -> dict:
 
     def pickle_write():
         import lmdb
+
         shutil.rmtree(paths["pickle"], ignore_errors=True)
         env = lmdb.open(str(paths["pickle"]), map_size=1 << 34, subdir=True)
         with env.begin(write=True) as txn:
             for i, stem in enumerate(stems):
-                txn.put(str(i).encode(), pickle.dumps(((raw / f"{stem}.jpg").read_bytes(),
-                                                       (raw / f"{stem}.txt").read_text())))
+                txn.put(
+                    str(i).encode(),
+                    pickle.dumps(((raw / f"{stem}.jpg").read_bytes(), (raw / f"{stem}.txt").read_text())),
+                )
             txn.put(b"__len__", str(len(stems)).encode())
         env.sync()
         env.close()
+
     timed("folder2lmdb pattern (pickle)", pickle_write)
-    return {"paths": {k: str(v) for k, v in paths.items()}, "conversion_s": timings, "count": len(stems),
-            "mean_jpeg_bytes": float((raw / ".complete").read_text()) if (raw / ".complete").exists() else None}
+    return {
+        "paths": {k: str(v) for k, v in paths.items()},
+        "conversion_s": timings,
+        "count": len(stems),
+        "mean_jpeg_bytes": float((raw / ".complete").read_text()) if (raw / ".complete").exists() else None,
+    }
 
 
 def _lit_fn(stem_and_dir):
@@ -124,20 +198,30 @@ def _lit_fn(stem_and_dir):
 
 def litdata_optimize(raw: str, out: str, workers: int) -> None:
     import litdata
+
     stems = sorted(p.stem for p in Path(raw).glob("*.jpg"))
-    litdata.optimize(fn=_lit_fn, inputs=[(s, raw) for s in stems], output_dir=out, chunk_bytes="64MB",
-                     num_workers=workers, verbose=False)
+    litdata.optimize(
+        fn=_lit_fn,
+        inputs=[(s, raw) for s in stems],
+        output_dir=out,
+        chunk_bytes="64MB",
+        num_workers=workers,
+        verbose=False,
+    )
 
 
 # -- contenders (each built inside a fresh measuring process) ---------------------------------
 def _tv_decode(b: bytes):
     """The peers' decoder: the fastest we know (simplejpeg, as mmloader uses), torchvision if absent."""
     import torch
+
     try:
         import simplejpeg
+
         return torch.from_numpy(simplejpeg.decode_jpeg(b)).permute(2, 0, 1)
     except ImportError:
         from torchvision.io import decode_jpeg
+
         return decode_jpeg(torch.frombuffer(bytearray(b), dtype=torch.uint8))
 
 
@@ -149,22 +233,29 @@ def _columns(items):
 def build(name: str, workload: str, paths: dict, workers: int, batch: int):
     import torch
     import torchvision.io  # imported before workers fork: no contender pays it per worker
+
     del torchvision
     from torch.utils.data import DataLoader, Dataset
+
     decode = workload == DECODED
     if name.startswith("mmloader"):
         import mmloader
+
         _, store, backend, *one = name.split("-")
         path = paths["lmdb" if store == "lmdb" else "tar"]
-        ds = mmloader.zip(image=mmloader.ImageReader(path, output="tensor" if decode else "raw"),
-                          caption=mmloader.TextReader(path))
-        return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=1 if one else workers,
-                               backend=backend)
+        ds = mmloader.zip(
+            image=mmloader.ImageReader(path, output="tensor" if decode else "raw"), caption=mmloader.TextReader(path)
+        )
+        return mmloader.loader(
+            mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=1 if one else workers, backend=backend
+        )
     if name.startswith("webdataset"):
         import webdataset as wds
+
         urls = sorted(str(p) for p in Path(paths["wds"]).glob("*.tar"))
-        pipe = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only,
-                              workersplitter=wds.split_by_worker).shuffle(1000)
+        pipe = wds.WebDataset(
+            urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only, workersplitter=wds.split_by_worker
+        ).shuffle(1000)
         if name == "webdataset-docs":
             pipe = pipe.decode("torchrgb8")
         elif decode:
@@ -178,6 +269,7 @@ def build(name: str, workload: str, paths: dict, workers: int, batch: int):
             def __getitem__(self, i):
                 s = super().__getitem__(i)
                 return (_tv_decode(s["jpg"]) if decode else s["jpg"]), s["txt"]
+
         ds = MDS(local=paths["mds"], batch_size=batch, shuffle=True, shuffle_seed=0)
         return DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=None if decode else _columns)
     if name == "litdata":
@@ -186,12 +278,15 @@ def build(name: str, workload: str, paths: dict, workers: int, batch: int):
         def to_item(s):
             jpg = bytes(s["jpg"])  # litdata hands out memoryviews, which cannot cross processes
             return (_tv_decode(jpg) if decode else jpg), s["txt"]
+
         ds = litdata.StreamingDataset(paths["litdata"], shuffle=True, transform=to_item)
-        return litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers,
-                                           collate_fn=None if decode else _columns)
+        return litdata.StreamingDataLoader(
+            ds, batch_size=batch, num_workers=workers, collate_fn=None if decode else _columns
+        )
     if name == "folder-pillow":
-        from PIL import Image
         import numpy as np
+        from PIL import Image
+
         raw = Path(paths["raw"])
         stems = sorted(p.stem for p in raw.glob("*.jpg"))
 
@@ -203,6 +298,7 @@ def build(name: str, workload: str, paths: dict, workers: int, batch: int):
                 im = Image.open(raw / f"{stems[i]}.jpg").convert("RGB")
                 t = torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)
                 return t, (raw / f"{stems[i]}.txt").read_text()
+
         return DataLoader(Folder(), batch_size=batch, shuffle=True, num_workers=workers)
     if name == "pickle-lmdb":
         import lmdb
@@ -220,21 +316,31 @@ def build(name: str, workload: str, paths: dict, workers: int, batch: int):
                 with self.env.begin() as txn:
                     jpg, txt = pickle.loads(txn.get(str(i).encode()))
                 return (_tv_decode(jpg) if decode else jpg), txt
-        return DataLoader(PickleLMDB(), batch_size=batch, shuffle=True, num_workers=workers,
-                          collate_fn=None if decode else _columns)
+
+        return DataLoader(
+            PickleLMDB(), batch_size=batch, shuffle=True, num_workers=workers, collate_fn=None if decode else _columns
+        )
     raise ValueError(name)
 
 
 def _dataset_of(name: str) -> str:
     if name.startswith("mmloader"):
         return name.split("-")[1]
-    return {"webdataset-docs": "wds", "webdataset-tuned": "wds", "mosaicml-streaming": "mds",
-            "litdata": "litdata", "folder-pillow": "raw", "pickle-lmdb": "pickle"}[name]
+    return {
+        "webdataset-docs": "wds",
+        "webdataset-tuned": "wds",
+        "mosaicml-streaming": "mds",
+        "litdata": "litdata",
+        "folder-pillow": "raw",
+        "pickle-lmdb": "pickle",
+    }[name]
 
 
 def run_one(name: str, workload: str, paths: dict, workers: int, batch: int, epochs: int = 1) -> dict:
-    from mmloader.cli.bench import measure
     from data import warm
+
+    from mmloader.cli.bench import measure
+
     warm(paths[_dataset_of(name)])
     loader = build(name, workload, paths, workers, batch)
     r = measure(loader, epochs=epochs, set_epoch=False)
@@ -244,13 +350,18 @@ def run_one(name: str, workload: str, paths: dict, workers: int, batch: int, epo
 
 
 def limits(paths: dict, workers: int) -> dict:
-    import torch
     from concurrent.futures import ThreadPoolExecutor
+
+    import torch
     from torchvision.io import decode_jpeg
+
     import mmloader
+
     store = mmloader.open(paths["lmdb"])
-    datas = [torch.frombuffer(bytearray(store.read(i, ["jpg"])["jpg"]), dtype=torch.uint8)
-             for i in range(min(len(store), 6000))]
+    datas = [
+        torch.frombuffer(bytearray(store.read(i, ["jpg"])["jpg"]), dtype=torch.uint8)
+        for i in range(min(len(store), 6000))
+    ]
     threads = os.cpu_count() or 1
     out = {}
     chunks = [datas[i::threads] for i in range(threads)]
@@ -268,6 +379,7 @@ def limits(paths: dict, workers: int) -> dict:
     def torchvision_discard(chunk):
         for d in chunk:
             decode_jpeg(d)  # output freed at once: its memory is reused, no page faults
+
     out["decode_limit_torchvision"] = rate(torchvision_discard)
     try:
         import simplejpeg
@@ -280,13 +392,15 @@ def limits(paths: dict, workers: int) -> dict:
             keep = []
             for a in range(0, len(chunk), 64):  # a new batch tensor per 64, as a loader must hand out
                 batch = torch.empty((64, 256, 256, 3), dtype=torch.uint8).numpy()
-                for i, d in enumerate(chunk[a:a + 64]):
+                for i, d in enumerate(chunk[a : a + 64]):
                     simplejpeg.decode_jpeg(raw_bytes[id(d)], buffer=batch[i])
                 keep = (keep + [batch])[-2:]
+
         out["decode_limit_fresh"] = rate(simplejpeg_fresh_batches)
     try:
         import numpy as np
         import simplejpeg
+
         raw = [bytes(d.numpy()) for d in datas]
         by_tensor = {id(d): r for d, r in zip(datas, raw)}
 
@@ -294,6 +408,7 @@ def limits(paths: dict, workers: int) -> dict:
             buf = np.empty((256, 256, 3), np.uint8)
             for d in chunk:
                 simplejpeg.decode_jpeg(by_tensor[id(d)], buffer=buf)
+
         out["decode_limit"] = rate(simplejpeg_reuse)
         out["decoder"] = "simplejpeg into a reused buffer"
     except ImportError:
@@ -319,10 +434,14 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--raw-epochs", type=int, default=3,
-                   help="epochs per raw-bytes run: one is a fraction of a second, too short to time steadily "
-                        "(the peers' DataLoaders keep their default, non-persistent workers: persistent ones "
-                        "measured slower for every peer here)")
+    p.add_argument(
+        "--raw-epochs",
+        type=int,
+        default=3,
+        help="epochs per raw-bytes run: one is a fraction of a second, too short to time steadily "
+        "(the peers' DataLoaders keep their default, non-persistent workers: persistent ones "
+        "measured slower for every peer here)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench-out"))
     p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     p.add_argument("--results", default=str(HERE / "RESULTS.md"))
@@ -337,9 +456,18 @@ def main() -> int:
         return 0
     if args.run or args.limits:  # child: one measurement, JSON on stdout's last line
         paths = json.loads(args.paths)
-        result = limits(paths, args.workers) if args.limits else \
-            run_one(args.run[0], args.run[1], paths, args.workers, args.batch_size,
-                    args.raw_epochs if args.run[1] == RAW else 1)
+        result = (
+            limits(paths, args.workers)
+            if args.limits
+            else run_one(
+                args.run[0],
+                args.run[1],
+                paths,
+                args.workers,
+                args.batch_size,
+                args.raw_epochs if args.run[1] == RAW else 1,
+            )
+        )
         print(json.dumps(result))
         return 0
 
@@ -348,18 +476,29 @@ def main() -> int:
     names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
     results: dict[tuple[str, str], list[dict]] = {}
     failures: dict[tuple[str, str], str] = {}
-    cmd_base = [sys.executable, str(HERE / "compare.py"), "--paths", json.dumps(paths), "--workers",
-                str(args.workers), "--batch-size", str(args.batch_size), "--raw-epochs", str(args.raw_epochs)]
+    cmd_base = [
+        sys.executable,
+        str(HERE / "compare.py"),
+        "--paths",
+        json.dumps(paths),
+        "--workers",
+        str(args.workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--raw-epochs",
+        str(args.raw_epochs),
+    ]
     lims: list[dict] = []
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]  # alternate who goes first
+        order = names[r % len(names) :] + names[: r % len(names)]  # alternate who goes first
         for workload in (DECODED, RAW):
             for name in order:
                 if workload == RAW and name in NO_RAW or (name, workload) in failures:
                     continue
                 try:
-                    proc = subprocess.run(cmd_base + ["--run", name, workload], capture_output=True, text=True,
-                                          timeout=args.timeout)
+                    proc = subprocess.run(
+                        cmd_base + ["--run", name, workload], capture_output=True, text=True, timeout=args.timeout
+                    )
                 except subprocess.TimeoutExpired:
                     failures[(name, workload)] = f"no result within {args.timeout} s (hung)"
                     print(f"round {r}: {name} {workload}: FAILED {failures[(name, workload)]}", flush=True)
@@ -371,15 +510,22 @@ def main() -> int:
                     print(f"round {r}: {name} {workload}: FAILED {failures[(name, workload)]}", flush=True)
                     continue
                 results.setdefault((name, workload), []).append(res)
-                print(f"round {r}: {name:<24} {workload:<8} {res['samples_per_s']:>9,.0f} samples/s  "
-                      f"first batch {res['first_batch_s'] * 1000:6.0f} ms  PSS {res['peak_pss_mb']:6.0f} MB", flush=True)
+                print(
+                    f"round {r}: {name:<24} {workload:<8} {res['samples_per_s']:>9,.0f} samples/s  "
+                    f"first batch {res['first_batch_s'] * 1000:6.0f} ms  PSS {res['peak_pss_mb']:6.0f} MB",
+                    flush=True,
+                )
         # The limits in every round too: the machine's speed drifts over a run (one measurement
         # at the end once put the decode limit 11% above the rounds' loaders).
-        lims.append(json.loads(subprocess.run(cmd_base + ["--limits"], capture_output=True, text=True,
-                                              check=True).stdout.strip().splitlines()[-1]))
+        lims.append(
+            json.loads(
+                subprocess.run(cmd_base + ["--limits"], capture_output=True, text=True, check=True)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
+        )
         print(f"round {r}: decode limit {lims[-1]['decode_limit']:,.0f} images/s", flush=True)
-    lim = {k: (statistics.median(x[k] for x in lims) if isinstance(v, (int, float)) else v)
-           for k, v in lims[0].items()}
+    lim = {k: (statistics.median(x[k] for x in lims) if isinstance(v, (int, float)) else v) for k, v in lims[0].items()}
     lim["decode_limit_runs"] = [x["decode_limit"] for x in lims]
     write_results(args, info, results, failures, lim)
     return 0
@@ -391,77 +537,113 @@ def _median(runs: list[dict], key: str) -> float:
 
 def write_results(args, info, results, failures, lim) -> None:
     import torch
-    lines = ["# Benchmark results", "", "## Loaders", "",
-             f"Command: `python benchmarks/compare.py --samples {args.samples} --workers {args.workers} "
-             f"--batch-size {args.batch_size} --rounds {args.rounds} --raw-epochs {args.raw_epochs}`  ",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-             f"torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M')}  ",
-             f"Data: {info['count']} samples, 256-px JPEG (mean {info['mean_jpeg_bytes'] or 0:,.0f} bytes) + caption; "
-             "every measurement in a fresh process, contenders alternating, medians of the rounds; decoded "
-             f"runs read one epoch, raw-bytes runs {args.raw_epochs} (the same loader iterated again); "
-             "shuffled reading everywhere; page cache warm. Peers that decode with a function of ours "
-             "(webdataset-tuned, mosaicml-streaming, litdata, pickle-lmdb) get the same fast decoder "
-             "mmloader uses (simplejpeg); webdataset-docs uses `.decode(\"torchrgb8\")` as its docs show, "
-             "folder-pillow uses Pillow.", ""]
+
+    lines = [
+        "# Benchmark results",
+        "",
+        "## Loaders",
+        "",
+        f"Command: `python benchmarks/compare.py --samples {args.samples} --workers {args.workers} "
+        f"--batch-size {args.batch_size} --rounds {args.rounds} --raw-epochs {args.raw_epochs}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M')}  ",
+        f"Data: {info['count']} samples, 256-px JPEG (mean {info['mean_jpeg_bytes'] or 0:,.0f} bytes) + caption; "
+        "every measurement in a fresh process, contenders alternating, medians of the rounds; decoded "
+        f"runs read one epoch, raw-bytes runs {args.raw_epochs} (the same loader iterated again); "
+        "shuffled reading everywhere; page cache warm. Peers that decode with a function of ours "
+        "(webdataset-tuned, mosaicml-streaming, litdata, pickle-lmdb) get the same fast decoder "
+        'mmloader uses (simplejpeg); webdataset-docs uses `.decode("torchrgb8")` as its docs show, '
+        "folder-pillow uses Pillow.",
+        "",
+    ]
     versions = []
     for mod in ("webdataset", "streaming", "litdata", "lmdb"):
         try:
             versions.append(f"{mod} {__import__(mod).__version__}")
         except Exception:
             pass
-    lines += ["Versions: " + ", ".join(versions), "",
-              "Peak worker USS counts the pages that no other process maps, so a single worker process is "
-              "charged for the dataset's file pages it has mapped (an LMDB file under the map trimmer's "
-              "512 MB threshold ends up mapped whole); with two workers those pages are shared and drop out.", ""]
+    lines += [
+        "Versions: " + ", ".join(versions),
+        "",
+        "Peak worker USS counts the pages that no other process maps, so a single worker process is "
+        "charged for the dataset's file pages it has mapped (an LMDB file under the map trimmer's "
+        "512 MB threshold ends up mapped whole); with two workers those pages are shared and drop out.",
+        "",
+    ]
     for workload in (DECODED, RAW):
         title = "Decoded images (uint8 CHW) + captions" if workload == DECODED else "Raw bytes (no decode) + captions"
-        lines += [f"### {title}", "", "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
-                  "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [
+            f"### {title}",
+            "",
+            "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
         for name in CONTENDERS:
             runs = results.get((name, workload))
             if runs:
-                lines.append(f"| {name} | {_median(runs, 'samples_per_s'):,.0f} | {_median(runs, 'first_batch_s') * 1000:,.0f} | "
-                             f"{_median(runs, 'peak_pss_mb'):,.0f} | {_median(runs, 'peak_worker_uss_mb'):,.0f} |")
+                lines.append(
+                    f"| {name} | {_median(runs, 'samples_per_s'):,.0f} | {_median(runs, 'first_batch_s') * 1000:,.0f} | "
+                    f"{_median(runs, 'peak_pss_mb'):,.0f} | {_median(runs, 'peak_worker_uss_mb'):,.0f} |"
+                )
             elif (name, workload) in failures:
                 lines.append(f"| {name} | failed: {failures[(name, workload)]} | | | |")
-        ours = {n: _median(r, "samples_per_s") for (n, w), r in results.items() if w == workload and n.startswith("mmloader")}
-        peers = {n: _median(r, "samples_per_s") for (n, w), r in results.items() if w == workload and not n.startswith("mmloader")}
+        ours = {
+            n: _median(r, "samples_per_s")
+            for (n, w), r in results.items()
+            if w == workload and n.startswith("mmloader")
+        }
+        peers = {
+            n: _median(r, "samples_per_s")
+            for (n, w), r in results.items()
+            if w == workload and not n.startswith("mmloader")
+        }
         if ours and peers:
             best_ours, best_peer = max(ours.items(), key=lambda x: x[1]), max(peers.items(), key=lambda x: x[1])
-            lines += ["", f"Best mmloader ({best_ours[0]}) / best peer ({best_peer[0]}): "
-                          f"**{best_ours[1] / best_peer[1]:.2f}x**."]
+            lines += [
+                "",
+                f"Best mmloader ({best_ours[0]}) / best peer ({best_peer[0]}): **{best_ours[1] / best_peer[1]:.2f}x**.",
+            ]
             default, process = ours.get("mmloader-lmdb-auto"), ours.get("mmloader-lmdb-process")
             if default and process:
-                lines.append(f"Default `loader(stream)` (mmloader-lmdb-auto) / best peer: **{default / best_peer[1]:.2f}x**; "
-                             f"process backend (mmloader-lmdb-process) / best peer: **{process / best_peer[1]:.2f}x**.")
+                lines.append(
+                    f"Default `loader(stream)` (mmloader-lmdb-auto) / best peer: **{default / best_peer[1]:.2f}x**; "
+                    f"process backend (mmloader-lmdb-process) / best peer: **{process / best_peer[1]:.2f}x**."
+                )
             if workload == DECODED:
                 runs = lim.get("decode_limit_runs", [lim["decode_limit"]])
                 if process:
                     lines.append(f"Process backend / decode limit: **{process / lim['decode_limit']:.2f}x**.")
-                lines.append(f"Best mmloader / decode limit ({lim['decode_limit']:,.0f} images/s, median of "
-                             f"{len(runs)} measurements, one per round: {min(runs):,.0f}-{max(runs):,.0f}; "
-                             f"mmloader's decoder, "
-                             f"{lim['decoder']}, in {os.cpu_count()} threads from memory, no loader, no batching): "
-                             f"**{best_ours[1] / lim['decode_limit']:.2f}x**. For reference, torchvision's "
-                             f"decode_jpeg in the same setting: {lim['decode_limit_torchvision']:,.0f} images/s "
-                             f"({best_ours[1] / lim['decode_limit_torchvision']:.2f}x); simplejpeg into a fresh "
-                             f"(B, 256, 256, 3) batch per 64 images, as a loader that hands out batches must: "
-                             f"{lim.get('decode_limit_fresh', 0):,.0f} images/s "
-                             f"({best_ours[1] / max(lim.get('decode_limit_fresh', 0), 1):.2f}x).")
+                lines.append(
+                    f"Best mmloader / decode limit ({lim['decode_limit']:,.0f} images/s, median of "
+                    f"{len(runs)} measurements, one per round: {min(runs):,.0f}-{max(runs):,.0f}; "
+                    f"mmloader's decoder, "
+                    f"{lim['decoder']}, in {os.cpu_count()} threads from memory, no loader, no batching): "
+                    f"**{best_ours[1] / lim['decode_limit']:.2f}x**. For reference, torchvision's "
+                    f"decode_jpeg in the same setting: {lim['decode_limit_torchvision']:,.0f} images/s "
+                    f"({best_ours[1] / lim['decode_limit_torchvision']:.2f}x); simplejpeg into a fresh "
+                    f"(B, 256, 256, 3) batch per 64 images, as a loader that hands out batches must: "
+                    f"{lim.get('decode_limit_fresh', 0):,.0f} images/s "
+                    f"({best_ours[1] / max(lim.get('decode_limit_fresh', 0), 1):.2f}x)."
+                )
             else:
-                lines.append(f"Best mmloader / one-thread page-cache read of the shards ({lim['page_cache_read']:,.0f} "
-                             f"samples/s): {best_ours[1] / lim['page_cache_read']:.2f}x.")
+                lines.append(
+                    f"Best mmloader / one-thread page-cache read of the shards ({lim['page_cache_read']:,.0f} "
+                    f"samples/s): {best_ours[1] / lim['page_cache_read']:.2f}x."
+                )
         lines.append("")
     lines += ["### Conversion (raw folder -> dataset)", "", "| writer | seconds | samples/s |", "| --- | ---: | ---: |"]
     for name, s in info["conversion_s"].items():
         lines.append(f"| {name} | {s:.1f} | {info['count'] / s:,.0f} |")
     lines.append("")
     from data import write_section
+
     write_section(args.results, "loaders", "\n".join(lines[2:]))  # the other scripts' sections stay
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         for ax, workload in zip(axes, (DECODED, RAW)):
             names = [n for n in CONTENDERS if (n, workload) in results]

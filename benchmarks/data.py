@@ -1,4 +1,5 @@
 """Benchmark data: photographic-looking 256-px JPEGs (~20 KB) with captions, as a raw pairs folder."""
+
 from __future__ import annotations
 
 import io
@@ -9,8 +10,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-WORDS = ("a photo of the small large red green blue old new dog cat car tree house river mountain street "
-         "person sitting standing near under beside with at in on during sunny cloudy evening").split()
+WORDS = (
+    "a photo of the small large red green blue old new dog cat car tree house river mountain street "
+    "person sitting standing near under beside with at in on during sunny cloudy evening"
+).split()
 
 
 def photo(seed: int, px: int = 256) -> Image.Image:
@@ -19,12 +22,21 @@ def photo(seed: int, px: int = 256) -> Image.Image:
     layers = np.zeros((px, px, 3), np.float32)
     for cells, amp in ((4, 120.0), (16, 45.0), (64, 26.0)):
         small = rng.normal(0, 1, (cells, cells, 3)).astype(np.float32)
-        up = np.asarray(Image.fromarray(((small - small.min()) / (np.ptp(small) + 1e-6) * 255).astype(np.uint8))
-                        .resize((px, px), Image.BICUBIC), np.float32) / 255 - 0.5
+        up = (
+            np.asarray(
+                Image.fromarray(((small - small.min()) / (np.ptp(small) + 1e-6) * 255).astype(np.uint8)).resize(
+                    (px, px), Image.BICUBIC
+                ),
+                np.float32,
+            )
+            / 255
+            - 0.5
+        )
         layers += amp * up
     layers += rng.uniform(60, 190, 3).astype(np.float32)
     im = Image.fromarray(np.clip(layers, 0, 255).astype(np.uint8))
     from PIL import ImageDraw, ImageFilter
+
     draw = ImageDraw.Draw(im)
     for _ in range(int(rng.integers(4, 9))):  # objects: hard edges, like things in a scene
         x0, y0 = rng.integers(0, px - 20, 2)
@@ -67,6 +79,7 @@ def make_folder(out: str | os.PathLike, count: int, quality: int = 90, workers: 
 
 if __name__ == "__main__":
     import sys
+
     print(make_folder(sys.argv[1], int(sys.argv[2])))
 
 
@@ -92,7 +105,7 @@ def warm(path: str | os.PathLike) -> None:
     """Read every file under ``path`` once: "page cache warm" must hold for each measured run,
     and this VM's memory reclaim (kdamond) drops cold page cache between runs."""
     p = Path(path)
-    for f in (p.rglob("*") if p.is_dir() else [p]):
+    for f in p.rglob("*") if p.is_dir() else [p]:
         if f.is_file():
             with open(f, "rb") as fh:
                 while fh.read(1 << 22):

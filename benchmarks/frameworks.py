@@ -7,6 +7,7 @@ default loader (``backend="auto"``). A step that waits more than a sliver is dat
 
     python benchmarks/frameworks.py --samples 2000 --epochs 2 --workers 1 --width 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def _dataset(root: Path, n: int) -> Path:
     import io
 
-    import mmloader
     from data import caption, photo
+
+    import mmloader
+
     path = root / "photos.lmdb"
     if not path.exists():
         with mmloader.LMDBWriter(path) as w:
@@ -47,16 +50,22 @@ def main() -> None:
 
     import mmloader
     from mmloader.frameworks.lightning import DataModule, DataWaitCallback
+
     root = Path(a.root or tempfile.mkdtemp(prefix="mmloader-fw-"))
     path = _dataset(root, a.samples)
 
     class Net(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Conv2d(3, a.width, 5, stride=4), torch.nn.ReLU(),
-                                           torch.nn.Conv2d(a.width, a.width, 3, stride=2), torch.nn.ReLU(),
-                                           torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                           torch.nn.Linear(a.width, 1))
+            self.net = torch.nn.Sequential(
+                torch.nn.Conv2d(3, a.width, 5, stride=4),
+                torch.nn.ReLU(),
+                torch.nn.Conv2d(a.width, a.width, 3, stride=2),
+                torch.nn.ReLU(),
+                torch.nn.AdaptiveAvgPool2d(1),
+                torch.nn.Flatten(),
+                torch.nn.Linear(a.width, 1),
+            )
 
         def training_step(self, batch, batch_idx):
             return self.net(batch["image"].float().div(255)).pow(2).mean()
@@ -65,15 +74,24 @@ def main() -> None:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def stream():
-        ds = mmloader.zip(image=mmloader.ImageReader(str(path), size=(224, 224)),
-                          caption=mmloader.TextReader(str(path)))
+        ds = mmloader.zip(
+            image=mmloader.ImageReader(str(path), size=(224, 224)), caption=mmloader.TextReader(str(path))
+        )
         return mmloader.Stream(ds, batch_size=a.batch_size, seed=0)
 
-    wait = DataWaitCallback(every_n_steps=10 ** 9)  # only the whole-run figures below
+    wait = DataWaitCallback(every_n_steps=10**9)  # only the whole-run figures below
     data = DataModule(stream, num_workers=a.workers)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=a.epochs, logger=False,
-                         callbacks=[wait], enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=a.epochs,
+        logger=False,
+        callbacks=[wait],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Net(), data)
     figures = data.train_dataloader().stats()
     line = {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}

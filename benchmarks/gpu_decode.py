@@ -20,6 +20,7 @@ under ``$OUT`` so that it comes back). On a machine without the wheels
 manylinux2014_x86_64 -d .whl lmdb tqdm pyyaml`` and install them there with
 ``pip install --no-index --no-deps --target /tmp/site .whl/*.whl``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 
 def _encode(i: int) -> bytes:
     from data import photo
+
     buf = io.BytesIO()
     photo(i).save(buf, "JPEG", quality=90)
     return buf.getvalue()
@@ -44,6 +46,7 @@ def _encode(i: int) -> bytes:
 
 def build(out: Path, n: int) -> dict[str, Path]:
     import mmloader
+
     paths = {"tar": out / "gpu-shards", "lmdb": out / "gpu.lmdb"}
     if all(p.exists() for p in paths.values()):
         return paths
@@ -59,8 +62,10 @@ def build(out: Path, n: int) -> dict[str, Path]:
 
 def run(path: Path, mode: str, workers: int, batch: int, passes: int) -> tuple[float, float]:
     import torch
-    import mmloader
     from torchvision.transforms.v2 import functional as F
+
+    import mmloader
+
     mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1)
     decode = "tensor" if mode == "cpu" else "raw"
@@ -75,13 +80,18 @@ def run(path: Path, mode: str, workers: int, batch: int, passes: int) -> tuple[f
                 x = F.resize(x, [224, 224], antialias=True).to(torch.bfloat16).div_(255)
                 yield (x - mean) / std
     else:
-        loader = mmloader.GPUDecode(mmloader.loader(stream, num_workers=workers, backend="thread", pin_memory=True),
-                                    size=(224, 224), dtype=torch.bfloat16, mean=(0.485, 0.456, 0.406),
-                                    std=(0.229, 0.224, 0.225))
+        loader = mmloader.GPUDecode(
+            mmloader.loader(stream, num_workers=workers, backend="thread", pin_memory=True),
+            size=(224, 224),
+            dtype=torch.bfloat16,
+            mean=(0.485, 0.456, 0.406),
+            std=(0.229, 0.224, 0.225),
+        )
 
         def batches():
             for b in loader:
                 yield b["image"]
+
     torch.cuda.reset_peak_memory_stats()
     for x in batches():  # warm-up pass: workers, nvJPEG handles, page cache
         pass
@@ -105,6 +115,7 @@ def main() -> int:
     p.add_argument("--results", default=str(Path(__file__).resolve().parent / "RESULTS.md"))
     args = p.parse_args()
     import torch
+
     if not torch.cuda.is_available():
         print("no CUDA device: this check needs a GPU (the CPU fallback is covered by tests/test_gpu.py)")
         return 2
@@ -112,31 +123,44 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     paths = build(out, args.samples)
-    print(f"{torch.cuda.get_device_name()}; {os.cpu_count()} CPUs; data ready in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    print(
+        f"{torch.cuda.get_device_name()}; {os.cpu_count()} CPUs; data ready in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     rows = []
     for fmt, path in paths.items():
         cpu, cpu_mem = run(path, "cpu", args.cpu_workers, args.batch_size, args.passes)
         gpu, gpu_mem = run(path, "gpu", args.gpu_workers, args.batch_size, args.passes)
         rows.append((fmt, cpu, gpu, cpu_mem, gpu_mem))
-        print(f"{fmt}: CPU decode ({args.cpu_workers} workers) {cpu:,.0f} img/s, GPU decode "
-              f"({args.gpu_workers} threads) {gpu:,.0f} img/s", flush=True)
-    lines = ["## GPU decode (`benchmarks/gpu_decode.py`)", "",
-             f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPUs; {args.samples:,} 256-px JPEGs + labels, "
-             f"normalised bf16 (B, 3, 224, 224) batches of {args.batch_size} on the GPU; {args.passes} passes "
-             f"after a warm-up pass; CPU decode: `mmloader.loader` as it chooses, {args.cpu_workers} workers; "
-             f"GPU decode: `GPUDecode` fed packed bytes by {args.gpu_workers} threads.", "",
-             "| store | CPU decode img/s | GPU decode img/s | GPU / CPU | peak GPU memory (GiB) CPU / GPU path |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+        print(
+            f"{fmt}: CPU decode ({args.cpu_workers} workers) {cpu:,.0f} img/s, GPU decode "
+            f"({args.gpu_workers} threads) {gpu:,.0f} img/s",
+            flush=True,
+        )
+    lines = [
+        "## GPU decode (`benchmarks/gpu_decode.py`)",
+        "",
+        f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPUs; {args.samples:,} 256-px JPEGs + labels, "
+        f"normalised bf16 (B, 3, 224, 224) batches of {args.batch_size} on the GPU; {args.passes} passes "
+        f"after a warm-up pass; CPU decode: `mmloader.loader` as it chooses, {args.cpu_workers} workers; "
+        f"GPU decode: `GPUDecode` fed packed bytes by {args.gpu_workers} threads.",
+        "",
+        "| store | CPU decode img/s | GPU decode img/s | GPU / CPU | peak GPU memory (GiB) CPU / GPU path |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for fmt, cpu, gpu, cm, gm in rows:
         lines.append(f"| {fmt} | {cpu:,.0f} | {gpu:,.0f} | {gpu / cpu:.2f}x | {cm:.1f} / {gm:.1f} |")
     worst_gpu = min(r[2] for r in rows)
     worst_ratio = min(r[2] / r[1] for r in rows)
     met = worst_gpu >= 25_000 and worst_ratio >= 2.0
-    lines += ["", f"Goal: >= 25,000 img/s and >= 2x CPU decode on every store: **{'met' if met else 'not met'}** "
-              f"(slowest store {worst_gpu:,.0f} img/s, {worst_ratio:.2f}x)."]
+    lines += [
+        "",
+        f"Goal: >= 25,000 img/s and >= 2x CPU decode on every store: **{'met' if met else 'not met'}** "
+        f"(slowest store {worst_gpu:,.0f} img/s, {worst_ratio:.2f}x).",
+    ]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from data import write_section
+
     write_section(args.results, "gpu", "\n".join(lines))  # the other benchmarks' sections stay
     print("\n".join(lines))
     return 0

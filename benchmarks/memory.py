@@ -14,6 +14,7 @@ from run to run, so it also gets ``--first-runs`` short runs of its own (one bat
 alternating). Goal: growth under 10 MB per worker and under 10% for the tree, first batch
 within 20%.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,11 @@ sys.path.insert(0, str(HERE))
 
 def build(path: Path, n: int, fmt: str, jpegs: list[bytes]) -> None:
     import mmloader
+
     if path.exists():
         return
     from data import caption
+
     with mmloader.writer_for(path, fmt, shard_size=1000) as w:
         for i in range(n):
             w.write({"__key__": f"{i:08d}", "jpg": jpegs[i % len(jpegs)], "txt": caption(i)})
@@ -45,14 +48,21 @@ def dataset_path(out: Path, fmt: str, n: int) -> Path:
 
 def measure(path: str, read: int, workers: int, batch: int, backend: str) -> dict:
     import threading
-    import mmloader
+
     from data import warm
+
+    import mmloader
+
     warm(path)  # the first batch must not wait on the disk
     from mmloader.cli.bench import _children, smaps_rollup
+
     ds = mmloader.zip(image=mmloader.ImageReader(path, output="raw"), caption=mmloader.TextReader(path))
     stream = mmloader.Stream(ds, batch_size=batch, seed=0)
-    loader = (mmloader.loader(stream, num_workers=workers, persistent_workers=False) if backend == "process"
-              else mmloader.loader(stream, num_workers=workers, backend="thread"))
+    loader = (
+        mmloader.loader(stream, num_workers=workers, persistent_workers=False)
+        if backend == "process"
+        else mmloader.loader(stream, num_workers=workers, backend="thread")
+    )
     peaks = {"anon": 0, "uss": 0, "tree_pss": 0}
 
     def poll_memory():  # every 20 ms while the workers live (a 1 s sampler would miss a 0.5 s run)
@@ -64,6 +74,7 @@ def measure(path: str, read: int, workers: int, batch: int, backend: str) -> dic
                 peaks["anon"], peaks["uss"] = max(peaks["anon"], m["anonymous"]), max(peaks["uss"], m["uss"])
             peaks["tree_pss"] = max(peaks["tree_pss"], tree)
             time.sleep(0.02)
+
     done = threading.Event()
     t = threading.Thread(target=poll_memory, daemon=True)
     n, first = 0, None
@@ -83,8 +94,12 @@ def measure(path: str, read: int, workers: int, batch: int, backend: str) -> dic
     if t.ident is not None:
         t.join()
     del it
-    return {"first_batch_s": first, "tree_pss_mb": peaks["tree_pss"] / 2**20,
-            "worker_uss_mb": peaks["uss"] / 2**20, "worker_anon_mb": peaks["anon"] / 2**20}
+    return {
+        "first_batch_s": first,
+        "tree_pss_mb": peaks["tree_pss"] / 2**20,
+        "worker_uss_mb": peaks["uss"] / 2**20,
+        "worker_anon_mb": peaks["anon"] / 2**20,
+    }
 
 
 def main() -> int:
@@ -104,7 +119,9 @@ def main() -> int:
         print(json.dumps(measure(args.measure[0], args.read, args.workers, args.batch_size, args.measure[1])))
         return 0
     import io
+
     from data import MEMORY_SECTION, photo, write_section
+
     jpegs = []
     for i in range(256):
         buf = io.BytesIO()
@@ -120,9 +137,21 @@ def main() -> int:
             t0 = time.perf_counter()
             build(path, n, fmt, jpegs)
             print(f"{fmt} {n}: ready ({time.perf_counter() - t0:.0f} s)", flush=True)
+
     def run_case(path: Path, backend: str, read: int) -> dict:  # a fresh process per run
-        cmd = [sys.executable, __file__, "--measure", str(path), backend, "--read", str(read),
-               "--workers", str(args.workers), "--batch-size", str(args.batch_size)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--measure",
+            str(path),
+            backend,
+            "--read",
+            str(read),
+            "--workers",
+            str(args.workers),
+            "--batch-size",
+            str(args.batch_size),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(done.stdout.splitlines()[-1])
 
@@ -133,8 +162,11 @@ def main() -> int:
             for n in sizes:
                 res = run_case(dataset_path(out, fmt, n), backend, args.read)
                 rows.setdefault((backend, fmt, n), []).append(res)
-                print(f"repeat {rep}: {backend} {fmt} {n}: first {res['first_batch_s'] * 1000:.0f} ms, tree PSS "
-                      f"{res['tree_pss_mb']:.0f} MB, worker USS {res['worker_uss_mb']:.1f} MB", flush=True)
+                print(
+                    f"repeat {rep}: {backend} {fmt} {n}: first {res['first_batch_s'] * 1000:.0f} ms, tree PSS "
+                    f"{res['tree_pss_mb']:.0f} MB, worker USS {res['worker_uss_mb']:.1f} MB",
+                    flush=True,
+                )
     firsts: dict = {}
     for rep in range(args.first_runs):  # one batch each: the first batch's own sample, cases alternating
         for backend, fmt in cases:
@@ -144,41 +176,61 @@ def main() -> int:
         print(f"first-batch run {rep + 1}/{args.first_runs} done", flush=True)
     for key, runs in rows.items():  # the first batch from every run, long and short
         firsts[key] = runs + firsts.get(key, [])
-    (out / "memory-results.json").write_text(json.dumps({"runs": [[*k, v] for k, v in rows.items()],
-                                                         "first_batch": [[*k, v] for k, v in firsts.items()]}, indent=1))
+    (out / "memory-results.json").write_text(
+        json.dumps(
+            {"runs": [[*k, v] for k, v in rows.items()], "first_batch": [[*k, v] for k, v in firsts.items()]}, indent=1
+        )
+    )
     import statistics
 
     def cell(runs: list[dict], key: str, scale: float = 1.0, digits: int = 0) -> str:
         vals = [r[key] * scale for r in runs]
         return f"{statistics.median(vals):.{digits}f} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
-    lines = [MEMORY_SECTION, "",
-             f"Command: `python benchmarks/memory.py --repeats {args.repeats} --first-runs {args.first_runs}` "
-             f"({sizes[0]:,} vs {sizes[-1]:,} "
-             f"samples of the same 256-px JPEGs + captions, raw bytes; {args.workers} workers (processes, or "
-             f"threads of one process) read the same {args.read:,} samples, shuffled; medians and (min-max) of "
-             f"{args.repeats} fresh-process runs, cases alternating; the first batch over those and "
-             f"{args.first_runs} one-batch runs more; {time.strftime('%Y-%m-%d %H:%M')}; load "
-             f"average {os.getloadavg()[0]:.1f} at the end).", "",
-             "| backend | format | samples | first batch (ms) | tree PSS (MB) | worker USS (MB) | worker anonymous (MB) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+
+    lines = [
+        MEMORY_SECTION,
+        "",
+        f"Command: `python benchmarks/memory.py --repeats {args.repeats} --first-runs {args.first_runs}` "
+        f"({sizes[0]:,} vs {sizes[-1]:,} "
+        f"samples of the same 256-px JPEGs + captions, raw bytes; {args.workers} workers (processes, or "
+        f"threads of one process) read the same {args.read:,} samples, shuffled; medians and (min-max) of "
+        f"{args.repeats} fresh-process runs, cases alternating; the first batch over those and "
+        f"{args.first_runs} one-batch runs more; {time.strftime('%Y-%m-%d %H:%M')}; load "
+        f"average {os.getloadavg()[0]:.1f} at the end).",
+        "",
+        "| backend | format | samples | first batch (ms) | tree PSS (MB) | worker USS (MB) | worker anonymous (MB) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for (backend, fmt, n), runs in rows.items():
         workers = backend == "process"
-        lines.append(f"| {backend} | {fmt} | {n:,} | {cell(firsts[(backend, fmt, n)], 'first_batch_s', 1000)} | "
-                     f"{cell(runs, 'tree_pss_mb')} | "
-                     + (f"{cell(runs, 'worker_uss_mb', digits=1)} | {cell(runs, 'worker_anon_mb', digits=1)} |"
-                        if workers else "- | - |"))
-    lines += ["", f"Growth for {sizes[-1] // sizes[0]}x the samples (each repeat's pair of runs; median and range; "
-                  "goals: tree PSS <= 10%, first batch <= 20%, worker USS < 10 MB):", ""]
+        lines.append(
+            f"| {backend} | {fmt} | {n:,} | {cell(firsts[(backend, fmt, n)], 'first_batch_s', 1000)} | "
+            f"{cell(runs, 'tree_pss_mb')} | "
+            + (
+                f"{cell(runs, 'worker_uss_mb', digits=1)} | {cell(runs, 'worker_anon_mb', digits=1)} |"
+                if workers
+                else "- | - |"
+            )
+        )
+    lines += [
+        "",
+        f"Growth for {sizes[-1] // sizes[0]}x the samples (each repeat's pair of runs; median and range; "
+        "goals: tree PSS <= 10%, first batch <= 20%, worker USS < 10 MB):",
+        "",
+    ]
     for backend, fmt in cases:
         a, b = rows[(backend, fmt, sizes[0])], rows[(backend, fmt, sizes[-1])]
 
         def growth(key: str, relative: bool = True, a=a, b=b) -> tuple[float, float, float]:
             d = [(y[key] / x[key] - 1) * 100 if relative else y[key] - x[key] for x, y in zip(a, b)]
             return statistics.median(d), min(d), max(d)
+
         pss = growth("tree_pss_mb")
         first = growth("first_batch_s", a=firsts[(backend, fmt, sizes[0])], b=firsts[(backend, fmt, sizes[-1])])
-        text = (f"- {backend}, {fmt}: tree PSS {pss[0]:+.1f}% ({pss[1]:+.1f} to {pss[2]:+.1f}), first batch "
-                f"{first[0]:+.0f}% ({first[1]:+.0f} to {first[2]:+.0f})")
+        text = (
+            f"- {backend}, {fmt}: tree PSS {pss[0]:+.1f}% ({pss[1]:+.1f} to {pss[2]:+.1f}), first batch "
+            f"{first[0]:+.0f}% ({first[1]:+.0f} to {first[2]:+.0f})"
+        )
         met = pss[0] <= 10 and first[0] <= 20
         if backend == "process":
             uss = growth("worker_uss_mb", relative=False)

@@ -22,6 +22,7 @@ Measured: time from constructing the dataset to the first batch, samples/s over 
 epoch 2, and bytes the server sent per sample delivered. Peers decode with the same decoder as
 mmloader (simplejpeg). Results replace the "Remote" section of benchmarks/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-CONTENDERS = ["mmloader", "mmloader-ranged", "mmloader-cache", "mmloader-local", "webdataset", "mosaicml-streaming",
-              "litdata"]
+CONTENDERS = [
+    "mmloader",
+    "mmloader-ranged",
+    "mmloader-cache",
+    "mmloader-local",
+    "webdataset",
+    "mosaicml-streaming",
+    "litdata",
+]
 SECTION = "## Remote (object storage)"
 BUCKET = "bench"
 
@@ -50,8 +58,11 @@ BUCKET = "bench"
 # -- the server ------------------------------------------------------------------------------------
 class Server:
     def __init__(self, root: Path, latency_ms: float):
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "s3lite.py"), str(root), "--latency-ms",
-                                      str(latency_ms)], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "s3lite.py"), str(root), "--latency-ms", str(latency_ms)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line.startswith("port "):
             raise RuntimeError(f"the benchmark server did not start: {line!r}")
@@ -67,9 +78,15 @@ class Server:
 
 
 def env_for(endpoint: str) -> dict:
-    return {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true",
-            "S3_ENDPOINT_URL": endpoint}  # S3_ENDPOINT_URL: MosaicML Streaming's variable
+    return {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "S3_ENDPOINT_URL": endpoint,
+    }  # S3_ENDPOINT_URL: MosaicML Streaming's variable
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -78,6 +95,7 @@ def prepare(args) -> dict:
     raw = out / f"raw-{args.samples}"
     if not (raw / ".complete").exists():
         from data import make_folder
+
         print(f"generating {args.samples} image+caption pairs in {raw} ...", flush=True)
         shutil.rmtree(raw, ignore_errors=True)
         mean = make_folder(raw, args.samples)
@@ -87,12 +105,28 @@ def prepare(args) -> dict:
     bucket.mkdir(parents=True, exist_ok=True)
     mm = shutil.which("mmloader") or str(ROOT / ".venv/bin/mmloader")
     if not (bucket / "mm" / "index.json").exists():
-        subprocess.run([mm, "convert", "pairs", str(raw), str(bucket / "mm"), "--shard-size", "1000", "--workers",
-                        "2", "--overwrite", "-q"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                mm,
+                "convert",
+                "pairs",
+                str(raw),
+                str(bucket / "mm"),
+                "--shard-size",
+                "1000",
+                "--workers",
+                "2",
+                "--overwrite",
+                "-q",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     stems = sorted(p.stem for p in raw.glob("*.jpg"))
     if not (bucket / "mds" / "index.json").exists():
         try:
             from streaming import MDSWriter
+
             shutil.rmtree(bucket / "mds", ignore_errors=True)
             with MDSWriter(out=str(bucket / "mds"), columns={"jpg": "bytes", "txt": "str"}) as w:
                 for stem in stems:
@@ -101,19 +135,34 @@ def prepare(args) -> dict:
             print("mosaicml-streaming not installed: skipped")
     if not (bucket / "litdata" / "index.json").exists():
         shutil.rmtree(bucket / "litdata", ignore_errors=True)
-        r = subprocess.run([sys.executable, str(HERE / "compare.py"), "--litdata-optimize", str(raw),
-                            str(bucket / "litdata"), "--workers", "2"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "compare.py"),
+                "--litdata-optimize",
+                str(raw),
+                str(bucket / "litdata"),
+                "--workers",
+                "2",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         if r.returncode:
             print("litdata not installed or failed: skipped")
-    return {"root": str(root), "count": len(stems), "mean_jpeg_bytes": float((raw / ".complete").read_text()),
-            "shards": sorted(p.name for p in (bucket / "mm").glob("*.tar"))}
+    return {
+        "root": str(root),
+        "count": len(stems),
+        "mean_jpeg_bytes": float((raw / ".complete").read_text()),
+        "shards": sorted(p.name for p in (bucket / "mm").glob("*.tar")),
+    }
 
 
 # -- contenders (built inside the measuring process) ----------------------------------------------
 def _decode(b):
     import simplejpeg
     import torch
+
     return torch.from_numpy(simplejpeg.decode_jpeg(bytes(b))).permute(2, 0, 1)
 
 
@@ -124,9 +173,11 @@ def _columns(items):
 def build(name: str, workload: str, info: dict, endpoint: str, workers: int, batch: int, scratch: str):
     import torch  # noqa: F401  (imported before any worker forks)
     from torch.utils.data import DataLoader
+
     decode = workload == "decoded"
     if name.startswith("mmloader"):
         import mmloader
+
         if name == "mmloader-local":
             store = mmloader.open(os.path.join(info["root"], BUCKET, "mm"))
         else:
@@ -134,14 +185,18 @@ def build(name: str, workload: str, info: dict, endpoint: str, workers: int, bat
             if name == "mmloader-cache":
                 opts["cache_dir"] = os.path.join(scratch, "mm-cache")
             store = mmloader.open(f"s3://{BUCKET}/mm", **opts)
-        ds = mmloader.zip(image=mmloader.ImageReader(store, "jpg", output="tensor" if decode else "raw"),
-                          caption=mmloader.TextReader(store, "txt"))
+        ds = mmloader.zip(
+            image=mmloader.ImageReader(store, "jpg", output="tensor" if decode else "raw"),
+            caption=mmloader.TextReader(store, "txt"),
+        )
         return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers)
     if name == "webdataset":
         import webdataset as wds
+
         urls = [f"{endpoint}/{BUCKET}/mm/{f}" for f in info["shards"]]
-        pipe = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only,
-                              workersplitter=wds.split_by_worker).shuffle(1000)
+        pipe = wds.WebDataset(
+            urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only, workersplitter=wds.split_by_worker
+        ).shuffle(1000)
         if decode:
             pipe = pipe.map_dict(jpg=_decode)
         pipe = pipe.to_tuple("jpg", "txt")
@@ -150,28 +205,39 @@ def build(name: str, workload: str, info: dict, endpoint: str, workers: int, bat
     if name == "mosaicml-streaming":
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
+
         clean_stale_shared_memory()  # a previous run's shared memory would be taken for this one's
 
         class MDS(StreamingDataset):
             def __getitem__(self, i):
                 s = super().__getitem__(i)
                 return (_decode(s["jpg"]) if decode else s["jpg"]), s["txt"]
-        ds = MDS(remote=f"s3://{BUCKET}/mds", local=os.path.join(scratch, "mds-local"), batch_size=batch,
-                 shuffle=True, shuffle_seed=0)
+
+        ds = MDS(
+            remote=f"s3://{BUCKET}/mds",
+            local=os.path.join(scratch, "mds-local"),
+            batch_size=batch,
+            shuffle=True,
+            shuffle_seed=0,
+        )
         return DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=None if decode else _columns)
     if name == "litdata":
         import litdata
         from litdata.streaming import downloader
+
         # LitData builds its obstore client without allow_http: needed for the local http:// endpoint.
         downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
 
         def to_item(s):
             jpg = bytes(s["jpg"])
             return (_decode(jpg) if decode else jpg), s["txt"]
-        ds = litdata.StreamingDataset(f"s3://{BUCKET}/litdata", shuffle=True, transform=to_item,
-                                      cache_dir=os.path.join(scratch, "litdata-cache"))
-        return litdata.StreamingDataLoader(ds, batch_size=batch, num_workers=workers,
-                                           collate_fn=None if decode else _columns)
+
+        ds = litdata.StreamingDataset(
+            f"s3://{BUCKET}/litdata", shuffle=True, transform=to_item, cache_dir=os.path.join(scratch, "litdata-cache")
+        )
+        return litdata.StreamingDataLoader(
+            ds, batch_size=batch, num_workers=workers, collate_fn=None if decode else _columns
+        )
     raise ValueError(name)
 
 
@@ -191,11 +257,16 @@ def measure_one(args) -> dict:
 
     def server_bytes() -> int:
         return json.loads(urllib.request.urlopen(f"{endpoint}/__stats__").read())["bytes"]
+
     import importlib
+
     import torch  # noqa: F401  imports are not the loader's time to first batch
+
     import mmloader  # noqa: F401
+
     for mod in {"webdataset": ["webdataset"], "mosaicml-streaming": ["streaming"], "litdata": ["litdata"]}.get(
-            args.run, ["mmloader.readers", "mmloader.loading.stream", "mmloader.loading.threaded"]):
+        args.run, ["mmloader.readers", "mmloader.loading.stream", "mmloader.loading.threaded"]
+    ):
         importlib.import_module(mod)
     try:
         urllib.request.urlopen(urllib.request.Request(f"{endpoint}/__reset__", method="POST")).read()
@@ -227,6 +298,7 @@ def measure_clients(endpoint: str, latency_ms: float, n: int = 2048, size: int =
     import asyncio
     import random
     import threading
+
     os.environ.update(env_for(endpoint))
     blob_span = 60 << 20
     rng = random.Random(0)
@@ -266,11 +338,18 @@ def measure_clients(endpoint: str, latency_ms: float, n: int = 2048, size: int =
         ws = time.perf_counter() - w1
         sp.stop = True
         t.join()
-        results.append({"client": name, "req_per_s": n / wall, "cpu_us_per_req": cpu / n * 1e6,
-                        "python_thread_share": sp.n / ws / base})
+        results.append(
+            {
+                "client": name,
+                "req_per_s": n / wall,
+                "cpu_us_per_req": cpu / n * 1e6,
+                "python_thread_share": sp.n / ws / base,
+            }
+        )
 
     import obstore
     from obstore.store import from_url
+
     st = from_url(f"s3://{BUCKET}/clients")
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -282,48 +361,74 @@ def measure_clients(endpoint: str, latency_ms: float, n: int = 2048, size: int =
             async def one(s):
                 async with sem:
                     return await obstore.get_range_async(st, "blob.bin", start=s, end=s + size)
+
             return await asyncio.gather(*(one(s) for s in ss))
+
         return asyncio.run_coroutine_threadsafe(go(), loop).result()
+
     measure("obstore (S3, async, 64 in flight): mmloader's client", ob)
     try:
         import s3fs
+
         fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="bench", secret="bench")
 
         def s3(ss):
             out = []
             for i in range(0, len(ss), 64):
-                chunk = ss[i:i + 64]
+                chunk = ss[i : i + 64]
                 out += fs.cat_ranges([f"{BUCKET}/clients/blob.bin"] * len(chunk), chunk, [s + size for s in chunk])
             return out
+
         measure("s3fs (fsspec, cat_ranges of 64)", s3)
     except ImportError:
         pass
     try:
         import fsspec
+
         hfs = fsspec.filesystem("http")
 
         def http(ss):
             out = []
             for i in range(0, len(ss), 64):
-                chunk = ss[i:i + 64]
-                out += hfs.cat_ranges([f"{endpoint}/{BUCKET}/clients/blob.bin"] * len(chunk), chunk,
-                                      [s + size for s in chunk])
+                chunk = ss[i : i + 64]
+                out += hfs.cat_ranges(
+                    [f"{endpoint}/{BUCKET}/clients/blob.bin"] * len(chunk), chunk, [s + size for s in chunk]
+                )
             return out
+
         measure("fsspec HTTP (aiohttp, cat_ranges of 64)", http)
     except ImportError:
         pass
     from mmloader.storage.remote import Location
+
     simple = Location(f"s3://{BUCKET}/clients").client("meta")
-    measure("mmloader's stdlib client (16 threads; opening, forked workers)",
-            lambda ss: simple.get_ranges([("blob.bin", s, s + size) for s in ss]))
+    measure(
+        "mmloader's stdlib client (16 threads; opening, forked workers)",
+        lambda ss: simple.get_ranges([("blob.bin", s, s + size) for s in ss]),
+    )
     return results
 
 
 # -- main -------------------------------------------------------------------------------------------
 def run_contender(name, workload, info, server, args) -> dict:
-    cmd = [sys.executable, __file__, "--run", name, "--workload", workload, "--info", json.dumps(info),
-           "--endpoint", server.url, "--workers", str(args.workers), "--batch-size", str(args.batch_size),
-           "--epochs", str(args.epochs)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--run",
+        name,
+        "--workload",
+        workload,
+        "--info",
+        json.dumps(info),
+        "--endpoint",
+        server.url,
+        "--workers",
+        str(args.workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--epochs",
+        str(args.epochs),
+    ]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -366,9 +471,12 @@ def main() -> int:
             try:
                 for r in measure_clients(server.url, lat):
                     rows.append({**r, "latency_ms": lat})
-                    print(f"{lat:>4.0f} ms  {r['client']:60s} {r['req_per_s']:7,.0f} req/s  "
-                          f"{r['cpu_us_per_req']:6,.0f} us CPU/req  python thread beside it: "
-                          f"{r['python_thread_share']:4.0%}", flush=True)
+                    print(
+                        f"{lat:>4.0f} ms  {r['client']:60s} {r['req_per_s']:7,.0f} req/s  "
+                        f"{r['cpu_us_per_req']:6,.0f} us CPU/req  python thread beside it: "
+                        f"{r['python_thread_share']:4.0%}",
+                        flush=True,
+                    )
             finally:
                 server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -394,12 +502,18 @@ def main() -> int:
                         results[(name, lat)] = []
                     results[(name, lat)].append(r)
                     saved.write_text(json.dumps([[n, la, runs] for (n, la), runs in results.items()]))
-                    print(f"latency {lat:>3.0f} ms  {name:20s} " + (
-                        r["error"] if "error" in r else
-                        f"first batch {r['first_batch_s'] * 1000:7.0f} ms  epoch 1 "
-                        f"{r['epochs'][0]['samples'] / r['epochs'][0]['seconds']:7,.0f}/s  epoch 2 "
-                        f"{r['epochs'][-1]['samples'] / r['epochs'][-1]['seconds']:7,.0f}/s  "
-                        f"{r['epochs'][0]['bytes'] / max(r['epochs'][0]['samples'], 1):8,.0f} B/sample"), flush=True)
+                    print(
+                        f"latency {lat:>3.0f} ms  {name:20s} "
+                        + (
+                            r["error"]
+                            if "error" in r
+                            else f"first batch {r['first_batch_s'] * 1000:7.0f} ms  epoch 1 "
+                            f"{r['epochs'][0]['samples'] / r['epochs'][0]['seconds']:7,.0f}/s  epoch 2 "
+                            f"{r['epochs'][-1]['samples'] / r['epochs'][-1]['seconds']:7,.0f}/s  "
+                            f"{r['epochs'][0]['bytes'] / max(r['epochs'][0]['samples'], 1):8,.0f} B/sample"
+                        ),
+                        flush=True,
+                    )
         finally:
             server.stop()
     load = max(load, os.getloadavg()[0])
@@ -417,25 +531,32 @@ def _median(runs: list[dict], fn) -> float | None:
 def write_results(args, info, latencies, names, results, load) -> None:
     def rate(r, e):
         return r["epochs"][e]["samples"] / r["epochs"][e]["seconds"]
+
     import mmloader
+
     versions = []
     for mod in ("webdataset", "streaming", "litdata", "obstore"):
         try:
             versions.append(f"{mod} {__import__(mod).__version__}")
         except Exception:
             pass
-    lines = [SECTION, "",
-             f"Command: `python benchmarks/remote.py --samples {args.samples} --latencies {args.latencies} "
-             f"--workers {args.workers} --batch-size {args.batch_size} --workload {args.workload}`  ",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-             f"mmloader {mmloader.__version__}; {time.strftime('%Y-%m-%d %H:%M')}; load average up to {load:.1f} "
-             f"during the run{' (the machine was shared: figures taken under load)' if load > 1.5 else ''}  ",
-             f"Data: {info['count']} samples, 256-px JPEG (mean {info['mean_jpeg_bytes']:,.0f} bytes) + caption, "
-             f"{len(info['shards'])} tar shards of 1,000 samples; one local server (benchmarks/s3lite.py, aiohttp) "
-             "for everyone, the latency added to every request; every run a fresh process, two epochs, shuffled, "
-             f"{args.workload} images. Versions: {', '.join(versions)}.", "",
-             "| latency | contender | first batch (ms) | epoch 1 samples/s | epoch 2 samples/s | bytes fetched / sample "
-             "(epoch 1) |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        SECTION,
+        "",
+        f"Command: `python benchmarks/remote.py --samples {args.samples} --latencies {args.latencies} "
+        f"--workers {args.workers} --batch-size {args.batch_size} --workload {args.workload}`  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"mmloader {mmloader.__version__}; {time.strftime('%Y-%m-%d %H:%M')}; load average up to {load:.1f} "
+        f"during the run{' (the machine was shared: figures taken under load)' if load > 1.5 else ''}  ",
+        f"Data: {info['count']} samples, 256-px JPEG (mean {info['mean_jpeg_bytes']:,.0f} bytes) + caption, "
+        f"{len(info['shards'])} tar shards of 1,000 samples; one local server (benchmarks/s3lite.py, aiohttp) "
+        "for everyone, the latency added to every request; every run a fresh process, two epochs, shuffled, "
+        f"{args.workload} images. Versions: {', '.join(versions)}.",
+        "",
+        "| latency | contender | first batch (ms) | epoch 1 samples/s | epoch 2 samples/s | bytes fetched / sample "
+        "(epoch 1) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
     for lat in latencies:
         for name in names:
             runs = results.get((name, lat))
@@ -451,6 +572,7 @@ def write_results(args, info, latencies, names, results, load) -> None:
     lines += ["", *goals(latencies, names, results, rate), ""]
     out = Path(args.results)
     from data import write_section
+
     write_section(out, "remote", "\n".join(lines))
     print(f"wrote the {SECTION!r} section of {out}")
 
@@ -461,28 +583,44 @@ def goals(latencies, names, results, rate) -> list[str]:
     def med(name, lat, fn):
         runs = results.get((name, lat)) or []
         return _median(runs, fn)
+
     out = ["Goals (issue 14):", ""]
     if 50 in latencies:
         fb = med("mmloader", 50, lambda r: r["first_batch_s"])
         peer_fb = [(p, med(p, 50, lambda r: r["first_batch_s"])) for p in peers]
         peer_txt = ", ".join(f"{p} {v * 1000:,.0f} ms" for p, v in peer_fb if v is not None)
-        out.append(f"- first batch <= 1 s at 50 ms latency: mmloader {fb * 1000:,.0f} ms -> "
-                   f"**{'met' if fb is not None and fb <= 1 else 'not met'}** (peers: {peer_txt})."
-                   if fb is not None else "- first batch at 50 ms: mmloader did not run.")
+        out.append(
+            f"- first batch <= 1 s at 50 ms latency: mmloader {fb * 1000:,.0f} ms -> "
+            f"**{'met' if fb is not None and fb <= 1 else 'not met'}** (peers: {peer_txt})."
+            if fb is not None
+            else "- first batch at 50 ms: mmloader did not run."
+        )
     if 20 in latencies:
-        mm = max((v for v in (med(n, 20, lambda r: rate(r, 0)) for n in ("mmloader", "mmloader-ranged",
-                                                                         "mmloader-cache")) if v), default=None)
-        best = max(((p, med(p, 20, lambda r: rate(r, 0))) for p in peers), key=lambda t: t[1] or 0, default=(None, None))
+        mm = max(
+            (
+                v
+                for v in (med(n, 20, lambda r: rate(r, 0)) for n in ("mmloader", "mmloader-ranged", "mmloader-cache"))
+                if v
+            ),
+            default=None,
+        )
+        best = max(
+            ((p, med(p, 20, lambda r: rate(r, 0))) for p in peers), key=lambda t: t[1] or 0, default=(None, None)
+        )
         if mm and best[1]:
             ratio = mm / best[1]
-            out.append(f"- first-epoch throughput >= 1.5x the best peer at 20 ms: {mm:,.0f} vs {best[0]} "
-                       f"{best[1]:,.0f} samples/s = {ratio:.2f}x -> **{'met' if ratio >= 1.5 else 'not met'}**.")
+            out.append(
+                f"- first-epoch throughput >= 1.5x the best peer at 20 ms: {mm:,.0f} vs {best[0]} "
+                f"{best[1]:,.0f} samples/s = {ratio:.2f}x -> **{'met' if ratio >= 1.5 else 'not met'}**."
+            )
     local = med("mmloader-local", latencies[0], lambda r: rate(r, -1))
     cached = [med("mmloader-cache", lat, lambda r: rate(r, -1)) for lat in latencies]
     if local and all(cached):
         worst = min(cached)
-        out.append(f"- second epoch with cache within 10% of local disk: {worst:,.0f} (worst latency) vs local "
-                   f"{local:,.0f} samples/s = {worst / local:.2f} -> **{'met' if worst >= 0.9 * local else 'not met'}**.")
+        out.append(
+            f"- second epoch with cache within 10% of local disk: {worst:,.0f} (worst latency) vs local "
+            f"{local:,.0f} samples/s = {worst / local:.2f} -> **{'met' if worst >= 0.9 * local else 'not met'}**."
+        )
     return out
 
 

@@ -11,6 +11,7 @@ zeroes them; ``POST /__latency__?ms=N`` changes the latency. Loopback only: it b
 It is aiohttp (sendfile, one event loop), so it serves thousands of small ranged reads a second
 on one core, unlike moto (the tests' S3), which is a Flask app.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,12 +60,16 @@ def make_app(root: Path) -> web.Application:
         for key in sorted(keys):
             st = os.stat(base / key)
             iso = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-            items.append(f"<Contents><Key>{escape(key)}</Key><LastModified>{iso}</LastModified>"
-                         f"<ETag>{escape(_etag(st))}</ETag><Size>{st.st_size}</Size>"
-                         "<StorageClass>STANDARD</StorageClass></Contents>")
-        body = ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-                f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(items)}</KeyCount>"
-                f"<MaxKeys>100000</MaxKeys><IsTruncated>false</IsTruncated>{''.join(items)}</ListBucketResult>")
+            items.append(
+                f"<Contents><Key>{escape(key)}</Key><LastModified>{iso}</LastModified>"
+                f"<ETag>{escape(_etag(st))}</ETag><Size>{st.st_size}</Size>"
+                "<StorageClass>STANDARD</StorageClass></Contents>"
+            )
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(items)}</KeyCount>"
+            f"<MaxKeys>100000</MaxKeys><IsTruncated>false</IsTruncated>{''.join(items)}</ListBucketResult>"
+        )
         return web.Response(text=body, content_type="application/xml")
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -78,11 +83,16 @@ def make_app(root: Path) -> web.Application:
             return web.Response(status=200)
         path = (root / parts[0] / parts[1]).resolve()
         if root not in path.parents or not path.is_file():
-            return web.Response(status=404, text="<Error><Code>NoSuchKey</Code></Error>",
-                                content_type="application/xml")
+            return web.Response(
+                status=404, text="<Error><Code>NoSuchKey</Code></Error>", content_type="application/xml"
+            )
         st = path.stat()
-        headers = {"ETag": _etag(st), "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
-                   "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        headers = {
+            "ETag": _etag(st),
+            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         if request.method == "HEAD":
             return web.Response(headers={**headers, "Content-Length": str(st.st_size)})
         start, end = 0, st.st_size

@@ -1,5 +1,6 @@
 """What every converter shares: options, walking the source, loading items in order (in
 parallel), the error policy, the skip report and the summary."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,16 @@ from PIL import Image
 from tqdm import tqdm
 
 import mmloader
+from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the one set of option types)
 from mmloader.errors import MMLoaderError
 from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import format_for, is_url
-from mmloader.storage.remote_write import check_remote_destination
 from mmloader.storage.atomic import check_not_busy, clean_stale_partials
 from mmloader.storage.meta import TAR_FORMATS
+from mmloader.storage.remote_write import check_remote_destination
 from mmloader.storage.shard_index import MANIFEST
-from mmloader.storage.tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
-from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the one set of option types)
 from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
+from mmloader.storage.tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 #: Files larger than this are refused before a byte is read (``--max-file-bytes``). 256 MiB is
 #: several times the largest ordinary photo or scan (a JPEG at the 150-megapixel ``max_pixels``
@@ -41,9 +42,11 @@ DEFAULT_MAX_FILE_BYTES = 256 << 20
 #: How much of an image file is read to check its header before the rest is read.
 PROBE_BYTES = 64 << 10
 
-ON_ERROR_HELP = ("raise (default): stop at the first bad sample with its file and reason, nothing "
-                 "written; skip: leave bad samples out, list them in DST.skipped.tsv and count them "
-                 "in the summary")
+ON_ERROR_HELP = (
+    "raise (default): stop at the first bad sample with its file and reason, nothing "
+    "written; skip: leave bad samples out, list them in DST.skipped.tsv and count them "
+    "in the summary"
+)
 
 
 class ConversionError(Exception):
@@ -71,6 +74,7 @@ class Skipped(ItemError):
 @dataclass
 class Item:
     """One sample to convert: its key and, per field, a file path or an inline value."""
+
     key: str
     files: dict[str, str] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
@@ -121,57 +125,134 @@ def require_list(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} names no field (e.g. --require jpg,txt)")
     for f in fields:
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", f):
-            raise argparse.ArgumentTypeError(f"{f!r} is not a field name (fields are file extensions "
-                                             "such as jpg, txt, json, cls)")
+            raise argparse.ArgumentTypeError(
+                f"{f!r} is not a field name (fields are file extensions such as jpg, txt, json, cls)"
+            )
     return fields
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="the raw folder (or file)")
     p.add_argument("dst", help="output: NAME.lmdb for LMDB, otherwise a shard directory")
-    p.add_argument("--format", choices=("lmdb", "tar"), help="output format (default: lmdb for a .lmdb "
-                   "suffix, otherwise tar)")
-    p.add_argument("--workers", type=int_at_least(1), default=1, help="parallel loading threads; the output "
-                   "is identical to --workers 1 (default 1)")
-    p.add_argument("--shard-size", type=int_at_least(1), default=DEFAULT_SHARD_SIZE, metavar="N",
-                   help=f"tar: at most N samples per shard (default {DEFAULT_SHARD_SIZE:,})")
-    p.add_argument("--shard-bytes", type=positive_size, default=DEFAULT_SHARD_BYTES, metavar="SIZE",
-                   help="tar: at most SIZE bytes per shard: 1G, 512M, 64K (powers of 1024), 1GB (of 1000), "
-                        "1e9 or a plain integer (default 1G)")
-    p.add_argument("--shuffle-seed", type=int_at_least(0), default=None, metavar="SEED",
-                   help="write samples in a seeded random order (default: sorted order)")
-    p.add_argument("--resize-max", type=int_at_least(1), default=None, metavar="PX",
-                   help="re-encode images so the longest side is at most PX (default: keep the bytes)")
-    p.add_argument("--quality", type=int_at_least(1, 100), default=90, help="JPEG quality for --resize-max "
-                   "(1-100, default 90)")
-    p.add_argument("--part", type=_part_arg, default=None, metavar="I/N", help="convert only the I-th of N "
-                   "deterministic slices (0 <= I < N) into DST.parts/, publishing a part manifest last; a "
-                   "finished part is not converted again; `mmloader merge DST` joins the parts")
-    p.add_argument("--engine", choices=("local", "ray"), default="local", help="local (default): this "
-                   "process; ray: convert --parts N parts as Ray tasks on the cluster named by --ray-address "
-                   "or RAY_ADDRESS (else a local Ray), retried on failure, then merge them "
-                   "(pip install 'mmloader[ray]')")
-    p.add_argument("--parts", type=int_at_least(1), default=None, metavar="N", help="--engine ray: the number "
-                   "of parts (default: the cluster's CPUs divided by --workers)")
-    p.add_argument("--ray-address", default=None, metavar="ADDR", help="--engine ray: the cluster to use "
-                   "(default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a new "
-                   "local Ray)")
-    p.add_argument("--retries", type=int_at_least(0), default=3, metavar="K", help="--engine ray: times Ray "
-                   "re-runs a part whose worker died (default 3)")
+    p.add_argument(
+        "--format", choices=("lmdb", "tar"), help="output format (default: lmdb for a .lmdb suffix, otherwise tar)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int_at_least(1),
+        default=1,
+        help="parallel loading threads; the output is identical to --workers 1 (default 1)",
+    )
+    p.add_argument(
+        "--shard-size",
+        type=int_at_least(1),
+        default=DEFAULT_SHARD_SIZE,
+        metavar="N",
+        help=f"tar: at most N samples per shard (default {DEFAULT_SHARD_SIZE:,})",
+    )
+    p.add_argument(
+        "--shard-bytes",
+        type=positive_size,
+        default=DEFAULT_SHARD_BYTES,
+        metavar="SIZE",
+        help="tar: at most SIZE bytes per shard: 1G, 512M, 64K (powers of 1024), 1GB (of 1000), "
+        "1e9 or a plain integer (default 1G)",
+    )
+    p.add_argument(
+        "--shuffle-seed",
+        type=int_at_least(0),
+        default=None,
+        metavar="SEED",
+        help="write samples in a seeded random order (default: sorted order)",
+    )
+    p.add_argument(
+        "--resize-max",
+        type=int_at_least(1),
+        default=None,
+        metavar="PX",
+        help="re-encode images so the longest side is at most PX (default: keep the bytes)",
+    )
+    p.add_argument(
+        "--quality", type=int_at_least(1, 100), default=90, help="JPEG quality for --resize-max (1-100, default 90)"
+    )
+    p.add_argument(
+        "--part",
+        type=_part_arg,
+        default=None,
+        metavar="I/N",
+        help="convert only the I-th of N "
+        "deterministic slices (0 <= I < N) into DST.parts/, publishing a part manifest last; a "
+        "finished part is not converted again; `mmloader merge DST` joins the parts",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local (default): this "
+        "process; ray: convert --parts N parts as Ray tasks on the cluster named by --ray-address "
+        "or RAY_ADDRESS (else a local Ray), retried on failure, then merge them "
+        "(pip install 'mmloader[ray]')",
+    )
+    p.add_argument(
+        "--parts",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="--engine ray: the number of parts (default: the cluster's CPUs divided by --workers)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="--engine ray: the cluster to use "
+        "(default: $RAY_ADDRESS, else a cluster started on this machine with `ray start`, else a new "
+        "local Ray)",
+    )
+    p.add_argument(
+        "--retries",
+        type=int_at_least(0),
+        default=3,
+        metavar="K",
+        help="--engine ray: times Ray re-runs a part whose worker died (default 3)",
+    )
     p.add_argument("--keep-parts", action="store_true", help="--engine ray: keep DST.parts/ after the merge")
     p.add_argument("--on-error", choices=("raise", "skip"), default="raise", help=ON_ERROR_HELP)
-    p.add_argument("--max-file-bytes", type=positive_size, default=DEFAULT_MAX_FILE_BYTES, metavar="SIZE",
-                   help="refuse a file larger than SIZE before reading it, as a bad sample (default 256M)")
-    p.add_argument("--check-decode", action="store_true", help="fully decode images, videos and audio (default: "
-                   "header check; for media: duration, streams and codec from the header)")
-    p.add_argument("--max-seconds", type=_positive_seconds, default=None, metavar="S",
-                   help="video/audio longer than S seconds is a bad sample (with --transcode: trimmed to S)")
-    p.add_argument("--transcode", type=_transcode_spec, default=None, metavar="SPEC",
-                   help="re-encode media once: fps=N,size=PX (shorter side),sample_rate=HZ,crf=Q; video -> H.264 "
-                        "mp4 (AAC audio track), audio -> FLAC (default: keep the bytes)")
-    p.add_argument("--require", type=require_list, default=(), metavar="FIELDS",
-                   help="comma-separated fields every sample must have, e.g. jpg,txt (a sample without one "
-                        "is a bad sample; a field no sample has is a usage error)")
+    p.add_argument(
+        "--max-file-bytes",
+        type=positive_size,
+        default=DEFAULT_MAX_FILE_BYTES,
+        metavar="SIZE",
+        help="refuse a file larger than SIZE before reading it, as a bad sample (default 256M)",
+    )
+    p.add_argument(
+        "--check-decode",
+        action="store_true",
+        help="fully decode images, videos and audio (default: "
+        "header check; for media: duration, streams and codec from the header)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="video/audio longer than S seconds is a bad sample (with --transcode: trimmed to S)",
+    )
+    p.add_argument(
+        "--transcode",
+        type=_transcode_spec,
+        default=None,
+        metavar="SPEC",
+        help="re-encode media once: fps=N,size=PX (shorter side),sample_rate=HZ,crf=Q; video -> H.264 "
+        "mp4 (AAC audio track), audio -> FLAC (default: keep the bytes)",
+    )
+    p.add_argument(
+        "--require",
+        type=require_list,
+        default=(),
+        metavar="FIELDS",
+        help="comma-separated fields every sample must have, e.g. jpg,txt (a sample without one "
+        "is a bad sample; a field no sample has is a usage error)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace DST if it is an existing dataset")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
@@ -188,6 +269,7 @@ def _positive_seconds(text: str) -> float:
 
 def _transcode_spec(text: str):
     from mmloader.media.mediainfo import Transcode  # torch-free, and PyAV is imported only when used
+
     try:
         return Transcode.parse(text)
     except ValueError as e:
@@ -197,17 +279,27 @@ def _transcode_spec(text: str):
 def layout_parser(layout: str, doc: str | None, examples: Sequence[str]) -> argparse.ArgumentParser:
     """The argument parser of ``mmloader convert LAYOUT``, with the options every layout has."""
     epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
-    p = argparse.ArgumentParser(prog=f"mmloader convert {layout}", description=doc, epilog=epilog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"mmloader convert {layout}",
+        description=doc,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_arguments(p)
     return p
 
 
 def options_from(args) -> Options:
-    return Options(format=args.format, resize_max=args.resize_max, quality=args.quality,
-                   check_decode=args.check_decode, require=tuple(args.require),
-                   max_file_bytes=args.max_file_bytes, max_seconds=getattr(args, "max_seconds", None),
-                   transcode=getattr(args, "transcode", None))
+    return Options(
+        format=args.format,
+        resize_max=args.resize_max,
+        quality=args.quality,
+        check_decode=args.check_decode,
+        require=tuple(args.require),
+        max_file_bytes=args.max_file_bytes,
+        max_seconds=getattr(args, "max_seconds", None),
+        transcode=getattr(args, "transcode", None),
+    )
 
 
 # -- paths ---------------------------------------------------------------------------------------
@@ -240,22 +332,27 @@ def check_paths(src: str | Sequence[str], dst: str, overwrite: bool, part: bool 
             raise ConversionError(f"source {one} does not exist")
     if is_url(dst):  # object storage: written locally, uploaded, manifest last (mmloader.storage.remote_write)
         if part:
-            raise UsageError(f"{dst}: parts (--part, --engine ray) are written to a filesystem every task "
-                             "can reach; convert to a local or shared DST, then `mmloader merge DST.parts/ "
-                             f"{dst}` uploads the merged dataset")
+            raise UsageError(
+                f"{dst}: parts (--part, --engine ray) are written to a filesystem every task "
+                "can reach; convert to a local or shared DST, then `mmloader merge DST.parts/ "
+                f"{dst}` uploads the merged dataset"
+            )
         check_remote_destination(dst, overwrite)
         return []
     for one in [src] if isinstance(src, (str, os.PathLike)) else src:
         real_src, real_dst = os.path.realpath(one), os.path.realpath(dst)
         if _inside(real_src, real_dst) or _inside(real_src, real_dst + ".parts"):
-            raise ConversionError(f"the destination {dst} is the source {one} or holds it: refusing "
-                                  "(--overwrite would delete the source)")
+            raise ConversionError(
+                f"the destination {dst} is the source {one} or holds it: refusing (--overwrite would delete the source)"
+            )
     if os.path.lexists(dst):
         if not overwrite:
             raise ConversionError(f"{dst} already exists; pass --overwrite to replace it")
         if not (os.path.isdir(dst) and (is_dataset_dir(dst) or not os.listdir(dst))):
-            raise ConversionError(f"{dst} exists and is not an mmloader dataset: --overwrite replaces only "
-                                  "a dataset (or an empty folder); move or delete it yourself")
+            raise ConversionError(
+                f"{dst} exists and is not an mmloader dataset: --overwrite replaces only "
+                "a dataset (or an empty folder); move or delete it yourself"
+            )
     parent = Path(dst).absolute().parent
     try:  # a real write probe: permission bits alone say nothing for root or read-only mounts
         parent.mkdir(parents=True, exist_ok=True)
@@ -317,10 +414,10 @@ class SourceWalker:
         dst_name = os.path.basename(self.dst)
         for dirpath, dirnames, filenames in os.walk(top, onerror=self._onerror, followlinks=self.followlinks):
             dirnames[:] = sorted(d for d in dirnames if not self.excluded_dir(dirpath, d))
-            reports = {f"{os.path.basename(d)}.skipped.tsv" for d in self.datasets
-                       if os.path.dirname(d) == dirpath}
-            dst_here = (dst_name in filenames or f"{dst_name}.skipped.tsv" in filenames) and \
-                os.path.realpath(dirpath) == os.path.dirname(self.dst)
+            reports = {f"{os.path.basename(d)}.skipped.tsv" for d in self.datasets if os.path.dirname(d) == dirpath}
+            dst_here = (dst_name in filenames or f"{dst_name}.skipped.tsv" in filenames) and os.path.realpath(
+                dirpath
+            ) == os.path.dirname(self.dst)
             files = []
             for name in sorted(filenames):
                 if name.startswith("."):
@@ -344,8 +441,11 @@ class SourceWalker:
         if self.dst_inside:
             out.append(f"not input: the destination {self.dst} (inside the source) and its report")
         if self.datasets:
-            out.append(f"not input: {len(self.datasets)} dataset(s) inside the source: "
-                       + ", ".join(self.datasets[:5]) + (" ..." if len(self.datasets) > 5 else ""))
+            out.append(
+                f"not input: {len(self.datasets)} dataset(s) inside the source: "
+                + ", ".join(self.datasets[:5])
+                + (" ..." if len(self.datasets) > 5 else "")
+            )
         if self.hidden:
             out.append(f"not input: {len(self.hidden)} hidden file(s)/folder(s), e.g. {self.hidden[0]}")
         if self.symlinks:
@@ -409,7 +509,7 @@ def _jpeg_needs_more(prefix: bytes) -> bool:
         elif marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xDA):
             return False  # frame header or scan inside the prefix: the prefix was enough
         else:
-            i += 2 + int.from_bytes(prefix[i + 2:i + 4], "big")
+            i += 2 + int.from_bytes(prefix[i + 2 : i + 4], "big")
     return True
 
 
@@ -420,14 +520,22 @@ def _needs_more(prefix: bytes) -> bool:
 
 
 #: Image field name for a format found in a header (for files whose name has no image extension).
-_FIELD_OF_FORMAT = {"jpeg": "jpg", "mpo": "jpg", "png": "png", "webp": "webp", "bmp": "bmp",
-                    "tiff": "tif", "ppm": "ppm"}
+_FIELD_OF_FORMAT = {
+    "jpeg": "jpg",
+    "mpo": "jpg",
+    "png": "png",
+    "webp": "webp",
+    "bmp": "bmp",
+    "tiff": "tif",
+    "ppm": "ppm",
+}
 
 
 def read_file(path: str, limit: int, image: bool) -> bytes:
     """The bytes of ``path``, refused by size before reading; an image's header is checked on its
     first :data:`PROBE_BYTES` before the rest is read."""
     from mmloader.media.imageinfo import probe
+
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open; a device never ends
             raise ItemError("not a regular file", path)
@@ -438,21 +546,26 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
         try:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
-                raise ItemError(f"over --max-file-bytes: {size:,} bytes, the limit is {limit:,} (raise it with "
-                                "--max-file-bytes to include this file)", path)
+                raise ItemError(
+                    f"over --max-file-bytes: {size:,} bytes, the limit is {limit:,} (raise it with "
+                    "--max-file-bytes to include this file)",
+                    path,
+                )
             if image and size > PROBE_BYTES:
                 head = f.read(PROBE_BYTES)
                 try:
                     probe(head)
                 except MMLoaderError as e:
                     if not _needs_more(head):
-                        raise ItemError(f"bad image: {e} (header checked in the first {PROBE_BYTES // 1024} "
-                                        "KiB)", path) from None
+                        raise ItemError(
+                            f"bad image: {e} (header checked in the first {PROBE_BYTES // 1024} KiB)", path
+                        ) from None
                 f.seek(0)
             data = f.read(size + 1)  # one allocation of the right size; +1 notices a file that grew
         except MemoryError:
-            raise ItemError(f"not enough memory to read its {size:,} bytes (lower --workers or "
-                            "--max-file-bytes)", path) from None
+            raise ItemError(
+                f"not enough memory to read its {size:,} bytes (lower --workers or --max-file-bytes)", path
+            ) from None
         except OSError as e:
             raise ItemError(f"unreadable: {e.strerror or e}", path) from None
     if len(data) > size:
@@ -465,6 +578,7 @@ def read_file(path: str, limit: int, image: bool) -> bytes:
 def _image_bytes(data: bytes, path: str, opts: Options) -> tuple[bytes, str | None, str]:
     """Validate (and optionally re-encode) an image; returns (bytes, new extension or None, format)."""
     from mmloader.media.imageinfo import check_decodes, check_pixels, probe
+
     try:
         info = probe(data)
         check_pixels(info, opts.max_pixels)
@@ -497,6 +611,7 @@ def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple
     fully decode it with ``--check-decode``, refuse or trim it with ``--max-seconds``, re-encode it
     with ``--transcode``. Returns (bytes, field name)."""
     from mmloader.media import mediainfo
+
     kind = mediainfo.field_kind(field_name)
     try:
         info = mediainfo.check_decodes(data) if opts.check_decode else mediainfo.probe(data)
@@ -511,8 +626,11 @@ def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple
         raise ItemError(f"bad {kind}: no {kind} stream ({info.describe()})", path)
     too_long = opts.max_seconds is not None and info.duration is not None and info.duration > opts.max_seconds + 1e-3
     if too_long and not opts.transcode:
-        raise ItemError(f"longer than --max-seconds: {info.duration:.2f} s, the limit is {opts.max_seconds:g} s "
-                        "(--transcode trims instead)", path)
+        raise ItemError(
+            f"longer than --max-seconds: {info.duration:.2f} s, the limit is {opts.max_seconds:g} s "
+            "(--transcode trims instead)",
+            path,
+        )
     if opts.transcode and (kind == "video" or opts.transcode.sample_rate or too_long):
         try:
             return mediainfo.transcode(data, kind, opts.transcode, opts.max_seconds if too_long else None)
@@ -550,12 +668,14 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
 
 def media_kind(field_name: str) -> str | None:
     from mmloader.media.mediainfo import field_kind
+
     return field_kind(field_name) if not field_name.endswith(".gz") else None
 
 
 def load_item(item: Item, opts: Options) -> dict[str, Any]:
     """Read, validate and (optionally) re-encode one sample. Raises :class:`ItemError`."""
     from mmloader.storage.keys import validate_key
+
     if item.error:
         raise ItemError(item.error, item.where or item.key)
     try:
@@ -563,8 +683,14 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
     except MMLoaderError as e:
         raise ItemError(f"illegal key: {e}", item.where or item.key) from None
     header_named = "" in item.files or "" in item.data  # an image whose field its header will name
-    missing = [f for f in opts.require if f not in item.files and f not in item.values and f not in item.data
-               and not (header_named and f in IMAGE_EXTENSIONS)]
+    missing = [
+        f
+        for f in opts.require
+        if f not in item.files
+        and f not in item.values
+        and f not in item.data
+        and not (header_named and f in IMAGE_EXTENSIONS)
+    ]
     if missing:  # before reading anything
         raise ItemError(f"missing required field(s) {', '.join(missing)}", item.where or item.key)
     sample: dict[str, Any] = {"__key__": item.key}
@@ -630,6 +756,7 @@ def ordered_map(fn: Callable, jobs: Iterable, workers: int, chunksize: int = 64)
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
     from itertools import islice
+
     jobs = iter(jobs)
     run_chunk = lambda chunk: [fn(job) for job in chunk]  # one task per chunk: fewer GIL hand-offs
     with ThreadPoolExecutor(workers, thread_name_prefix="convert") as ex:
@@ -660,13 +787,19 @@ class Summary:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items()))
         rate = self.written / self.seconds if self.seconds else 0
         if self.already:
-            return "\n".join([f"part {self.part[0]}/{self.part[1]} of {dst} is already converted ({self.already}: "
-                              f"{self.written} samples, {skipped} skipped): nothing to do"]
-                             + [f"note: {n}" for n in self.notes])
+            return "\n".join(
+                [
+                    f"part {self.part[0]}/{self.part[1]} of {dst} is already converted ({self.already}: "
+                    f"{self.written} samples, {skipped} skipped): nothing to do"
+                ]
+                + [f"note: {n}" for n in self.notes]
+            )
         where = f"part {self.part[0]}/{self.part[1]} of {dst} ({self.dataset})" if self.part else dst
-        lines = [f"wrote {self.written} samples ({self.bytes / 1e6:.1f} MB) to {where} in {self.seconds:.1f} s "
-                 f"({rate:.0f} samples/s, {self.bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s)",
-                 f"skipped {skipped}" + (f" ({why})" if why else "")]
+        lines = [
+            f"wrote {self.written} samples ({self.bytes / 1e6:.1f} MB) to {where} in {self.seconds:.1f} s "
+            f"({rate:.0f} samples/s, {self.bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s)",
+            f"skipped {skipped}" + (f" ({why})" if why else ""),
+        ]
         if self.report:
             lines.append(f"skipped samples and reasons: {self.report}")
         lines += [f"note: {n}" for n in self.notes]
@@ -689,13 +822,21 @@ def _tsv(text: str) -> str:
 
 
 def _raise_policy(error: str, dst: str) -> ConversionError:
-    return ConversionError(f"{error} -- stopped at the first bad sample, nothing written "
-                           f"(--on-error skip would skip it and list it in {report_path_for(dst).name})")
+    return ConversionError(
+        f"{error} -- stopped at the first bad sample, nothing written "
+        f"(--on-error skip would skip it and list it in {report_path_for(dst).name})"
+    )
 
 
-def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]], dst: str, args,
-                  metadata: dict | None = None, total: int | None = None,
-                  notes: Sequence[str] = (), unique_keys: bool = False) -> Summary:
+def write_samples(
+    samples: Iterable[tuple[Item, dict | None, ItemError | None]],
+    dst: str,
+    args,
+    metadata: dict | None = None,
+    total: int | None = None,
+    notes: Sequence[str] = (),
+    unique_keys: bool = False,
+) -> Summary:
     """Write loaded samples; apply ``--on-error``; progress bar; atomic output; skip report.
 
     ``dst`` is where this process writes: ``args.dst``, or its part's dataset under ``--part``
@@ -709,12 +850,12 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
     fmt = format_for(args.dst, args.format)
     shard_opts = {"shard_size": args.shard_size, "shard_bytes": args.shard_bytes} if fmt == "tar" else {}
     upload_opts = {"progress": not args.quiet} if is_url(dst) else {}  # the "uploading to URL" bar
-    writer = mmloader.writer_for(dst, fmt, overwrite=args.overwrite or part, metadata=metadata, **shard_opts,
-                                 **upload_opts)
+    writer = mmloader.writer_for(
+        dst, fmt, overwrite=args.overwrite or part, metadata=metadata, **shard_opts, **upload_opts
+    )
     report_path = report_path_for(dst)
     skipped_rows: list[str] = []
-    bar = tqdm(total=total, desc=f"converting -> {Path(dst).name}", unit="sample", disable=args.quiet,
-               smoothing=0.1)
+    bar = tqdm(total=total, desc=f"converting -> {Path(dst).name}", unit="sample", disable=args.quiet, smoothing=0.1)
     seen_keys: set[str] = set()
 
     def skip(key: str, where: str, reason: str) -> None:
@@ -742,15 +883,18 @@ def write_samples(samples: Iterable[tuple[Item, dict | None, ItemError | None]],
                 skip(item.key, item.where, f"rejected by writer: {e}")
                 continue
             summary.written += 1
-            summary.bytes += sum(len(v) if isinstance(v, (bytes, str)) else 8 for k, v in sample.items()
-                                 if not k.startswith("__"))
+            summary.bytes += sum(
+                len(v) if isinstance(v, (bytes, str)) else 8 for k, v in sample.items() if not k.startswith("__")
+            )
             bar.update(1)
             if summary.written % 256 == 0:
                 bar.set_postfix_str(f"{summary.bytes / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s")
         if summary.written == 0 and skipped_rows and not part:
             report_path.write_text("key\tfile\treason\n" + "\n".join(skipped_rows) + "\n")
-            raise ConversionError(f"no sample could be converted: all {len(skipped_rows)} were skipped "
-                                  f"(reasons in {report_path}); nothing written")
+            raise ConversionError(
+                f"no sample could be converted: all {len(skipped_rows)} were skipped "
+                f"(reasons in {report_path}); nothing written"
+            )
         writer.close()
     except BaseException:
         writer.abort()
@@ -780,12 +924,18 @@ def check_required_fields(require: Sequence[str], items: Sequence[Item], layout_
         found.update(IMAGE_EXTENSIONS)
     unknown = [f for f in require if f not in found]
     if unknown:
-        raise UsageError(f"--require {','.join(unknown)}: no sample has {'this field' if len(unknown) == 1 else 'these fields'} "
-                         f"(fields found: {', '.join(sorted(found)) or 'none'})")
+        raise UsageError(
+            f"--require {','.join(unknown)}: no sample has {'this field' if len(unknown) == 1 else 'these fields'} "
+            f"(fields found: {', '.join(sorted(found)) or 'none'})"
+        )
 
 
-def run(build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]],
-        parser: argparse.ArgumentParser, argv: Sequence[str] | None, looked_for: str) -> int:
+def run(
+    build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]],
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    looked_for: str,
+) -> int:
     """Parse, enumerate items, load them in order (in parallel), write, summarise.
 
     ``build_items(args, notes)`` lists the samples (appending to ``notes`` what it left out);
@@ -794,9 +944,11 @@ def run(build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item],
     return execute(parser, argv, item_source(build_items, looked_for))
 
 
-def item_source(build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]],
-                looked_for: str) -> Callable:
+def item_source(
+    build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]], looked_for: str
+) -> Callable:
     """A layout's ``prepare`` (see :func:`execute`) from its ``build_items``."""
+
     def prepare(args: argparse.Namespace, notes: list[str]) -> tuple[str, Callable]:
         items, metadata = build_items(args, notes)
         if not items:
@@ -810,19 +962,26 @@ def item_source(build_items: Callable[[argparse.Namespace, list[str]], tuple[lis
             opts = options_from(args)
             loaded = ordered_map(_load_safe, ((it, opts) for it in chosen), args.workers)
             return write_samples(loaded, dst, args, metadata, total=len(chosen), notes=notes)
+
         return digest, convert
+
     return prepare
 
 
 def items_digest(items: Sequence[Item], root: str) -> str:
     """A digest of the input listing: keys, files (relative to ``root``), inline values."""
     import hashlib
+
     h = hashlib.sha256()
     root = os.path.abspath(root)
     for it in items:
         files = sorted((f, os.path.relpath(os.path.abspath(p), root)) for f, p in it.files.items())
-        h.update(json.dumps([it.key, files, it.values, it.error], sort_keys=True, default=str,
-                            ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
+        h.update(
+            json.dumps([it.key, files, it.values, it.error], sort_keys=True, default=str, ensure_ascii=False).encode(
+                "utf-8", "surrogateescape"
+            )
+            + b"\n"
+        )
     return h.hexdigest()
 
 
@@ -851,6 +1010,7 @@ def part_bounds(total: int, part: tuple[int, int], align: int = 1) -> tuple[int,
             return total
         x = j * total // n
         return min(total, round(x / align) * align)
+
     return cut(i), cut(i + 1)
 
 
@@ -866,15 +1026,30 @@ def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None, 
 
 
 #: Options that change how a conversion runs, not what it writes: left out of the fingerprint.
-RUN_OPTIONS = {"src", "dst", "workers", "quiet", "overwrite", "part", "engine", "parts", "ray_address",
-               "retries", "keep_parts"}
+RUN_OPTIONS = {
+    "src",
+    "dst",
+    "workers",
+    "quiet",
+    "overwrite",
+    "part",
+    "engine",
+    "parts",
+    "ray_address",
+    "retries",
+    "keep_parts",
+}
 
 
 def options_digest(layout: str, args: argparse.Namespace) -> str:
     """A digest of the layout, every option that changes the output, and the output format."""
     import hashlib
-    opts = {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(vars(args).items())
-            if k not in RUN_OPTIONS and not k.startswith("_")}
+
+    opts = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in sorted(vars(args).items())
+        if k not in RUN_OPTIONS and not k.startswith("_")
+    }
     opts["format"] = format_for(args.dst, args.format)
     return hashlib.sha256(json.dumps([layout, opts], sort_keys=True, default=str).encode()).hexdigest()
 
@@ -882,6 +1057,7 @@ def options_digest(layout: str, args: argparse.Namespace) -> str:
 def fingerprint(layout: str, args: argparse.Namespace, digest: str) -> str:
     """The input fingerprint of a conversion: the input listing's digest and the options'."""
     import hashlib
+
     return hashlib.sha256(f"{digest}\0{options_digest(layout, args)}".encode()).hexdigest()
 
 
@@ -914,6 +1090,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare
     layout = layout_of(parser)
     if args.engine == "ray":
         from .ray_engine import run_on_ray
+
         return run_on_ray(layout, args, parser.prog)
 
     def convert() -> Summary:
@@ -922,14 +1099,25 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare
         notes = check_paths(args.src, args.dst, args.overwrite)
         _digest, write = prepare(args, notes)
         return write(None, args.dst)
+
     return report_errors(convert, args.dst, parser.prog)
 
 
 def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Summary:
     """``--part I/N``: convert one part into ``DST.parts/`` and publish its manifest last; a part
     whose manifest is there (same input, options, N) is not converted again."""
-    from mmloader.storage.merge import (PartError, check_part_files, manifests_in, part_dataset, part_manifest_path,
-                                        parts_dir_for, read_part_manifest, same_conversion, write_part_manifest)
+    from mmloader.storage.merge import (
+        PartError,
+        check_part_files,
+        manifests_in,
+        part_dataset,
+        part_manifest_path,
+        parts_dir_for,
+        read_part_manifest,
+        same_conversion,
+        write_part_manifest,
+    )
+
     i, n = parse_part(args.part)
     notes = check_paths(args.src, args.dst, args.overwrite, part=True)
     digest, write = prepare(args, notes)
@@ -941,8 +1129,10 @@ def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Su
         if why is None:
             continue
         if not args.overwrite:
-            raise ConversionError(f"{record['__path__']} is a part of another conversion: {why}; remove "
-                                  f"{parts_dir} or pass --overwrite to replace its parts")
+            raise ConversionError(
+                f"{record['__path__']} is a part of another conversion: {why}; remove "
+                f"{parts_dir} or pass --overwrite to replace its parts"
+            )
         _remove_part(record)
         notes.append(f"removed {record['__path__']}: a part of another conversion ({why})")
     manifest = part_manifest_path(parts_dir, i, n)
@@ -955,18 +1145,37 @@ def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Su
             _remove_part(done)
             done = None
     if done is not None and done.get("part") == i:
-        return Summary(written=done["count"], skipped={"(see the part's report)": done["skipped"]}
-                       if done["skipped"] else {}, notes=notes, already=str(manifest), part=(i, n))
+        return Summary(
+            written=done["count"],
+            skipped={"(see the part's report)": done["skipped"]} if done["skipped"] else {},
+            notes=notes,
+            already=str(manifest),
+            part=(i, n),
+        )
     fmt = format_for(args.dst, args.format)
     dataset = part_dataset(parts_dir, i, n, fmt)
     notes += [str(p) for p in clean_stale_partials(dataset)]  # a killed attempt's partial (same host)
     args._part_dataset = str(dataset)
     summary = write((i, n), str(dataset))
-    write_part_manifest(dataset, part=i, parts=n, fingerprint=fp, fmt=fmt, count=summary.written,
-                        skipped=sum(summary.skipped.values()), report=summary.report,
-                        shard_size=args.shard_size, shard_bytes=args.shard_bytes,
-                        extra={"layout": layout, "input_digest": digest, "options_digest": options_digest(layout, args),
-                               "seconds": round(summary.seconds, 3), "bytes": summary.bytes})
+    write_part_manifest(
+        dataset,
+        part=i,
+        parts=n,
+        fingerprint=fp,
+        fmt=fmt,
+        count=summary.written,
+        skipped=sum(summary.skipped.values()),
+        report=summary.report,
+        shard_size=args.shard_size,
+        shard_bytes=args.shard_bytes,
+        extra={
+            "layout": layout,
+            "input_digest": digest,
+            "options_digest": options_digest(layout, args),
+            "seconds": round(summary.seconds, 3),
+            "bytes": summary.bytes,
+        },
+    )
     summary.part = (i, n)
     finished = [r for r in manifests_in(parts_dir) if same_conversion(r, fp, n) is None]
     if len({r["part"] for r in finished}) == n:
@@ -976,7 +1185,9 @@ def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Su
 
 def _remove_part(record: dict) -> None:
     import shutil
+
     from mmloader.storage.merge import part_dataset_of
+
     path = Path(record["__path__"])
     report = record.get("skipped_report")
     path.unlink(missing_ok=True)  # the manifest first: without it the rest is an unfinished part

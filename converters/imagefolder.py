@@ -10,6 +10,7 @@ field names the format, not the spelling: ``.jpg``, ``.jpeg`` and ``.JPEG`` file
 give field ``jpg``. A folder that cannot be read is a bad sample; a class folder
 without images is kept (indices do not shift) and noted in the summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,21 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .common import (ConversionError, IMAGE_EXTENSIONS, Item, SourceWalker, canonical_extension,
-                     execute, item_source, layout_parser)
+from .common import (
+    IMAGE_EXTENSIONS,
+    ConversionError,
+    Item,
+    SourceWalker,
+    canonical_extension,
+    execute,
+    item_source,
+    layout_parser,
+)
 
-EXAMPLES = ("mmloader convert imagefolder train/ train.lmdb --workers 2",
-            "mmloader convert imagefolder train/ train-shards/ --shard-size 5000 --resize-max 512")
+EXAMPLES = (
+    "mmloader convert imagefolder train/ train.lmdb --workers 2",
+    "mmloader convert imagefolder train/ train-shards/ --shard-size 5000 --resize-max 512",
+)
 LOOKED_FOR = f"ROOT/CLASS/ folders holding image files ({', '.join(IMAGE_EXTENSIONS)})"
 
 
@@ -49,8 +60,10 @@ def find_classes(root: Path, walker: SourceWalker, broken: list[Item] | None = N
             broken.append(Item(key=e.name, where=e.path, error=f"not a class folder: {problem}"))
     classes = [c for c in entries if not walker.excluded_dir(str(root), c)]
     if not classes:
-        raise ConversionError(f"no samples found in {root}: looked for {LOOKED_FOR}, found no class folder"
-                              + (f"; {'; '.join(walker.notes())}" if walker.notes() else ""))
+        raise ConversionError(
+            f"no samples found in {root}: looked for {LOOKED_FOR}, found no class folder"
+            + (f"; {'; '.join(walker.notes())}" if walker.notes() else "")
+        )
     return classes
 
 
@@ -73,8 +86,14 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
                 key = os.path.splitext(rel)[0]
-                items.append(Item(key=key, files={canonical_extension(ext): os.path.join(dirpath, name)},
-                                  values={"cls": index}, where=os.path.join(dirpath, name)))
+                items.append(
+                    Item(
+                        key=key,
+                        files={canonical_extension(ext): os.path.join(dirpath, name)},
+                        values={"cls": index},
+                        where=os.path.join(dirpath, name),
+                    )
+                )
         errors = [e for e in walker.error_items() if e.key == cls or e.key.startswith(cls + "/")]
         if len(items) == found and not errors:
             empty.append(cls)

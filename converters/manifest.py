@@ -21,6 +21,7 @@ Rows: a JSONL line that is not a JSON object, a CSV row with more or fewer cells
 header, or text that is not UTF-8 is a bad sample named by file and line. A UTF-8
 byte-order mark (as Excel writes) is ignored.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,25 @@ from typing import Any, Sequence
 
 from mmloader.media.mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 
-from .common import (IMAGE_EXTENSIONS, ConversionError, Item, UsageError, canonical_extension, label_kind,
-                     execute, item_source, layout_parser)
+from .common import (
+    IMAGE_EXTENSIONS,
+    ConversionError,
+    Item,
+    UsageError,
+    canonical_extension,
+    execute,
+    item_source,
+    label_kind,
+    layout_parser,
+)
 
-EXAMPLES = ("mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
-            "mmloader convert manifest clips.csv clips.lmdb --video-column video --audio-column audio "
-            "--text-column caption --check-decode",
-            "mmloader convert manifest labels.csv out.lmdb --image-column path --label-column label "
-            "--keep-columns width,height")
+EXAMPLES = (
+    "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
+    "mmloader convert manifest clips.csv clips.lmdb --video-column video --audio-column audio "
+    "--text-column caption --check-decode",
+    "mmloader convert manifest labels.csv out.lmdb --image-column path --label-column label "
+    "--keep-columns width,height",
+)
 LOOKED_FOR = "rows (JSON objects, one a line, in .jsonl/.ndjson/.json; otherwise CSV with a header)"
 
 
@@ -129,11 +141,12 @@ def label_classes(rows: list[Row], column: str, notes: list[str]) -> tuple[list[
             elif kind == "bad":
                 out[n] = f"bad label: {value}"
         return None, out
+
     def as_name(kind, value, raw):
         return value if kind == "name" else (raw.strip() if isinstance(raw, str) else json.dumps(raw))
+
     numbers = [r.values.get(column) for r, (k, _) in zip(rows, kinds) if k == "number"]
-    classes = sorted({as_name(k, v, r.values.get(column)) for r, (k, v) in zip(rows, kinds)
-                      if k in ("name", "number")})
+    classes = sorted({as_name(k, v, r.values.get(column)) for r, (k, v) in zip(rows, kinds) if k in ("name", "number")})
     index = {c: i for i, c in enumerate(classes)}
     for n, ((kind, value), row) in enumerate(zip(kinds, rows)):
         if kind in ("name", "number"):
@@ -143,8 +156,10 @@ def label_classes(rows: list[Row], column: str, notes: list[str]) -> tuple[list[
         elif kind == "bad":
             out[n] = f"bad label: {value}"
     if numbers:
-        notes.append(f"label column {column!r} mixes class names and numbers: {len(numbers)} numeric label(s), "
-                     f"e.g. {numbers[0]!r}, are class names as written (classes are sorted names)")
+        notes.append(
+            f"label column {column!r} mixes class names and numbers: {len(numbers)} numeric label(s), "
+            f"e.g. {numbers[0]!r}, are class names as written (classes are sorted names)"
+        )
     return classes, out
 
 
@@ -158,20 +173,35 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
     else:
         rows, columns = read_csv(path)
     if not rows:  # nothing to convert: a failure naming the source, not a usage error about columns
-        raise ConversionError(f"no samples found in {path}: it holds no rows (looked for JSON objects, one "
-                              "per line, or CSV rows under a header)")
+        raise ConversionError(
+            f"no samples found in {path}: it holds no rows (looked for JSON objects, one "
+            "per line, or CSV rows under a header)"
+        )
     for opt in ("image_column", "video_column", "audio_column", "text_column", "label_column", "key_column"):
         col = getattr(args, opt)
         if col and col not in columns:
-            raise UsageError(f"--{opt.replace('_', '-')} {col!r} is not a column of {path} "
-                             f"(columns: {_columns_text(columns) or 'none'})")
+            raise UsageError(
+                f"--{opt.replace('_', '-')} {col!r} is not a column of {path} "
+                f"(columns: {_columns_text(columns) or 'none'})"
+            )
     keep = [c for c in args.keep_columns.split(",") if c] if args.keep_columns is not None else None
     unknown = [c for c in keep or () if c not in columns]
     if unknown:
-        raise UsageError(f"--keep-columns {','.join(unknown)}: not a column of {path} "
-                         f"(columns: {_columns_text(columns) or 'none'})")
-    used = {c for c in (args.image_column, args.video_column, args.audio_column, args.text_column,
-                        args.label_column, args.key_column) if c}
+        raise UsageError(
+            f"--keep-columns {','.join(unknown)}: not a column of {path} (columns: {_columns_text(columns) or 'none'})"
+        )
+    used = {
+        c
+        for c in (
+            args.image_column,
+            args.video_column,
+            args.audio_column,
+            args.text_column,
+            args.label_column,
+            args.key_column,
+        )
+        if c
+    }
     classes, labels = label_classes(rows, args.label_column, notes) if args.label_column else (None, {})
     base = path.parent
     width = max(len(str(len(rows))), 9)
@@ -193,14 +223,18 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
             img = base / str(values[args.image_column])
             ext = canonical_extension(img.suffix[1:])
             item.files[ext if ext in IMAGE_EXTENSIONS else ""] = str(img)
-        for column, kind, known in ((args.video_column, "video", VIDEO_EXTENSIONS),
-                                    (args.audio_column, "audio", AUDIO_EXTENSIONS)):
+        for column, kind, known in (
+            (args.video_column, "video", VIDEO_EXTENSIONS),
+            (args.audio_column, "audio", AUDIO_EXTENSIONS),
+        ):
             if column and values.get(column):
                 media = base / str(values[column])
                 ext = media.suffix[1:].lower()
                 if ext not in known:
-                    item.error = (f"{kind} file {media.name!r}: the extension is not one of {', '.join(known)} "
-                                  f"(column {column!r})")
+                    item.error = (
+                        f"{kind} file {media.name!r}: the extension is not one of {', '.join(known)} "
+                        f"(column {column!r})"
+                    )
                 elif ext in item.files:
                     item.error = f"two files for field {ext!r}: {item.files[ext]} and {media}"
                 else:
@@ -227,16 +261,21 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
 def parser() -> argparse.ArgumentParser:
     p = layout_parser("manifest", __doc__, EXAMPLES)
     p.add_argument("--image-column", help="column holding an image path relative to the manifest")
-    p.add_argument("--video-column", help="column holding a video path relative to the manifest (field: its "
-                   "extension, e.g. mp4)")
-    p.add_argument("--audio-column", help="column holding an audio path relative to the manifest (field: its "
-                   "extension, e.g. flac)")
+    p.add_argument(
+        "--video-column", help="column holding a video path relative to the manifest (field: its extension, e.g. mp4)"
+    )
+    p.add_argument(
+        "--audio-column", help="column holding an audio path relative to the manifest (field: its extension, e.g. flac)"
+    )
     p.add_argument("--text-column", help="column stored as the txt field")
-    p.add_argument("--label-column", help="column stored as the cls field: integers as they are, class "
-                   "names numbered in sorted order (see above)")
+    p.add_argument(
+        "--label-column",
+        help="column stored as the cls field: integers as they are, class names numbered in sorted order (see above)",
+    )
     p.add_argument("--key-column", help="column used as the sample key (default: row number)")
-    p.add_argument("--keep-columns", default=None,
-                   help="comma-separated other columns to keep in the json field (default: all)")
+    p.add_argument(
+        "--keep-columns", default=None, help="comma-separated other columns to keep in the json field (default: all)"
+    )
     return p
 
 

@@ -10,6 +10,7 @@ format, not by the file's spelling: ``x.JPEG``, ``x.jpeg`` and ``x.jpg`` all giv
 destination (when it lies inside the folder) are not input; folders behind
 symlinks are not followed; a folder that cannot be read is a bad sample.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,10 +21,12 @@ from typing import Sequence
 
 from .common import ConversionError, Item, SourceWalker, canonical_extension, execute, item_source, layout_parser
 
-EXAMPLES = ("mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
-            "mmloader convert pairs CLIPS/ clips.lmdb --require mp4,txt --check-decode --max-seconds 30",
-            "mmloader convert pairs RAW/ shards/ --shard-size 5000 --on-error skip",
-            "python -m mmloader.converters.pairs RAW/ out.lmdb")
+EXAMPLES = (
+    "mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
+    "mmloader convert pairs CLIPS/ clips.lmdb --require mp4,txt --check-decode --max-seconds 30",
+    "mmloader convert pairs RAW/ shards/ --shard-size 5000 --on-error skip",
+    "python -m mmloader.converters.pairs RAW/ out.lmdb",
+)
 LOOKED_FOR = "files grouped by stem (x.jpg + x.txt + ...), in the folder and its subfolders"
 
 
@@ -39,8 +42,9 @@ def split_name(rel: str) -> tuple[str, str]:
 def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item], dict]:
     root = Path(args.src)
     if not root.is_dir():
-        raise ConversionError(f"{root} is a file; pairs converts a folder of files grouped by stem "
-                              "(x.jpg + x.txt + ...)")
+        raise ConversionError(
+            f"{root} is a file; pairs converts a folder of files grouped by stem (x.jpg + x.txt + ...)"
+        )
     top = str(root)
     walker = SourceWalker(top, args.dst)
     groups: dict[str, Item] = {}

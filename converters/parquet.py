@@ -26,6 +26,7 @@ file; ``--on-error raise`` stops naming file, row, row group and column): a corr
 image, a row group that cannot be read, a file whose schema lacks a named column or holds it
 with another type, a file that is not a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .common import (IMAGE_EXTENSIONS, ConversionError, Item, ItemError, Summary, UsageError, SourceWalker,
-                     check_required_fields, execute, label_kind, layout_parser, load_item, options_from,
-                     ordered_map, part_bounds, shard_alignment, write_samples)
+from .common import (
+    IMAGE_EXTENSIONS,
+    ConversionError,
+    Item,
+    ItemError,
+    SourceWalker,
+    Summary,
+    UsageError,
+    check_required_fields,
+    execute,
+    label_kind,
+    layout_parser,
+    load_item,
+    options_from,
+    ordered_map,
+    part_bounds,
+    shard_alignment,
+    write_samples,
+)
 
-EXAMPLES = ("mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --workers 2",
-            "mmloader convert parquet hf_saved/train out.lmdb --image-column image --label-column label",
-            "mmloader convert parquet a.parquet b.arrow out/ --image-column image --engine ray --parts 64",
-            "mmloader convert parquet data/ out/ --image-column image --part 3/8    # then: mmloader merge out/")
+EXAMPLES = (
+    "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --workers 2",
+    "mmloader convert parquet hf_saved/train out.lmdb --image-column image --label-column label",
+    "mmloader convert parquet a.parquet b.arrow out/ --image-column image --engine ray --parts 64",
+    "mmloader convert parquet data/ out/ --image-column image --part 3/8    # then: mmloader merge out/",
+)
 LOOKED_FOR = "Parquet or Arrow IPC files (.parquet, .arrow, .feather, .ipc)"
 TABLE_SUFFIXES = (".parquet", ".pq", ".parq", ".arrow", ".feather", ".ipc")
 #: Rows handed on at a time (a record batch of images is this many images in memory, per stage).
@@ -67,6 +86,7 @@ def _pa():
 @dataclass
 class Table:
     """One input file: where it is, its kind, row counts per row group / record batch, schema."""
+
     path: str
     rel: str
     kind: str = ""  # parquet | arrow-file | arrow-stream
@@ -127,8 +147,10 @@ def list_tables(args: argparse.Namespace, notes: list[str]) -> list[Table]:
             continue
         if (root / "dataset_dict.json").is_file():
             splits = sorted(p.name for p in root.iterdir() if (p / "state.json").is_file())
-            raise UsageError(f"{root} is a datasets DatasetDict (saved with save_to_disk): convert one split, "
-                             f"e.g. {root / (splits[0] if splits else 'train')} (splits: {', '.join(splits) or 'none'})")
+            raise UsageError(
+                f"{root} is a datasets DatasetDict (saved with save_to_disk): convert one split, "
+                f"e.g. {root / (splits[0] if splits else 'train')} (splits: {', '.join(splits) or 'none'})"
+            )
         state = root / "state.json"
         if state.is_file():  # datasets' save_to_disk: its Arrow files, in its order
             try:
@@ -156,8 +178,12 @@ def list_tables(args: argparse.Namespace, notes: list[str]) -> list[Table]:
 # -- columns ---------------------------------------------------------------------------------------
 def _has_binary(t) -> bool:
     pa = _pa()
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or \
-            getattr(pa.types, "is_binary_view", lambda _t: False)(t):
+    if (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or getattr(pa.types, "is_binary_view", lambda _t: False)(t)
+    ):
         return True
     if pa.types.is_struct(t):
         return any(_has_binary(t.field(i).type) for i in range(t.num_fields))
@@ -172,14 +198,19 @@ def _is_text(t) -> bool:
     pa = _pa()
     if pa.types.is_dictionary(t):
         t = t.value_type
-    return (pa.types.is_string(t) or pa.types.is_large_string(t)
-            or getattr(pa.types, "is_string_view", lambda _t: False)(t))
+    return (
+        pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _t: False)(t)
+    )
 
 
 def _is_bytes(t) -> bool:
     pa = _pa()
-    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
-            or getattr(pa.types, "is_binary_view", lambda _t: False)(t))
+    return (
+        pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or getattr(pa.types, "is_binary_view", lambda _t: False)(t)
+    )
 
 
 def image_kind(t) -> str | None:
@@ -231,8 +262,11 @@ class Columns:
     keep: list[str] | None
 
     def named(self) -> dict[str, str]:
-        return {role: c for role, c in (("image", self.image), ("text", self.text), ("label", self.label),
-                                        ("key", self.key)) if c}
+        return {
+            role: c
+            for role, c in (("image", self.image), ("text", self.text), ("label", self.label), ("key", self.key))
+            if c
+        }
 
 
 def schema_problem(table: Table, cols: Columns) -> str | None:
@@ -291,6 +325,7 @@ def label_table(tables: list[Table], cols: Columns, notes: list[str]) -> tuple[l
 
     def as_name(v, kind, value):
         return value if kind == "name" else (v.strip() if isinstance(v, str) else json.dumps(v))
+
     classes = sorted({as_name(v, k, x) for v, (k, x) in kinds.items() if k in ("name", "number")})
     index = {name: i for i, name in enumerate(classes)}
     numbers = [v for v, (k, _x) in kinds.items() if k == "number"]
@@ -302,14 +337,15 @@ def label_table(tables: list[Table], cols: Columns, notes: list[str]) -> tuple[l
         else:
             mapping[v] = f"bad label: {value}"
     if numbers:
-        notes.append(f"label column {c!r} mixes class names and numbers: numeric label(s) such as {numbers[0]!r} "
-                     "are class names as written (classes are sorted names)")
+        notes.append(
+            f"label column {c!r} mixes class names and numbers: numeric label(s) such as {numbers[0]!r} "
+            "are class names as written (classes are sorted names)"
+        )
     return classes, mapping
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def read_batches(t: Table, columns: list[str], start: int, stop: int,
-                 errors: list) -> Iterator[tuple[int, int, Any]]:
+def read_batches(t: Table, columns: list[str], start: int, stop: int, errors: list) -> Iterator[tuple[int, int, Any]]:
     """Record batches of rows ``[start, stop)`` of ``t`` (rows counted within the file): yields
     ``(chunk, first row, batch)``. A chunk that fails to read appends ``(chunk, first row not
     read, stop of that chunk, reason)`` to ``errors`` and reading goes on with the next chunk
@@ -324,13 +360,11 @@ def read_batches(t: Table, columns: list[str], start: int, stop: int,
     if not bounds:
         return
     if t.kind == "parquet":
-        pf = pa.parquet.ParquetFile(t.path, buffer_size=BUFFER_BYTES, pre_buffer=False,
-                                    page_checksum_verification=True)
+        pf = pa.parquet.ParquetFile(t.path, buffer_size=BUFFER_BYTES, pre_buffer=False, page_checksum_verification=True)
         for g, a, b in bounds:
             pos = a
             try:
-                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns,
-                                             use_threads=False):
+                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns, use_threads=False):
                     yield from _clip(g, pos, batch, start, stop)
                     pos += batch.num_rows
             except (OSError, pa.ArrowException, ValueError) as e:
@@ -380,9 +414,11 @@ def _cells(batch, name: str, kind: str | None = None) -> list:
     col = batch.column(batch.schema.get_field_index(name))
     if kind == "struct":
         import pyarrow.compute as pc
+
         data = pc.struct_field(col, "bytes").to_pylist()
-        paths = (pc.struct_field(col, "path").to_pylist() if col.type.get_field_index("path") >= 0
-                 else [None] * len(data))
+        paths = (
+            pc.struct_field(col, "path").to_pylist() if col.type.get_field_index("path") >= 0 else [None] * len(data)
+        )
         valid = col.is_valid().to_pylist()
         return [(d, p) if ok else (None, None) for d, p, ok in zip(data, paths, valid)]
     return col.to_pylist()
@@ -397,22 +433,33 @@ class Plan:
         self.tables = list_tables(args, notes)
         readable = [t for t in self.tables if t.error is None]
         if not self.tables or (len(readable) == len(self.tables) and not any(t.rows for t in readable)):
-            raise ConversionError(f"no samples found in {', '.join(args.src)}: looked for {LOOKED_FOR}"
-                                  + (f"; {'; '.join(notes)}" if notes else ""))
+            raise ConversionError(
+                f"no samples found in {', '.join(args.src)}: looked for {LOOKED_FOR}"
+                + (f"; {'; '.join(notes)}" if notes else "")
+            )
         self._check_columns(readable)
         self.problems = {t.path: schema_problem(t, self.cols) for t in readable}
         self.total = sum(t.rows for t in self.tables) + sum(1 for t in self.tables if t.error)
         self.width = max(len(str(self.total)), 9)
-        self.classes, self.labels = (label_table(self.tables, self.cols, notes) if self.cols.label else (None, None))
+        self.classes, self.labels = label_table(self.tables, self.cols, notes) if self.cols.label else (None, None)
         binary = sorted({c for t in readable for c in json_columns(t, self.cols)[1]})
         if binary:
-            notes.append(f"not kept: binary column(s) {', '.join(map(repr, binary))} (a json field holds text; "
-                         "name an image column with --image-column)")
-        layout_fields = (list(IMAGE_EXTENSIONS) if self.cols.image else []) + (["txt"] if self.cols.text else []) \
-            + (["cls"] if self.cols.label else []) + ["json"]
+            notes.append(
+                f"not kept: binary column(s) {', '.join(map(repr, binary))} (a json field holds text; "
+                "name an image column with --image-column)"
+            )
+        layout_fields = (
+            (list(IMAGE_EXTENSIONS) if self.cols.image else [])
+            + (["txt"] if self.cols.text else [])
+            + (["cls"] if self.cols.label else [])
+            + ["json"]
+        )
         check_required_fields(args.require, [], layout_fields)
-        self.metadata = {"layout": "parquet", "source": [str(Path(s).resolve()) for s in args.src],
-                         "columns": self.cols.named()}
+        self.metadata = {
+            "layout": "parquet",
+            "source": [str(Path(s).resolve()) for s in args.src],
+            "columns": self.cols.named(),
+        }
         if self.classes is not None:
             self.metadata["classes"] = self.classes
 
@@ -421,22 +468,36 @@ class Plan:
         for role, c in self.cols.named().items():
             having = [t for t in readable if c in t.schema.names]
             if readable and not having:
-                raise UsageError(f"--{role}-column {c!r} is not a column of {readable[0].path} (columns: "
-                                 f"{', '.join(map(repr, readable[0].schema.names))})")
+                raise UsageError(
+                    f"--{role}-column {c!r} is not a column of {readable[0].path} (columns: "
+                    f"{', '.join(map(repr, readable[0].schema.names))})"
+                )
             whys = [_check_type(role, t.schema.field(c).type) for t in having]
             if having and all(whys):
                 raise UsageError(f"--{role}-column {c!r} {whys[0]}")
         for c in self.cols.keep or ():
             if readable and not any(c in t.schema.names for t in readable):
-                raise UsageError(f"--keep-columns {c}: not a column of {readable[0].path} (columns: "
-                                 f"{', '.join(map(repr, readable[0].schema.names))})")
+                raise UsageError(
+                    f"--keep-columns {c}: not a column of {readable[0].path} (columns: "
+                    f"{', '.join(map(repr, readable[0].schema.names))})"
+                )
 
     def digest(self) -> str:
         h = hashlib.sha256()
         for t in self.tables:
-            h.update(json.dumps([t.rel, t.size, t.kind, t.chunks, t.error,
-                                 t.schema.to_string(show_field_metadata=False) if t.schema is not None else None,
-                                 ]).encode() + b"\n")
+            h.update(
+                json.dumps(
+                    [
+                        t.rel,
+                        t.size,
+                        t.kind,
+                        t.chunks,
+                        t.error,
+                        t.schema.to_string(show_field_metadata=False) if t.schema is not None else None,
+                    ]
+                ).encode()
+                + b"\n"
+            )
         return h.hexdigest()
 
     # Rows are numbered over all files; an unreadable file counts as one row (its error item).
@@ -513,7 +574,7 @@ class Plan:
 
     @staticmethod
     def _image(item: Item, cell, kind: str | None, folder: str, origin: str) -> None:
-        data, path = (cell if kind == "struct" else ((cell, None) if kind == "bytes" else (None, cell)))
+        data, path = cell if kind == "struct" else ((cell, None) if kind == "bytes" else (None, cell))
         if data is not None:
             item.data[""], item.origin[""] = data, origin
         elif path:
@@ -544,16 +605,20 @@ def _load(args) -> tuple[Item, dict | None, ItemError | None]:
 
 def prepare(args: argparse.Namespace, notes: list[str]):
     if args.shuffle_seed is not None:
-        raise UsageError("--shuffle-seed: parquet rows are converted in file order, read in record batches "
-                         "(constant memory); shuffle when reading (mmloader.Stream shuffles every epoch)")
+        raise UsageError(
+            "--shuffle-seed: parquet rows are converted in file order, read in record batches "
+            "(constant memory); shuffle when reading (mmloader.Stream shuffles every epoch)"
+        )
     plan = Plan(args, notes)
 
     def convert(part: tuple[int, int] | None, dst: str) -> Summary:
         start, stop = part_bounds(plan.total, part, shard_alignment(args)) if part else (0, plan.total)
         opts = options_from(args)
         loaded = ordered_map(_load, ((it, opts) for it in plan.items(start, stop)), args.workers)
-        return write_samples(loaded, dst, args, plan.metadata, total=stop - start, notes=notes,
-                             unique_keys=not args.key_column)
+        return write_samples(
+            loaded, dst, args, plan.metadata, total=stop - start, notes=notes, unique_keys=not args.key_column
+        )
+
     return plan.digest(), convert
 
 
@@ -565,11 +630,17 @@ def parser() -> argparse.ArgumentParser:
             action.help = "Parquet / Arrow IPC files or folders of them (a datasets save_to_disk folder too)"
     p.add_argument("--image-column", help="column holding the image: bytes, a datasets Image struct or a path")
     p.add_argument("--text-column", help="column stored as the txt field")
-    p.add_argument("--label-column", help="column stored as the cls field: integers as they are (a datasets "
-                   "ClassLabel keeps its names), class names numbered in sorted order")
+    p.add_argument(
+        "--label-column",
+        help="column stored as the cls field: integers as they are (a datasets "
+        "ClassLabel keeps its names), class names numbered in sorted order",
+    )
     p.add_argument("--key-column", help="column used as the sample key (default: the row number over all files)")
-    p.add_argument("--keep-columns", default=None, help="comma-separated other columns to keep in the json field "
-                   "(default: all but binary ones)")
+    p.add_argument(
+        "--keep-columns",
+        default=None,
+        help="comma-separated other columns to keep in the json field (default: all but binary ones)",
+    )
     return p
 
 

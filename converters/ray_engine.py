@@ -14,6 +14,7 @@ The cluster: ``--ray-address``, else ``RAY_ADDRESS``, else a cluster started on 
 (the same version) installed, the source readable at the same path and DST on storage every node
 and this process share.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
     """One part, in a Ray worker: ``--part I/N`` of the same conversion. Returns a plain dict
     (the summary, or the one-line error and its exit status) so nothing but builtins crosses."""
     import lmdb
+
     from mmloader.errors import MMLoaderError
+
     from .common import convert_part
+
     args = copy.copy(args)
     args.part, args.engine, args.quiet, args.parts, args.ray_address = f"{i}/{n}", "local", True, None, None
     module = importlib.import_module(f".{layout}", __package__)
@@ -45,8 +49,17 @@ def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
         return {"part": i, "status": 2, "error": str(e), "where": where}
     except (ConversionError, MMLoaderError, OSError, lmdb.Error) as e:
         return {"part": i, "status": 1, "error": str(e), "where": where}
-    return {"part": i, "status": 0, "written": s.written, "skipped": sum(s.skipped.values()), "bytes": s.bytes,
-            "seconds": s.seconds, "already": s.already, "notes": s.notes, "where": where}
+    return {
+        "part": i,
+        "status": 0,
+        "written": s.written,
+        "skipped": sum(s.skipped.values()),
+        "bytes": s.bytes,
+        "seconds": s.seconds,
+        "already": s.already,
+        "notes": s.notes,
+        "where": where,
+    }
 
 
 def _connect(address: str | None):
@@ -57,18 +70,26 @@ def _connect(address: str | None):
     if ray.is_initialized():  # a caller (a notebook, a test) already connected: use that cluster
         return ray, False
     import logging
+
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 configure_logging=True)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            configure_logging=True,
+        )
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise ConversionError(f"cannot reach the Ray cluster {address or os.environ.get('RAY_ADDRESS') or ''}: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise ConversionError(
+            f"cannot reach the Ray cluster {address or os.environ.get('RAY_ADDRESS') or ''}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     return ray, True
 
 
 def run_on_ray(layout: str, args: argparse.Namespace, prog: str) -> int:
     # The tasks run elsewhere (another node, another working directory): absolute paths.
-    args.src = ([os.path.abspath(s) for s in args.src] if isinstance(args.src, list) else os.path.abspath(args.src))
+    args.src = [os.path.abspath(s) for s in args.src] if isinstance(args.src, list) else os.path.abspath(args.src)
     args.dst = os.path.abspath(args.dst)
 
     def convert() -> Summary:
@@ -79,19 +100,22 @@ def run_on_ray(layout: str, args: argparse.Namespace, prog: str) -> int:
         finally:
             if started:
                 ray.shutdown()
+
     return report_errors(convert, args.dst, prog)
 
 
 def _run(ray, layout: str, args: argparse.Namespace) -> Summary:
     from mmloader.storage.merge import manifests_in, merge_parts, parts_dir_for
+
     start = time.perf_counter()
     cpus = int(ray.cluster_resources().get("CPU", 1))
     # Resuming without --parts: the N of the parts already there, not one from today's cluster size
     # (parts of another N would be parts of another conversion).
     earlier = {r.get("parts") for r in manifests_in(parts_dir_for(args.dst))}
     n = args.parts or (earlier.pop() if len(earlier) == 1 else max(1, cpus // args.workers))
-    task = ray.remote(part_task).options(num_cpus=min(args.workers, cpus), max_retries=args.retries,
-                                         retry_exceptions=False)
+    task = ray.remote(part_task).options(
+        num_cpus=min(args.workers, cpus), max_retries=args.retries, retry_exceptions=False
+    )
     pending = {task.remote(layout, args, i, n): i for i in range(n)}
     bar = tqdm(total=n, desc=f"converting {n} parts on Ray ({cpus} CPUs)", unit="part", disable=args.quiet)
     done: list[dict] = []
@@ -104,8 +128,9 @@ def _run(ray, layout: str, args: argparse.Namespace) -> Summary:
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayError as e:  # the task failed past its retries
-                raise ConversionError(f"part {i}/{n} failed on Ray after {args.retries} retries: "
-                                      f"{str(e).strip().splitlines()[-1]}") from None
+                raise ConversionError(
+                    f"part {i}/{n} failed on Ray after {args.retries} retries: {str(e).strip().splitlines()[-1]}"
+                ) from None
             if result["status"] == 2:
                 raise UsageError(f"part {i}/{n}: {result['error']}")
             if result["status"]:
@@ -121,16 +146,28 @@ def _run(ray, layout: str, args: argparse.Namespace) -> Summary:
         raise
     bar.close()
     converted = time.perf_counter() - start
-    result = merge_parts([parts_dir_for(args.dst)], args.dst, overwrite=args.overwrite, progress=not args.quiet,
-                         keep_parts=args.keep_parts)
+    result = merge_parts(
+        [parts_dir_for(args.dst)],
+        args.dst,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        keep_parts=args.keep_parts,
+    )
     already = sum(1 for r in done if r["already"])
-    notes = [f"{n} parts on Ray: {n - already} converted in {converted:.1f} s"
-             + (f", {already} converted before (not again)" if already else "")
-             + f"; merged: {result.kept_shards} shards kept as the parts wrote them, {result.written_shards} rewritten"]
+    notes = [
+        f"{n} parts on Ray: {n - already} converted in {converted:.1f} s"
+        + (f", {already} converted before (not again)" if already else "")
+        + f"; merged: {result.kept_shards} shards kept as the parts wrote them, {result.written_shards} rewritten"
+    ]
     for r in done:
         notes += [f"part {r['part']}: {x}" for x in r["notes"] if "mmloader merge" not in x]
-    summary = Summary(written=result.count, bytes=sum(r["bytes"] for r in done), report=result.report,
-                      notes=notes, seconds=time.perf_counter() - start)
+    summary = Summary(
+        written=result.count,
+        bytes=sum(r["bytes"] for r in done),
+        report=result.report,
+        notes=notes,
+        seconds=time.perf_counter() - start,
+    )
     if result.skipped:
         summary.skipped = {"see the report": result.skipped}
     return summary

@@ -15,6 +15,7 @@ a model folder); it is read from disk, never downloaded. Lines are tokenized a c
 with ``encode_batch`` (Rust, without the GIL), with the tokenizer's special tokens unless
 ``--no-special-tokens``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,12 +32,27 @@ from mmloader.media.tokenizer import encode_batch
 from mmloader.media.tokenizer import load_tokenizer as tokenizer_from
 from mmloader.storage.textlines import TextLinesStore, line_key
 
-from .common import (ConversionError, Item, ItemError, Skipped, Summary, UsageError, check_required_fields,
-                     execute, layout_parser, ordered_map, part_bounds, shard_alignment, write_samples)
+from .common import (
+    ConversionError,
+    Item,
+    ItemError,
+    Skipped,
+    Summary,
+    UsageError,
+    check_required_fields,
+    execute,
+    layout_parser,
+    ordered_map,
+    part_bounds,
+    shard_alignment,
+    write_samples,
+)
 
-EXAMPLES = ("mmloader convert textlines corpus.txt corpus.lmdb --workers 2",
-            "mmloader convert textlines corpus.txt tokens.lmdb --tokenizer tokenizer.json",
-            "mmloader convert textlines corpus.txt shards/ --format tar --shard-size 100000 --blank-lines keep")
+EXAMPLES = (
+    "mmloader convert textlines corpus.txt corpus.lmdb --workers 2",
+    "mmloader convert textlines corpus.txt tokens.lmdb --tokenizer tokenizer.json",
+    "mmloader convert textlines corpus.txt shards/ --format tar --shard-size 100000 --blank-lines keep",
+)
 
 CHUNK_BYTES = 4 << 20
 
@@ -119,8 +135,10 @@ def _with_ids(checked: list[tuple[str | None, str | None]], tokenize) -> list[tu
     tokenizer, special = tokenize
     good = [text for text, reason in checked if reason is None]
     encoded = iter(encode_batch(tokenizer, good, special))
-    return [(text, reason, np.asarray(next(encoded).ids, dtype=np.int32) if reason is None else None)
-            for text, reason in checked]
+    return [
+        (text, reason, np.asarray(next(encoded).ids, dtype=np.int32) if reason is None else None)
+        for text, reason in checked
+    ]
 
 
 def _load_range(job) -> list[tuple]:
@@ -160,6 +178,7 @@ def file_digest(path: Path) -> str:
     """Name, size and the first and last MiB: enough to tell one input file from another without
     reading all of it (a file rewritten in place with the same size and ends is not noticed)."""
     import hashlib
+
     size = path.stat().st_size
     h = hashlib.sha256(f"{path.name}\0{size}".encode())
     with open(path, "rb") as f:
@@ -186,18 +205,25 @@ def prepare(args: argparse.Namespace, notes: list[str]):
 
     def convert(part: tuple[int, int] | None, dst: str) -> Summary:
         return _convert(args, notes, path, size, part, dst, tokenize)
+
     digest = file_digest(path)
     if tokenize is not None:  # other token ids are another output: parts must not mix them
         digest += f"+tokenizer:{file_digest(Path(args.tokenizer))}:special={tokenize[1]}"
     return digest, convert
 
 
-def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str,
-             tokenize=None) -> Summary:
+def _convert(
+    args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str, tokenize=None
+) -> Summary:
     meta = {"layout": "textlines", "source": str(path.resolve())}
     if tokenize is not None:
-        meta["tokenizer"] = {"file": str(Path(args.tokenizer).resolve()), "vocab_size": tokenize[0].get_vocab_size(),
-                             "special_tokens": tokenize[1], "field": "ids.npy", "dtype": "int32"}
+        meta["tokenizer"] = {
+            "file": str(Path(args.tokenizer).resolve()),
+            "vocab_size": tokenize[0].get_vocab_size(),
+            "special_tokens": tokenize[1],
+            "field": "ids.npy",
+            "dtype": "int32",
+        }
     if args.shuffle_seed is not None:
         with tempfile.TemporaryDirectory() as tmp:
             index_path = os.path.join(tmp, "lines.npy")
@@ -206,11 +232,14 @@ def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, 
             if part:
                 a, b = part_bounds(len(order), part, shard_alignment(args))
                 order = order[a:b]
-            jobs = ((str(path), index_path, order[a:a + 4096].tolist(), args.blank_lines, tokenize)
-                    for a in range(0, len(order), 4096))
+            jobs = (
+                (str(path), index_path, order[a : a + 4096].tolist(), args.blank_lines, tokenize)
+                for a in range(0, len(order), 4096)
+            )
             results = (r for batch in ordered_map(_load_lines, jobs, args.workers, chunksize=1) for r in batch)
-            summary = write_samples(_samples(results, str(path), args.blank_lines), dst, args, meta,
-                                    total=len(order), notes=notes)
+            summary = write_samples(
+                _samples(results, str(path), args.blank_lines), dst, args, meta, total=len(order), notes=notes
+            )
     else:
         # Parts are byte ranges of the file (a line belongs to the range where it starts): no
         # line count is needed, and merge cuts the shards as one process would.
@@ -230,20 +259,33 @@ def _convert(args: argparse.Namespace, notes: list[str], path: Path, size: int, 
                 for row in batch:
                     yield (n, *row)
                     n += 1
-        summary = write_samples(_samples(numbered(), str(path), args.blank_lines), dst, args, meta,
-                                total=None, notes=notes)
+
+        summary = write_samples(
+            _samples(numbered(), str(path), args.blank_lines), dst, args, meta, total=None, notes=notes
+        )
     return summary
 
 
 def parser() -> argparse.ArgumentParser:
     p = layout_parser("textlines", __doc__, EXAMPLES)
-    p.add_argument("--blank-lines", choices=("skip", "keep", "error"), default="skip",
-                   help="blank lines: skip (default: listed in the report, not an error), keep as samples, "
-                        "or error (a bad sample: stops the conversion under --on-error raise)")
-    p.add_argument("--tokenizer", metavar="TOKENIZER_JSON", help="also store each line's token ids (field "
-                   "ids.npy, int32), tokenized once here with this Hugging Face tokenizers file")
-    p.add_argument("--no-special-tokens", action="store_true", help="with --tokenizer: leave out the tokenizer's "
-                   "special tokens (e.g. BOS/EOS)")
+    p.add_argument(
+        "--blank-lines",
+        choices=("skip", "keep", "error"),
+        default="skip",
+        help="blank lines: skip (default: listed in the report, not an error), keep as samples, "
+        "or error (a bad sample: stops the conversion under --on-error raise)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="also store each line's token ids (field "
+        "ids.npy, int32), tokenized once here with this Hugging Face tokenizers file",
+    )
+    p.add_argument(
+        "--no-special-tokens",
+        action="store_true",
+        help="with --tokenizer: leave out the tokenizer's special tokens (e.g. BOS/EOS)",
+    )
     return p
 
 

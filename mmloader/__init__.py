@@ -8,6 +8,7 @@
 Storage (writers, ``open``) imports without torch, so converters start fast; the
 torch-facing API (readers, zip, Stream, loader...) is imported on first use.
 """
+
 import importlib.abc
 import importlib.util
 import sys
@@ -16,35 +17,77 @@ from pathlib import Path
 from typing import Any
 
 from ._version import __version__
-from .errors import (AlignmentError, ConfigError, DecodeError, FormatError, MMLoaderError,
-                     RandomAccessError, SampleError, SizeLimitError, UnsafeFieldError)
+from .errors import (
+    AlignmentError,
+    ConfigError,
+    DecodeError,
+    FormatError,
+    MMLoaderError,
+    RandomAccessError,
+    SampleError,
+    SizeLimitError,
+    UnsafeFieldError,
+)
 from .storage import LMDBWriter, ShardWriter, Store, build_index, writer_for
 from .storage import open_store as open
 
 # name -> (module, attribute): the torch-facing API, imported on first use.
 _LAZY = {
-    "SampleCache": (".readers.cache", "SampleCache"), "Reader": (".readers", "Reader"),
-    "ImageReader": (".readers", "ImageReader"), "TextReader": (".readers", "TextReader"),
-    "LabelReader": (".readers", "LabelReader"), "JSONReader": (".readers", "JSONReader"),
-    "ArrayReader": (".readers", "ArrayReader"), "VideoReader": (".readers", "VideoReader"),
-    "AudioReader": (".readers", "AudioReader"), "TextLinesReader": (".readers", "TextLinesReader"),
-    "reader_for": (".readers", "reader_for"), "readers": (".readers", None),
-    "zip": (".align.zip", "zip_readers"), "Zipped": (".align.zip", "Zipped"),
-    "Collate": (".align.collate", "Collate"), "collate": (".align.collate", "collate"),
+    "SampleCache": (".readers.cache", "SampleCache"),
+    "Reader": (".readers", "Reader"),
+    "ImageReader": (".readers", "ImageReader"),
+    "TextReader": (".readers", "TextReader"),
+    "LabelReader": (".readers", "LabelReader"),
+    "JSONReader": (".readers", "JSONReader"),
+    "ArrayReader": (".readers", "ArrayReader"),
+    "VideoReader": (".readers", "VideoReader"),
+    "AudioReader": (".readers", "AudioReader"),
+    "TextLinesReader": (".readers", "TextLinesReader"),
+    "reader_for": (".readers", "reader_for"),
+    "readers": (".readers", None),
+    "zip": (".align.zip", "zip_readers"),
+    "Zipped": (".align.zip", "Zipped"),
+    "Collate": (".align.collate", "Collate"),
+    "collate": (".align.collate", "collate"),
     "unpack": (".align.collate", "unpack"),
-    "Stream": (".loading.stream", "Stream"), "Loader": (".loading.dataloader", "Loader"),
-    "ThreadLoader": (".loading.dataloader", "ThreadLoader"), "loader": (".loading.dataloader", "loader"),
-    "Mix": (".align.mix", "Mix"), "mix": (".align.mix", "mix"), "from_config": (".loading.config", "from_config"),
-    "GPUDecode": (".loading.gpu", "GPUDecode"), "rng": (".readers.seeding", "rng"),
+    "Stream": (".loading.stream", "Stream"),
+    "Loader": (".loading.dataloader", "Loader"),
+    "ThreadLoader": (".loading.dataloader", "ThreadLoader"),
+    "loader": (".loading.dataloader", "loader"),
+    "Mix": (".align.mix", "Mix"),
+    "mix": (".align.mix", "mix"),
+    "from_config": (".loading.config", "from_config"),
+    "GPUDecode": (".loading.gpu", "GPUDecode"),
+    "rng": (".readers.seeding", "rng"),
 }
 
 # Modules that moved into the layer packages: their old import paths keep working.
 _MOVED = {
-    "imageinfo": "media.imageinfo", "mediainfo": "media.mediainfo", "seeding": "readers.seeding",
-    "cache": "readers.cache", "batching": "align.collate", "mixture": "align.mix",
-    **{name: f"loading.{name}" for name in ("distributed", "control", "building", "stream", "resumable",
-                                             "threaded", "ring", "dataloader", "gpu", "config")},
-    "describe": "cli.inspect", "verify": "cli.verify", "preview": "cli.preview", "planview": "cli.plan",
+    "imageinfo": "media.imageinfo",
+    "mediainfo": "media.mediainfo",
+    "seeding": "readers.seeding",
+    "cache": "readers.cache",
+    "batching": "align.collate",
+    "mixture": "align.mix",
+    **{
+        name: f"loading.{name}"
+        for name in (
+            "distributed",
+            "control",
+            "building",
+            "stream",
+            "resumable",
+            "threaded",
+            "ring",
+            "dataloader",
+            "gpu",
+            "config",
+        )
+    },
+    "describe": "cli.inspect",
+    "verify": "cli.verify",
+    "preview": "cli.preview",
+    "planview": "cli.plan",
     "bench": "cli.bench",
 }
 
@@ -64,7 +107,8 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         if rest == "converters" and (_CONVERTERS_SOURCE / "__init__.py").is_file():
             return importlib.util.spec_from_file_location(
-                fullname, _CONVERTERS_SOURCE / "__init__.py", submodule_search_locations=[str(_CONVERTERS_SOURCE)])
+                fullname, _CONVERTERS_SOURCE / "__init__.py", submodule_search_locations=[str(_CONVERTERS_SOURCE)]
+            )
         if rest not in _MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
@@ -79,6 +123,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def _submodules_on_access(package: str) -> Any:
     """A module ``__getattr__`` for a layer package: ``mmloader.media.mediainfo`` after a plain
     ``import mmloader``, as for any attribute path, without importing every module up front."""
+
     def __getattr__(name: str) -> Any:
         try:
             return import_module(f"{package}.{name}")
@@ -86,6 +131,7 @@ def _submodules_on_access(package: str) -> Any:
             if e.name != f"{package}.{name}":
                 raise
             raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
     return __getattr__
 
 
@@ -113,7 +159,21 @@ def __dir__() -> list[str]:
 
 # ``open`` and ``zip`` are meant as ``mmloader.open`` / ``mmloader.zip``: a star import must
 # not replace the builtins of the same name in the importer's namespace.
-__all__ = ["__version__", "LMDBWriter", "ShardWriter", "Store", "build_index", "writer_for",
-           "MMLoaderError", "FormatError", "SampleError", "DecodeError", "SizeLimitError",
-           "UnsafeFieldError", "RandomAccessError", "AlignmentError", "ConfigError",
-           *(name for name in _LAZY if name not in ("zip", "readers"))]
+__all__ = [
+    "__version__",
+    "LMDBWriter",
+    "ShardWriter",
+    "Store",
+    "build_index",
+    "writer_for",
+    "MMLoaderError",
+    "FormatError",
+    "SampleError",
+    "DecodeError",
+    "SizeLimitError",
+    "UnsafeFieldError",
+    "RandomAccessError",
+    "AlignmentError",
+    "ConfigError",
+    *(name for name in _LAZY if name not in ("zip", "readers")),
+]

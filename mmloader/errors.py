@@ -1,4 +1,5 @@
 """Exceptions. Every error names the file, shard, key or field it is about."""
+
 from __future__ import annotations
 
 
@@ -25,8 +26,7 @@ class SampleError(MMLoaderError):
     training job can log or skip it without guessing.
     """
 
-    def __init__(self, message: str, *, key: str | None = None, field: str | None = None,
-                 where: str | None = None):
+    def __init__(self, message: str, *, key: str | None = None, field: str | None = None, where: str | None = None):
         parts = [message]
         loc = ", ".join(f"{k}={v!r}" for k, v in (("key", key), ("field", field), ("in", where)) if v)
         if loc:

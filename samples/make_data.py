@@ -11,6 +11,7 @@ a background, H.264 with an AAC track of a tone, + a ``.txt`` caption that says 
 colour and direction, and the tone's pitch), and with ``--sounds DIR`` audio clips
 (``NNNNNN.flac``: a tone or a chirp, + a caption). Both need PyAV (``pip install 'mmloader[av]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,16 @@ import sys
 
 from PIL import Image, ImageDraw
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 80, 220), "yellow": (235, 210, 40),
-           "purple": (150, 60, 190), "white": (245, 245, 245), "black": (20, 20, 20), "orange": (240, 140, 30)}
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 210, 40),
+    "purple": (150, 60, 190),
+    "white": (245, 245, 245),
+    "black": (20, 20, 20),
+    "orange": (240, 140, 30),
+}
 SHAPES = ["circle", "square", "triangle"]
 SIZES = {"small": 0.3, "large": 0.7}
 
@@ -49,8 +58,9 @@ DIRECTIONS = {"left to right": (1, 0), "right to left": (-1, 0), "top to bottom"
 PITCHES = {"low": 220.0, "middle": 440.0, "high": 880.0}
 
 
-def _tone(kind: str, pitch: float, seconds: float, rate: int) -> "np.ndarray":
+def _tone(kind: str, pitch: float, seconds: float, rate: int) -> "np.ndarray":  # noqa: F821 (numpy lazily)
     import numpy as np
+
     t = np.arange(int(seconds * rate)) / rate
     if kind == "chirp":
         phase = 2 * np.pi * (pitch * t + pitch * t * t / seconds)  # up to twice the pitch
@@ -60,11 +70,13 @@ def _tone(kind: str, pitch: float, seconds: float, rate: int) -> "np.ndarray":
 
 
 def _encode_audio(container, stream, x, rate: int) -> None:
-    import av
     from fractions import Fraction
+
+    import av
     import numpy as np
+
     for i in range(0, len(x), 1024):
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i:i + 1024]), format="fltp", layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, i : i + 1024]), format="fltp", layout="mono")
         frame.sample_rate, frame.pts, frame.time_base = rate, i, Fraction(1, rate)
         for p in stream.encode(frame):
             container.mux(p)
@@ -74,9 +86,10 @@ def _encode_audio(container, stream, x, rate: int) -> None:
 
 def write_clips(out: str, count: int, seed: int, seconds: float = 2.0, fps: int = 12, size=(96, 64)) -> None:
     """Video clips of a shape moving across a background, with a tone track and a caption."""
-    import av
     from fractions import Fraction
-    import numpy as np
+
+    import av
+
     rng = random.Random(seed)
     os.makedirs(out, exist_ok=True)
     w, h = size
@@ -121,6 +134,7 @@ def write_clips(out: str, count: int, seed: int, seconds: float = 2.0, fps: int 
 def write_sounds(out: str, count: int, seed: int, seconds: float = 1.5, rate: int = 22050) -> None:
     """FLAC clips of a tone or a rising chirp, with a caption."""
     import av
+
     rng = random.Random(seed + 1)
     os.makedirs(out, exist_ok=True)
     for i in range(count):
@@ -141,8 +155,11 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=2000)
     p.add_argument("--size", type=int, default=64, help="image side in pixels")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default=None, help="also write captions to this text file, "
-                   "one per line (a text-only source for mixing experiments)")
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="also write captions to this text file, one per line (a text-only source for mixing experiments)",
+    )
     p.add_argument("--corpus-lines", type=int, default=5000)
     p.add_argument("--clips", default=None, help="also write video clips (mp4 + txt) to this folder")
     p.add_argument("--sounds", default=None, help="also write audio clips (flac + txt) to this folder")

@@ -7,6 +7,7 @@ store: ``--captions``), zipped by key, streamed with equal batches per rank.
 Checkpoints hold the loader's state: ``--stop-after N`` simulates a preemption
 after N steps and ``--resume`` continues mid-epoch at the next unseen batch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mmloader
 
-WORDS = ("a on background small large circle square triangle red green blue yellow purple white black "
-         "orange").split()
+WORDS = ("a on background small large circle square triangle red green blue yellow purple white black orange").split()
 
 
 class Tokenizer:
@@ -40,8 +40,16 @@ class TinyCLIP(nn.Module):
     def __init__(self, dim: int = 64):
         super().__init__()
         self.image = nn.Sequential(
-            nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, dim))
+            nn.Conv2d(3, 32, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 2, 1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, dim),
+        )
         self.words = nn.Embedding(len(WORDS) + 1, dim, padding_idx=0)
         self.pos = nn.Embedding(16, dim)
         self.text = nn.Sequential(nn.ReLU(), nn.Linear(dim, dim))
@@ -79,9 +87,11 @@ def main() -> None:
 
     dataset = mmloader.zip(
         image=mmloader.ImageReader(args.data, "jpg", transform=lambda t: t.float().div_(255)),
-        caption=mmloader.TextReader(args.captions or args.data, "txt", transform=Tokenizer()))
-    stream = mmloader.Stream(dataset, batch_size=args.batch_size, seed=args.seed,
-                             collate_fn=mmloader.Collate(masks=["caption"]))
+        caption=mmloader.TextReader(args.captions or args.data, "txt", transform=Tokenizer()),
+    )
+    stream = mmloader.Stream(
+        dataset, batch_size=args.batch_size, seed=args.seed, collate_fn=mmloader.Collate(masks=["caption"])
+    )
     loader = mmloader.loader(stream, num_workers=args.workers)
     model = TinyCLIP().to(device)
     ddp = DDP(model) if distributed else model
@@ -96,12 +106,18 @@ def main() -> None:
         loader.load_state_dict(ckpt["loader"])
         start_epoch, step = loader.epoch, ckpt["step"]  # the epoch the checkpoint stopped in
         if rank == 0:
-            print(f"resumed at epoch {start_epoch}, step {step}: {ckpt['loader']['consumed']} samples of "
-                  f"this epoch already seen per rank; continuing with the next unseen batch", flush=True)
+            print(
+                f"resumed at epoch {start_epoch}, step {step}: {ckpt['loader']['consumed']} samples of "
+                f"this epoch already seen per rank; continuing with the next unseen batch",
+                flush=True,
+            )
     if rank == 0:
-        print(f"{len(dataset)} samples, world {dist.get_world_size() if distributed else 1}, "
-              f"{len(loader)} batches of {args.batch_size} per rank per epoch, "
-              f"{loader.num_workers} workers per rank", flush=True)
+        print(
+            f"{len(dataset)} samples, world {dist.get_world_size() if distributed else 1}, "
+            f"{len(loader)} batches of {args.batch_size} per rank per epoch, "
+            f"{loader.num_workers} workers per rank",
+            flush=True,
+        )
 
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)  # keeps a resume pending for this epoch
@@ -122,8 +138,15 @@ def main() -> None:
             seen += len(images)
             step += 1
             if args.checkpoint and rank == 0 and step % 10 == 0:
-                torch.save({"model": model.state_dict(), "optim": optim.state_dict(),
-                            "loader": loader.state_dict(), "step": step}, args.checkpoint)
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "optim": optim.state_dict(),
+                        "loader": loader.state_dict(),
+                        "step": step,
+                    },
+                    args.checkpoint,
+                )
             if args.stop_after and step >= args.stop_after:
                 if rank == 0:
                     print(f"stopping after step {step} (simulated preemption; rerun with --resume)", flush=True)
@@ -133,9 +156,12 @@ def main() -> None:
                 return
         dt = time.perf_counter() - t0
         if rank == 0 and losses:
-            print(f"epoch {epoch}: loss {sum(losses) / len(losses):.3f} (first batch {losses[0]:.3f}, "
-                  f"last {losses[-1]:.3f}), in-batch retrieval acc {correct / seen:.2f}, "
-                  f"{seen / dt:.0f} samples/s per rank", flush=True)
+            print(
+                f"epoch {epoch}: loss {sum(losses) / len(losses):.3f} (first batch {losses[0]:.3f}, "
+                f"last {losses[-1]:.3f}), in-batch retrieval acc {correct / seen:.2f}, "
+                f"{seen / dt:.0f} samples/s per rank",
+                flush=True,
+            )
     if distributed:
         dist.destroy_process_group()
 

@@ -3,6 +3,7 @@ get the same batches, the dp ranks split the data, every sample once per epoch.
 
     torchrun --standalone --nproc_per_node 4 samples/train_mesh.py --data demo-out/shapes --tp 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,10 @@ def main() -> None:
         tp_same = all(gathered[r] == gathered[r - r % a.tp] for r in range(world))
         per_epoch = len(gathered[0]) // a.epochs  # batches per rank and epoch
         first_epoch = [k for r in range(0, world, a.tp) for b in gathered[r][:per_epoch] for k in b]
-        print(f"tp peers identical: {tp_same}; epoch 0 over the dp ranks: {len(first_epoch)} samples, "
-              f"{len(set(first_epoch))} distinct (dataset: {len(ds)})")
+        print(
+            f"tp peers identical: {tp_same}; epoch 0 over the dp ranks: {len(first_epoch)} samples, "
+            f"{len(set(first_epoch))} distinct (dataset: {len(ds)})"
+        )
         assert tp_same
     dist.destroy_process_group()
 

@@ -1,4 +1,5 @@
 """Shared fixtures: small real datasets written with mmloader's own writers."""
+
 from __future__ import annotations
 
 import io
@@ -34,9 +35,14 @@ def write_pairs_folder(root: Path, count: int, px: int) -> Path:
 
 def make_samples(n: int, start: int = 0, prefix: str = "s"):
     for i in range(start, start + n):
-        yield {"__key__": f"{prefix}{i:05d}", "jpg": jpeg_bytes(i), "txt": f"caption number {i} é",
-               "cls": i % 7, "json": {"i": i, "tags": ["a", "b"]},
-               "npy": np.arange(i % 5, dtype=np.float32)}
+        yield {
+            "__key__": f"{prefix}{i:05d}",
+            "jpg": jpeg_bytes(i),
+            "txt": f"caption number {i} é",
+            "cls": i % 7,
+            "json": {"i": i, "tags": ["a", "b"]},
+            "npy": np.arange(i % 5, dtype=np.float32),
+        }
 
 
 def write_dataset(path: Path, n: int, fmt: str, shard_size: int = 4, **kw) -> Path:
@@ -50,10 +56,15 @@ def write_dataset(path: Path, n: int, fmt: str, shard_size: int = 4, **kw) -> Pa
 def train_tokenizer(lines: list[str], path: Path) -> None:
     """A small byte-level BPE with BOS/EOS, trained on the test's own lines (nothing downloaded)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
     tok.save(str(path))
 

@@ -1,6 +1,7 @@
 """Small real media files made with PyAV (FFmpeg's encoders) for the tests: a few seconds, a few
 dozen pixels, so every test is fast. Every frame differs (a bar moves and the background level
 follows the frame number), so a wrong frame cannot pass for the right one."""
+
 from __future__ import annotations
 
 import io
@@ -10,16 +11,26 @@ import numpy as np
 
 VIDEO_CODECS = {"mp4": "libx264", "mkv": "libx264", "webm": "libvpx-vp9", "mov": "mpeg4"}
 AUDIO_CODECS = {"flac": "flac", "wav": "pcm_s16le", "mp3": "libmp3lame", "m4a": "aac", "opus": "libopus"}
-CONTAINER = {"mp4": "mp4", "mkv": "matroska", "webm": "webm", "mov": "mov", "flac": "flac", "wav": "wav",
-             "mp3": "mp3", "m4a": "mp4", "opus": "ogg", "ogg": "ogg"}
+CONTAINER = {
+    "mp4": "mp4",
+    "mkv": "matroska",
+    "webm": "webm",
+    "mov": "mov",
+    "flac": "flac",
+    "wav": "wav",
+    "mp3": "mp3",
+    "m4a": "mp4",
+    "opus": "ogg",
+    "ogg": "ogg",
+}
 
 
 def frame_image(i: int, width: int, height: int) -> np.ndarray:
     img = np.empty((height, width, 3), np.uint8)
     img[:] = (40 + (i * 7) % 180, 90, 200 - (i * 5) % 150)
     x = (i * 3) % max(1, width - 8)
-    img[:, x:x + 8] = (250, 250, 30)
-    img[(i * 2) % max(1, height - 4):(i * 2) % max(1, height - 4) + 4, :] = (10, 200, 10)
+    img[:, x : x + 8] = (250, 250, 30)
+    img[(i * 2) % max(1, height - 4) : (i * 2) % max(1, height - 4) + 4, :] = (10, 200, 10)
     return img
 
 
@@ -32,10 +43,11 @@ def signal(seconds: float, rate: int, channels: int, freq: float = 440.0) -> np.
 
 def _encode_audio(container, stream, x: np.ndarray, rate: int) -> None:
     import av
+
     layout = "mono" if x.shape[0] == 1 else "stereo"
     step = 1024
     for i in range(0, x.shape[1], step):
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, i:i + step]), format="fltp", layout=layout)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, i : i + step]), format="fltp", layout=layout)
         frame.sample_rate = rate
         frame.pts = i
         frame.time_base = Fraction(1, rate)
@@ -45,12 +57,21 @@ def _encode_audio(container, stream, x: np.ndarray, rate: int) -> None:
         container.mux(p)
 
 
-def make_video(ext: str = "mp4", seconds: float = 2.0, fps: int = 15, width: int = 64, height: int = 48,
-               keyint: int = 10, audio_rate: int | None = None, bframes: bool = True,
-               audio_codec: str | None = None) -> bytes:
+def make_video(
+    ext: str = "mp4",
+    seconds: float = 2.0,
+    fps: int = 15,
+    width: int = 64,
+    height: int = 48,
+    keyint: int = 10,
+    audio_rate: int | None = None,
+    bframes: bool = True,
+    audio_codec: str | None = None,
+) -> bytes:
     """A small video (and, with ``audio_rate``, a stereo track of :func:`signal`: AAC, or Opus in
     WebM, or ``audio_codec``)."""
     import av
+
     out = io.BytesIO()
     c = av.open(out, "w", format=CONTAINER[ext])
     codec = VIDEO_CODECS[ext]
@@ -58,8 +79,12 @@ def make_video(ext: str = "mp4", seconds: float = 2.0, fps: int = 15, width: int
     s.width, s.height, s.pix_fmt = width, height, "yuv420p"
     s.codec_context.gop_size = keyint
     if codec == "libx264":
-        s.options = {"preset": "veryfast", "bf": "2" if bframes else "0", "sc_threshold": "0",
-                     "keyint_min": str(keyint)}
+        s.options = {
+            "preset": "veryfast",
+            "bf": "2" if bframes else "0",
+            "sc_threshold": "0",
+            "keyint_min": str(keyint),
+        }
     elif codec == "libvpx-vp9":
         s.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}
     a = None
@@ -84,17 +109,20 @@ def make_video(ext: str = "mp4", seconds: float = 2.0, fps: int = 15, width: int
     return out.getvalue()
 
 
-def make_audio(ext: str = "flac", seconds: float = 2.0, rate: int = 44100, channels: int = 2,
-               freq: float = 440.0) -> bytes:
+def make_audio(
+    ext: str = "flac", seconds: float = 2.0, rate: int = 44100, channels: int = 2, freq: float = 440.0
+) -> bytes:
     """A small audio file of :func:`signal`; Ogg Vorbis through libsndfile (FFmpeg's own Vorbis
     encoder is experimental)."""
     x = signal(seconds, rate, channels, freq)
     if ext == "ogg":
         import soundfile as sf
+
         buf = io.BytesIO()
         sf.write(buf, x.T, rate, format="OGG", subtype="VORBIS")
         return buf.getvalue()
     import av
+
     out = io.BytesIO()
     c = av.open(out, "w", format=CONTAINER[ext])
     s = c.add_stream(AUDIO_CODECS[ext], rate=rate if ext != "opus" else 48000)
@@ -111,8 +139,8 @@ def index_image(i: int, width: int = 32, height: int = 32) -> np.ndarray:
     """Frame ``i`` with its index in the pixels: the top half's level is ``i % 16``, the bottom
     half's ``i // 16`` (steps of 14 levels, far wider than a codec's error on flat areas)."""
     img = np.empty((height, width, 3), np.uint8)
-    img[:height // 2] = 16 + 14 * (i % 16)
-    img[height // 2:] = 16 + 14 * (i // 16)
+    img[: height // 2] = 16 + 14 * (i % 16)
+    img[height // 2 :] = 16 + 14 * (i // 16)
     return img
 
 
@@ -122,19 +150,27 @@ def read_index(img: np.ndarray) -> int:
     if a.shape[0] == 3 and a.shape[-1] != 3:
         a = a.transpose(1, 2, 0)
     h = a.shape[0]
-    top, bottom = a[h // 8:h * 3 // 8].mean(), a[h * 5 // 8:h * 7 // 8].mean()
+    top, bottom = a[h // 8 : h * 3 // 8].mean(), a[h * 5 // 8 : h * 7 // 8].mean()
     return int(round((top - 16) / 14)) + 16 * int(round((bottom - 16) / 14))
 
 
-def make_indexed_video(ext: str, fps: float = 30, frames: int = 24, times: list[Fraction] | None = None,
-                       bframes: bool = True, keyint: int = 12, start: Fraction = Fraction(0),
-                       open_gop: bool = False) -> bytes:
+def make_indexed_video(
+    ext: str,
+    fps: float = 30,
+    frames: int = 24,
+    times: list[Fraction] | None = None,
+    bframes: bool = True,
+    keyint: int = 12,
+    start: Fraction = Fraction(0),
+    open_gop: bool = False,
+) -> bytes:
     """A 32x32 video whose frame ``i`` shows its index (:func:`index_image`), at ``i / fps``
     seconds (29.97: ``30000/1001``), or at ``times`` (seconds, exact fractions: variable rate),
     the first at ``start``. H.264 in mp4/mkv/mov (``bframes``: two B-frames between references,
     or none; ``open_gop``: x264's open GOPs, three B-frames, so every keyframe after the first is
     a recovery point whose leading B-frames reference the GOP before), VP9 in WebM."""
     import av
+
     out = io.BytesIO()
     c = av.open(out, "w", format=CONTAINER[ext])
     rate = Fraction(fps).limit_denominator(1001)
@@ -146,15 +182,20 @@ def make_indexed_video(ext: str, fps: float = 30, frames: int = 24, times: list[
     if times is not None:
         s.codec_context.time_base = tb
     if codec == "libx264":
-        s.options = {"preset": "ultrafast", "bf": "2" if bframes else "0", "sc_threshold": "0",
-                     "keyint_min": str(keyint), "crf": "18"}
+        s.options = {
+            "preset": "ultrafast",
+            "bf": "2" if bframes else "0",
+            "sc_threshold": "0",
+            "keyint_min": str(keyint),
+            "crf": "18",
+        }
         if open_gop:
-            s.options["x264-params"] = (f"open-gop=1:keyint={keyint}:min-keyint={keyint}:scenecut=0:"
-                                        "bframes=3:b-adapt=0")
+            s.options["x264-params"] = f"open-gop=1:keyint={keyint}:min-keyint={keyint}:scenecut=0:bframes=3:b-adapt=0"
     else:
         s.options = {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}
-    stamps = [int((t + start) / tb) for t in times] if times is not None else \
-        [i + int(start / tb) for i in range(frames)]
+    stamps = (
+        [int((t + start) / tb) for t in times] if times is not None else [i + int(start / tb) for i in range(frames)]
+    )
     for i, pts in enumerate(stamps):
         frame = av.VideoFrame.from_ndarray(index_image(i), format="rgb24")
         frame.pts, frame.time_base = pts, tb
@@ -170,6 +211,7 @@ def decode_indexed(data: bytes) -> list[tuple[float, int]]:
     """The reference: PyAV decoding every frame, in presentation order: (time in seconds from the
     stream's start, the index its pixels show)."""
     import av
+
     c = av.open(io.BytesIO(data))
     s = c.streams.video[0]
     start = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
@@ -181,6 +223,7 @@ def decode_indexed(data: bytes) -> list[tuple[float, int]]:
 def decode_all_video(data: bytes, size: tuple[int, int] | None = None) -> dict[float, np.ndarray]:
     """The reference: PyAV decoding the whole file, every frame, by presentation time."""
     import av
+
     c = av.open(io.BytesIO(data))
     s = c.streams.video[0]
     start = float(s.start_time * s.time_base) if s.start_time is not None else 0.0
@@ -198,6 +241,7 @@ def decode_all_video(data: bytes, size: tuple[int, int] | None = None) -> dict[f
 def decode_all_audio(data: bytes) -> tuple[np.ndarray, int]:
     """The reference: PyAV decoding the whole first audio stream, float32 (C, N) at its own rate."""
     import av
+
     c = av.open(io.BytesIO(data))
     s = c.streams.audio[0]
     parts = []

@@ -9,6 +9,7 @@ And the fixtures the remote test modules share (import them into a test module t
 ``s3`` (a moto server for the module, its credentials in the environment) and ``own_cache``
 (the default shard cache under the test's folder, never ``~/.cache``).
 """
+
 from __future__ import annotations
 
 import http.client
@@ -29,7 +30,9 @@ class MotoS3:
 
     def __init__(self, bucket: str = "mmloader-test"):
         import logging
+
         from moto.server import ThreadedMotoServer
+
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
@@ -37,14 +40,25 @@ class MotoS3:
         self.endpoint = f"http://{host}:{port}"
         self.port = port
         self.bucket = bucket
-        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-                    "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true"}
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+        }
         self.client().create_bucket(Bucket=bucket)
 
     def client(self, endpoint: str | None = None):
         import boto3
-        return boto3.client("s3", endpoint_url=endpoint or self.endpoint, aws_access_key_id="testing",
-                            aws_secret_access_key="testing", region_name="us-east-1")
+
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint or self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
 
     def upload(self, local: str | os.PathLike, prefix: str) -> str:
         """Copy a local dataset folder to ``s3://bucket/prefix/``; returns that URL."""
@@ -128,6 +142,7 @@ class RangeServer:
         class Handler(_RangeHandler):
             def __init__(self, *a, **kw):
                 super().__init__(*a, directory=root, **kw)
+
         self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -224,8 +239,10 @@ class FaultProxy:
                     return
                 if fault and fault.startswith("status:"):
                     status = int(fault.split(":")[1])
-                    payload = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
-                               b"<Message>Please reduce your request rate.</Message></Error>")
+                    payload = (
+                        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                        b"<Message>Please reduce your request rate.</Message></Error>"
+                    )
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
@@ -241,13 +258,19 @@ class FaultProxy:
                 data = resp.read()
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "keep-alive", "transfer-encoding", "content-length", "server",
-                                         "date"):
+                    if k.lower() not in (
+                        "connection",
+                        "keep-alive",
+                        "transfer-encoding",
+                        "content-length",
+                        "server",
+                        "date",
+                    ):
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if fault == "truncate" and self.command == "GET" and len(data) > 1:
-                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -301,5 +324,6 @@ def s3():
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     import mmloader.storage.remote_tar as remote_tar
+
     monkeypatch.delenv("MMLOADER_CACHE_DIR", raising=False)
     monkeypatch.setattr(remote_tar, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here

@@ -1,5 +1,6 @@
 """The package's layers: no module imports a layer above its own (storage <- readers <- align <- stream
 <- loader <- CLI), and the pure planning layer opens no file."""
+
 from __future__ import annotations
 
 import ast
@@ -22,8 +23,16 @@ LAYERS = {
     6: ["cli", "__init__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
-SUBLAYERS = {"loading": {0: ["__init__", "distributed", "control"], 1: ["building"], 2: ["stream"],
-                         3: ["resumable", "ring"], 4: ["threaded", "dataloader"], 5: ["gpu", "config"]}}
+SUBLAYERS = {
+    "loading": {
+        0: ["__init__", "distributed", "control"],
+        1: ["building"],
+        2: ["stream"],
+        3: ["resumable", "ring"],
+        4: ["threaded", "dataloader"],
+        5: ["gpu", "config"],
+    }
+}
 
 
 def _top(module_path: Path) -> str:
@@ -39,7 +48,7 @@ def _imports(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = list(package_parts[:len(package_parts) - (node.level - 1)])
+                base = list(package_parts[: len(package_parts) - (node.level - 1)])
                 target = base + (node.module.split(".") if node.module else [])
                 if not target:  # "from . import x" at the top: x are modules
                     out += [a.name for a in node.names]
@@ -61,8 +70,11 @@ def test_the_top_of_the_package_is_its_layers():
     """mmloader/ reads like the architecture: the layer packages and three small files."""
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
     assert len(entries) <= 13, entries
-    assert {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py"} <= \
-        {"__init__", "_version", "errors"}
+    assert {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py"} <= {
+        "__init__",
+        "_version",
+        "errors",
+    }
 
 
 def test_no_module_imports_a_layer_above_its_own():
@@ -71,8 +83,9 @@ def test_no_module_imports_a_layer_above_its_own():
         own = LAYER_OF[_top(path)]
         for target in _imports(path):
             if target in LAYER_OF and LAYER_OF[target] > own:
-                problems.append(f"{path.relative_to(PACKAGE)} (layer {own}) imports {target} "
-                                f"(layer {LAYER_OF[target]})")
+                problems.append(
+                    f"{path.relative_to(PACKAGE)} (layer {own}) imports {target} (layer {LAYER_OF[target]})"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -95,10 +108,16 @@ def test_the_library_never_imports_the_converters_and_they_use_its_public_writer
     dispatches to them, by name), and they import no layer above storage/readers-free code."""
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not any(n.split(".")[0] == "converters" or n.startswith("mmloader.converters")
-                           for n in names), f"{path} imports the converters"
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not any(n.split(".")[0] == "converters" or n.startswith("mmloader.converters") for n in names), (
+                f"{path} imports the converters"
+            )
     allowed = {"errors", "media", "storage", "cli", "__init__"}  # cli: its torch-free option types
     for path in sorted((PACKAGE.parent / "converters").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -119,11 +138,26 @@ def test_docstring_examples_of_the_pure_modules_run():
     """The examples in docstrings that need no dataset are executed, so they cannot drift."""
     import doctest
     import importlib
-    names = ["mmloader.planning.order", "mmloader.planning.partition", "mmloader.planning.mixing",
-             "mmloader.planning.bucketing", "mmloader.planning.epoch", "mmloader.planning.resume",
-             "mmloader.storage.keys", "mmloader.storage", "mmloader.media.imageinfo", "mmloader.align.collate",
-             "mmloader.readers.seeding", "mmloader.loading.control", "mmloader.readers.cache", "mmloader.loading.config",
-             "mmloader.readers.registry", "mmloader.storage.tar_layout", "mmloader.storage.sizes"]
+
+    names = [
+        "mmloader.planning.order",
+        "mmloader.planning.partition",
+        "mmloader.planning.mixing",
+        "mmloader.planning.bucketing",
+        "mmloader.planning.epoch",
+        "mmloader.planning.resume",
+        "mmloader.storage.keys",
+        "mmloader.storage",
+        "mmloader.media.imageinfo",
+        "mmloader.align.collate",
+        "mmloader.readers.seeding",
+        "mmloader.loading.control",
+        "mmloader.readers.cache",
+        "mmloader.loading.config",
+        "mmloader.readers.registry",
+        "mmloader.storage.tar_layout",
+        "mmloader.storage.sizes",
+    ]
     attempted = 0
     for name in names:
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
@@ -135,9 +169,12 @@ def test_docstring_examples_of_the_pure_modules_run():
 def test_every_converter_imports_without_torch():
     import subprocess
     import sys
-    code = ("import sys, mmloader.converters.pairs, mmloader.converters.imagefolder, mmloader.converters.manifest, mmloader.converters.textlines, "
-            "mmloader.converters.parquet, mmloader.converters.ray_engine; print(sorted(m for m in ('torch', 'torchvision') "
-            "if m in sys.modules))")
+
+    code = (
+        "import sys, mmloader.converters.pairs, mmloader.converters.imagefolder, mmloader.converters.manifest, mmloader.converters.textlines, "
+        "mmloader.converters.parquet, mmloader.converters.ray_engine; print(sorted(m for m in ('torch', 'torchvision') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
 
@@ -145,6 +182,7 @@ def test_every_converter_imports_without_torch():
 def test_one_registry_of_reader_kinds_feeds_reader_for_configs_and_the_api():
     from mmloader.loading import config
     from mmloader.readers.registry import BUILTIN_READERS, KINDS, kind_for_field
+
     assert set(KINDS) | {"timestamps"} == config.READERS
     for kind in KINDS.values():
         assert getattr(mmloader, kind.cls.__name__) is kind.cls and kind.cls.__name__ in mmloader.__all__
@@ -157,10 +195,18 @@ def test_one_registry_of_reader_kinds_feeds_reader_for_configs_and_the_api():
 
 def test_old_module_paths_resolve_to_the_new_homes():
     import importlib
-    for old, new in [("stream", "loading.stream"), ("config", "loading.config"), ("batching", "align.collate"),
-                     ("mediainfo", "media.mediainfo"), ("verify", "cli.verify"), ("dataloader", "loading.dataloader")]:
+
+    for old, new in [
+        ("stream", "loading.stream"),
+        ("config", "loading.config"),
+        ("batching", "align.collate"),
+        ("mediainfo", "media.mediainfo"),
+        ("verify", "cli.verify"),
+        ("dataloader", "loading.dataloader"),
+    ]:
         assert importlib.import_module(f"mmloader.{old}") is importlib.import_module(f"mmloader.{new}")
     from mmloader.stream import Stream
+
     assert Stream is mmloader.Stream
 
 
@@ -176,17 +222,20 @@ def test_no_two_modules_import_each_other():
         pkg = list(rel.parts[:-1])
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level and node.module:
-                base = pkg[:len(pkg) - (node.level - 1)]
+                base = pkg[: len(pkg) - (node.level - 1)]
                 graph.setdefault(me, set()).add(".".join(base + node.module.split(".")))
-    cycles = sorted(f"{a} <-> {b}" for a, targets in graph.items() for b in targets
-                    if a < b and a in graph.get(b, set()))
+    cycles = sorted(
+        f"{a} <-> {b}" for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, set())
+    )
     assert not cycles, cycles
 
 
 def test_the_cli_is_one_module_per_subcommand_and_its_parser_loads_no_torch():
     import subprocess
     import sys
+
     from mmloader import cli
+
     for name in cli.COMMANDS:
         module = getattr(cli, name)
         assert module.HELP and module.EXAMPLES and callable(module.add_arguments), name

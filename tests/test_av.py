@@ -1,4 +1,5 @@
 """Video and audio: real codecs (H.264, VP9, FLAC, MP3, Vorbis, Opus, AAC) on files made by the tests."""
+
 from __future__ import annotations
 
 import io
@@ -21,16 +22,26 @@ from mmloader.readers.seeding import enter_batch
 av = pytest.importorskip("av")
 sf = pytest.importorskip("soundfile")
 
-from media import (decode_all_audio, decode_all_video, decode_indexed, make_audio, make_indexed_video,  # noqa: E402
-                   make_video, read_index, signal)
+from media import (  # noqa: E402
+    decode_all_audio,
+    decode_all_video,
+    decode_indexed,
+    make_audio,
+    make_indexed_video,
+    make_video,
+    read_index,
+    signal,
+)
 
 
 @pytest.fixture(scope="module")
 def clips() -> dict[str, bytes]:
-    return {"mp4": make_video("mp4", seconds=3, fps=15, keyint=10),
-            "webm": make_video("webm", seconds=3, fps=15, keyint=10),
-            "mkv": make_video("mkv", seconds=3, fps=15, keyint=10, bframes=False),
-            "av": make_video("mp4", seconds=3, fps=15, keyint=15, audio_rate=44100)}
+    return {
+        "mp4": make_video("mp4", seconds=3, fps=15, keyint=10),
+        "webm": make_video("webm", seconds=3, fps=15, keyint=10),
+        "mkv": make_video("mkv", seconds=3, fps=15, keyint=10, bframes=False),
+        "av": make_video("mp4", seconds=3, fps=15, keyint=15, audio_rate=44100),
+    }
 
 
 def store_of(tmp_path: Path, name: str, samples: list[dict]) -> Path:
@@ -43,10 +54,17 @@ def store_of(tmp_path: Path, name: str, samples: list[dict]) -> Path:
 
 # -- video: frames equal a whole-file reference decode ---------------------------------------------
 @pytest.mark.parametrize("ext", ["mp4", "webm", "mkv"])
-@pytest.mark.parametrize("options", [dict(frames=8, clip="start"), dict(frames=6, clip="center", size=(24, 32)),
-                                     dict(frames=5, fps=3, clip="random"), dict(frames=4, fps=2, clip=1.3),
-                                     dict(frames=None, fps=5, max_seconds=2.0, size=(16, 20)),
-                                     dict(frames=4, fps=40, clip=2.9)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(frames=8, clip="start"),
+        dict(frames=6, clip="center", size=(24, 32)),
+        dict(frames=5, fps=3, clip="random"),
+        dict(frames=4, fps=2, clip=1.3),
+        dict(frames=None, fps=5, max_seconds=2.0, size=(16, 20)),
+        dict(frames=4, fps=40, clip=2.9),
+    ],
+)
 def test_video_frames_equal_a_reference_decode_of_the_same_timestamps(tmp_path, clips, ext, options):
     data = clips[ext]
     path = store_of(tmp_path, "v.lmdb", [{"__key__": f"k{i}", ext: data} for i in range(3)])
@@ -65,8 +83,11 @@ def test_video_frames_equal_a_reference_decode_of_the_same_timestamps(tmp_path, 
             for j, (t, a) in enumerate(zip(shown, asked)):
                 # frame n was encoded for n / 15 s (the container may round its time): the one
                 # shown at an asked time, or, with fps=None, consecutive frames from the first
-                n = int(np.floor(asked[0] * 15 + 1e-6)) + j if options.get("fps") is None else \
-                    int(np.floor(a * 15 + 1e-6))
+                n = (
+                    int(np.floor(asked[0] * 15 + 1e-6)) + j
+                    if options.get("fps") is None
+                    else int(np.floor(a * 15 + 1e-6))
+                )
                 expected = times[min(n, len(times) - 1)]
                 assert abs(t - expected) < 1e-6, (j, t, a, expected)
                 assert np.array_equal(frames[j].permute(1, 2, 0).numpy(), reference[round(t, 6)]), (ext, j, t)
@@ -87,10 +108,23 @@ def _exact(x: float) -> Fraction:
     return Fraction(x).limit_denominator(1 << 20)
 
 
-@pytest.mark.parametrize("ext,rate,bframes", [
-    ("webm", 30, False), ("webm", 15, False), ("mkv", 30, True), ("mkv", 15, False), ("mkv", 25, True),
-    ("mp4", 29.97, True), ("mp4", 60, False), ("mov", 24, True),
-    ("webm", "vfr", False), ("mkv", "vfr", True), ("mp4", "vfr", True), ("mov", "vfr", False)])
+@pytest.mark.parametrize(
+    "ext,rate,bframes",
+    [
+        ("webm", 30, False),
+        ("webm", 15, False),
+        ("mkv", 30, True),
+        ("mkv", 15, False),
+        ("mkv", 25, True),
+        ("mp4", 29.97, True),
+        ("mp4", 60, False),
+        ("mov", 24, True),
+        ("webm", "vfr", False),
+        ("mkv", "vfr", True),
+        ("mp4", "vfr", True),
+        ("mov", "vfr", False),
+    ],
+)
 def test_frames_are_the_ones_encoded_at_the_asked_times_in_every_container(tmp_path, ext, rate, bframes):
     """Each frame shows its index; the expected indices come from the times the clip was encoded
     with (not from the container's rounded timestamps, nor the reader's rule), the expected
@@ -107,11 +141,13 @@ def test_frames_are_the_ones_encoded_at_the_asked_times_in_every_container(tmp_p
     when = {i: t for t, i in reference}
     path = store_of(tmp_path, "x.lmdb", [{"__key__": "k", ext: data}])
     third = float(times[3])  # exactly on frame 3's time (rounded by the container)
-    cases = [(dict(frames=8, fps=None, clip="start"), list(range(8))),
-             (dict(frames=5, fps=None, clip=third), list(range(3, 8))),
-             (dict(frames=None, fps=None, max_seconds=0.5), [i for i, t in enumerate(times) if t < Fraction(1, 2)]),
-             (dict(frames=6, fps=float(fast), clip="start"), [_shown_at(times, j / fast) for j in range(6)]),
-             (dict(frames=4, fps=float(fast), clip=third), [_shown_at(times, times[3] + j / fast) for j in range(4)])]
+    cases = [
+        (dict(frames=8, fps=None, clip="start"), list(range(8))),
+        (dict(frames=5, fps=None, clip=third), list(range(3, 8))),
+        (dict(frames=None, fps=None, max_seconds=0.5), [i for i, t in enumerate(times) if t < Fraction(1, 2)]),
+        (dict(frames=6, fps=float(fast), clip="start"), [_shown_at(times, j / fast) for j in range(6)]),
+        (dict(frames=4, fps=float(fast), clip=third), [_shown_at(times, times[3] + j / fast) for j in range(4)]),
+    ]
     for options, expected in cases:
         reader = mmloader.VideoReader(path, ext, **options)
         got = [read_index(f.numpy()) for f in reader[0]]
@@ -127,15 +163,17 @@ def test_a_gap_in_variable_rate_video_is_not_truncation(tmp_path):
     data = make_indexed_video("mp4", times=VFR)
     mmloader.media.mediainfo.check_decodes(data)  # what convert --check-decode runs
     path = store_of(tmp_path, "g.lmdb", [{"__key__": f"k{i}", "mp4": data} for i in range(2)])
-    for options, expected in ((dict(frames=2, fps=5, clip=0.6), [7, 7]),
-                              (dict(frames=None, fps=5, max_seconds=1.0), [0, 3, 4, 7, 7])):
+    for options, expected in (
+        (dict(frames=2, fps=5, clip=0.6), [7, 7]),
+        (dict(frames=None, fps=5, max_seconds=1.0), [0, 3, 4, 7, 7]),
+    ):
         reader = mmloader.VideoReader(path, "mp4", **options)
         assert [read_index(f.numpy()) for f in reader[0]] == expected
         stream = mmloader.Stream(mmloader.zip(video=reader), batch_size=2, on_error="skip", shuffle=False)
         batches = list(mmloader.loader(stream, num_workers=1, backend="thread"))
         assert stream.skipped == 0 and [b["__key__"] for b in batches] == [["k0", "k1"]]
     mkv = make_indexed_video("mkv", times=VFR)
-    cut = store_of(tmp_path, "c.lmdb", [{"__key__": "cut", "mkv": mkv[:len(mkv) * 2 // 3]}])
+    cut = store_of(tmp_path, "c.lmdb", [{"__key__": "cut", "mkv": mkv[: len(mkv) * 2 // 3]}])
     with pytest.raises(DecodeError, match="truncated video.*key='cut'"):
         mmloader.VideoReader(cut, "mkv", frames=4, fps=2, clip="start")[0]
 
@@ -149,14 +187,14 @@ def _garble_packets(data: bytes, lo: float, hi: float) -> bytes:
     out = bytearray(data)
     rng = np.random.default_rng(0)
     for pos, size in spans:
-        out[pos + 4:pos + size] = rng.integers(0, 256, size - 4, dtype=np.uint8).tobytes()
+        out[pos + 4 : pos + size] = rng.integers(0, 256, size - 4, dtype=np.uint8).tobytes()
     return bytes(out)
 
 
 def _consecutive(reference: list[tuple[float, int]], t0: float, count: int) -> list[int]:
     """The indices of the frame shown at ``t0`` and the next ``count - 1`` ones of a reference."""
     i0 = max([i for i, (t, _) in enumerate(reference) if t <= t0 + 1e-6] or [0])
-    return [i for _, i in reference[i0:i0 + count]]
+    return [i for _, i in reference[i0 : i0 + count]]
 
 
 def test_matroska_video_that_starts_late_lasts_from_its_first_timestamp(tmp_path):
@@ -171,10 +209,12 @@ def test_matroska_video_that_starts_late_lasts_from_its_first_timestamp(tmp_path
     path = store_of(tmp_path, "late.lmdb", [{"__key__": "k", "mkv": data}])
     # the latest start leaving 8 frames is frame 28's (encoded for 28/30 s): the middle, 14/30 s,
     # is frame 14's time
-    cases = [(dict(frames=8, fps=None, clip="center"), list(range(14, 22))),
-             (dict(frames=4, fps=None, clip=1.0), [30, 31, 32, 33]),
-             (dict(frames=4, fps=None, clip=1.5), [32, 33, 34, 35]),  # past the room: the last 4
-             (dict(frames=4, fps=10, clip=1.3), [24, 27, 30, 33])]    # room: 1.2 - 4 / 10 = 0.8 s
+    cases = [
+        (dict(frames=8, fps=None, clip="center"), list(range(14, 22))),
+        (dict(frames=4, fps=None, clip=1.0), [30, 31, 32, 33]),
+        (dict(frames=4, fps=None, clip=1.5), [32, 33, 34, 35]),  # past the room: the last 4
+        (dict(frames=4, fps=10, clip=1.3), [24, 27, 30, 33]),
+    ]  # room: 1.2 - 4 / 10 = 0.8 s
     for options, expected in cases:
         assert [read_index(f.numpy()) for f in mmloader.VideoReader(path, "mkv", **options)[0]] == expected, options
     for seed in range(6):
@@ -210,9 +250,10 @@ def _cut_after_a_reference(data: bytes) -> bytes:
     s = c.streams.video[0]
     packets = [(p.pts, p.pos, p.pos + p.size) for p in c.demux(s) if p.pts is not None]
     c.close()
-    cuts = [(end + after_pos) // 2 + 1 for (pts, _, end), (after, after_pos, _) in zip(packets, packets[1:])
-            if after < pts]
-    return data[:cuts[-2]]
+    cuts = [
+        (end + after_pos) // 2 + 1 for (pts, _, end), (after, after_pos, _) in zip(packets, packets[1:]) if after < pts
+    ]
+    return data[: cuts[-2]]
 
 
 def test_a_cut_matroska_file_with_b_frames_is_truncated_not_a_gap(tmp_path):
@@ -226,8 +267,11 @@ def test_a_cut_matroska_file_with_b_frames_is_truncated_not_a_gap(tmp_path):
     assert kept != list(range(len(kept))) and kept[-1] < 35  # frames lost before the last one kept
     path = store_of(tmp_path, "cut.lmdb", [{"__key__": "cut", "mkv": cut}])
     first_gap = next(i for i, j in enumerate(kept) if i != j)
-    for options in (dict(frames=4, fps=None, clip=(first_gap - 1) / 30), dict(frames=36, fps=None, clip="start"),
-                    dict(frames=4, fps=30, clip=(first_gap - 0.5) / 30)):
+    for options in (
+        dict(frames=4, fps=None, clip=(first_gap - 1) / 30),
+        dict(frames=36, fps=None, clip="start"),
+        dict(frames=4, fps=30, clip=(first_gap - 0.5) / 30),
+    ):
         with pytest.raises(DecodeError, match="truncated video.*key='cut'"):
             mmloader.VideoReader(path, "mkv", **options)[0]
     early = mmloader.VideoReader(path, "mkv", frames=4, fps=None, clip=0.2)
@@ -303,8 +347,17 @@ def test_resampled_audio_equals_a_reference_resampler(tmp_path, ext, decoder):
     assert np.abs(stereo[1, inner] - sinc_resample(signal(1.5, 44100, 2)[1], 44100, 22050)[inner]).max() < 2e-3
 
 
-@pytest.mark.parametrize("ext,decoder", [("wav", "soundfile"), ("flac", "soundfile"), ("mp3", "soundfile"),
-                                         ("ogg", "soundfile"), ("m4a", "pyav"), ("opus", "pyav")])
+@pytest.mark.parametrize(
+    "ext,decoder",
+    [
+        ("wav", "soundfile"),
+        ("flac", "soundfile"),
+        ("mp3", "soundfile"),
+        ("ogg", "soundfile"),
+        ("m4a", "pyav"),
+        ("opus", "pyav"),
+    ],
+)
 def test_every_format_decodes_with_the_measured_decoder(tmp_path, ext, decoder):
     data = make_audio(ext, seconds=1.0, rate=44100, channels=2)
     path = store_of(tmp_path, "f.lmdb", [{"__key__": "a", ext: data}])
@@ -315,7 +368,7 @@ def test_every_format_decodes_with_the_measured_decoder(tmp_path, ext, decoder):
     ideal = signal(1.0, 16000, 2).mean(0)
     n = min(x.shape[1], len(ideal))
     lags = range(-1200, 1201, 1)  # lossy codecs may shift by their priming samples
-    best = max(np.corrcoef(x[0, 2000 + l:n - 2000 + l], ideal[2000:n - 2000])[0, 1] for l in lags[::8])
+    best = max(np.corrcoef(x[0, 2000 + l : n - 2000 + l], ideal[2000 : n - 2000])[0, 1] for l in lags[::8])
     assert best > 0.95, (ext, best)
     if decoder == "soundfile":  # the other decoder reads it too, and the same signal
         y = mmloader.AudioReader(path, ext, sample_rate=16000, decoder="pyav")[0].numpy()
@@ -328,14 +381,15 @@ def test_audio_windows_are_the_samples_of_a_full_decode(tmp_path, decoder):
     full, rate = decode_all_audio(data)
     path = store_of(tmp_path, "w.lmdb", [{"__key__": f"k{i}", "flac": data} for i in range(4)])
     for clip in ("start", "center", "random", 0.7, 1.9):
-        reader = mmloader.AudioReader(path, "flac", sample_rate=None, mono=False, max_seconds=0.5, clip=clip,
-                                      decoder=decoder)
+        reader = mmloader.AudioReader(
+            path, "flac", sample_rate=None, mono=False, max_seconds=0.5, clip=clip, decoder=decoder
+        )
         for i in range(4):
             x = reader[i].numpy()
             start_s, length = reader.window(2.0, f"k{i}")
             a = int(round(start_s * rate))
             assert x.shape == (2, int(0.5 * rate)), (clip, x.shape)
-            assert np.array_equal(x, full[:, a:a + x.shape[1]]), (clip, i, a)
+            assert np.array_equal(x, full[:, a : a + x.shape[1]]), (clip, i, a)
     whole = mmloader.AudioReader(path, "flac", sample_rate=None, mono=False, decoder=decoder)[0].numpy()
     assert np.array_equal(whole, full)
 
@@ -343,8 +397,10 @@ def test_audio_windows_are_the_samples_of_a_full_decode(tmp_path, decoder):
 def test_audio_clip_random_needs_max_seconds_and_pads_in_batches(tmp_path):
     with pytest.raises(ValueError, match="max_seconds"):
         mmloader.AudioReader(tmp_path, "flac", clip="random")
-    samples = [{"__key__": f"k{i}", "flac": make_audio("flac", seconds=0.5 + 0.25 * i, rate=16000, channels=1)}
-               for i in range(4)]
+    samples = [
+        {"__key__": f"k{i}", "flac": make_audio("flac", seconds=0.5 + 0.25 * i, rate=16000, channels=1)}
+        for i in range(4)
+    ]
     path = store_of(tmp_path, "p.lmdb", samples)
     stream = mmloader.Stream(mmloader.zip(audio=mmloader.AudioReader(path, "flac")), batch_size=4, shuffle=False)
     batch = next(iter(mmloader.loader(stream, num_workers=1, backend="thread")))
@@ -374,23 +430,24 @@ def _ten_hours_mp4(data: bytes) -> bytes:
         at = 0
         while (at := out.find(name, at + 1)) > 0:
             yield at + 4  # the body
-    movie_scale = struct.unpack(">I", out[next(boxes(b"mvhd")) + 12:][:4])[0]
+
+    movie_scale = struct.unpack(">I", out[next(boxes(b"mvhd")) + 12 :][:4])[0]
     for body in boxes(b"mvhd"):
-        out[body + 16:body + 20] = struct.pack(">I", 10 * 3600 * movie_scale)
+        out[body + 16 : body + 20] = struct.pack(">I", 10 * 3600 * movie_scale)
     for body in boxes(b"tkhd"):
-        out[body + 20:body + 24] = struct.pack(">I", 10 * 3600 * movie_scale)
+        out[body + 20 : body + 24] = struct.pack(">I", 10 * 3600 * movie_scale)
     for body in boxes(b"elst"):
-        for e in range(struct.unpack(">I", out[body + 4:body + 8])[0]):
-            out[body + 8 + 12 * e:body + 12 + 12 * e] = struct.pack(">I", 10 * 3600 * movie_scale)
+        for e in range(struct.unpack(">I", out[body + 4 : body + 8])[0]):
+            out[body + 8 + 12 * e : body + 12 + 12 * e] = struct.pack(">I", 10 * 3600 * movie_scale)
     track_scale = 1
     for body in boxes(b"mdhd"):
-        track_scale = struct.unpack(">I", out[body + 12:body + 16])[0]
-        out[body + 16:body + 20] = struct.pack(">I", 10 * 3600 * track_scale)
+        track_scale = struct.unpack(">I", out[body + 12 : body + 16])[0]
+        out[body + 16 : body + 20] = struct.pack(">I", 10 * 3600 * track_scale)
     for body in boxes(b"stts"):
-        n = struct.unpack(">I", out[body + 4:body + 8])[0]
-        frames = sum(struct.unpack(">I", out[body + 8 + 8 * e:body + 12 + 8 * e])[0] for e in range(n))
+        n = struct.unpack(">I", out[body + 4 : body + 8])[0]
+        frames = sum(struct.unpack(">I", out[body + 8 + 8 * e : body + 12 + 8 * e])[0] for e in range(n))
         for e in range(n):
-            out[body + 12 + 8 * e:body + 16 + 8 * e] = struct.pack(">I", 10 * 3600 * track_scale // frames)
+            out[body + 12 + 8 * e : body + 16 + 8 * e] = struct.pack(">I", 10 * 3600 * track_scale // frames)
     return bytes(out)
 
 
@@ -403,12 +460,17 @@ def test_a_ten_hour_header_is_refused_before_decoding(tmp_path, monkeypatch):
 
     def no_decoding(*a, **k):
         raise AssertionError("decoding started")
+
     monkeypatch.setattr(mmloader.readers.video, "_decode_targets", no_decoding)
     monkeypatch.setattr(mmloader.readers.audio, "_decode_audio", no_decoding)
     monkeypatch.setattr(sf.SoundFile, "read", no_decoding)
-    for reader in (mmloader.VideoReader(path, "mp4", clip="start"), mmloader.AudioReader(path, "flac"),
-                   mmloader.AudioReader(path, "flac", decoder="pyav"),
-                   mmloader.VideoReader(path, "mp4", audio={}).audio, mmloader.VideoReader(path, "mp4").timestamps):
+    for reader in (
+        mmloader.VideoReader(path, "mp4", clip="start"),
+        mmloader.AudioReader(path, "flac"),
+        mmloader.AudioReader(path, "flac", decoder="pyav"),
+        mmloader.VideoReader(path, "mp4", audio={}).audio,
+        mmloader.VideoReader(path, "mp4").timestamps,
+    ):
         with pytest.raises(SizeLimitError, match=r"duration of 36,000 s.*max_duration.*key='long'"):
             reader[0]
     # raised per reader, the file decodes (until the patched decoder)
@@ -417,9 +479,17 @@ def test_a_ten_hour_header_is_refused_before_decoding(tmp_path, monkeypatch):
 
 
 def test_absurd_resolution_and_sample_rate_are_refused_from_the_header(tmp_path):
-    path = store_of(tmp_path, "r.lmdb", [{"__key__": "big", "mp4": make_video("mp4", seconds=1, fps=5, width=320,
-                                                                             height=240),
-                                          "wav": make_audio("wav", seconds=0.2, rate=96000, channels=1)}])
+    path = store_of(
+        tmp_path,
+        "r.lmdb",
+        [
+            {
+                "__key__": "big",
+                "mp4": make_video("mp4", seconds=1, fps=5, width=320, height=240),
+                "wav": make_audio("wav", seconds=0.2, rate=96000, channels=1),
+            }
+        ],
+    )
     with pytest.raises(SizeLimitError, match=r"320x240 pixels.*max_pixels=10000.*key='big'.*field='mp4'"):
         mmloader.VideoReader(path, "mp4", max_pixels=10_000)[0]
     for decoder in ("soundfile", "pyav"):
@@ -430,7 +500,7 @@ def test_absurd_resolution_and_sample_rate_are_refused_from_the_header(tmp_path)
 def _corrupt(data: bytes, at: float = 0.5) -> bytes:
     out = bytearray(data)
     i = int(len(out) * at)
-    out[i:i + 400] = np.random.default_rng(1).integers(0, 256, 400, dtype=np.uint8).tobytes()
+    out[i : i + 400] = np.random.default_rng(1).integers(0, 256, 400, dtype=np.uint8).tobytes()
     return bytes(out)
 
 
@@ -438,36 +508,46 @@ def test_corrupt_and_truncated_mp4_and_flac_are_decode_errors_naming_key_and_fie
     mp4 = make_video("mp4", seconds=2, fps=15, keyint=10)
     mkv = make_video("mkv", seconds=2, fps=15, keyint=10)
     flac = make_audio("flac", seconds=2, rate=16000, channels=1)
-    bad = {"trunc_mp4": {"mp4": mp4[:len(mp4) // 2]},           # the index (moov) is at the end: gone
-           "trunc_mkv": {"mkv": mkv[:len(mkv) // 2]},           # header first, half the frames gone
-           "corrupt_mp4": {"mp4": _garble_packets(mp4, 0.0, 2.0)},
-           "trunc_flac": {"flac": flac[:len(flac) // 2]},
-           "corrupt_flac": {"flac": _corrupt(flac, 0.4)}}
+    bad = {
+        "trunc_mp4": {"mp4": mp4[: len(mp4) // 2]},  # the index (moov) is at the end: gone
+        "trunc_mkv": {"mkv": mkv[: len(mkv) // 2]},  # header first, half the frames gone
+        "corrupt_mp4": {"mp4": _garble_packets(mp4, 0.0, 2.0)},
+        "trunc_flac": {"flac": flac[: len(flac) // 2]},
+        "corrupt_flac": {"flac": _corrupt(flac, 0.4)},
+    }
     for name, fields in bad.items():
         path = store_of(tmp_path, f"{name}.lmdb", [{"__key__": name, **fields}])
         field = next(iter(fields))
-        readers = ([mmloader.VideoReader(path, field, frames=30, clip="start")] if field in ("mp4", "mkv") else
-                   [mmloader.AudioReader(path, "flac", decoder="soundfile"),
-                    mmloader.AudioReader(path, "flac", decoder="pyav")])
+        readers = (
+            [mmloader.VideoReader(path, field, frames=30, clip="start")]
+            if field in ("mp4", "mkv")
+            else [
+                mmloader.AudioReader(path, "flac", decoder="soundfile"),
+                mmloader.AudioReader(path, "flac", decoder="pyav"),
+            ]
+        )
         for reader in readers:
             with pytest.raises(DecodeError, match=rf"key='{name}', field='{field}'"):
                 reader[0]
 
 
 def test_skip_policy_keeps_batches_equal_with_bad_media(tmp_path):
-    good_v, good_a = make_video("mp4", seconds=1, fps=10, keyint=5), make_audio("flac", seconds=0.5, rate=16000,
-                                                                                channels=1)
+    good_v, good_a = (
+        make_video("mp4", seconds=1, fps=10, keyint=5),
+        make_audio("flac", seconds=0.5, rate=16000, channels=1),
+    )
     samples = []
     for i in range(12):
         v, a = good_v, good_a
         if i == 3:
-            v = good_v[:len(good_v) // 2]
+            v = good_v[: len(good_v) // 2]
         if i == 7:
-            a = a[:len(a) // 2]
+            a = a[: len(a) // 2]
         samples.append({"__key__": f"k{i:02d}", "mp4": v, "flac": a})
     path = store_of(tmp_path, "skip.lmdb", samples)
-    ds = mmloader.zip(video=mmloader.VideoReader(path, "mp4", frames=4, size=(24, 32)),
-                      audio=mmloader.AudioReader(path, "flac"))
+    ds = mmloader.zip(
+        video=mmloader.VideoReader(path, "mp4", frames=4, size=(24, 32)), audio=mmloader.AudioReader(path, "flac")
+    )
     stream = mmloader.Stream(ds, batch_size=4, on_error="skip", seed=0)
     batches = list(mmloader.loader(stream, num_workers=2, backend="thread"))
     assert [len(b["__key__"]) for b in batches] == [4, 4, 4]
@@ -491,8 +571,11 @@ def test_random_clips_are_reproducible_per_seed_and_epoch_and_differ_across_epoc
     path = store_of(tmp_path, "r.lmdb", [{"__key__": f"k{i:02d}", "mp4": clips["mp4"]} for i in range(8)])
     video = mmloader.VideoReader(path, "mp4", frames=3, fps=5, size=(16, 16))
     ds = mmloader.zip(video=video, times=video.timestamps)
-    make = lambda backend, seed=0: mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=seed),  # noqa: E731
-                                                    num_workers=2, backend=backend)
+    make = lambda backend, seed=0: mmloader.loader(
+        mmloader.Stream(ds, batch_size=4, seed=seed),  # noqa: E731
+        num_workers=2,
+        backend=backend,
+    )
     threads, processes = make("thread"), make("process")
     e0, e1 = _clip_times(threads, 0), _clip_times(threads, 1)
     assert e0 == _clip_times(threads, 0) == _clip_times(processes, 0)  # same seed and epoch: same clips
@@ -509,8 +592,7 @@ def test_video_with_its_audio_track_aligned_by_timestamps(tmp_path, clips):
     data = clips["av"]
     full, rate = decode_all_audio(data)
     path = store_of(tmp_path, "av.lmdb", [{"__key__": f"k{i}", "mp4": data} for i in range(4)])
-    video = mmloader.VideoReader(path, "mp4", frames=6, fps=5, size=(24, 32),
-                                 audio=dict(sample_rate=None, mono=False))
+    video = mmloader.VideoReader(path, "mp4", frames=6, fps=5, size=(24, 32), audio=dict(sample_rate=None, mono=False))
     ds = mmloader.zip(video=video, audio=video.audio, times=video.timestamps)
     for seed in (0, 3):
         enter_batch(seed, False)
@@ -522,7 +604,7 @@ def test_video_with_its_audio_track_aligned_by_timestamps(tmp_path, clips):
             assert s["audio"].shape == (2, n)
             # AAC: a seek decodes 0.2 s before the window, after which the decoder's state equals the
             # whole-file decode's up to float rounding (-100 dB)
-            assert np.abs(s["audio"].numpy() - full[:, a:a + n]).max() < 1e-4, (seed, i, first)
+            assert np.abs(s["audio"].numpy() - full[:, a : a + n]).max() < 1e-4, (seed, i, first)
     resampled = mmloader.VideoReader(path, "mp4", frames=6, fps=5, audio=dict(sample_rate=16000)).audio
     assert resampled[0].shape == (1, int(round(6 / 5 * 16000)))
     stream = mmloader.Stream(ds, batch_size=4, seed=0)
@@ -541,11 +623,11 @@ def test_opus_and_vorbis_windows_in_webm_equal_a_whole_file_decode(tmp_path, cod
     for clip in (0.5, 1.0, 0.77):
         x = mmloader.AudioReader(path, "webm", sample_rate=None, mono=False, max_seconds=0.5, clip=clip)[0].numpy()
         a = int(round(clip * rate))
-        assert x.shape == (2, int(0.5 * rate)) and np.abs(x - full[:, a:a + x.shape[1]]).max() < 1e-4, (clip,)
+        assert x.shape == (2, int(0.5 * rate)) and np.abs(x - full[:, a : a + x.shape[1]]).max() < 1e-4, (clip,)
     video = mmloader.VideoReader(path, "webm", frames=4, fps=5, clip=1.0, audio=dict(sample_rate=None, mono=False))
     x, first = video.audio[0].numpy(), float(video.timestamps[0][0])
     a = int(round(first * rate))
-    assert first == 1.0 and np.abs(x - full[:, a:a + x.shape[1]]).max() < 1e-4
+    assert first == 1.0 and np.abs(x - full[:, a : a + x.shape[1]]).max() < 1e-4
 
 
 # -- converters, inspect, preview, configs ------------------------------------------------------------
@@ -568,15 +650,23 @@ def raw_media(tmp_path_factory) -> Path:
 
 
 def test_pairs_groups_clip_mp4_txt_flac_and_probes_headers(tmp_path, raw_media):
-    done = _mm("convert", "pairs", raw_media / "clips", tmp_path / "c.lmdb", "--require", "mp4,txt,flac",
-               "--check-decode", "-q")
+    done = _mm(
+        "convert",
+        "pairs",
+        raw_media / "clips",
+        tmp_path / "c.lmdb",
+        "--require",
+        "mp4,txt,flac",
+        "--check-decode",
+        "-q",
+    )
     assert done.returncode == 0, done.stderr
     store = mmloader.open(tmp_path / "c.lmdb")
     assert len(store) == 3 and set(store.fields) == {"mp4", "txt", "flac"}
     (raw_media / "bad").mkdir(exist_ok=True)
     good = make_video("mp4", seconds=1, fps=10, keyint=5)
     (raw_media / "bad" / "ok.mp4").write_bytes(good)
-    (raw_media / "bad" / "cut.mp4").write_bytes(good[:len(good) // 2])
+    (raw_media / "bad" / "cut.mp4").write_bytes(good[: len(good) // 2])
     (raw_media / "bad" / "garbled.mp4").write_bytes(_garble_packets(good, 0.0, 1.0))
     (raw_media / "bad" / "long.mp4").write_bytes(_ten_hours_mp4(good))
     done = _mm("convert", "pairs", raw_media / "bad", tmp_path / "b.lmdb", "--on-error", "skip", "--check-decode")
@@ -591,12 +681,22 @@ def test_pairs_groups_clip_mp4_txt_flac_and_probes_headers(tmp_path, raw_media):
 
 
 def test_max_seconds_and_transcode(tmp_path, raw_media):
-    done = _mm("convert", "pairs", raw_media / "clips", tmp_path / "m.lmdb", "--max-seconds", "2.5",
-               "--on-error", "skip", "-q")
+    done = _mm(
+        "convert", "pairs", raw_media / "clips", tmp_path / "m.lmdb", "--max-seconds", "2.5", "--on-error", "skip", "-q"
+    )
     assert done.returncode == 0 and len(mmloader.open(tmp_path / "m.lmdb")) == 2  # the 3-s clip is refused
     assert "longer than --max-seconds" in (tmp_path / "m.lmdb.skipped.tsv").read_text()
-    done = _mm("convert", "pairs", raw_media / "clips", tmp_path / "t.lmdb", "--max-seconds", "1.5",
-               "--transcode", "fps=5,size=32,sample_rate=8000", "-q")
+    done = _mm(
+        "convert",
+        "pairs",
+        raw_media / "clips",
+        tmp_path / "t.lmdb",
+        "--max-seconds",
+        "1.5",
+        "--transcode",
+        "fps=5,size=32,sample_rate=8000",
+        "-q",
+    )
     assert done.returncode == 0, done.stderr
     store = mmloader.open(tmp_path / "t.lmdb")
     for i in range(3):
@@ -614,8 +714,19 @@ def test_manifest_takes_video_and_audio_columns(tmp_path, raw_media):
     rows = [{"video": f"clips/c{i}.mp4", "audio": f"clips/c{i}.flac", "caption": f"clip {i}"} for i in range(3)]
     manifest = raw_media / "clips.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = _mm("convert", "manifest", manifest, tmp_path / "man.lmdb", "--video-column", "video",
-               "--audio-column", "audio", "--text-column", "caption", "-q")
+    done = _mm(
+        "convert",
+        "manifest",
+        manifest,
+        tmp_path / "man.lmdb",
+        "--video-column",
+        "video",
+        "--audio-column",
+        "audio",
+        "--text-column",
+        "caption",
+        "-q",
+    )
     assert done.returncode == 0, done.stderr
     store = mmloader.open(tmp_path / "man.lmdb")
     assert set(store.fields) == {"mp4", "flac", "txt"} and len(store) == 3
@@ -629,6 +740,7 @@ def test_inspect_and_preview_show_media(tmp_path, raw_media):
     done = _mm("preview", tmp_path / "c.lmdb", "-o", tmp_path / "p.png", "-n", "2")
     assert done.returncode == 0, done.stderr
     from PIL import Image
+
     sheet = np.asarray(Image.open(tmp_path / "p.png").convert("RGB"))
     assert (sheet[:160] != 255).any(axis=-1).mean() > 0.2  # frames and waveforms drawn, not an empty sheet
     assert "caption" not in done.stdout or "clip 0" in done.stdout
@@ -651,19 +763,39 @@ def _av_config(tmp_path: Path, raw_media: Path) -> dict:
         assert _mm("convert", "pairs", raw_media / "clips", clips, "-q").returncode == 0
         with mmloader.writer_for(tmp_path / "images.lmdb") as w:
             from conftest import jpeg_bytes
+
             for i in range(5):
                 w.write({"__key__": f"i{i}", "jpg": jpeg_bytes(i, size=(40, 30)), "txt": f"image {i}"})
-    return {"seed": 0, "batch_size": 8, "mix": {"epoch_size": 32},
-            "sources": {"video_text": {"path": str(clips), "weight": 0.4, "modalities": {
-                            "video": {"field": "mp4", "frames": 3, "fps": 5, "size": [24, 32]},
-                            "audio": {"clip": "video", "sample_rate": 8000},
-                            "times": {"reader": "timestamps", "clip": "video"},
-                            "caption": {"field": "txt"}}},
-                        "audio_text": {"path": str(clips), "weight": 0.3, "modalities": {
-                            "audio": {"field": "flac", "sample_rate": 8000, "max_seconds": 0.6, "clip": "random"},
-                            "caption": {"field": "txt"}}},
-                        "image_text": {"path": str(tmp_path / "images.lmdb"), "weight": 0.3, "modalities": {
-                            "image": {"field": "jpg", "size": [24, 32]}, "caption": {"field": "txt"}}}}}
+    return {
+        "seed": 0,
+        "batch_size": 8,
+        "mix": {"epoch_size": 32},
+        "sources": {
+            "video_text": {
+                "path": str(clips),
+                "weight": 0.4,
+                "modalities": {
+                    "video": {"field": "mp4", "frames": 3, "fps": 5, "size": [24, 32]},
+                    "audio": {"clip": "video", "sample_rate": 8000},
+                    "times": {"reader": "timestamps", "clip": "video"},
+                    "caption": {"field": "txt"},
+                },
+            },
+            "audio_text": {
+                "path": str(clips),
+                "weight": 0.3,
+                "modalities": {
+                    "audio": {"field": "flac", "sample_rate": 8000, "max_seconds": 0.6, "clip": "random"},
+                    "caption": {"field": "txt"},
+                },
+            },
+            "image_text": {
+                "path": str(tmp_path / "images.lmdb"),
+                "weight": 0.3,
+                "modalities": {"image": {"field": "jpg", "size": [24, 32]}, "caption": {"field": "txt"}},
+            },
+        },
+    }
 
 
 def _check_mixed_batch(batch) -> None:
@@ -683,18 +815,21 @@ def _check_mixed_batch(batch) -> None:
 # -- DDP and endurance ----------------------------------------------------------------------------------
 def _rank_main(rank: int, init: str, cfg: dict, out: str) -> None:
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     stream = mmloader.from_config(cfg)
-    loader = mmloader.loader(stream, num_workers=2, backend="process", multiprocessing_context="fork",
-                             persistent_workers=False)
+    loader = mmloader.loader(
+        stream, num_workers=2, backend="process", multiprocessing_context="fork", persistent_workers=False
+    )
     result = {}
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         batches = []
         for batch in loader:
             _check_mixed_batch(batch)
-            batches.append({"keys": list(batch["__key__"]), "sources": list(batch["__source__"]),
-                            "times": batch["times"].tolist()})
+            batches.append(
+                {"keys": list(batch["__key__"]), "sources": list(batch["__source__"]), "times": batch["times"].tolist()}
+            )
         result[epoch] = batches
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
@@ -703,6 +838,7 @@ def _rank_main(rank: int, init: str, cfg: dict, out: str) -> None:
 
 def test_mixed_video_audio_image_batches_through_2_ranks_x_2_workers(tmp_path, raw_media):
     import torch.multiprocessing as tmp
+
     cfg = _av_config(tmp_path, raw_media)
     cfg["batch_size"] = 8
     tmp.spawn(_rank_main, args=(str(tmp_path / "init"), cfg, str(tmp_path)), nprocs=2, join=True)
@@ -734,14 +870,21 @@ def test_mixed_video_audio_image_batches_through_2_ranks_x_2_workers(tmp_path, r
 def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
     """Persistent worker processes decode clips for 20 epochs; RSS, descriptors and mappings are
     read from outside the workers (/proc), so nothing in them changes to be observed."""
-    from mmloader.cli.bench import _children
     from test_reliability import _proc_figures
+
+    from mmloader.cli.bench import _children
+
     data = make_video("mp4", seconds=2, fps=15, keyint=10, audio_rate=16000, width=96, height=64)
     path = store_of(tmp_path, "m.lmdb", [{"__key__": f"k{i:02d}", "mp4": data, "txt": f"t{i}"} for i in range(24)])
     video = mmloader.VideoReader(path, "mp4", frames=4, fps=5, size=(32, 48), audio=dict(sample_rate=16000))
     ds = mmloader.zip(video=video, audio=video.audio, caption=mmloader.TextReader(path))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=8), num_workers=2, backend="process",
-                             persistent_workers=True, multiprocessing_context="fork")
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=8),
+        num_workers=2,
+        backend="process",
+        persistent_workers=True,
+        multiprocessing_context="fork",
+    )
     others = set(_children(os.getpid()))
     per_epoch = []
     for epoch in range(20):
@@ -753,8 +896,10 @@ def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
     with capsys.disabled():
         print("\n  worker   RSS kB (epoch 2 -> 20)   fds      maps")
         for pid in first:
-            print(f"  {pid:>6}   {first[pid][0]:>7} -> {last[pid][0]:<7}   {first[pid][1]} -> {last[pid][1]}   "
-                  f"{first[pid][2]} -> {last[pid][2]}")
+            print(
+                f"  {pid:>6}   {first[pid][0]:>7} -> {last[pid][0]:<7}   {first[pid][1]} -> {last[pid][1]}   "
+                f"{first[pid][2]} -> {last[pid][2]}"
+            )
     for pid in first:
         assert last[pid][0] - first[pid][0] < 4096, "worker RSS grew by more than 4 MB over 18 epochs"
         assert last[pid][1] == first[pid][1], "open file descriptors kept growing"
@@ -762,23 +907,28 @@ def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
 
 
 def test_import_mmloader_and_converters_without_av():
-    code = ("import sys, mmloader, mmloader.converters.pairs, mmloader.converters.manifest, mmloader.converters.common\n"
-            "mmloader.media.mediainfo.field_kind('mp4')\n"
-            "assert not {'av', 'soundfile', 'torch'} & set(sys.modules), sorted({'av', 'soundfile', 'torch'} & set(sys.modules))\n"
-            "import mmloader.readers\n"
-            "assert not {'av', 'soundfile'} & set(sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys, mmloader, mmloader.converters.pairs, mmloader.converters.manifest, mmloader.converters.common\n"
+        "mmloader.media.mediainfo.field_kind('mp4')\n"
+        "assert not {'av', 'soundfile', 'torch'} & set(sys.modules), sorted({'av', 'soundfile', 'torch'} & set(sys.modules))\n"
+        "import mmloader.readers\n"
+        "assert not {'av', 'soundfile'} & set(sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_auto_backend_picks_worker_processes_for_media_readers(tmp_path, clips):
     """PyAV runs Python per packet (it holds the GIL): the default loader uses processes for it."""
     from mmloader.loading.dataloader import choose_backend
+
     path = store_of(tmp_path, "m.lmdb", [{"__key__": "k0", "mp4": clips["av"], "txt": "a"}])
     text_only = mmloader.Stream(mmloader.zip(txt=mmloader.TextReader(path)), batch_size=1)
-    video = mmloader.Stream(mmloader.zip(v=mmloader.VideoReader(path, "mp4", frames=2), txt=mmloader.TextReader(path)),
-                            batch_size=1)
+    video = mmloader.Stream(
+        mmloader.zip(v=mmloader.VideoReader(path, "mp4", frames=2), txt=mmloader.TextReader(path)), batch_size=1
+    )
     audio = mmloader.Stream(mmloader.zip(a=mmloader.AudioReader(path, "mp4")), batch_size=1)
     assert choose_backend(text_only)[0] == "thread"
     for stream, name in ((video, "VideoReader"), (audio, "AudioReader")):

@@ -1,4 +1,5 @@
 """The ``mmloader`` command: exit codes, help, one-line errors, and what inspect/bench/preview show."""
+
 from __future__ import annotations
 
 import io
@@ -10,14 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import write_dataset
 from PIL import Image
+from test_converters import AS_ROOT, unreadable  # noqa: F401  (the fixture)
 
 import mmloader
 from mmloader.cli import main as cli
 from mmloader.cli.convert import CONVERTERS
-
-from conftest import write_dataset
-from test_converters import AS_ROOT, unreadable  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("inspect", "verify", "index", "convert", "merge", "preview", "plan", "bench")
@@ -56,9 +56,16 @@ def test_top_level_help(capsys):
 
 def _missing(tmp_path) -> dict[str, list]:
     m = tmp_path / "missing"
-    return {"inspect": [m], "verify": [m, "-q"], "index": [m], "merge": [m, tmp_path / "out"], "preview": [m],
-            "plan": [tmp_path / "missing.yaml"], "bench": [m],
-            **{f"convert {layout}": [m, tmp_path / "out"] for layout in CONVERTERS}}
+    return {
+        "inspect": [m],
+        "verify": [m, "-q"],
+        "index": [m],
+        "merge": [m, tmp_path / "out"],
+        "preview": [m],
+        "plan": [tmp_path / "missing.yaml"],
+        "bench": [m],
+        **{f"convert {layout}": [m, tmp_path / "out"] for layout in CONVERTERS},
+    }
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c != "convert"] + [f"convert {l}" for l in CONVERTERS])
@@ -75,35 +82,49 @@ def test_non_dataset_path_is_a_failure_exit_1(tmp_path, capsys, command):
     folder.mkdir()
     (folder / "notes.md").write_text("# not a dataset\n")
     text = folder / "notes.md"
-    argv = {"inspect": [folder], "verify": [folder, "-q"], "index": [folder], "merge": [folder, tmp_path / "o"],
-            "preview": [folder], "plan": [folder], "bench": [folder],
-            "convert pairs": [text, tmp_path / "o"], "convert imagefolder": [text, tmp_path / "o"],
-            "convert manifest": [folder, tmp_path / "o"], "convert textlines": [folder, tmp_path / "o"],
-            "convert parquet": [folder, tmp_path / "o"]}[command]
+    argv = {
+        "inspect": [folder],
+        "verify": [folder, "-q"],
+        "index": [folder],
+        "merge": [folder, tmp_path / "o"],
+        "preview": [folder],
+        "plan": [folder],
+        "bench": [folder],
+        "convert pairs": [text, tmp_path / "o"],
+        "convert imagefolder": [text, tmp_path / "o"],
+        "convert manifest": [folder, tmp_path / "o"],
+        "convert textlines": [folder, tmp_path / "o"],
+        "convert parquet": [folder, tmp_path / "o"],
+    }[command]
     code, out, err = call(capsys, *command.split(), *argv)
     assert code == 1, (out, err)
     one_line_error(err, command)
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    ([], "the following arguments are required: COMMAND"),
-    (["inspect"], "the following arguments are required: path"),
-    (["inspect", "x", "--bogus"], "unrecognized arguments: --bogus"),
-    (["convert"], "which layout?"),
-    (["convert", "bogus"], "unknown layout 'bogus'"),
-    (["convert", "pairs"], "the following arguments are required: src, dst"),
-    (["bench", "x", "--batch-size", "0"], "argument --batch-size: 0: must be 1 or more"),
-    (["bench", "x", "--epochs", "0"], "argument --epochs: 0: must be 1 or more"),
-    (["bench", "x", "--workers", "-1"], "argument --workers: -1: must be 0 or more"),
-    (["bench", "x", "--step-ms", "-3"], "argument --step-ms: -3: must be a number more than 0"),
-    (["preview", "x", "-n", "0"], "argument -n: 0: must be 1 or more"),
-    (["inspect", "x", "-n", "-1"], "argument -n/--preview: -1: must be 0 or more"),
-    (["plan", "x.yaml", "--world", "0"], "argument --world: 0: must be 1 or more"),
-    (["convert", "pairs", "a", "b", "--shuffle-seed", "-1"], "argument --shuffle-seed: -1: must be 0 or more"),
-    (["convert", "textlines", "a", "b", "--format", "tar", "--shard-size", "-1"],
-     "argument --shard-size: -1: must be 1 or more"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["inspect"], "the following arguments are required: path"),
+        (["inspect", "x", "--bogus"], "unrecognized arguments: --bogus"),
+        (["convert"], "which layout?"),
+        (["convert", "bogus"], "unknown layout 'bogus'"),
+        (["convert", "pairs"], "the following arguments are required: src, dst"),
+        (["bench", "x", "--batch-size", "0"], "argument --batch-size: 0: must be 1 or more"),
+        (["bench", "x", "--epochs", "0"], "argument --epochs: 0: must be 1 or more"),
+        (["bench", "x", "--workers", "-1"], "argument --workers: -1: must be 0 or more"),
+        (["bench", "x", "--step-ms", "-3"], "argument --step-ms: -3: must be a number more than 0"),
+        (["preview", "x", "-n", "0"], "argument -n: 0: must be 1 or more"),
+        (["inspect", "x", "-n", "-1"], "argument -n/--preview: -1: must be 0 or more"),
+        (["plan", "x.yaml", "--world", "0"], "argument --world: 0: must be 1 or more"),
+        (["convert", "pairs", "a", "b", "--shuffle-seed", "-1"], "argument --shuffle-seed: -1: must be 0 or more"),
+        (
+            ["convert", "textlines", "a", "b", "--format", "tar", "--shard-size", "-1"],
+            "argument --shard-size: -1: must be 1 or more",
+        ),
+    ],
+)
 def test_usage_errors_exit_2_with_one_message(capsys, argv, message):
     code, out, err = call(capsys, *argv)
     assert code == 2 and message in err and "Traceback" not in err, err
@@ -115,6 +136,7 @@ def unreadable_lmdb(tmp_path, monkeypatch):
     """An LMDB dataset whose data.mdb cannot be read: chmod 000, or as root (who reads it anyway)
     the error lmdb raises then (EACCES -> lmdb.ReadonlyError) raised by lmdb.open."""
     import lmdb
+
     path = write_dataset(tmp_path / "locked.lmdb", 5, "lmdb")
     data = path / "data.mdb"
     if AS_ROOT:
@@ -124,6 +146,7 @@ def unreadable_lmdb(tmp_path, monkeypatch):
             if os.path.realpath(p) == os.path.realpath(path):
                 raise lmdb.ReadonlyError(f"{data}: Permission denied")
             return real(p, *a, **kw)
+
         monkeypatch.setattr(lmdb, "open", refuse)
         yield path
     else:
@@ -158,9 +181,14 @@ def test_broken_pipe_is_quiet(tmp_path):
         r, w = os.pipe()
         os.close(r)  # the reader is gone before the first write, as with `| head` that already quit
         try:
-            proc = subprocess.run([sys.executable, "-m", "mmloader.cli", *argv], stdout=w,
-                                  stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            proc = subprocess.run(
+                [sys.executable, "-m", "mmloader.cli", *argv],
+                stdout=w,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
         finally:
             os.close(w)
         assert proc.stderr == "", proc.stderr
@@ -186,12 +214,16 @@ def test_inspect_shows_format_counts_fields_and_a_preview(capsys, lmdb_ds, tar_d
 
 def test_bench_prints_its_figures(tmp_path, capsys):
     path = write_dataset(tmp_path / "b.lmdb", 12, "lmdb")
-    code, out, err = call(capsys, "bench", path, "--epochs", "1", "--batch-size", "4", "--workers", "0",
-                          "--step-ms", "1000")
+    code, out, err = call(
+        capsys, "bench", path, "--epochs", "1", "--batch-size", "4", "--workers", "0", "--step-ms", "1000"
+    )
     assert code == 0, err
     head, *rest = out.splitlines()
-    m = re.fullmatch(r".*b\.lmdb: (\d+) samples in ([\d.]+) s over 1 epoch\(s\), thread backend, 0 workers, "
-                     r"batch 4", head)
+    m = re.fullmatch(
+        r".*b\.lmdb: (\d+) samples in ([\d.]+) s over 1 epoch\(s\), thread backend, 0 workers, "
+        r"batch 4",
+        head,
+    )
     assert m and int(m.group(1)) == 12, head
     figures = {l.split()[0]: l for l in rest}
     rate = float(re.search(r"([\d,]+) samples/s", figures["throughput"]).group(1).replace(",", ""))
@@ -223,8 +255,9 @@ def test_preview_draws_each_sample_image(tmp_path, capsys):
     assert "[0] k0 | txt: colour 0" in text
     sheet = np.asarray(Image.open(out).convert("RGB")).astype(int)
     from mmloader.cli.preview import THUMB
+
     cell_w, cell_h = THUMB + 16, THUMB + 64 + 8
     for n, c in enumerate(colours):  # the middle of each cell's thumbnail is the sample's colour
         x, y = (n % 2) * cell_w + 8 + THUMB // 2, (n // 2) * cell_h + 4 + THUMB // 2
         assert np.abs(sheet[y, x] - np.array(c)).max() <= 2, (n, sheet[y, x], c)
-    assert (sheet[(THUMB // 2) - 45:(THUMB // 2) - 38, 8 + THUMB // 2] == 255).all()  # above a 2:1 thumb: white
+    assert (sheet[(THUMB // 2) - 45 : (THUMB // 2) - 38, 8 + THUMB // 2] == 255).all()  # above a 2:1 thumb: white

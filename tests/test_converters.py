@@ -1,4 +1,5 @@
 """Converters on small raw folders made by the tests (real JPEG/PNG files)."""
+
 from __future__ import annotations
 
 import csv
@@ -15,13 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import jpeg_bytes, train_tokenizer, write_pairs_folder
 from PIL import Image
 
 import mmloader
 from mmloader.cli import main as cli
 from mmloader.cli.verify import verify
-
-from conftest import jpeg_bytes, train_tokenizer, write_pairs_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,9 @@ def run(*argv) -> int:
 
 def _png(seed, size=(20, 16)) -> bytes:
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 4), dtype=np.uint8)).save(buf, "PNG")
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 4), dtype=np.uint8)).save(
+        buf, "PNG"
+    )
     return buf.getvalue()
 
 
@@ -81,11 +83,14 @@ def test_workers_2_identical_to_workers_1(pairs_dir, tmp_path):
 
 def test_imagefolder_indices_equal_torchvision(tmp_path):
     from torchvision.datasets import ImageFolder
+
     root = tmp_path / "train"
     for n, cls in enumerate(["zebra", "Ant", "cat", "bee"]):
         (root / cls / "sub").mkdir(parents=True)
         for i in range(3):
-            (root / cls / f"{cls}{i}.JPG" if i == 0 else root / cls / f"{cls}{i}.jpg").write_bytes(jpeg_bytes(n * 10 + i))
+            (root / cls / f"{cls}{i}.JPG" if i == 0 else root / cls / f"{cls}{i}.jpg").write_bytes(
+                jpeg_bytes(n * 10 + i)
+            )
         (root / cls / "sub" / "deep.png").write_bytes(_png(n))
         (root / cls / "notes.txt").write_text("not an image")
     assert run("imagefolder", root, tmp_path / "out.lmdb") == 0
@@ -106,8 +111,15 @@ def test_manifest(tmp_path, kind):
     rows = []
     for i in range(5):
         (tmp_path / "imgs" / f"{i}.jpg").write_bytes(jpeg_bytes(i))
-        rows.append({"file": f"imgs/{i}.jpg", "caption": f"cap {i}", "label": ["dog", "cat"][i % 2],
-                     "width": str(48), "source": "web"})
+        rows.append(
+            {
+                "file": f"imgs/{i}.jpg",
+                "caption": f"cap {i}",
+                "label": ["dog", "cat"][i % 2],
+                "width": str(48),
+                "source": "web",
+            }
+        )
     man = tmp_path / f"m.{kind}"
     if kind == "jsonl":
         man.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -116,8 +128,22 @@ def test_manifest(tmp_path, kind):
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    assert run("manifest", man, tmp_path / "out", "--image-column", "file", "--text-column", "caption",
-               "--label-column", "label", "--keep-columns", "width") == 0
+    assert (
+        run(
+            "manifest",
+            man,
+            tmp_path / "out",
+            "--image-column",
+            "file",
+            "--text-column",
+            "caption",
+            "--label-column",
+            "label",
+            "--keep-columns",
+            "width",
+        )
+        == 0
+    )
     ds = mmloader.open(tmp_path / "out")
     assert ds.metadata["metadata"]["classes"] == ["cat", "dog"]
     r = ds[2]
@@ -136,6 +162,7 @@ def _lines_text() -> bytes:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_textlines_boundaries_every_line_once_in_order(tmp_path, monkeypatch, workers):
     import mmloader.converters.textlines as tl
+
     monkeypatch.setattr(tl, "CHUNK_BYTES", 37)  # many ranges: lines cross boundaries everywhere
     src = tmp_path / "c.txt"
     src.write_bytes(_lines_text())
@@ -169,16 +196,29 @@ def test_textlines_parts_and_blank_policy(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_textlines_tokenizer_stores_the_ids_of_every_line(tmp_path, monkeypatch, workers):
     pytest.importorskip("tokenizers")
-    from tokenizers import Tokenizer
     import mmloader.converters.textlines as tl
+    from tokenizers import Tokenizer
+
     monkeypatch.setattr(tl, "CHUNK_BYTES", 37)  # lines cross chunk boundaries: ids must follow their line
     src = tmp_path / "c.txt"
     src.write_bytes(_lines_text())
     want = _lines_text().decode().replace("\r\n", "\n").split("\n")
     train_tokenizer(want, tmp_path / "tok.json")
     tok = Tokenizer.from_file(str(tmp_path / "tok.json"))
-    assert run("textlines", src, tmp_path / "ids.lmdb", "--tokenizer", tmp_path / "tok.json", "--workers", workers,
-               "--blank-lines", "keep") == 0
+    assert (
+        run(
+            "textlines",
+            src,
+            tmp_path / "ids.lmdb",
+            "--tokenizer",
+            tmp_path / "tok.json",
+            "--workers",
+            workers,
+            "--blank-lines",
+            "keep",
+        )
+        == 0
+    )
     ids = mmloader.ArrayReader(tmp_path / "ids.lmdb", "ids.npy")
     text = mmloader.TextReader(tmp_path / "ids.lmdb")
     assert len(ids) == len(want)
@@ -194,10 +234,23 @@ def test_textlines_tokenizer_stores_the_ids_of_every_line(tmp_path, monkeypatch,
         lengths = batch["__mask__"]["ids"].sum(1).tolist()
         seen += [(k, n) for k, n in zip(batch["__key__"], lengths)]
     assert sorted(seen) == sorted((text.store.key(i), len(tok.encode(l).ids)) for i, l in enumerate(want))
-    assert run("textlines", src, tmp_path / "plain.lmdb", "--tokenizer", tmp_path / "tok.json",
-               "--no-special-tokens", "--blank-lines", "keep") == 0
-    assert mmloader.ArrayReader(tmp_path / "plain.lmdb", "ids.npy")[3].tolist() == \
-        tok.encode(want[3], add_special_tokens=False).ids
+    assert (
+        run(
+            "textlines",
+            src,
+            tmp_path / "plain.lmdb",
+            "--tokenizer",
+            tmp_path / "tok.json",
+            "--no-special-tokens",
+            "--blank-lines",
+            "keep",
+        )
+        == 0
+    )
+    assert (
+        mmloader.ArrayReader(tmp_path / "plain.lmdb", "ids.npy")[3].tolist()
+        == tok.encode(want[3], add_special_tokens=False).ids
+    )
 
 
 def test_textlines_tokenizer_errors_are_usage_errors(tmp_path, capsys):
@@ -290,7 +343,9 @@ def test_merge_refuses_missing_duplicated_and_foreign_parts(pairs_dir, tmp_path,
     assert cli(["merge", str(p0), str(p1), str(tmp_path / "other.parts" / "part-00000-of-00002"), str(dst), "-q"]) == 1
     err = _one_line_error(capsys)
     assert "foreign part" in err and "part-00000-of-00002.json" in err and "not of 3" in err
-    assert run("pairs", pairs_dir, tmp_path / "resized", "--part", "2/3", "--shard-size", "4", "--resize-max", "16") == 0
+    assert (
+        run("pairs", pairs_dir, tmp_path / "resized", "--part", "2/3", "--shard-size", "4", "--resize-max", "16") == 0
+    )
     assert cli(["merge", str(p0), str(p1), str(tmp_path / "resized.parts"), str(dst), "-q"]) == 1
     assert "foreign part" in (err := _one_line_error(capsys)) and "with other options" in err
     (pairs_dir / "a" / "0000.txt").unlink()  # another input: a part converted after the source changed
@@ -440,9 +495,15 @@ def test_bad_input_skipped_and_reported(bad_dir, tmp_path):
     assert run("pairs", bad_dir, dst, "--require", "jpg,txt", "--check-decode", "--on-error", "skip") == 0
     assert list(mmloader.open(dst).keys) == ["good"]
     report = (tmp_path / "out.skipped.tsv").read_text()
-    for key, why in [("corrupt", "bad image"), ("trunc", "does not decode"), ("latin", "not UTF-8"),
-                     ("empty", "empty file"), ("nocap", "missing required field(s) txt"),
-                     ("dup", "two files for field 'jpg'"), ("dot.ted", "illegal key")]:
+    for key, why in [
+        ("corrupt", "bad image"),
+        ("trunc", "does not decode"),
+        ("latin", "not UTF-8"),
+        ("empty", "empty file"),
+        ("nocap", "missing required field(s) txt"),
+        ("dup", "two files for field 'jpg'"),
+        ("dot.ted", "illegal key"),
+    ]:
         line = next((l for l in report.splitlines() if l.startswith(key + "\t")), None)
         assert line is not None and why in line, (key, why, report)
 
@@ -480,8 +541,12 @@ def test_path_errors(pairs_dir, tmp_path, capsys):
 
 
 def test_python_m_entry_point(pairs_dir, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "mmloader.converters.pairs", str(pairs_dir), str(tmp_path / "o"), "-q"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "mmloader.converters.pairs", str(pairs_dir), str(tmp_path / "o"), "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and "wrote 12 samples" in out.stdout and "skipped 0" in out.stdout
 
 
@@ -494,11 +559,14 @@ def unreadable(monkeypatch):
     """Make a folder or file unreadable: chmod 000, undone at teardown. As root, mode 000 does not
     stop a read, so the refusal the kernel would give (EACCES) is raised in this process instead,
     by os.scandir (folders, what os.walk lists with) and by the converters' and verify's open."""
-    import errno
     import builtins
+    import errno
+
     import mmloader.converters.common
+
     import mmloader.cli.verify
     import mmloader.storage.tar_layout
+
     chmodded = []
     denied: set[str] = set()
 
@@ -519,10 +587,12 @@ def unreadable(monkeypatch):
             if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in denied:
                 raise PermissionError(errno.EACCES, "Permission denied", str(file))
             return real_open(file, *a, **kw)
+
         monkeypatch.setattr(os, "scandir", scandir)
         monkeypatch.setattr(mmloader.converters.common, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.storage.tar_layout, "open", open_, raising=False)  # verify's sha256_file
+
     yield deny
     for path, mode in chmodded:
         path.chmod(mode)
@@ -557,8 +627,9 @@ def _labels(path) -> dict[str, int]:
 # item 1: labels
 def test_labels_empty_cell_is_a_missing_label_not_a_class(tmp_path, capsys):
     man = _manifest(tmp_path, "csv", ["cat", "dog", "", "cat"])
-    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label",
-               "--on-error", "skip") == 0
+    assert (
+        run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label", "--on-error", "skip") == 0
+    )
     ds = mmloader.open(tmp_path / "o")
     assert ds.metadata["metadata"]["classes"] == ["cat", "dog"]  # no phantom '' class 0
     assert _labels(tmp_path / "o") == {"r0": 0, "r1": 1, "r3": 0}
@@ -572,8 +643,11 @@ def test_labels_empty_cell_is_a_missing_label_not_a_class(tmp_path, capsys):
 
 @pytest.mark.parametrize("kind", ["jsonl", "csv"])
 def test_labels_integral_numbers_are_ints_whatever_their_spelling(tmp_path, kind):
-    labels = [0.0, 1.0, 2.0, 10.0, "1", 1, "2.0", " 3 ", "1e1"] if kind == "jsonl" else \
-        ["0.0", "1.0", "2.0", "10.0", "1", "1", "2.0", " 3 ", "1e1"]
+    labels = (
+        [0.0, 1.0, 2.0, 10.0, "1", 1, "2.0", " 3 ", "1e1"]
+        if kind == "jsonl"
+        else ["0.0", "1.0", "2.0", "10.0", "1", "1", "2.0", " 3 ", "1e1"]
+    )
     man = _manifest(tmp_path, kind, labels)
     assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label") == 0
     assert list(_labels(tmp_path / "o").values()) == [0, 1, 2, 10, 1, 1, 2, 3, 10]
@@ -582,12 +656,18 @@ def test_labels_integral_numbers_are_ints_whatever_their_spelling(tmp_path, kind
 
 def test_labels_that_are_neither_integer_nor_name_are_bad_samples(tmp_path):
     man = _manifest(tmp_path, "jsonl", [0, "²", 1.5, 2, True, "1.2.3", None])
-    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label",
-               "--on-error", "skip") == 0
+    assert (
+        run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label", "--on-error", "skip") == 0
+    )
     assert _labels(tmp_path / "o") == {"r0": 0, "r3": 2}
     report = (tmp_path / "o.skipped.tsv").read_text()
-    for line, why in [(2, "'²' looks like a number but is not one"), (3, "1.5 is not an integer"),
-                      (5, "True is a boolean"), (6, "'1.2.3' looks like a number"), (7, "missing label")]:
+    for line, why in [
+        (2, "'²' looks like a number but is not one"),
+        (3, "1.5 is not an integer"),
+        (5, "True is a boolean"),
+        (6, "'1.2.3' looks like a number"),
+        (7, "missing label"),
+    ]:
         assert f"m.jsonl:{line}\t" in report and why in report, (line, why, report)
 
 
@@ -701,13 +781,15 @@ def test_empty_input_is_an_error_naming_source_and_what_was_looked_for(tmp_path,
     (tmp_path / "classes" / "cat").mkdir(parents=True)
     (tmp_path / "m.jsonl").write_text("\n\n")
     (tmp_path / "e.txt").write_text("")
-    cases = [(("pairs", tmp_path / "empty"), "no samples found in", "grouped by stem"),
-             (("pairs", tmp_path / "hidden-only"), "no samples found in", "1 hidden"),
-             (("pairs", tmp_path / "f.jpg"), "is a file", "grouped by stem"),
-             (("imagefolder", tmp_path / "empty"), "no samples found in", "ROOT/CLASS"),
-             (("imagefolder", tmp_path / "classes"), "no samples found in", "ROOT/CLASS"),
-             (("manifest", tmp_path / "m.jsonl"), "no samples found in", "rows"),
-             (("textlines", tmp_path / "e.txt"), "no samples found in", "empty")]
+    cases = [
+        (("pairs", tmp_path / "empty"), "no samples found in", "grouped by stem"),
+        (("pairs", tmp_path / "hidden-only"), "no samples found in", "1 hidden"),
+        (("pairs", tmp_path / "f.jpg"), "is a file", "grouped by stem"),
+        (("imagefolder", tmp_path / "empty"), "no samples found in", "ROOT/CLASS"),
+        (("imagefolder", tmp_path / "classes"), "no samples found in", "ROOT/CLASS"),
+        (("manifest", tmp_path / "m.jsonl"), "no samples found in", "rows"),
+        (("textlines", tmp_path / "e.txt"), "no samples found in", "empty"),
+    ]
     for (layout, src), what, looked in cases:
         dst = tmp_path / "out.lmdb"
         assert run(layout, src, dst) == 1, (layout, src)
@@ -733,8 +815,11 @@ def test_bad_jsonl_line_is_a_bad_sample(tmp_path, capsys):
     ds = mmloader.open(tmp_path / "o")
     assert [ds[i]["txt"] for i in range(len(ds))] == [b"a", b"d"]
     report = (tmp_path / "o.skipped.tsv").read_text()
-    for where, why in [("m.jsonl:2", "not valid JSON"), ("m.jsonl:4", "must be a JSON object"),
-                       ("m.jsonl:5", "not UTF-8")]:
+    for where, why in [
+        ("m.jsonl:2", "not valid JSON"),
+        ("m.jsonl:4", "must be a JSON object"),
+        ("m.jsonl:5", "not UTF-8"),
+    ]:
         assert where in report and why in report
     assert "skipped 3" in capsys.readouterr().out
     assert run("manifest", man, tmp_path / "o2", "--text-column", "t") == 1
@@ -760,8 +845,9 @@ def test_csv_with_a_byte_order_mark_and_missing_column_named_with_repr(tmp_path,
 def test_csv_row_with_wrong_cell_count_is_a_bad_sample(tmp_path):
     man = tmp_path / "m.csv"
     man.write_text("t,label\na,1\nb,2,extra\nc\nd,3\n")
-    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label",
-               "--on-error", "skip") == 0
+    assert (
+        run("manifest", man, tmp_path / "o", "--text-column", "t", "--label-column", "label", "--on-error", "skip") == 0
+    )
     assert _labels(tmp_path / "o") == {"a": 1, "d": 3}
     report = (tmp_path / "o.skipped.tsv").read_text()
     assert "m.csv:3\t3 cells, the header has 2" in report and "m.csv:4\t1 cells" in report
@@ -773,8 +859,15 @@ def _limited_run(args, tmp_path, limit_bytes=1 << 30) -> subprocess.CompletedPro
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    return subprocess.run([sys.executable, "-m", "mmloader.converters.pairs", *map(str, args), "-q"], cwd=ROOT,
-                          capture_output=True, text=True, preexec_fn=cap, timeout=120)
+
+    return subprocess.run(
+        [sys.executable, "-m", "mmloader.converters.pairs", *map(str, args), "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        timeout=120,
+    )
 
 
 def test_huge_file_refused_before_it_is_read(tmp_path):
@@ -793,8 +886,7 @@ def test_huge_file_refused_before_it_is_read(tmp_path):
     assert "big\t" in report and "over --max-file-bytes: 2,147,483,648 bytes" in report
     # with the limit raised, a file whose header is bad is still rejected from its first 64 KiB
     (raw / "big.jpg").unlink()
-    out = _limited_run([raw, tmp_path / "o2", "--on-error", "skip", "--max-file-bytes", "4G"],
-                       tmp_path)
+    out = _limited_run([raw, tmp_path / "o2", "--on-error", "skip", "--max-file-bytes", "4G"], tmp_path)
     assert out.returncode == 0, out.stderr
     report = (tmp_path / "o2.skipped.tsv").read_text()
     assert "soi.jpg\tbad image: JPEG without a frame header" in report
@@ -807,9 +899,10 @@ def test_header_beyond_the_first_64k_still_found(tmp_path):
     buf = io.BytesIO()
     im.save(buf, "JPEG", icc_profile=bytes(150_000))  # three APP2 segments before the frame header
     from mmloader.media.imageinfo import probe
+
     assert buf.getvalue().index(b"\xff\xc0") > 128 << 10 and probe(buf.getvalue()).width == 8
     with pytest.raises(mmloader.DecodeError):
-        probe(buf.getvalue()[:64 << 10])
+        probe(buf.getvalue()[: 64 << 10])
     (raw / "icc.jpg").write_bytes(buf.getvalue())
     (raw / "small.txt").write_text("x" * 5000)
     (raw / "ok.txt").write_text("fits")
@@ -830,6 +923,7 @@ def _dead_pid() -> int:
 def _fake_partial(dst: Path, pid: int, host: str | None = None) -> Path:
     """A partial as a conversion killed on this host leaves it: data and the writer's record."""
     import socket
+
     p = dst.parent / f".{dst.name}.partial-{pid}-abcdef"
     p.mkdir()
     (p / "data-000000.tar").write_bytes(b"\0" * 100_000)
@@ -905,19 +999,22 @@ def test_two_concurrent_conversion_processes(tmp_path):
 
 
 # item 11: option values checked where they are given
-@pytest.mark.parametrize("option,message", [
-    (["--resize-max", "-5"], "argument --resize-max: -5: must be 1 or more"),
-    (["--quality", "0"], "argument --quality: 0: must be from 1 to 100"),
-    (["--workers", "0"], "argument --workers: 0: must be 1 or more"),
-    (["--shuffle-seed", "-1"], "argument --shuffle-seed: -1: must be 0 or more"),
-    (["--shard-size", "-1"], "argument --shard-size: -1: must be 1 or more"),
-    (["--shard-bytes", "0"], "argument --shard-bytes: '0': must be more than 0 bytes"),
-    (["--shard-bytes", "lots"], "'lots' is not a size"),
-    (["--max-file-bytes", "-1K"], "argument --max-file-bytes"),
-    (["--part", "3/3"], "need 0 <= I < N"),
-    (["--on-error", "fail"], "invalid choice: 'fail'"),
-    (["--require", "jpgg"], "--require jpgg: no sample has this field (fields found: jpg, txt)"),
-])
+@pytest.mark.parametrize(
+    "option,message",
+    [
+        (["--resize-max", "-5"], "argument --resize-max: -5: must be 1 or more"),
+        (["--quality", "0"], "argument --quality: 0: must be from 1 to 100"),
+        (["--workers", "0"], "argument --workers: 0: must be 1 or more"),
+        (["--shuffle-seed", "-1"], "argument --shuffle-seed: -1: must be 0 or more"),
+        (["--shard-size", "-1"], "argument --shard-size: -1: must be 1 or more"),
+        (["--shard-bytes", "0"], "argument --shard-bytes: '0': must be more than 0 bytes"),
+        (["--shard-bytes", "lots"], "'lots' is not a size"),
+        (["--max-file-bytes", "-1K"], "argument --max-file-bytes"),
+        (["--part", "3/3"], "need 0 <= I < N"),
+        (["--on-error", "fail"], "invalid choice: 'fail'"),
+        (["--require", "jpgg"], "--require jpgg: no sample has this field (fields found: jpg, txt)"),
+    ],
+)
 def test_bad_option_values_are_usage_errors_naming_the_option(tmp_path, capsys, option, message):
     raw = _pairs3(tmp_path / "raw")
     assert run("pairs", raw, tmp_path / "o", *option) == 2
@@ -928,8 +1025,17 @@ def test_bad_option_values_are_usage_errors_naming_the_option(tmp_path, capsys, 
 
 def test_sizes_parse_like_coreutils():
     from mmloader.converters.common import parse_size
-    assert [parse_size(s) for s in ("1G", "512M", "64K", "1e9", "1000000", "1GiB", "1GB", "1.5K")] == \
-        [1 << 30, 512 << 20, 64 << 10, 10 ** 9, 10 ** 6, 1 << 30, 10 ** 9, 1536]
+
+    assert [parse_size(s) for s in ("1G", "512M", "64K", "1e9", "1000000", "1GiB", "1GB", "1.5K")] == [
+        1 << 30,
+        512 << 20,
+        64 << 10,
+        10**9,
+        10**6,
+        1 << 30,
+        10**9,
+        1536,
+    ]
     for bad in ("", "G", "1Q", "0.5", "1e-3", "-1"):
         with pytest.raises(ValueError):
             parse_size(bad)
@@ -962,8 +1068,12 @@ def test_image_spellings_fold_to_one_field(tmp_path):
 
 
 def test_converters_import_no_torch():
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "mmloader.converters.pairs", "--help"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "mmloader.converters.pairs", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and "examples:" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert "torch" not in imported and "mmloader.converters.common" in imported and "lmdb" in imported
@@ -972,7 +1082,7 @@ def test_converters_import_no_torch():
 # -- review findings ------------------------------------------------------------------------------
 def _half_jpeg() -> bytes:
     whole = jpeg_bytes(9, size=(256, 256))
-    return whole[:len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
+    return whole[: len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
 
 
 @pytest.mark.parametrize("option", [["--check-decode"], ["--resize-max", "16"]])
@@ -990,6 +1100,7 @@ def test_a_jpeg_missing_its_second_half_is_refused_when_decoding(tmp_path, optio
 
 def _part(path, fmt, prefix):
     from conftest import make_samples
+
     with mmloader.writer_for(path, fmt) as w:
         for s in make_samples(6, prefix=prefix):
             w.write(s)
@@ -1034,6 +1145,7 @@ def test_require_needs_a_field_name(tmp_path, pairs_dir):
 
 def test_labels_are_read_exactly():
     from mmloader.converters.common import label_kind
+
     for near in ("2.9999999999999999", "1e-400"):  # floats would round these to the integers 3 and 0
         kind, value = label_kind(near)
         assert kind == "number" and not isinstance(value, int)

@@ -14,6 +14,7 @@ commands a test cannot run for real are checked instead: ``make TARGET`` runs as
 checks that the extra exists, and ``python benchmarks/X.py`` runs as ``--help`` (the script
 imports and parses its options). Blocks in other languages (``text``, ``yaml``) are not run.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ def nav_pages(nav=None) -> list[Path]:
     """The site's pages in the order of mkdocs.yml's ``nav``."""
     if nav is None:
         import yaml
+
         nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
     pages: list[Path] = []
     for item in nav:
@@ -49,7 +51,7 @@ def blocks(page: Path = README) -> list[tuple[str, int, str, str]]:
     """(where, line, language, code) of every fenced block of a page, in order."""
     text = page.read_text()
     where = str(page.relative_to(ROOT))
-    return [(where, text[:m.start()].count("\n") + 1, m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
+    return [(where, text[: m.start()].count("\n") + 1, m.group(1), m.group(2)) for m in BLOCK.finditer(text)]
 
 
 READERS = {"readme": [README], "site": nav_pages()}
@@ -59,27 +61,50 @@ def _user_data(work: Path) -> None:
     """What a new user brings, plus the demo's converted datasets."""
     py = sys.executable
     run = lambda *args: subprocess.run(args, cwd=work, check=True, capture_output=True)  # noqa: E731
-    run(py, str(ROOT / "samples" / "make_data.py"), "RAW", "--count", "48", "--size", "32",
-        "--corpus", "corpus.txt", "--corpus-lines", "300")
+    run(
+        py,
+        str(ROOT / "samples" / "make_data.py"),
+        "RAW",
+        "--count",
+        "48",
+        "--size",
+        "32",
+        "--corpus",
+        "corpus.txt",
+        "--corpus-lines",
+        "300",
+    )
     for jpg in sorted((work / "RAW").glob("*.jpg")):  # an ImageFolder tree and a manifest of it
         label = (jpg.with_suffix(".cls")).read_text().strip()
         (work / "train" / f"class{label}").mkdir(parents=True, exist_ok=True)
         shutil.copy(jpg, work / "train" / f"class{label}" / jpg.name)
     with open(work / "captions.jsonl", "w") as f:
         for jpg in sorted((work / "RAW").glob("*.jpg")):
-            f.write(json.dumps({"file": f"RAW/{jpg.name}", "caption": jpg.with_suffix(".txt").read_text(),
-                                "label": int(jpg.with_suffix(".cls").read_text())}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "file": f"RAW/{jpg.name}",
+                        "caption": jpg.with_suffix(".txt").read_text(),
+                        "label": int(jpg.with_suffix(".cls").read_text()),
+                    }
+                )
+                + "\n"
+            )
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     jpgs = sorted((work / "RAW").glob("*.jpg"))
-    pq.write_table(pa.table({"jpg": [j.read_bytes() for j in jpgs],
-                             "caption": [j.with_suffix(".txt").read_text() for j in jpgs]}), work / "pairs.parquet")
+    pq.write_table(
+        pa.table({"jpg": [j.read_bytes() for j in jpgs], "caption": [j.with_suffix(".txt").read_text() for j in jpgs]}),
+        work / "pairs.parquet",
+    )
     (work / "demo-out").mkdir()
     mm = str(Path(py).parent / "mmloader")
     run(mm, "convert", "pairs", "RAW", "demo-out/shapes.lmdb", "-q")
     run(mm, "convert", "pairs", "RAW", "demo-out/shapes", "--shard-size", "16", "-q")
     shutil.copy(work / "corpus.txt", work / "demo-out" / "corpus.txt")
     from conftest import train_tokenizer  # the tokenizer.json a text model ships with
+
     train_tokenizer((work / "corpus.txt").read_text().splitlines(), work / "tokenizer.json")
     shutil.copytree(ROOT / "samples", work / "samples")
 
@@ -130,8 +155,11 @@ def test_every_python_and_shell_block_runs(reader, user_data, tmp_path, monkeypa
     work = tmp_path / reader
     shutil.copytree(user_data, work, symlinks=True)
     monkeypatch.chdir(work)
-    env = {**os.environ, "MMLOADER_ROOT": str(ROOT),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "MMLOADER_ROOT": str(ROOT),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     namespace: dict = {"__name__": "__readme__"}
     todo = [block for page in READERS[reader] for block in blocks(page) if block[2] in RUN]
     for where, line, lang, code in todo:
@@ -141,17 +169,25 @@ def test_every_python_and_shell_block_runs(reader, user_data, tmp_path, monkeypa
             except Exception as e:
                 raise AssertionError(f"the Python block at {where}:{line} failed: {type(e).__name__}: {e}") from e
         else:
-            done = subprocess.run(["bash", "-c", SHELL_SHIMS + code], cwd=work, env=env, capture_output=True,
-                                  text=True, timeout=600)
-            assert done.returncode == 0, f"the shell block at {where}:{line} failed ({done.returncode}):\n" \
-                                         f"{code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+            done = subprocess.run(
+                ["bash", "-c", SHELL_SHIMS + code], cwd=work, env=env, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, (
+                f"the shell block at {where}:{line} failed ({done.returncode}):\n"
+                f"{code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+            )
 
 
 def test_the_site_builds_strict(tmp_path):
     """``mkdocs build --strict``: no broken link or anchor, no docstring warning (needs the docs tooling)."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings_handlers.python")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -2,6 +2,7 @@
 explicit set_epoch, a resume for one pass, a pass left early, on both backends, with persistent
 workers and under GPUDecode (its CPU path); len() during a resumed pass; stats(); a Stream's
 control private to each training process."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,9 +11,9 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as tmp
+from conftest import jpeg_bytes
 
 import mmloader
-from conftest import jpeg_bytes
 
 N, BATCH = 40, 4
 PER_EPOCH = N // BATCH
@@ -38,8 +39,9 @@ LOADERS = {
     "thread": lambda p: mmloader.loader(_stream(p), num_workers=2, backend="thread"),
     "process": lambda p: mmloader.loader(_stream(p), num_workers=2, backend="process", persistent_workers=False),
     "persistent": lambda p: mmloader.loader(_stream(p), num_workers=2, backend="process", persistent_workers=True),
-    "gpudecode": lambda p: mmloader.GPUDecode(mmloader.loader(_stream(p, images=True), num_workers=2,
-                                                              backend="thread"), device="cpu"),
+    "gpudecode": lambda p: mmloader.GPUDecode(
+        mmloader.loader(_stream(p, images=True), num_workers=2, backend="thread"), device="cpu"
+    ),
 }
 
 
@@ -132,14 +134,14 @@ def test_stats_measure_wait_and_compute(path):
 
 
 def test_group_needs_an_initialised_process_group(path):
-    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
-                             group=object())
+    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, group=object())
     with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
         len(stream)
 
 
 def _child(stream, queue) -> None:
     import os
+
     os.environ.update(RANK="1", WORLD_SIZE="2")
     stream.set_epoch(7)
     queue.put((stream._where(), stream.epoch))

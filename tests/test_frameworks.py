@@ -2,6 +2,7 @@
 preemption and resume from its checkpoint), accelerate and transformers.Trainer under torchrun,
 and a 2x2 DeviceMesh. The scripts live in tests/frameworks/; each records the batches its
 training steps received, per rank, and the tests count samples from those records."""
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,18 @@ PER_RANK = SAMPLES // 2 // BATCH  # batches per rank and epoch with 2 ranks
 
 def _run(script: str, *args: str, nproc: int | None = None, timeout: float = 240) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, *(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                             if nproc else []), str(HERE / script), *args]
+    cmd = [
+        sys.executable,
+        *(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else []),
+        str(HERE / script),
+        *args,
+    ]
     done = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{script} {args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
 
 def _seen(out: Path, ranks: int = 2) -> list[list[dict]]:
-    return [[json.loads(line) for line in (out / f"seen-rank{r}.jsonl").read_text().splitlines()]
-            for r in range(ranks)]
+    return [[json.loads(line) for line in (out / f"seen-rank{r}.jsonl").read_text().splitlines()] for r in range(ranks)]
 
 
 def _per_epoch(rows: list[list[dict]], **where) -> Counter:
@@ -87,8 +91,20 @@ def test_lightning_preempted_mid_epoch_resumes_from_its_checkpoint(data, lightni
 def test_lightning_ddp_spawn_datamodule_with_limit_train_batches(data, lightning_run, tmp_path):
     """Process backend with persistent workers: Lightning leaves each epoch after 3 batches, makes
     the next iterator and only then sets the epoch."""
-    _run("lightning_fit.py", str(data), str(tmp_path), "--strategy", "ddp_spawn", "--datamodule",
-         "--limit-train-batches", "3", "--max-epochs", "3", "--backend", "process")
+    _run(
+        "lightning_fit.py",
+        str(data),
+        str(tmp_path),
+        "--strategy",
+        "ddp_spawn",
+        "--datamodule",
+        "--limit-train-batches",
+        "3",
+        "--max-epochs",
+        "3",
+        "--backend",
+        "process",
+    )
     rows, full = _seen(tmp_path), _seen(lightning_run)
     for r in range(2):
         assert [row["epoch"] for row in rows[r]] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -134,8 +150,7 @@ def test_device_mesh_tp_peers_get_the_same_batches_dp_ranks_split_the_data(data,
             by_dp.setdefault(i["dp"], []).append([(row["epoch"], row["keys"]) for row in r])
         for dp, peers in by_dp.items():
             assert len(peers) == 2 and peers[0] == peers[1], (backend, dp)  # tp peers: identical
-        one_per_dp = [by_rank[next(r for r, i in enumerate(info) if i["dp"] == dp and i["tp"] == 0)]
-                      for dp in (0, 1)]
+        one_per_dp = [by_rank[next(r for r, i in enumerate(info) if i["dp"] == dp and i["tp"] == 0)] for dp in (0, 1)]
         _assert_each_epoch_exactly_once(_per_epoch(one_per_dp), [0, 1])
         assert one_per_dp[0][0]["keys"] != one_per_dp[0][PER_RANK]["keys"]
 
@@ -144,6 +159,7 @@ def test_lightning_validates_and_fits_with_mmloader_val_loaders(data):
     """Lightning reads batch_sampler beside sampler on eval loaders (its shuffle check)."""
     import lightning.pytorch as pl
     import torch
+
     sys.path.insert(0, str(HERE))
     from common import stream
 
@@ -164,10 +180,21 @@ def test_lightning_validates_and_fits_with_mmloader_val_loaders(data):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     model = Model()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     for backend in ("thread", "process"):
         model.seen = []
-        trainer.validate(model, dataloaders=mmloader.loader(stream(data, shuffle=False), backend=backend,
-                                                           num_workers=1), verbose=False)
+        trainer.validate(
+            model,
+            dataloaders=mmloader.loader(stream(data, shuffle=False), backend=backend, num_workers=1),
+            verbose=False,
+        )
         assert sorted(model.seen) == [f"k{i:04d}" for i in range(SAMPLES)]

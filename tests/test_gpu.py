@@ -1,4 +1,5 @@
 """GPUDecode on the CPU: the same pixels as the normal decode path (same decoder)."""
+
 from __future__ import annotations
 
 import io
@@ -6,12 +7,11 @@ import io
 import numpy as np
 import pytest
 import torch
+from conftest import jpeg_bytes
 from PIL import Image
 
 import mmloader
 from mmloader.readers.image_decode import decode_to_tensor
-
-from conftest import jpeg_bytes
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,18 @@ def test_cpu_fallback_equals_normal_decode_pixel_for_pixel(mixed):
 
 def test_transforms_match_torchvision_v2_on_cpu(mixed):
     from torchvision.transforms.v2 import functional as F
+
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
-    stage = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu", size=(40, 60), crop=(32, 32),
-                               dtype=torch.float32, mean=mean, std=std, channels_last=True)
+    stage = mmloader.GPUDecode(
+        _loader(mixed, "raw"),
+        device="cpu",
+        size=(40, 60),
+        crop=(32, 32),
+        dtype=torch.float32,
+        mean=mean,
+        std=std,
+        channels_last=True,
+    )
     batch = next(iter(stage))
     store = mmloader.open(mixed)
     expect = []
@@ -93,8 +102,9 @@ def test_mixed_sizes_need_a_size(mixed, tmp_path):
     with mmloader.ShardWriter(path) as w:
         for i in range(4):
             w.write({"__key__": f"k{i}", "jpg": jpeg_bytes(i, size=(40 + 8 * i, 32))})
-    loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, output="raw")),
-                                             batch_size=4), num_workers=0)
+    loader = mmloader.loader(
+        mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, output="raw")), batch_size=4), num_workers=0
+    )
     with pytest.raises(ValueError, match="differ in size"):
         next(iter(mmloader.GPUDecode(loader, device="cpu")))
     assert next(iter(mmloader.GPUDecode(loader, device="cpu", size=(32, 32))))["image"].shape == (4, 3, 32, 32)
@@ -132,6 +142,7 @@ def test_random_crop_and_flip_follow_the_seed_on_both_backends(mixed):
         torch.manual_seed(12345 + workers)  # the global RNG must not matter
         stage = mmloader.GPUDecode(loader, device="cpu", size=(32, 48), crop=(24, 24), random_crop=True, flip=0.5)
         return [b["image"] for b in stage]
+
     a, b = run("thread"), run("process")
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     c = run("thread", epoch=1)
@@ -153,8 +164,8 @@ def test_a_mix_whose_other_source_has_no_image_gets_zero_rows(mixed, tmp_path):
             absent += len(batch["__key__"])
             continue
         assert batch["image"].shape == (6, 3, 32, 48)
-        present = batch.get("__present__", {}).get("image", torch.ones(6, dtype=torch.bool)).tolist()
-        for key, row, present in zip(batch["__key__"], batch["image"], present):
+        presence = batch.get("__present__", {}).get("image", torch.ones(6, dtype=torch.bool)).tolist()
+        for key, row, present in zip(batch["__key__"], batch["image"], presence):
             if present:
                 here += 1
                 assert torch.equal(row, decode_to_tensor(store.get(key)["jpg"], "RGB"))

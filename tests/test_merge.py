@@ -1,6 +1,7 @@
 """Merging datasets and conversion parts (mmloader.storage.merge) on real files: concatenation in
 order, shards cut as one process cuts them, LMDB records copied, and parts refused when missing,
 duplicated, foreign or changed. (The converters' --part runs end to end are in test_converters.py.)"""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,14 +9,21 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import make_samples
 
 import mmloader
 from mmloader.cli.verify import verify
 from mmloader.errors import FormatError
-from mmloader.storage.merge import (PartError, check_parts, find_parts, merge, merge_parts, part_dataset,
-                                    parts_dir_for, write_part_manifest)
-
-from conftest import make_samples
+from mmloader.storage.merge import (
+    PartError,
+    check_parts,
+    find_parts,
+    merge,
+    merge_parts,
+    part_dataset,
+    parts_dir_for,
+    write_part_manifest,
+)
 
 
 def _write(path: Path, start: int, n: int, fmt: str = "tar", shard_size: int = 4, **kw) -> Path:
@@ -84,8 +92,9 @@ def _parts(tmp_path: Path, n: int = 3, per: int = 4, fingerprint: str = "fp-1", 
         ds = _write(part_dataset(parts_dir, i, n, "tar"), i * per, per, shard_size=per)
         report = parts_dir / f"part-{i}.skipped.tsv"
         report.write_text(f"key\tfile\treason\nbad{i}\tx{i}.jpg\tunreadable\n")
-        write_part_manifest(ds, part=i, parts=n, fingerprint=fingerprint, fmt="tar", count=per, skipped=1,
-                            report=report, shard_size=per)
+        write_part_manifest(
+            ds, part=i, parts=n, fingerprint=fingerprint, fmt="tar", count=per, skipped=1, report=report, shard_size=per
+        )
     return parts_dir
 
 
@@ -94,8 +103,9 @@ def test_the_parts_of_one_conversion_merge_into_the_whole(tmp_path):
     result = merge_parts([parts_dir], tmp_path / "out", progress=False, keep_parts=False)
     assert (result.count, result.parts, result.skipped) == (12, 3, 1 * 3)
     assert [r["__key__"] for r in _samples(tmp_path / "out")] == [f"s{i:05d}" for i in range(12)]
-    assert Path(result.report).read_text().splitlines() == ["key\tfile\treason"] + \
-        [f"bad{i}\tx{i}.jpg\tunreadable" for i in range(3)]
+    assert Path(result.report).read_text().splitlines() == ["key\tfile\treason"] + [
+        f"bad{i}\tx{i}.jpg\tunreadable" for i in range(3)
+    ]
     assert not parts_dir.exists()
 
 

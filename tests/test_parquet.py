@@ -1,10 +1,10 @@
 """convert parquet on real Parquet / Arrow IPC files written by pyarrow and by Hugging Face
 ``datasets``, and the img2dataset layout (tar shards + parquet) through ``mmloader index``."""
+
 from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -12,17 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import jpeg_bytes
 from PIL import Image
 
 import mmloader
 from mmloader.cli import main as cli
 from mmloader.cli.verify import verify
 
-from conftest import jpeg_bytes
-
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-import pyarrow.ipc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,11 +39,13 @@ def _png(seed: int) -> bytes:
 
 
 def _rows(n: int, start: int = 0) -> dict:
-    return {"image": [jpeg_bytes(i) if i % 5 else _png(i) for i in range(start, start + n)],
-            "caption": [f"caption {i} é" for i in range(start, start + n)],
-            "label": [i % 3 for i in range(start, start + n)],
-            "width": [48 + i for i in range(start, start + n)],
-            "url": [f"http://example.com/{i}.jpg" for i in range(start, start + n)]}
+    return {
+        "image": [jpeg_bytes(i) if i % 5 else _png(i) for i in range(start, start + n)],
+        "caption": [f"caption {i} é" for i in range(start, start + n)],
+        "label": [i % 3 for i in range(start, start + n)],
+        "width": [48 + i for i in range(start, start + n)],
+        "url": [f"http://example.com/{i}.jpg" for i in range(start, start + n)],
+    }
 
 
 def _read_all(path):
@@ -68,8 +68,21 @@ def test_raw_bytes_images_text_labels_and_other_columns_as_json(tmp_path, fmt):
     src = tmp_path / "t.parquet"
     pq.write_table(pa.table(_rows(30)), src, row_group_size=7)  # 5 row groups
     dst = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
-    assert run(src, dst, "--image-column", "image", "--text-column", "caption", "--label-column", "label",
-               "--shard-size", "8") == 0
+    assert (
+        run(
+            src,
+            dst,
+            "--image-column",
+            "image",
+            "--text-column",
+            "caption",
+            "--label-column",
+            "label",
+            "--shard-size",
+            "8",
+        )
+        == 0
+    )
     recs = _read_all(dst)
     assert [r["__key__"] for r in recs] == [f"{i:09d}" for i in range(30)]
     for i, r in enumerate(recs):
@@ -84,21 +97,58 @@ def test_hf_image_structs_bytes_or_path_and_class_names(tmp_path):
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "x.jpg").write_bytes(jpeg_bytes(99))
     struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    images = pa.array([{"bytes": jpeg_bytes(0), "path": None}, {"bytes": None, "path": "img/x.jpg"},
-                       {"bytes": _png(2), "path": "ignored.png"}, None], type=struct)
-    table = pa.table({"image": images, "text": ["a", "b", "c", "d"], "label": ["dog", "cat", "dog", "cat"],
-                      "id": ["k0", "k1", "k2", "k3"]})
+    images = pa.array(
+        [
+            {"bytes": jpeg_bytes(0), "path": None},
+            {"bytes": None, "path": "img/x.jpg"},
+            {"bytes": _png(2), "path": "ignored.png"},
+            None,
+        ],
+        type=struct,
+    )
+    table = pa.table(
+        {
+            "image": images,
+            "text": ["a", "b", "c", "d"],
+            "label": ["dog", "cat", "dog", "cat"],
+            "id": ["k0", "k1", "k2", "k3"],
+        }
+    )
     pq.write_table(table, tmp_path / "t.parquet")
-    assert run(tmp_path / "t.parquet", tmp_path / "out", "--image-column", "image", "--text-column", "text",
-               "--label-column", "label", "--key-column", "id") == 0
+    assert (
+        run(
+            tmp_path / "t.parquet",
+            tmp_path / "out",
+            "--image-column",
+            "image",
+            "--text-column",
+            "text",
+            "--label-column",
+            "label",
+            "--key-column",
+            "id",
+        )
+        == 0
+    )
     recs = _read_all(tmp_path / "out")
     assert [r["__key__"] for r in recs] == ["k0", "k1", "k2", "k3"]
     assert recs[0]["jpg"] == jpeg_bytes(0) and recs[1]["jpg"] == jpeg_bytes(99) and recs[2]["png"] == _png(2)
     assert "jpg" not in recs[3] and "png" not in recs[3]  # a null image: no image field (--require jpg refuses it)
     assert mmloader.open(tmp_path / "out").metadata["metadata"]["classes"] == ["cat", "dog"]
     assert [int(r["cls"]) for r in recs] == [1, 0, 1, 0]
-    assert run(tmp_path / "t.parquet", tmp_path / "req", "--image-column", "image", "--require", "jpg",
-               "--on-error", "skip") == 0
+    assert (
+        run(
+            tmp_path / "t.parquet",
+            tmp_path / "req",
+            "--image-column",
+            "image",
+            "--require",
+            "jpg",
+            "--on-error",
+            "skip",
+        )
+        == 0
+    )
     report = (tmp_path / "req.skipped.tsv").read_text()
     assert f"{tmp_path / 't.parquet'}:row 3\tmissing required field(s) jpg" in report
 
@@ -106,18 +156,26 @@ def test_hf_image_structs_bytes_or_path_and_class_names(tmp_path):
 @pytest.fixture(scope="module")
 def hf_dataset():
     datasets = pytest.importorskip("datasets")
-    features = datasets.Features({"image": datasets.Image(), "text": datasets.Value("string"),
-                                  "label": datasets.ClassLabel(names=["cat", "dog", "bird"])})
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "text": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["cat", "dog", "bird"]),
+        }
+    )
     imgs = [Image.open(io.BytesIO(jpeg_bytes(i))) for i in range(12)]
-    return datasets.Dataset.from_dict({"image": imgs, "text": [f"t{i}" for i in range(12)],
-                                       "label": [i % 3 for i in range(12)]}, features=features)
+    return datasets.Dataset.from_dict(
+        {"image": imgs, "text": [f"t{i}" for i in range(12)], "label": [i % 3 for i in range(12)]}, features=features
+    )
 
 
 def test_hf_datasets_save_to_disk_and_to_parquet_both_convert(tmp_path, hf_dataset):
     hf_dataset.save_to_disk(str(tmp_path / "saved"), num_shards=2)  # Arrow IPC streams + state.json
     hf_dataset.to_parquet(str(tmp_path / "exported.parquet"))
-    assert sorted(p.name for p in (tmp_path / "saved").glob("*.arrow")) == ["data-00000-of-00002.arrow",
-                                                                          "data-00001-of-00002.arrow"]
+    assert sorted(p.name for p in (tmp_path / "saved").glob("*.arrow")) == [
+        "data-00000-of-00002.arrow",
+        "data-00001-of-00002.arrow",
+    ]
     opts = ["--image-column", "image", "--text-column", "text", "--label-column", "label"]
     assert run(tmp_path / "saved", tmp_path / "a.lmdb", *opts) == 0
     assert run(tmp_path / "exported.parquet", tmp_path / "b.lmdb", *opts) == 0
@@ -125,8 +183,9 @@ def test_hf_datasets_save_to_disk_and_to_parquet_both_convert(tmp_path, hf_datas
     assert a == b and len(a) == 12
     for i, r in enumerate(a):  # the images datasets stored, the ClassLabel's integers and names
         want = hf_dataset[i]["image"]
-        assert np.array_equal(np.asarray(Image.open(io.BytesIO(r["jpg"])).convert("RGB")),
-                              np.asarray(want.convert("RGB")))
+        assert np.array_equal(
+            np.asarray(Image.open(io.BytesIO(r["jpg"])).convert("RGB")), np.asarray(want.convert("RGB"))
+        )
         assert r["txt"] == f"t{i}".encode() and int(r["cls"]) == i % 3
     assert mmloader.open(tmp_path / "a.lmdb").metadata["metadata"]["classes"] == ["cat", "dog", "bird"]
     dd = pytest.importorskip("datasets").DatasetDict({"train": hf_dataset, "test": hf_dataset})
@@ -201,8 +260,10 @@ def test_schema_that_differs_between_files(tmp_path, capsys):
     assert len(mmloader.open(tmp_path / "out")) == 6
     report = (tmp_path / "out.skipped.tsv").read_text().splitlines()[1:]
     assert len(report) == 7
-    assert report[0] == (f"000000006\t{tmp_path / 'b.parquet'}:row 0\tschema differs: this file has no column "
-                         "'caption' (its columns: 'image', 'label', 'width', 'url')")
+    assert report[0] == (
+        f"000000006\t{tmp_path / 'b.parquet'}:row 0\tschema differs: this file has no column "
+        "'caption' (its columns: 'image', 'label', 'width', 'url')"
+    )
     assert report[4].startswith(f"000000010\t{tmp_path / 'c.parquet'}:row 0\tschema differs: column 'image' is int64")
     capsys.readouterr()
     assert run(tmp_path, tmp_path / "fail", *opts) == 1
@@ -224,13 +285,14 @@ def test_wrong_column_name_is_a_usage_error_listing_the_columns(tmp_path, capsys
 
 def test_unreadable_row_group_and_file_are_bad_rows(tmp_path, capsys):
     src = tmp_path / "a.parquet"
-    pq.write_table(pa.table(_rows(30)), src, row_group_size=10, write_page_checksum=True, compression="none",
-                   use_dictionary=False)
+    pq.write_table(
+        pa.table(_rows(30)), src, row_group_size=10, write_page_checksum=True, compression="none", use_dictionary=False
+    )
     meta = pq.ParquetFile(src).metadata
     col = meta.row_group(1).column(0)  # the image column of row group 1: flip bytes in its data
     data = bytearray(src.read_bytes())
     at = col.data_page_offset + col.total_compressed_size // 2
-    data[at:at + 64] = bytes(64)
+    data[at : at + 64] = bytes(64)
     src.write_bytes(bytes(data))
     (tmp_path / "b.parquet").write_bytes(b"PAR1 truncated, no footer")
     assert run(tmp_path, tmp_path / "out", "--image-column", "image", "--on-error", "skip") == 0
@@ -259,8 +321,12 @@ def _big_parquet(path: Path, rows: int) -> int:
     in ONE row group (one ``write_table`` call), in pages of 16 values (write_batch_size=16)."""
     rng = np.random.default_rng(0)
     head = jpeg_bytes(0)
-    table = pa.table({"image": pa.array([head + rng.bytes(100_000) for _ in range(rows)], pa.binary()),
-                      "caption": [f"c{i}" for i in range(rows)]})
+    table = pa.table(
+        {
+            "image": pa.array([head + rng.bytes(100_000) for _ in range(rows)], pa.binary()),
+            "caption": [f"c{i}" for i in range(rows)],
+        }
+    )
     pq.write_table(table, path, compression="none", use_dictionary=False, write_batch_size=16, row_group_size=rows)
     del table
     assert pq.ParquetFile(path).metadata.num_row_groups == 1
@@ -275,11 +341,13 @@ def test_memory_stays_flat_as_the_parquet_file_grows(tmp_path):
         src = tmp_path / f"{rows}.parquet"
         size = _big_parquet(src, rows)
         # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the forked test process
-        code = ("import re, sys; from mmloader.cli import main; "
-                f"rc = main(['convert', 'parquet', {str(src)!r}, {str(tmp_path / f'out{rows}')!r}, "
-                "'--image-column', 'image', '--text-column', 'caption', '-q']); "
-                "print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) // 1024); "
-                "sys.exit(rc)")
+        code = (
+            "import re, sys; from mmloader.cli import main; "
+            f"rc = main(['convert', 'parquet', {str(src)!r}, {str(tmp_path / f'out{rows}')!r}, "
+            "'--image-column', 'image', '--text-column', 'caption', '-q']); "
+            "print(int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) // 1024); "
+            "sys.exit(rc)"
+        )
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         peaks[rows] = int(out.stdout.split()[-1])
@@ -301,21 +369,36 @@ def _img2dataset_output(root: Path, shards: int = 2, per: int = 5) -> Path:
             for j in range(per + 1):
                 key = f"{s:05d}{j:04d}"
                 ok = j < per  # the last URL failed: a parquet row, no tar members
-                rows.append({"url": f"http://example.com/{key}.jpg", "caption": f"cap {key}", "key": key,
-                             "status": "success" if ok else "failed_to_download",
-                             "error_message": None if ok else "404", "width": 48 if ok else None,
-                             "height": 32 if ok else None, "original_width": 480 if ok else None,
-                             "original_height": 320 if ok else None, "exif": None, "sha256": None})
+                rows.append(
+                    {
+                        "url": f"http://example.com/{key}.jpg",
+                        "caption": f"cap {key}",
+                        "key": key,
+                        "status": "success" if ok else "failed_to_download",
+                        "error_message": None if ok else "404",
+                        "width": 48 if ok else None,
+                        "height": 32 if ok else None,
+                        "original_width": 480 if ok else None,
+                        "original_height": 320 if ok else None,
+                        "exif": None,
+                        "sha256": None,
+                    }
+                )
                 if not ok:
                     continue
                 meta = {k: v for k, v in rows[-1].items()}
-                for ext, data in (("jpg", jpeg_bytes(s * 100 + j)), ("txt", f"cap {key}".encode()),
-                                  ("json", json.dumps(meta).encode())):
+                for ext, data in (
+                    ("jpg", jpeg_bytes(s * 100 + j)),
+                    ("txt", f"cap {key}".encode()),
+                    ("json", json.dumps(meta).encode()),
+                ):
                     info = tarfile.TarInfo(f"{key}.{ext}")
                     info.size, info.mtime = len(data), 1_700_000_000
                     tar.addfile(info, io.BytesIO(data))
         pq.write_table(pa.Table.from_pylist(rows), root / f"{s:05d}.parquet")
-        (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per + 1, "successes": per, "failed_to_download": 1}))
+        (root / f"{s:05d}_stats.json").write_text(
+            json.dumps({"count": per + 1, "successes": per, "failed_to_download": 1})
+        )
     return root
 
 
@@ -324,8 +407,11 @@ def test_img2dataset_output_is_indexed_and_read(tmp_path):
     assert cli(["index", str(root), "-q"]) == 0
     store = mmloader.open(root)
     assert len(store) == 10 and sorted(store.fields) == ["jpg", "json", "txt"]
-    ds = mmloader.zip(image=mmloader.ImageReader(root, "jpg", output="raw"), caption=mmloader.TextReader(root, "txt"),
-                      meta=mmloader.JSONReader(root, "json"))
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(root, "jpg", output="raw"),
+        caption=mmloader.TextReader(root, "txt"),
+        meta=mmloader.JSONReader(root, "json"),
+    )
     s = ds[6]  # shard 1, sample 1
     assert s["__key__"] == "000010001" and s["caption"] == "cap 000010001" and s["meta"]["status"] == "success"
     assert bytes(s["image"].numpy()) == jpeg_bytes(101)
@@ -338,8 +424,12 @@ def test_mmloader_imports_neither_pyarrow_nor_ray_and_parquet_help_needs_neither
     code = "import sys, mmloader; print(sorted(m for m in ('pyarrow', 'ray', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "mmloader.converters.parquet", "--help"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "mmloader.converters.parquet", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and "examples:" in out.stdout and "--engine" in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "pyarrow", "ray"}

@@ -1,5 +1,6 @@
 """--engine ray on a real local Ray (2 CPUs, started and shut down here): the same shards as one
 process, resumption, a worker killed mid-write, errors."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import jpeg_bytes, write_pairs_folder
 
 import mmloader
 from mmloader.cli import main as cli
-
-from conftest import jpeg_bytes, write_pairs_folder
 
 ray = pytest.importorskip("ray")
 pa = pytest.importorskip("pyarrow")
@@ -58,14 +58,25 @@ def inputs(tmp_path_factory):
     (root / "tables").mkdir()
     for f in range(2):
         n = range(25 * f, 25 * f + 25)
-        pq.write_table(pa.table({"image": [jpeg_bytes(i, size=(40, 24)) for i in n], "text": [f"t{i}" for i in n],
-                                 "label": [i % 4 for i in n]}), root / "tables" / f"{f}.parquet", row_group_size=6)
+        pq.write_table(
+            pa.table(
+                {
+                    "image": [jpeg_bytes(i, size=(40, 24)) for i in n],
+                    "text": [f"t{i}" for i in n],
+                    "label": [i % 4 for i in n],
+                }
+            ),
+            root / "tables" / f"{f}.parquet",
+            row_group_size=6,
+        )
     return {"pairs": raw, "parquet": root / "tables"}
 
 
-CASES = {"pairs-tar": ("pairs", "", []),
-         "parquet-tar": ("parquet", "", ["--image-column", "image", "--text-column", "text", "--label-column", "label"]),
-         "parquet-lmdb": ("parquet", ".lmdb", ["--image-column", "image", "--text-column", "text"])}
+CASES = {
+    "pairs-tar": ("pairs", "", []),
+    "parquet-tar": ("parquet", "", ["--image-column", "image", "--text-column", "text", "--label-column", "label"]),
+    "parquet-lmdb": ("parquet", ".lmdb", ["--image-column", "image", "--text-column", "text"]),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -87,8 +98,22 @@ def test_ray_converts_only_the_parts_without_a_manifest(cluster, inputs, tmp_pat
     assert run("pairs", inputs["pairs"], tmp_path / "out", *opts, "--part", "1/3") == 0
     mtime = (tmp_path / "out.parts" / "part-00001-of-00003.json").stat().st_mtime_ns
     capsys.readouterr()
-    assert cli(["convert", "pairs", str(inputs["pairs"]), str(tmp_path / "out"), *opts, "--engine", "ray",
-                "--keep-parts", "-q"]) == 0  # no --parts: the N of the parts already there, not the 2 CPUs
+    assert (
+        cli(
+            [
+                "convert",
+                "pairs",
+                str(inputs["pairs"]),
+                str(tmp_path / "out"),
+                *opts,
+                "--engine",
+                "ray",
+                "--keep-parts",
+                "-q",
+            ]
+        )
+        == 0
+    )  # no --parts: the N of the parts already there, not the 2 CPUs
     out = capsys.readouterr().out
     assert "3 parts on Ray: 2 converted" in out and "1 converted before (not again)" in out, out
     assert (tmp_path / "out.parts" / "part-00001-of-00003.json").stat().st_mtime_ns == mtime
@@ -99,10 +124,26 @@ def test_ray_retries_a_part_whose_worker_was_killed_and_the_result_is_the_same(c
     raw = write_pairs_folder(tmp_path / "raw", 1600, 128)
     opts = ["--shard-size", "100", "--check-decode", "-q"]
     assert run("pairs", raw, tmp_path / "one", *opts) == 0
-    cmd = [sys.executable, "-m", "mmloader.converters.pairs", str(raw), str(tmp_path / "out"), *opts, "--engine", "ray",
-           "--parts", "2"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "RAY_ADDRESS": cluster}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmloader.converters.pairs",
+        str(raw),
+        str(tmp_path / "out"),
+        *opts,
+        "--engine",
+        "ray",
+        "--parts",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "RAY_ADDRESS": cluster},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     parts = tmp_path / "out.parts"
     victim, deadline = None, time.time() + 120
     while victim is None and time.time() < deadline:  # a part's partial holding data: its writer is a Ray worker

@@ -2,6 +2,7 @@
 plan within a byte budget. The unit tests run a ReadAhead over real local tar shards, fetching
 its chunks by ranged reads of the shard files on a thread; the last one reads through a
 RemoteTarStore on moto's S3."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -10,13 +11,12 @@ import threading
 import types
 
 import pytest
+from conftest import write_dataset
+from remote_servers import own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
 from mmloader.storage.read_ahead import ReadAhead
 from mmloader.storage.remote_tar import RemoteTarStore
-
-from conftest import write_dataset
-from remote_servers import own_cache, s3  # noqa: F401  (fixtures)
 
 N = 24
 
@@ -63,8 +63,9 @@ def shards(tmp_path_factory):
 def store(shards):
     """What ReadAhead needs of its store: shards, their offset tables, a location."""
     local = mmloader.open(shards)
-    return types.SimpleNamespace(shards=local.shards, _shard_index=local._shard_index, location=LocalShards(shards),
-                                 local=local)
+    return types.SimpleNamespace(
+        shards=local.shards, _shard_index=local._shard_index, location=LocalShards(shards), local=local
+    )
 
 
 def _span(store, s: int, row: int) -> tuple[int, int]:
@@ -97,7 +98,7 @@ def test_the_first_touch_plans_a_chunk_and_the_rest_of_it_is_sliced_from_it(stor
     for row in range(1, rows):
         a, b = _span(store, 0, row)
         buf, base = ra.serve(0, row, a, b)
-        assert buf[a - base:b - base] == _file_bytes(store, 0, a, b)
+        assert buf[a - base : b - base] == _file_bytes(store, 0, a, b)
     assert not ra.chunks and ra.held == 0  # every sample served once: the chunk's memory went back
     assert ra.fetched == store.location.requests[0][2] - store.location.requests[0][1]
     assert ra.serve(0, rows, *_span(store, 0, rows)) is None  # the next region: a new chunk planned
@@ -114,7 +115,7 @@ def test_chunks_never_exceed_the_budget_and_one_larger_than_it_is_never_fetched(
             hit = ra.serve(s, row, a, b)
             if hit is not None:
                 sliced += 1
-                assert hit[0][a - hit[1]:b - hit[1]] == _file_bytes(store, s, a, b)
+                assert hit[0][a - hit[1] : b - hit[1]] == _file_bytes(store, s, a, b)
             ra.start()
             _wait(ra)
             held.append(ra.held)
@@ -186,8 +187,10 @@ def test_readahead_fetches_each_byte_once_within_its_budget(data):
     store = RemoteTarStore(data["s3"]["tar"], readahead=True, chunk_bytes=4096, readahead_bytes=3 * 4096)
     held = []
     for start in range(0, N, 4):  # a sequential pass
-        assert store.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1] == \
-            local.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1]
+        assert (
+            store.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1]
+            == local.read_many(list(range(start, start + 4)), ["jpg", "txt"])[1]
+        )
         held.append(store._ra.held)
     assert max(held) <= 3 * 4096
     stats = store.stats()

@@ -1,4 +1,5 @@
 """Readers, decoders, zip alignment, cache, preview."""
+
 from __future__ import annotations
 
 import io
@@ -8,14 +9,13 @@ import struct
 import numpy as np
 import pytest
 import torch
+from conftest import jpeg_bytes, write_dataset
 from PIL import Image
+from torchvision.transforms.v2.functional import resize as torchvision_resize
 
 import mmloader
 from mmloader.errors import AlignmentError, DecodeError, SizeLimitError, UnsafeFieldError
 from mmloader.readers.image_decode import decode_to_tensor, pil_to_tensor
-from torchvision.transforms.v2.functional import resize as torchvision_resize
-
-from conftest import jpeg_bytes, write_dataset
 
 
 def _photo(w=97, h=61) -> Image.Image:
@@ -69,12 +69,15 @@ def test_image_reader_modes_and_outputs(tmp_path):
 
 def test_draft_mode_for_large_jpegs(tmp_path):
     import simplejpeg
+
     big = _encode(_photo(1600, 1200), "JPEG")
     path = tmp_path / "big.lmdb"
     with mmloader.LMDBWriter(path) as w:
         w.write({"__key__": "a", "jpg": big})
-    for reader, target in ((mmloader.ImageReader(path, size=140), (140, 187)),
-                           (mmloader.ImageReader(path, size=(140, 190)), (140, 190))):
+    for reader, target in (
+        (mmloader.ImageReader(path, size=140), (140, 187)),
+        (mmloader.ImageReader(path, size=(140, 190)), (140, 190)),
+    ):
         small = reader[0]
         assert small.shape == (3, *target)
         # decoded at reduced DCT scale (1/8 here: 200x150 >= the target), then resized: exactly that
@@ -91,6 +94,7 @@ def test_decompression_bomb_raises_naming_key(tmp_path):
     # A PNG header claiming 100k x 100k pixels: refused from the header, before any decode.
     ihdr = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)
     import zlib
+
     chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
     bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
     path = tmp_path / "bomb.lmdb"
@@ -142,6 +146,7 @@ def test_custom_modality_without_editing_mmloader(any_ds):
 
         def decode(self, data, key):
             return len(data)
+
     assert LengthReader(any_ds)[0] == len("caption number 0 é".encode())
     assert mmloader.Reader(any_ds, "cls", decode=lambda b: int(b) * 10)[3] == 30
 
@@ -149,6 +154,7 @@ def test_custom_modality_without_editing_mmloader(any_ds):
 def test_readers_open_nothing_until_read(tmp_path):
     path = write_dataset(tmp_path / "lazy.lmdb", 3, "lmdb")
     from mmloader.storage import lmdb_store
+
     before = set(lmdb_store._ENVS)
     reader = mmloader.ImageReader(path)
     assert set(lmdb_store._ENVS) == before
@@ -181,8 +187,9 @@ def _zip(a, b, **kw):
 
 
 def test_zip_across_lmdb_and_tar(lmdb_ds, tar_ds):
-    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(tar_ds),
-                      label=mmloader.LabelReader(lmdb_ds))
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(tar_ds), label=mmloader.LabelReader(lmdb_ds)
+    )
     assert not ds.by_key and len(ds) == 23
     s = ds[8]
     assert s["__key__"] == "s00008" and s["caption"] == "caption number 8 é" and s["label"] == 1
@@ -249,8 +256,12 @@ def test_only_zipped_fields_are_read(any_ds, monkeypatch):
 
 def test_transforms_and_bounded_cache(lmdb_ds):
     cache = mmloader.SampleCache(max_bytes=3 * (3 * 32 * 48 + 400))  # three decoded (uint8) samples
-    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(lmdb_ds),
-                      transforms={"image": lambda t: t.float() / 255}, cache=cache)
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(lmdb_ds),
+        caption=mmloader.TextReader(lmdb_ds),
+        transforms={"image": lambda t: t.float() / 255},
+        cache=cache,
+    )
     for _ in range(3):
         for i in range(10):
             assert ds[i]["image"].dtype == torch.float32
@@ -264,9 +275,12 @@ def test_transforms_and_bounded_cache(lmdb_ds):
 def test_cache_keeps_decoded_samples_and_random_transforms_run_every_time(lmdb_ds):
     """Defect 13.7: a cached sample must not freeze a random augmentation."""
     draws = iter(range(1_000_000))
-    flips = mmloader.zip(image=mmloader.ImageReader(lmdb_ds, transform=lambda t: t + 0 * next(draws)),
-                         caption=mmloader.TextReader(lmdb_ds), transforms={"caption": lambda c: (c, next(draws))},
-                         cache=mmloader.SampleCache(max_bytes=1 << 24))
+    flips = mmloader.zip(
+        image=mmloader.ImageReader(lmdb_ds, transform=lambda t: t + 0 * next(draws)),
+        caption=mmloader.TextReader(lmdb_ds),
+        transforms={"caption": lambda c: (c, next(draws))},
+        cache=mmloader.SampleCache(max_bytes=1 << 24),
+    )
     first, second = flips[3], flips[3]
     assert flips.cache.stats()["hits"] == 1
     assert first["caption"][1] != second["caption"][1]  # the transform ran again on the cached sample
@@ -306,20 +320,25 @@ def test_inner_zip_keys_are_lazy(lmdb_ds, tmp_path):
 
 def test_subclassed_readers_get_bytes_in_batches(any_ds):
     """Zero-copy views go only to built-in decoders: a subclass may call bytes methods."""
+
     class Upper(mmloader.TextReader):
         def decode(self, data, key):
             assert isinstance(data, bytes)
             return data.decode("utf-8").upper()
-    ds = mmloader.zip(image=mmloader.ImageReader(any_ds, output="raw"), caption=Upper(any_ds),
-                      plain=mmloader.TextReader(any_ds))
+
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(any_ds, output="raw"), caption=Upper(any_ds), plain=mmloader.TextReader(any_ds)
+    )
     # get_batch itself, not a Stream: a Stream would hide a failure by retrying sample by sample
     from mmloader.align.collate import collate_columns
+
     batch = collate_columns(ds.get_batch(list(range(6))))
     assert batch["caption"] == [c.upper() for c in batch["plain"]]
     assert batch["plain"][0] == "caption number 0 é"
     store = mmloader.open(any_ds)
-    assert [bytes(t.numpy()) for t in mmloader.unpack(batch, "image")] == \
-        [store.get(k)["jpg"] for k in batch["__key__"]]
+    assert [bytes(t.numpy()) for t in mmloader.unpack(batch, "image")] == [
+        store.get(k)["jpg"] for k in batch["__key__"]
+    ]
 
 
 # -- issue 13, defect 13: a field only some samples have -----------------------------------------
@@ -356,11 +375,21 @@ def test_alternative_fields_and_the_default_image_field(tmp_path):
 # -- issue 13, defect 14: corrupt data that libjpeg only warns about is an error ----------------
 def _half_jpeg() -> bytes:
     whole = jpeg_bytes(7, size=(256, 256))
-    return whole[:len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
+    return whole[: len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
 
 
-@pytest.mark.parametrize("options", [{}, {"output": "pil"}, {"size": 64}, {"size": (64, 64)}, {"mode": "L"},
-                                     {"mode": "RGBA"}, {"output": "pil", "size": 64}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"output": "pil"},
+        {"size": 64},
+        {"size": (64, 64)},
+        {"mode": "L"},
+        {"mode": "RGBA"},
+        {"output": "pil", "size": 64},
+    ],
+)
 def test_jpeg_missing_its_second_half_is_a_decode_error(tmp_path, options):
     path = tmp_path / "half.lmdb"
     with mmloader.LMDBWriter(path) as w:
@@ -378,11 +407,12 @@ def test_jpeg_missing_its_second_half_is_a_decode_error(tmp_path, options):
 def test_cmyk_jpeg_missing_its_second_half_is_a_decode_error():
     whole = CASES["cmyk-jpeg"]()
     with pytest.raises(DecodeError, match="premature end"):
-        decode_to_tensor(whole[:len(whole) // 2] + b"\xff\xd9")
+        decode_to_tensor(whole[: len(whole) // 2] + b"\xff\xd9")
 
 
 def test_verify_decode_reports_the_halved_jpeg(tmp_path):
     from mmloader.cli.verify import verify
+
     path = tmp_path / "half.lmdb"
     with mmloader.LMDBWriter(path) as w:
         w.write({"__key__": "halved", "jpg": _half_jpeg()})
@@ -398,6 +428,7 @@ def test_zip_transforms_get_one_sample_at_a_time_on_the_batch_path(lmdb_ds, outp
     def record(value):
         seen.append(tuple(value.shape))
         return value
+
     ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds, output=output), transforms={"image": record})
     batch = ds.get_batch([0, 1, 2, 3])
     rows = [ds[i]["image"] for i in range(4)]
@@ -409,8 +440,10 @@ def test_cached_values_are_not_changed_by_in_place_transforms_or_callers(lmdb_ds
     def cutout(image):  # an in-place augmentation, like RandomErasing(inplace=True)
         image[:, :4, :4] = 0
         return image
-    ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), transforms={"image": cutout},
-                      cache=mmloader.SampleCache(max_bytes=1 << 24))
+
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(lmdb_ds), transforms={"image": cutout}, cache=mmloader.SampleCache(max_bytes=1 << 24)
+    )
     plain = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), transforms={"image": cutout})
     for _ in range(3):
         assert torch.equal(ds[3]["image"], plain[3]["image"])  # the patch does not pile up
@@ -440,8 +473,13 @@ def test_reader_subclass_overriding_decode_is_used_for_whole_batches(tmp_path):
             return super().decode(data, key) * 2
 
     for reader in (RawLength(path, output="raw"), Blank(path), Doubled(path)):
-        batch = next(iter(mmloader.loader(mmloader.Stream(mmloader.zip(x=reader), batch_size=6, shuffle=False),
-                                          1, backend="thread")))
+        batch = next(
+            iter(
+                mmloader.loader(
+                    mmloader.Stream(mmloader.zip(x=reader), batch_size=6, shuffle=False), 1, backend="thread"
+                )
+            )
+        )
         assert "x" not in batch.get("__offsets__", {})
         assert torch.equal(batch["x"], torch.stack([reader[i] for i in range(6)])), type(reader).__name__
 

@@ -1,4 +1,5 @@
 """Bad inputs, faults, load: nothing lost, nothing silent, nothing executed that should not be."""
+
 from __future__ import annotations
 
 import io
@@ -15,14 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import jpeg_bytes, write_dataset, write_pairs_folder
 
 import mmloader
 from mmloader.cli import main as cli
-from mmloader.errors import (ConfigError, DecodeError, FormatError, SampleError, SizeLimitError,
-                             UnsafeFieldError)
 from mmloader.cli.verify import verify
-
-from conftest import jpeg_bytes, write_dataset, write_pairs_folder
+from mmloader.errors import ConfigError, DecodeError, FormatError, SampleError, SizeLimitError, UnsafeFieldError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +75,7 @@ def test_truncated_shard_mid_member(tmp_path):
     store = mmloader.open(path)
     _s, _row = store.locate(6)
     off, size = np.load(path / "data-000001.tar.idx.npy")[2, 0]
-    shard.write_bytes(data[:off + size // 2])  # cut inside sample 6's jpg
+    shard.write_bytes(data[: off + size // 2])  # cut inside sample 6's jpg
     store = mmloader.open(path)
     assert store[5]["txt"] == b"t5"
     with pytest.raises(SampleError, match=r"truncated.*k006.*data-000001\.tar"):
@@ -116,6 +115,7 @@ def test_checksum_mismatch_at_read_time_when_asked(tmp_path):
 
 def test_lmdb_that_is_not_mmloader(tmp_path):
     import lmdb
+
     env = lmdb.open(str(tmp_path / "foreign.lmdb"))
     with env.begin(write=True) as t:
         t.put(b"0", pickle.dumps({"img": b"..."}))  # the folder2lmdb pattern
@@ -125,11 +125,14 @@ def test_lmdb_that_is_not_mmloader(tmp_path):
     assert cli(["verify", str(tmp_path / "foreign.lmdb"), "-q"]) == 1
 
 
-@pytest.mark.parametrize("field,data,reader,match", [
-    ("txt", b"caf\xe9", mmloader.TextReader, "cannot decode: UnicodeDecodeError"),
-    ("json", b"{not json", mmloader.JSONReader, "cannot decode: JSONDecodeError"),
-    ("cls", b"seven", mmloader.LabelReader, "label 'seven' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "field,data,reader,match",
+    [
+        ("txt", b"caf\xe9", mmloader.TextReader, "cannot decode: UnicodeDecodeError"),
+        ("json", b"{not json", mmloader.JSONReader, "cannot decode: JSONDecodeError"),
+        ("cls", b"seven", mmloader.LabelReader, "label 'seven' is not an integer"),
+    ],
+)
 def test_bad_text_json_label(tmp_path, field, data, reader, match):
     path = _store_with(tmp_path, [{"__key__": "bad-one", field: data}], "lmdb")
     with pytest.raises(DecodeError, match=match) as e:
@@ -146,6 +149,7 @@ def test_max_field_size_guard(tmp_path):
 
 def test_gzip_bomb_guard(tmp_path):
     import gzip
+
     path = _store_with(tmp_path, [{"__key__": "zip", "txt.gz": gzip.compress(b"a" * 10_000_000)}], "lmdb")
     with pytest.raises(SizeLimitError, match="inflates beyond"):
         mmloader.TextReader(path, "txt.gz", max_field_bytes=1_000_000)[0]
@@ -163,12 +167,14 @@ def test_unsafe_tar_members_ignored_with_warning_never_extracted(tmp_path, caplo
     src = tmp_path / "evil"
     src.mkdir()
     with tarfile.open(src / "x.tar", "w") as tf:
+
         def add(name, data=b"ok", **kw):
             info = tarfile.TarInfo(name)
             for k, v in kw.items():
                 setattr(info, k, v)
             info.size = len(data) if info.isreg() else 0
             tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
+
         add("good.txt", b"fine")
         add("../escape.txt", b"bad")
         add("/abs/path.txt", b"bad")
@@ -198,8 +204,14 @@ def test_malicious_pickle_in_a_shard_is_never_executed(tmp_path):
     marker = tmp_path / "PWNED"
     _Payload.marker = str(marker)
     payload = pickle.dumps(_Payload())
-    path = _store_with(tmp_path, [{"__key__": "evil", "pyd": payload, "jpg": jpeg_bytes(1), "txt": "x"},
-                                  {"__key__": "fine", "pyd": payload, "jpg": jpeg_bytes(2), "txt": "y"}], "tar")
+    path = _store_with(
+        tmp_path,
+        [
+            {"__key__": "evil", "pyd": payload, "jpg": jpeg_bytes(1), "txt": "x"},
+            {"__key__": "fine", "pyd": payload, "jpg": jpeg_bytes(2), "txt": "y"},
+        ],
+        "tar",
+    )
     store = mmloader.open(path)
     assert store[0]["pyd"] == payload  # bytes, never unpickled
     with pytest.raises(UnsafeFieldError, match="pickled Python objects"):
@@ -210,6 +222,7 @@ def test_malicious_pickle_in_a_shard_is_never_executed(tmp_path):
     with pytest.raises(ConfigError, match="pickled"):
         mmloader.from_config({"sources": {"s": {"path": str(path), "modalities": {"x": {"field": "pyd"}}}}})
     import webdataset as wds  # the same shard through webdataset, as mmloader users might
+
     list(wds.WebDataset(str(path / "data-000000.tar"), shardshuffle=False, empty_check=False))
     assert not marker.exists()
 
@@ -244,7 +257,17 @@ def test_conversion_killed_inside_the_write_window(tmp_path, fmt):
     raw = write_pairs_folder(tmp_path / "raw", 1500, 128)
     name = "out.lmdb" if fmt == "lmdb" else "out"
     dst = tmp_path / name
-    cmd = [sys.executable, "-m", "mmloader.converters.pairs", str(raw), str(dst), "--shard-size", "100", "--check-decode", "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmloader.converters.pairs",
+        str(raw),
+        str(dst),
+        "--shard-size",
+        "100",
+        "--check-decode",
+        "-q",
+    ]
     # LMDB writes pages at its commits (every 1000 samples); tar streams each shard as it goes.
     min_bytes = {"tar": 300_000, "lmdb": 1_000_000}[fmt]
 
@@ -302,14 +325,14 @@ def test_killed_worker_surfaces_within_seconds():
 def _rank_reader(rank, path, out):
     os.environ.update(RANK=str(rank), WORLD_SIZE="2")
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=0), num_workers=8,
-                             multiprocessing_context="fork")
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=0), num_workers=8, multiprocessing_context="fork")
     keys = [k for b in loader for k in b["__key__"]]
     Path(out, f"r{rank}.json").write_text(json.dumps(keys))
 
 
 def test_lmdb_read_by_2_ranks_x_8_workers(tmp_path):
     import multiprocessing as mp
+
     path = write_dataset(tmp_path / "many.lmdb", 96, "lmdb")
     procs = [mp.get_context("fork").Process(target=_rank_reader, args=(r, str(path), str(tmp_path))) for r in (0, 1)]
     for p in procs:
@@ -347,14 +370,20 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     measured from this process, so nothing in them changes to be observed."""
     from mmloader.cli.bench import _children
     from mmloader.storage import map_trimmer
+
     path = write_dataset(tmp_path / "e.lmdb", 64, "lmdb")
     shards = write_dataset(tmp_path / "e", 64, "tar", shard_size=5)
     # trim a file this small too (forked workers inherit the setting): the trimmer runs every epoch
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", os.path.getsize(path / "data.mdb") // 2)
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", os.path.getsize(path / "data.mdb") // 4)
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(shards))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=8), num_workers=2, backend="process",
-                             persistent_workers=True, multiprocessing_context="fork")
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=8),
+        num_workers=2,
+        backend="process",
+        persistent_workers=True,
+        multiprocessing_context="fork",
+    )
     others = set(_children(os.getpid()))  # helpers earlier tests left (resource tracker, forkserver)
     per_epoch = []
     for epoch in range(50):
@@ -366,8 +395,10 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     with capsys.disabled():
         print("\n  worker   RSS kB (epoch 1 -> 50)   fds      maps")
         for pid in first:
-            print(f"  {pid:>6}   {first[pid][0]:>7} -> {last[pid][0]:<7}   {first[pid][1]} -> {last[pid][1]}   "
-                  f"{first[pid][2]} -> {last[pid][2]}")
+            print(
+                f"  {pid:>6}   {first[pid][0]:>7} -> {last[pid][0]:<7}   {first[pid][1]} -> {last[pid][1]}   "
+                f"{first[pid][2]} -> {last[pid][2]}"
+            )
     warm = per_epoch[10]  # by then every worker has touched every shard once
     for pid in first:
         assert last[pid][0] - first[pid][0] < 4096, "worker RSS grew by more than 4 MB over 50 epochs"
@@ -380,16 +411,24 @@ def test_forkserver_workers_deliver_the_same_batches(tmp_path):
     path = write_dataset(tmp_path / "f.lmdb", 24, "lmdb")
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
     threads = list(mmloader.loader(mmloader.Stream(ds, batch_size=5, seed=2), num_workers=2, backend="thread"))
-    forkserver = list(mmloader.loader(mmloader.Stream(ds, batch_size=5, seed=2), num_workers=2, backend="process",
-                                      multiprocessing_context="forkserver", persistent_workers=False))
+    forkserver = list(
+        mmloader.loader(
+            mmloader.Stream(ds, batch_size=5, seed=2),
+            num_workers=2,
+            backend="process",
+            multiprocessing_context="forkserver",
+            persistent_workers=False,
+        )
+    )
     assert [b["__key__"] for b in forkserver] == [b["__key__"] for b in threads]
     assert all(torch.equal(a["image"], b["image"]) for a, b in zip(forkserver, threads))
 
 
 def test_two_loaders_same_store_one_process(tmp_path):
     path = write_dataset(tmp_path / "c.lmdb", 40, "lmdb")
-    make = lambda seed: mmloader.loader(mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)),
-                                                        batch_size=5, seed=seed), num_workers=2)
+    make = lambda seed: mmloader.loader(
+        mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)), batch_size=5, seed=seed), num_workers=2
+    )
     a, b = make(0), make(1)
     got_a, got_b = [], []
     for x, y in zip(a, b):  # interleaved
@@ -399,16 +438,17 @@ def test_two_loaders_same_store_one_process(tmp_path):
 
 
 def _read_all(path, out):
-    loader = mmloader.loader(mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)), batch_size=5),
-                             num_workers=1)
+    loader = mmloader.loader(mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)), batch_size=5), num_workers=1)
     Path(out).write_text(json.dumps(sorted(k for b in loader for k in b["__key__"])))
 
 
 def test_two_processes_same_store(tmp_path):
     import multiprocessing as mp
+
     path = write_dataset(tmp_path / "c.lmdb", 40, "lmdb")
-    procs = [mp.get_context("spawn").Process(target=_read_all, args=(str(path), str(tmp_path / f"{i}.json")))
-             for i in (0, 1)]
+    procs = [
+        mp.get_context("spawn").Process(target=_read_all, args=(str(path), str(tmp_path / f"{i}.json"))) for i in (0, 1)
+    ]
     for p in procs:
         p.start()
     for p in procs:

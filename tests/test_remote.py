@@ -1,6 +1,7 @@
 """Datasets on object storage, against real servers on 127.0.0.1 started here: moto's S3 server,
 a standard-library HTTP server that honours Range, and a fault-injecting proxy (latency, 503
 bursts, resets, truncated bodies, hung requests, a server killed and restarted)."""
+
 from __future__ import annotations
 
 import doctest
@@ -19,15 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_samples, write_dataset, write_pairs_folder
+from remote_servers import FaultProxy, RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
 from mmloader.storage import remote, shard_cache
-from mmloader.storage.remote import location, ranges, sigv4, urls
-from mmloader.storage.remote import RemoteError, RemoteUnavailableError
+from mmloader.storage.remote import RemoteError, RemoteUnavailableError, location, ranges, sigv4, urls
 from mmloader.storage.remote_tar import RemoteTarStore
-
-from conftest import make_samples, write_dataset, write_pairs_folder
-from remote_servers import FaultProxy, RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 pytest.importorskip("moto.server")
 pytest.importorskip("obstore")
@@ -43,8 +42,13 @@ def data(tmp_path_factory, s3):
     lmdb_path = write_dataset(root / "ds.lmdb", N, "lmdb")
     urls = {"tar": s3.upload(tar, "shards"), "lmdb": s3.upload(lmdb_path, "ds.lmdb")}
     http = RangeServer(root)
-    yield {"root": root, "local": {"tar": tar, "lmdb": lmdb_path}, "s3": urls,
-           "http": {"tar": f"{http.url}/shards/", "lmdb": f"{http.url}/ds.lmdb"}, "http_server": http}
+    yield {
+        "root": root,
+        "local": {"tar": tar, "lmdb": lmdb_path},
+        "s3": urls,
+        "http": {"tar": f"{http.url}/shards/", "lmdb": f"{http.url}/ds.lmdb"},
+        "http_server": http,
+    }
     http.stop()
 
 
@@ -74,13 +78,19 @@ def test_readers_zip_stream_loader_and_configs_over_s3(data, tmp_path):
 
     def batches(src, backend):
         ds = mmloader.zip(image=mmloader.ImageReader(src, "jpg"), caption=mmloader.TextReader(src, "txt"))
-        loader = mmloader.loader(mmloader.Stream(ds, batch_size=5, seed=3, block_size=4), num_workers=2,
-                                 backend=backend)
+        loader = mmloader.loader(
+            mmloader.Stream(ds, batch_size=5, seed=3, block_size=4), num_workers=2, backend=backend
+        )
         return [(b["__key__"], b["caption"], b["image"].sum().item()) for b in loader]
+
     want = batches(str(data["local"]["tar"]), "thread")
     assert batches(url, "thread") == want
-    config = {"seed": 3, "batch_size": 5, "block_size": 4,
-              "sources": {"s": {"path": url, "modalities": {"image": {"field": "jpg"}, "caption": {"field": "txt"}}}}}
+    config = {
+        "seed": 3,
+        "batch_size": 5,
+        "block_size": 4,
+        "sources": {"s": {"path": url, "modalities": {"image": {"field": "jpg"}, "caption": {"field": "txt"}}}},
+    }
     loader = mmloader.loader(mmloader.from_config(config), num_workers=2, backend="thread")
     assert [(b["__key__"], b["caption"], b["image"].sum().item()) for b in loader] == want
 
@@ -105,8 +115,7 @@ def test_forked_workers_after_the_parent_used_obstore_read_correctly(data):
     store.read_many([0, 1], ["txt"])  # data reads: this process has started obstore
     assert remote.obstore_started_here()
     ds = mmloader.zip(caption=mmloader.TextReader(store, "txt", transform=str.upper))  # -> process backend
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2,
-                             multiprocessing_context="fork")
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2, multiprocessing_context="fork")
     got = sorted(k for b in loader for k in b["__key__"])
     assert got == sorted(mmloader.open(data["local"]["tar"]).keys)
 
@@ -115,21 +124,28 @@ def test_forked_workers_after_the_parent_used_obstore_read_correctly(data):
 def _rank_main(rank: int, init: str, url: str, out: str) -> None:
     import torch
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     ds = mmloader.zip(caption=mmloader.TextReader(url, "txt"), label=mmloader.LabelReader(url, "cls"))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=5, block_size=4, window_blocks=2),
-                             num_workers=2, backend="process", multiprocessing_context="fork")
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=4, seed=5, block_size=4, window_blocks=2),
+        num_workers=2,
+        backend="process",
+        multiprocessing_context="fork",
+    )
     got = [list(b["__key__"]) for b in loader]
     counts = torch.tensor([len(got)])
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"batches": got, "max": int(counts),
-                                                        "client": remote.obstore_usable()}))
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps({"batches": got, "max": int(counts), "client": remote.obstore_usable()})
+    )
     dist.barrier()
     dist.destroy_process_group()
 
 
 def test_two_ranks_two_workers_over_s3_every_sample_once_equal_batches(data, tmp_path):
     import torch.multiprocessing as tmp
+
     tmp.spawn(_rank_main, args=(str(tmp_path / "init"), data["s3"]["tar"], str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     per_rank = [r["batches"] for r in results]
@@ -143,8 +159,12 @@ def test_resume_mid_epoch_over_s3(data):
     url = data["s3"]["tar"]
 
     def loader():
-        return mmloader.loader(mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(url, "txt")), batch_size=3,
-                                               seed=2, block_size=4), num_workers=2, backend="thread")
+        return mmloader.loader(
+            mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(url, "txt")), batch_size=3, seed=2, block_size=4),
+            num_workers=2,
+            backend="thread",
+        )
+
     full = [b["__key__"] for b in loader()]
     first = loader()
     it = iter(first)
@@ -204,7 +224,7 @@ def test_cache_stays_under_its_limit_over_3_epochs_and_deletes_only_cached_files
     for epoch in range(3):
         order = np.random.default_rng(epoch).permutation(N).tolist()
         for i in range(0, N, 4):
-            assert store.read_many(order[i:i + 4], ["jpg"])[1] == local.read_many(order[i:i + 4], ["jpg"])[1]
+            assert store.read_many(order[i : i + 4], ["jpg"])[1] == local.read_many(order[i : i + 4], ["jpg"])[1]
             assert cache.size() <= limit
         store.wait_for_cache()
         assert cache.size() <= limit
@@ -228,8 +248,9 @@ def test_two_processes_sharing_a_cache_download_each_shard_once(data, proxied, t
     proxy, opts = proxied
     proxy.latency = 0.05  # downloads overlap
     local = mmloader.open(data["local"]["tar"])
-    code = _SHARE.format(paths=[str(HERE.parent), str(HERE)], url=data["s3"]["tar"], cache=str(tmp_path / "c"),
-                         endpoint=opts["endpoint"])
+    code = _SHARE.format(
+        paths=[str(HERE.parent), str(HERE)], url=data["s3"]["tar"], cache=str(tmp_path / "c"), endpoint=opts["endpoint"]
+    )
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and [o.split()[-1] for o in outs] == ["5", "5"]
@@ -255,8 +276,9 @@ _SLOW_DOWNLOAD = textwrap.dedent("""
 
 def test_kill_9_during_a_download_leaves_no_partial_visible(data, proxied, tmp_path):
     proxy, opts = proxied
-    code = _SLOW_DOWNLOAD.format(paths=[str(HERE.parent), str(HERE)], url=data["s3"]["tar"],
-                                 cache=str(tmp_path / "c"), endpoint=opts["endpoint"])
+    code = _SLOW_DOWNLOAD.format(
+        paths=[str(HERE.parent), str(HERE)], url=data["s3"]["tar"], cache=str(tmp_path / "c"), endpoint=opts["endpoint"]
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "opened"
     cache = mmloader.open(data["s3"]["tar"], cache_dir=str(tmp_path / "c"), storage_options=opts)._cache  # same dir
@@ -282,12 +304,15 @@ def test_kill_9_during_a_download_leaves_no_partial_visible(data, proxied, tmp_p
 # -- writing ---------------------------------------------------------------------------------------------------
 def test_converting_to_s3_then_reading_back_equals_the_local_conversion(s3, tmp_path):
     from mmloader.converters import pairs
+
     raw = write_pairs_folder(tmp_path / "raw", 12, 16)
     for fmt, suffix in (("tar", ""), ("lmdb", ".lmdb")):
         assert pairs.main([str(raw), str(tmp_path / f"local{suffix}"), "--shard-size", "5", "-q"]) == 0
         url = f"s3://{s3.bucket}/converted-{fmt}{suffix}"
         assert pairs.main([str(raw), url, "--shard-size", "5", "-q"]) == 0
-        assert _all(mmloader.open(url, cache_dir=str(tmp_path / "c"))) == _all(mmloader.open(tmp_path / f"local{suffix}"))
+        assert _all(mmloader.open(url, cache_dir=str(tmp_path / "c"))) == _all(
+            mmloader.open(tmp_path / f"local{suffix}")
+        )
         assert pairs.main([str(raw), url, "-q"]) == 1  # exists: refused without --overwrite
         assert pairs.main([str(raw), url, "--overwrite", "--shard-size", "3", "-q"]) == 0
         assert len(mmloader.open(url, cache_dir=str(tmp_path / "c2"))) == 12
@@ -301,6 +326,7 @@ def test_a_missing_bucket_is_named_at_once_not_taken_for_a_missing_object(s3, tm
     uploading): when converting (before any shard is written), writing and opening, with obstore
     and with the stdlib client, and at once (no retries)."""
     from mmloader.converters import pairs
+
     raw = write_pairs_folder(tmp_path / "raw", 3, 16)
     url = "s3://no-such-bucket-mm/x"
     started = time.monotonic()
@@ -319,16 +345,20 @@ def test_a_missing_bucket_is_named_at_once_not_taken_for_a_missing_object(s3, tm
 def test_invalid_bucket_names_and_refused_access_are_named_not_retried():
     """The answers S3 gives (their XML as sent; moto answers NoSuchBucket for every name, so the
     others are read here from the bodies AWS documents) become one message, raised at once."""
-    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidBucketName</Code><Message>The specified '
-            b'bucket is not valid.</Message><BucketName>My_Bucket</BucketName></Error>')
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidBucketName</Code><Message>The specified '
+        b"bucket is not valid.</Message><BucketName>My_Bucket</BucketName></Error>"
+    )
     e = remote._HTTPStatus(400, "s3://My_Bucket/x/index.json", body)
-    assert remote.server_refusal(e) == ("invalid bucket name 'My_Bucket' (the server says InvalidBucketName: "
-                                        "The specified bucket is not valid.)")
+    assert remote.server_refusal(e) == (
+        "invalid bucket name 'My_Bucket' (the server says InvalidBucketName: The specified bucket is not valid.)"
+    )
     location = remote.Location("s3://My_Bucket/x")
     with pytest.raises(RemoteError, match="LIST failed: invalid bucket name 'My_Bucket'"):
         remote._Deadline(location.policy, "s3://My_Bucket/x/index.json", "LIST").next_delay(e, location)
-    denied = remote._HTTPStatus(403, "s3://b/x", b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message>"
-                                                  b"</Error>")
+    denied = remote._HTTPStatus(
+        403, "s3://b/x", b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+    )
     assert remote.server_refusal(denied) == "access denied (the server says AccessDenied: Access Denied)"
     assert remote.server_refusal(remote._HTTPStatus(503, "s3://b/x", b"<Error><Code>SlowDown</Code></Error>")) is None
 
@@ -349,10 +379,16 @@ def test_a_killed_upload_leaves_no_manifest(s3, proxied, tmp_path):
     proxy, opts = proxied
     url = f"s3://{s3.bucket}/killed"
     proxy.latency = 0.2
-    p = subprocess.Popen([sys.executable, "-c", _KILLED_UPLOAD.format(paths=[str(HERE.parent), str(HERE)], url=url,
-                                                                      endpoint=opts["endpoint"])],
-                         stdout=subprocess.PIPE, text=True,
-                         env={**os.environ, "MMLOADER_TMPDIR": str(tmp_path)})  # its local files die with it
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_UPLOAD.format(paths=[str(HERE.parent), str(HERE)], url=url, endpoint=opts["endpoint"]),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "MMLOADER_TMPDIR": str(tmp_path)},
+    )  # its local files die with it
     assert p.stdout.readline().strip() == "closing"
     deadline = time.monotonic() + 60
     while not any(k.endswith(".idx.npy") for k in s3.keys("killed/")) and time.monotonic() < deadline:
@@ -367,7 +403,9 @@ def test_a_killed_upload_leaves_no_manifest(s3, proxied, tmp_path):
 
 def test_an_lmdb_copy_that_does_not_match_its_metadata_is_refused_and_not_kept(s3, data, tmp_path):
     import shutil
+
     import lmdb
+
     bad = tmp_path / "bad.lmdb"
     shutil.copytree(data["local"]["lmdb"], bad)
     env = lmdb.open(str(bad), max_dbs=1024)
@@ -395,7 +433,9 @@ def test_credentials_are_resolved_again_when_the_environment_changes(data, monke
 
 def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
     import webdataset as wds
+
     from mmloader.cli import main
+
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     with wds.ShardWriter(str(foreign / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
@@ -407,8 +447,9 @@ def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
     assert main(["inspect", url, "-n", "1"]) == 0
     out = capsys.readouterr().out
     assert "samples: 15" in out and url in out
-    assert main(["merge", str(data["local"]["tar"]), str(data["local"]["tar"]), f"s3://{s3.bucket}/merged",
-                 "-q"]) == 1  # the same part twice: duplicate keys, refused, nothing published
+    assert (
+        main(["merge", str(data["local"]["tar"]), str(data["local"]["tar"]), f"s3://{s3.bucket}/merged", "-q"]) == 1
+    )  # the same part twice: duplicate keys, refused, nothing published
     assert "merged/index.json" not in s3.keys("merged/")
     assert main(["merge", str(data["local"]["tar"]), f"s3://{s3.bucket}/merged", "-q"]) == 0
     assert _all(mmloader.open(f"s3://{s3.bucket}/merged")) == _all(mmloader.open(data["local"]["tar"]))
@@ -418,12 +459,15 @@ def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
 
 def test_preview_bench_and_plan_on_urls(data, tmp_path, capsys):
     from mmloader.cli import main
+
     url = data["s3"]["tar"]
     assert main(["preview", url, "-o", str(tmp_path / "p.png"), "-n", "4"]) == 0
     assert (tmp_path / "p.png").stat().st_size > 0
     assert main(["bench", url, "--epochs", "1", "--batch-size", "8", "--workers", "1"]) == 0
     config = tmp_path / "c.yaml"
-    config.write_text(f"batch_size: 4\nsources:\n  s:\n    path: {url}\n    modalities:\n      caption: {{field: txt}}\n")
+    config.write_text(
+        f"batch_size: 4\nsources:\n  s:\n    path: {url}\n    modalities:\n      caption: {{field: txt}}\n"
+    )
     assert main(["plan", str(config), "--world", "2"]) == 0
     assert "12 samples per rank = 3 batches of 4" in capsys.readouterr().out
 
@@ -440,18 +484,22 @@ def test_503_bursts_resets_truncated_bodies_and_latency_are_retried(data, proxie
     proxy.fail(2, status=500)
     proxy.fail(2, status=429)
     for i in range(0, N, 6):
-        assert store.read_many(list(range(i, i + 6)), ["jpg", "txt"])[1] == \
-            local.read_many(list(range(i, i + 6)), ["jpg", "txt"])[1]
+        assert (
+            store.read_many(list(range(i, i + 6)), ["jpg", "txt"])[1]
+            == local.read_many(list(range(i, i + 6)), ["jpg", "txt"])[1]
+        )
     assert not proxy.faults  # every fault was served, and recovered from
 
 
 def test_a_server_restarted_mid_epoch_pauses_the_loader_then_it_continues(data, proxied):
     proxy, opts = proxied
     url = data["s3"]["tar"]
-    ds = mmloader.zip(caption=mmloader.TextReader(mmloader.open(url, storage_options=opts, readahead=False,
-                                                                retry_deadline=30), "txt"))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=0, block_size=4), num_workers=1, backend="thread",
-                             prefetch_factor=1)
+    ds = mmloader.zip(
+        caption=mmloader.TextReader(mmloader.open(url, storage_options=opts, readahead=False, retry_deadline=30), "txt")
+    )
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=4, seed=0, block_size=4), num_workers=1, backend="thread", prefetch_factor=1
+    )
     got, pause, last = [], 0.0, 0.0
     for j, batch in enumerate(loader):
         got += batch["__key__"]
@@ -483,8 +531,9 @@ def test_a_server_gone_raises_an_error_naming_the_url_within_the_deadline(data, 
 
 def test_a_hung_request_times_out_and_is_retried(data, proxied):
     proxy, opts = proxied
-    store = mmloader.open(data["s3"]["tar"], storage_options=opts, readahead=False, request_timeout=1,
-                          retry_deadline=20)
+    store = mmloader.open(
+        data["s3"]["tar"], storage_options=opts, readahead=False, request_timeout=1, retry_deadline=20
+    )
     assert store[0] == mmloader.open(data["local"]["tar"])[0]  # indexes fetched: next is a data request
     proxy.hang(1)
     t0 = time.monotonic()
@@ -496,6 +545,7 @@ def test_wrong_bytes_are_never_passed_on_and_missing_objects_fail_at_once(data, 
     local = data["local"]["tar"]
     bad = tmp_path / "bad"
     import shutil
+
     shutil.copytree(local, bad)
     shard = mmloader.open(local).shards[1]["file"]
     blob = (bad / shard).read_bytes()
@@ -540,11 +590,14 @@ def test_a_shard_replaced_while_reading_is_an_error_never_a_mixture(data, s3, tm
     worker_copy = pickle.loads(pickle.dumps(store))  # what a DataLoader worker gets
     name = store.shards[1]["file"]
     assert store[0]["txt"] == worker_copy[0]["txt"] == "caption number 0 é".encode()
-    s3.client().put_object(Bucket=s3.bucket, Key=f"replaced-{client}/{name}",
-                           Body=_rewritten_shard(data["local"]["tar"], name))
+    s3.client().put_object(
+        Bucket=s3.bucket, Key=f"replaced-{client}/{name}", Body=_rewritten_shard(data["local"]["tar"], name)
+    )
     first = store.metadata["_starts"][1]
     for reader in (store, worker_copy):
-        with pytest.raises(remote.ObjectChangedError, match=rf"{name}: the object changed since this dataset was opened"):
+        with pytest.raises(
+            remote.ObjectChangedError, match=rf"{name}: the object changed since this dataset was opened"
+        ):
             reader.read_many([first, first + 1], ["txt"])
     assert store[0]["txt"] == "caption number 0 é".encode()  # untouched shards read on
     fresh = mmloader.open(url, readahead=False)  # opened after the change: the new version, consistently
@@ -554,13 +607,17 @@ def test_a_shard_replaced_while_reading_is_an_error_never_a_mixture(data, s3, tm
 def test_a_replaced_dataset_fails_the_running_epoch_loudly(data, s3):
     url = _upload_tar(s3, data["local"]["tar"], "replaced-epoch")
     ds = mmloader.zip(caption=mmloader.TextReader(url, "txt"))
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=1, block_size=4, on_error="skip"),
-                             num_workers=2, backend="process")
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=4, seed=1, block_size=4, on_error="skip"), num_workers=2, backend="process"
+    )
     it = iter(loader)
     next(it)
     for shard in mmloader.open(data["local"]["tar"]).shards:  # every shard rewritten, same layout
-        s3.client().put_object(Bucket=s3.bucket, Key=f"replaced-epoch/{shard['file']}",
-                               Body=_rewritten_shard(data["local"]["tar"], shard["file"]))
+        s3.client().put_object(
+            Bucket=s3.bucket,
+            Key=f"replaced-epoch/{shard['file']}",
+            Body=_rewritten_shard(data["local"]["tar"], shard["file"]),
+        )
     with pytest.raises(Exception, match="changed since this dataset was opened"):
         for batch in it:  # even under on_error="skip": a version change is not a bad sample
             assert not any("CAPTION" in c for c in batch["caption"]), "a mixture was delivered"
@@ -580,6 +637,7 @@ def test_cache_is_keyed_by_the_dataset_version_and_the_endpoint(data, s3, tmp_pa
     manifest = json.loads((local / "index.json").read_text())
     for shard in manifest["shards"]:  # the new shards' own checksums: another manifest
         import hashlib
+
         shard["sha256"] = hashlib.sha256((rewritten / shard["file"]).read_bytes()).hexdigest()
     (rewritten / "index.json").write_text(json.dumps(manifest))
     s3.upload(rewritten, "recached")
@@ -600,10 +658,12 @@ class _NoRangeHandler(__import__("http.server").server.SimpleHTTPRequestHandler)
 def test_permanent_failures_are_not_retried_until_the_deadline(data, s3, tmp_path):
     import http.server
     import socketserver
+
     root = data["root"]
 
     class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         daemon_threads = True
+
     httpd = Server(("127.0.0.1", 0), lambda *a, **kw: _NoRangeHandler(*a, directory=str(root), **kw))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
@@ -623,8 +683,9 @@ def test_permanent_failures_are_not_retried_until_the_deadline(data, s3, tmp_pat
     store = mmloader.open(url, readahead=False, retry_deadline=60)
     name = store.shards[2]["file"]
     store.location.pins.pop(name, None)  # as if it had been truncated in place (no version to compare)
-    s3.client().put_object(Bucket=s3.bucket, Key=f"truncated/{name}",
-                           Body=(data["local"]["tar"] / name).read_bytes()[:3000])
+    s3.client().put_object(
+        Bucket=s3.bucket, Key=f"truncated/{name}", Body=(data["local"]["tar"] / name).read_bytes()[:3000]
+    )
     started = time.monotonic()
     with pytest.raises(remote.ObjectChangedError, match="truncated or replaced"):
         store.read_many([store.metadata["_starts"][2] + 3], ["jpg"])
@@ -638,9 +699,13 @@ def test_urls_and_options_that_cannot_work_are_refused_up_front(data, s3, tmp_pa
         with pytest.raises(ValueError, match="cannot hold|percent-escapes"):
             mmloader.writer_for(bad).close()
     url = data["s3"]["tar"]
-    for options, message in ((dict(max_in_flight=0), "max_in_flight"), (dict(request_timeout=0), "request_timeout"),
-                             (dict(chunk_bytes=0), "chunk_bytes"), (dict(readahead_bytes=-1), "readahead_bytes"),
-                             (dict(cache_limit="1G"), "needs cache_dir")):
+    for options, message in (
+        (dict(max_in_flight=0), "max_in_flight"),
+        (dict(request_timeout=0), "request_timeout"),
+        (dict(chunk_bytes=0), "chunk_bytes"),
+        (dict(readahead_bytes=-1), "readahead_bytes"),
+        (dict(cache_limit="1G"), "needs cache_dir"),
+    ):
         with pytest.raises(ValueError, match=message):
             mmloader.open(url, **options)
 
@@ -650,6 +715,7 @@ def test_http_versions_are_pinned_when_opened_so_workers_agree(data, tmp_path):
     worker whose first read comes after a replacement still sees the change (it would
     otherwise pin the new version and mix it with the other workers' old one)."""
     import shutil
+
     root = tmp_path / "site"
     shutil.copytree(data["local"]["tar"], root / "ds")
     server = RangeServer(root)

@@ -1,6 +1,7 @@
 """The client protocol (mmloader.storage.remote.client.Client): every client implements all of it
 with the same signatures, and each client that can run here does the same real round trip
 against the local servers (moto's S3, a Range-honouring HTTP server on 127.0.0.1)."""
+
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,7 @@ import textwrap
 import uuid
 
 import pytest
+from remote_servers import RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 from mmloader.storage.remote import Location, ObjectChangedError
 from mmloader.storage.remote.client import Client, LocationLike, _Client
@@ -17,16 +19,17 @@ from mmloader.storage.remote.fsspec_client import _FsspecClient
 from mmloader.storage.remote.obstore_client import _ObstoreClient
 from mmloader.storage.remote.simple_client import _SimpleClient
 
-from remote_servers import RangeServer, own_cache, s3  # noqa: F401  (fixtures)
-
 CLIENTS = {"obstore": _ObstoreClient, "simple": _SimpleClient, "fsspec": _FsspecClient}
 #: What each client needs installed to run here (the simple client needs only the standard library).
 NEEDS = {"obstore": "obstore", "simple": None, "fsspec": "s3fs"}
 
 
 def _protocol_methods() -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(member) for name, member in vars(Client).items()
-            if callable(member) and not name.startswith("_")}
+    return {
+        name: inspect.signature(member)
+        for name, member in vars(Client).items()
+        if callable(member) and not name.startswith("_")
+    }
 
 
 def test_the_protocol_declares_what_location_calls_on_a_client():
@@ -36,11 +39,23 @@ def test_the_protocol_declares_what_location_calls_on_a_client():
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             on = node.func.value  # self.client(purpose).X(...) or client.X(...)
-            if (isinstance(on, ast.Name) and on.id == "client") or \
-                    (isinstance(on, ast.Call) and getattr(on.func, "attr", None) == "client"):
+            if (isinstance(on, ast.Name) and on.id == "client") or (
+                isinstance(on, ast.Call) and getattr(on.func, "attr", None) == "client"
+            ):
                 called.add(node.func.attr)
-    assert {"get", "get_many", "get_ranges", "start_range", "start_ranges", "head", "list", "versions",
-            "put_file", "put_bytes", "delete"} == set(_protocol_methods()) - {"url"}
+    assert {
+        "get",
+        "get_many",
+        "get_ranges",
+        "start_range",
+        "start_ranges",
+        "head",
+        "list",
+        "versions",
+        "put_file",
+        "put_bytes",
+        "delete",
+    } == set(_protocol_methods()) - {"url"}
     assert called == set(_protocol_methods()) - {"url"}, sorted(called)
     assert isinstance(Location("s3://b/ds"), LocationLike)  # what the clients declare they use of it
 
@@ -113,8 +128,10 @@ def test_reads_through_each_client_over_plain_http(kind, tmp_path):
         client = _client(kind, f"{server.url}/ds")
         assert client.head("x.bin")[0] == len(payload)
         assert client.get("x.bin") == payload
-        assert [bytes(b) for b in client.get_ranges([("x.bin", 1, 5), ("x.bin", 40_000, 50_000)])] == \
-            [payload[1:5], payload[40_000:]]
+        assert [bytes(b) for b in client.get_ranges([("x.bin", 1, 5), ("x.bin", 40_000, 50_000)])] == [
+            payload[1:5],
+            payload[40_000:],
+        ]
         assert bytes(client.start_range("x.bin", 0, 3).result(30)) == payload[:3]
         with pytest.raises(ObjectChangedError, match="x.bin"):  # a range beyond the end: truncated or replaced
             client.get_ranges([("x.bin", 49_000, 60_000)])

@@ -2,6 +2,7 @@
 127.0.0.1): a truncated LMDB is an error naming it, never a SIGBUS; a failed remote writer leaves
 nothing behind; merge reads LMDB URLs and refuses tar URLs in one line; ``-q`` silences the bars
 of remote work."""
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,11 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from conftest import make_samples, write_dataset, write_pairs_folder
+from remote_servers import FaultProxy, own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
 from mmloader.errors import FormatError
-
-from conftest import make_samples, write_dataset, write_pairs_folder
-from remote_servers import FaultProxy, own_cache, s3  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (a SIGBUS there fails the test, not the test run)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
@@ -48,13 +49,14 @@ _OPEN = """
 def _truncated_copy(src: Path, dst: Path, keep: float = 0.5) -> Path:
     dst.mkdir(parents=True)
     data = (src / "data.mdb").read_bytes()
-    (dst / "data.mdb").write_bytes(data[:int(len(data) * keep)])
+    (dst / "data.mdb").write_bytes(data[: int(len(data) * keep)])
     return dst
 
 
 # -- 1. truncated LMDB -------------------------------------------------------------------------------------------
 def test_the_meta_page_check_agrees_with_lmdb_itself(lmdb_ds, tmp_path):
     from mmloader.storage.lmdb_store import check_lmdb_file, lmdb_required_size
+
     copy = tmp_path / "copy.lmdb"  # a copy: the session's dataset may be open in this process already
     copy.mkdir()
     (copy / "data.mdb").write_bytes((lmdb_ds / "data.mdb").read_bytes())
@@ -65,7 +67,7 @@ def test_the_meta_page_check_agrees_with_lmdb_itself(lmdb_ds, tmp_path):
     finally:
         env.close()
     data = path.read_bytes()
-    assert lmdb_required_size(lambda o, n: data[o:o + n], len(data), "x") == need <= len(data)
+    assert lmdb_required_size(lambda o, n: data[o : o + n], len(data), "x") == need <= len(data)
     check_lmdb_file(path)  # a whole file passes
 
 
@@ -79,8 +81,9 @@ def test_a_truncated_local_lmdb_is_an_error_naming_it_not_a_crash(lmdb_ds, tmp_p
     assert r.returncode == 1 and "truncated" in r.stderr and str(bad) in r.stderr, r
 
 
-@pytest.mark.parametrize("content, why", [(b"\0" * 100, "too small to hold LMDB's meta pages"),
-                                          (b"not lmdb" * 2000, "bad magic")])
+@pytest.mark.parametrize(
+    "content, why", [(b"\0" * 100, "too small to hold LMDB's meta pages"), (b"not lmdb" * 2000, "bad magic")]
+)
 def test_a_file_that_is_not_lmdb_is_refused_before_it_is_mapped(tmp_path, content, why):
     d = tmp_path / "x.lmdb"
     d.mkdir()
@@ -91,7 +94,7 @@ def test_a_file_that_is_not_lmdb_is_refused_before_it_is_mapped(tmp_path, conten
 
 def test_a_truncated_lmdb_on_s3_is_refused_naming_the_url_and_nothing_is_cached(s3, lmdb_ds, tmp_path):
     data = (lmdb_ds / "data.mdb").read_bytes()
-    s3.client().put_object(Bucket=s3.bucket, Key="half.lmdb/data.mdb", Body=data[:len(data) // 2])
+    s3.client().put_object(Bucket=s3.bucket, Key="half.lmdb/data.mdb", Body=data[: len(data) // 2])
     url, cache = f"s3://{s3.bucket}/half.lmdb", tmp_path / "cache"
     r = _python(_OPEN, url, str(cache))
     assert r.returncode == 0, f"crashed ({r.returncode}): {r.stderr[-2000:]}"
@@ -122,7 +125,7 @@ def test_a_bad_cached_copy_is_checked_before_use_removed_and_fetched_again(s3, l
 
 # -- 2. a failed remote writer -------------------------------------------------------------------------------------
 def _objects(s3, prefix: str) -> list[str]:
-    return [k[len(prefix) + 1:] for k in s3.keys(prefix + "/")]
+    return [k[len(prefix) + 1 :] for k in s3.keys(prefix + "/")]
 
 
 def test_a_writer_that_fails_deletes_what_it_uploaded_and_nothing_else(s3):
@@ -203,13 +206,16 @@ def test_merge_reads_lmdb_urls_and_refuses_tar_urls_in_one_line(s3, tmp_path):
             r = _cli("merge", a, b, str(dst), "-q")
             assert r.returncode == 0, r.stderr
             got = mmloader.open(str(dst))
-            assert [got[i]["__key__"] for i in range(len(got))] == \
-                [s["__key__"] for s in make_samples(4)] + [s["__key__"] for s in make_samples(4, start=100)]
+            assert [got[i]["__key__"] for i in range(len(got))] == [s["__key__"] for s in make_samples(4)] + [
+                s["__key__"] for s in make_samples(4, start=100)
+            ]
         r = _cli("merge", a, tar_url, f"s3://{s3.bucket}/cat", "-q")
         assert r.returncode == 1
-        assert r.stderr.strip() == (f"mmloader merge: error: {tar_url}: merge reads tar shards from local folders: "
-                                    f"download them first, e.g. `aws s3 cp --recursive {tar_url}/ mshards/`, "
-                                    "then merge that folder")
+        assert r.stderr.strip() == (
+            f"mmloader merge: error: {tar_url}: merge reads tar shards from local folders: "
+            f"download them first, e.g. `aws s3 cp --recursive {tar_url}/ mshards/`, "
+            "then merge that folder"
+        )
         assert "s3:/" + s3.bucket not in r.stderr.replace("s3://", "")  # the URL is never collapsed
         assert not s3.keys("cat/")
         r = _cli("merge", f"s3://{s3.bucket}/x.parts/", str(tmp_path / "y"))
@@ -222,8 +228,16 @@ def test_merge_reads_lmdb_urls_and_refuses_tar_urls_in_one_line(s3, tmp_path):
 def test_quiet_silences_upload_and_fetch_bars(s3, tmp_path):
     raw = write_pairs_folder(tmp_path / "raw", 6, 16)
     url = f"s3://{s3.bucket}/quiet"
-    r = _python("import sys; from mmloader.cli import main; sys.exit(main(sys.argv[1:]))",
-                "convert", "pairs", str(raw), url, "--shard-size", "2", "-q")
+    r = _python(
+        "import sys; from mmloader.cli import main; sys.exit(main(sys.argv[1:]))",
+        "convert",
+        "pairs",
+        str(raw),
+        url,
+        "--shard-size",
+        "2",
+        "-q",
+    )
     assert r.returncode == 0 and "uploading" not in r.stderr, r.stderr
     r = _cli("convert", "pairs", str(raw), url + ".lmdb", "-q")
     assert r.returncode == 0 and "uploading" not in r.stderr, r.stderr
@@ -232,8 +246,9 @@ def test_quiet_silences_upload_and_fetch_bars(s3, tmp_path):
         r = _cli("verify", url + ".lmdb", "-q")
         assert r.returncode == 0 and "fetching" not in r.stderr, r.stderr
         config = tmp_path / "c.yaml"
-        config.write_text(f"batch_size: 2\nsources:\n  s:\n    path: {url}.lmdb\n    modalities:\n"
-                          "      caption: {field: txt}\n")
+        config.write_text(
+            f"batch_size: 2\nsources:\n  s:\n    path: {url}.lmdb\n    modalities:\n      caption: {{field: txt}}\n"
+        )
         (tmp_path / "cache").rename(tmp_path / "cache-old")  # fetched again by plan
         r = _cli("plan", str(config), "-q")
         assert r.returncode == 0 and "fetching" not in r.stderr and "6 samples" in r.stdout, (r.stdout, r.stderr)

@@ -1,8 +1,8 @@
 """The process backend's shared-memory ring (mmloader.loading.ring): same batches, no overwrites, no leaks."""
+
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_dataset
 
 import mmloader
 from mmloader.loading.ring import RingBatch, SlotTensor, _Arena, _pack, _unpack
-
-from conftest import write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,10 +25,18 @@ def pairs(tmp_path_factory) -> Path:
 
 
 def _loader(path, output="tensor", workers=2, **kw):
-    ds = mmloader.zip(image=mmloader.ImageReader(path, output=output), caption=mmloader.TextReader(path),
-                      label=mmloader.LabelReader(path))
-    return mmloader.loader(mmloader.Stream(ds, batch_size=8, seed=5), num_workers=workers, backend="process",
-                           multiprocessing_context="fork", **kw)
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(path, output=output),
+        caption=mmloader.TextReader(path),
+        label=mmloader.LabelReader(path),
+    )
+    return mmloader.loader(
+        mmloader.Stream(ds, batch_size=8, seed=5),
+        num_workers=workers,
+        backend="process",
+        multiprocessing_context="fork",
+        **kw,
+    )
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -56,8 +63,11 @@ def test_ring_gives_the_batches_of_the_thread_backend(pairs, output):
     receive = ring.ring.receive
     ring.ring.receive = lambda item: (seen.append(type(item)), receive(item))[1]
     got = list(ring)
-    ds = mmloader.zip(image=mmloader.ImageReader(pairs, output=output), caption=mmloader.TextReader(pairs),
-                      label=mmloader.LabelReader(pairs))
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(pairs, output=output),
+        caption=mmloader.TextReader(pairs),
+        label=mmloader.LabelReader(pairs),
+    )
     want = list(mmloader.loader(mmloader.Stream(ds, batch_size=8, seed=5), num_workers=2, backend="thread"))
     assert len(got) == len(want) == 8 and all(_same(a, b) for a, b in zip(got, want))
     assert seen.count(RingBatch) >= 6  # all but the workers' first batches came through slots
@@ -69,18 +79,28 @@ def test_tensors_inside_lists_go_into_the_slot_and_plain_lists_pass_as_they_are(
     """Lists of keys or captions cross as they are (not walked value by value); a list that holds
     a tensor anywhere is walked, and its tensors go into the slot."""
     slot = torch.zeros(1 << 16, dtype=torch.uint8)
-    batch = {"crops": [torch.arange(5), torch.ones(2, 3)], "caption": ["a", "b"], "n": [1, 2.5, None, True],
-             "mixed": ["x", torch.tensor([7]), [torch.tensor([8, 9])]],
-             "nested": [[torch.tensor([1])], [torch.tensor([2, 3])]], "dicts": [{"a": torch.tensor([4])}]}
+    batch = {
+        "crops": [torch.arange(5), torch.ones(2, 3)],
+        "caption": ["a", "b"],
+        "n": [1, 2.5, None, True],
+        "mixed": ["x", torch.tensor([7]), [torch.tensor([8, 9])]],
+        "nested": [[torch.tensor([1])], [torch.tensor([2, 3])]],
+        "dicts": [{"a": torch.tensor([4])}],
+    }
     packed = _pack(batch, _Arena(slot))
     assert packed["caption"] is batch["caption"] and packed["n"] is batch["n"]
     assert [type(v) for v in packed["crops"]] == [SlotTensor, SlotTensor]
     assert isinstance(packed["mixed"][1], SlotTensor) and isinstance(packed["mixed"][2][0], SlotTensor)
     assert isinstance(packed["nested"][1][0], SlotTensor) and isinstance(packed["dicts"][0]["a"], SlotTensor)
     out = _unpack(packed, slot)
-    for got, want in [(out["crops"][0], batch["crops"][0]), (out["crops"][1], batch["crops"][1]),
-                      (out["mixed"][1], batch["mixed"][1]), (out["mixed"][2][0], batch["mixed"][2][0]),
-                      (out["nested"][1][0], batch["nested"][1][0]), (out["dicts"][0]["a"], batch["dicts"][0]["a"])]:
+    for got, want in [
+        (out["crops"][0], batch["crops"][0]),
+        (out["crops"][1], batch["crops"][1]),
+        (out["mixed"][1], batch["mixed"][1]),
+        (out["mixed"][2][0], batch["mixed"][2][0]),
+        (out["nested"][1][0], batch["nested"][1][0]),
+        (out["dicts"][0]["a"], batch["dicts"][0]["a"]),
+    ]:
         assert torch.equal(got, want) and got.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr()
     assert out["caption"] == ["a", "b"] and out["mixed"][0] == "x"
 
@@ -145,6 +165,7 @@ def _shm_state() -> tuple[int, int]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 def test_twenty_loader_lifetimes_leave_no_shared_memory(pairs):
     import gc
+
     list(_loader(pairs))  # warm: torch's own lazily created segments
     gc.collect()
     before = _shm_state()
@@ -178,17 +199,27 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
-@pytest.mark.parametrize("action", ["os.kill(os.getpid(), signal.SIGINT)",
-                                    # the killed worker is made to leave a segment behind, as it does
-                                    # when killed between torch's shm_open and unlink
-                                    "w = loader.dataloader._iterator._workers[0].pid; "
-                                    "open(f'/dev/shm/torch_{w}_999999', 'w').close(); "
-                                    "os.kill(w, signal.SIGKILL)"])
+@pytest.mark.parametrize(
+    "action",
+    [
+        "os.kill(os.getpid(), signal.SIGINT)",
+        # the killed worker is made to leave a segment behind, as it does
+        # when killed between torch's shm_open and unlink
+        "w = loader.dataloader._iterator._workers[0].pid; "
+        "open(f'/dev/shm/torch_{w}_999999', 'w').close(); "
+        "os.kill(w, signal.SIGKILL)",
+    ],
+)
 def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
     before = set(os.listdir("/dev/shm"))
     script = SCRIPT.format(tests=str(Path(__file__).parent), path=str(pairs), action=action)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode != 0  # interrupted, or the dead worker surfaced as an error
     assert "KeyboardInterrupt" in done.stderr or "exited unexpectedly" in done.stderr or "killed" in done.stderr
     pids = [int(p) for p in done.stdout.split()[1:]]
@@ -197,6 +228,9 @@ def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     # torch names a segment torch_<pid of its creator>_<n>; only this test's processes count,
     # as other programs on the machine may use /dev/shm meanwhile.
-    left = [name for name in set(os.listdir("/dev/shm")) - before
-            if name.startswith("torch_") and name.split("_")[1] in {str(pid) for pid in pids}]
+    left = [
+        name
+        for name in set(os.listdir("/dev/shm")) - before
+        if name.startswith("torch_") and name.split("_")[1] in {str(pid) for pid in pids}
+    ]
     assert left == [], left

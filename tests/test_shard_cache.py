@@ -1,6 +1,7 @@
 """The node-local shard cache (mmloader.storage.shard_cache) on real files: one download per
 file, nothing partial visible, bounded by its limit, and never deleting a file it did not write.
 (The cache under a RemoteTarStore over S3, across processes and kill -9, is in test_remote.py.)"""
+
 from __future__ import annotations
 
 import fcntl
@@ -18,6 +19,7 @@ def _writer(data: bytes, calls: list):
         os.pwrite(fd, data, 0)
         if progress is not None:
             progress(len(data))
+
     return download
 
 
@@ -41,12 +43,14 @@ def test_a_failed_or_short_download_leaves_nothing_visible(tmp_path):
     def broken(fd: int, progress) -> None:
         os.pwrite(fd, b"half", 0)
         raise ConnectionResetError("cut")
+
     with pytest.raises(ConnectionResetError):
         cache.fetch("a.tar", 100, broken)
     assert cache.lookup("a.tar") is None and not list(cache.dir.glob(".*.part-*"))
 
     def grows(fd: int, progress) -> None:
         os.pwrite(fd, b"z" * 150, 0)  # more than the manifest says
+
     with pytest.raises(OSError, match="downloaded 150 bytes, expected 100"):
         cache.fetch("a.tar", 100, grows)
     assert cache.lookup("a.tar") is None and not list(cache.dir.glob(".*.part-*")) and cache.size() == 0

@@ -1,5 +1,6 @@
 """One meaning of a size everywhere (mmloader.storage.sizes): the CLI's --shard-bytes, converters'
 --max-file-bytes, cache_limit= in Python and in configs."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,19 @@ from mmloader.storage.shard_cache import parse_limit
 from mmloader.storage.sizes import parse_size
 
 
-@pytest.mark.parametrize("text,want", [("2G", 2 << 30), ("2GiB", 2 << 30), ("2GB", 2 * 10 ** 9), ("64K", 64 << 10),
-                                       ("500MB", 500 * 10 ** 6), ("1e9", 10 ** 9), ("123", 123), ("1.5K", 1536)])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("2G", 2 << 30),
+        ("2GiB", 2 << 30),
+        ("2GB", 2 * 10**9),
+        ("64K", 64 << 10),
+        ("500MB", 500 * 10**6),
+        ("1e9", 10**9),
+        ("123", 123),
+        ("1.5K", 1536),
+    ],
+)
 def test_a_size_means_the_same_on_every_path(text, want):
     assert parse_size(text) == positive_size(text) == parse_limit(text) == want
 
@@ -29,7 +41,8 @@ def test_bad_sizes_are_refused_everywhere(bad):
 
 def test_the_convert_cli_reads_shard_bytes_with_these_units():
     from mmloader.converters.common import add_common_arguments
+
     parser = argparse.ArgumentParser()
     add_common_arguments(parser)
     args = parser.parse_args(["src", "dst", "--shard-bytes", "2GB"])
-    assert args.shard_bytes == 2 * 10 ** 9
+    assert args.shard_bytes == 2 * 10**9

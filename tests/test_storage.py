@@ -1,4 +1,5 @@
 """Storage formats: round trips, WebDataset interop, workers, atomic writes, bad keys, verify."""
+
 from __future__ import annotations
 
 import os
@@ -13,13 +14,12 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
+from conftest import jpeg_bytes, make_samples, write_dataset
 
 import mmloader
+from mmloader.cli.verify import verify
 from mmloader.errors import DuplicateKeyError, FormatError, KeyValidationError, RandomAccessError
 from mmloader.storage.encoding import encode_value
-from mmloader.cli.verify import verify
-
-from conftest import jpeg_bytes, make_samples, write_dataset
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
@@ -104,7 +104,7 @@ def test_foreign_shards(foreign, tmp_path):
     text = mmloader.TextReader(ds, field="txt.gz")
     assert isinstance(text[0], str) and len(text[0]) > 0
     start = by_file["testgz.tar"]
-    first_testgz = sum(s["count"] for s in manifest["shards"][:manifest["shards"].index(start)])
+    first_testgz = sum(s["count"] for s in manifest["shards"][: manifest["shards"].index(start)])
     assert len(text[first_testgz + 999]) > 0
     tgz = manifest["shards"].index(by_file["sample.tgz"])
     first_tgz = sum(s["count"] for s in manifest["shards"][:tgz])
@@ -136,8 +136,7 @@ class _Keys(torch.utils.data.Dataset):
 def test_reads_in_dataloader_workers(any_ds, method):
     store = mmloader.open(any_ds)
     store[0]  # open in the parent first: children must not reuse its handles
-    dl = torch.utils.data.DataLoader(_Keys(store), batch_size=None, num_workers=2,
-                                     multiprocessing_context=method)
+    dl = torch.utils.data.DataLoader(_Keys(store), batch_size=None, num_workers=2, multiprocessing_context=method)
     got = list(dl)
     assert [k for k, _ in got] == [store.key(i) for i in range(len(store))]
     assert got[7][1] == "caption number 7 é"
@@ -210,8 +209,9 @@ def test_fork_while_other_threads_read_lmdb(tmp_path):
     DataLoader's workers started while the thread backend read a batch. Also two threads forking
     at once, and a fork from inside an LMDB call."""
     path = write_dataset(tmp_path / "f.lmdb", 100, "lmdb")
-    r = subprocess.run([sys.executable, "-c", FORK_WHILE_READING, str(path)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", FORK_WHILE_READING, str(path)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and r.stdout.strip() == "forked 41 children", r.stdout + r.stderr[-2000:]
 
 
@@ -258,8 +258,9 @@ def test_ctrl_c_caught_around_reads_leaves_the_fork_gate_open(tmp_path):
     """Thousands of Ctrl-Cs caught around LMDB reads: no thread is left counted inside the gate
     (a counter in Python lost updates to them, and every later fork waited 30 s)."""
     path = write_dataset(tmp_path / "c.lmdb", 50, "lmdb")
-    r = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_READING, str(path)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_READING, str(path)], capture_output=True, text=True, timeout=120
+    )
     interrupts, held, fork_s = r.stdout.split()
     assert int(interrupts) > 100 and int(held) == 0 and float(fork_s) < 5, r.stdout + r.stderr[-2000:]
 
@@ -339,6 +340,7 @@ def test_duplicate_key_rejected(tmp_path, fmt):
 
 def test_not_a_dataset(tmp_path):
     import lmdb
+
     env = lmdb.open(str(tmp_path / "plain"), max_dbs=2)
     with env.begin(write=True) as t:
         t.put(b"k", b"v")
@@ -353,6 +355,7 @@ def test_not_a_dataset(tmp_path):
 
 def _copy_dataset(src: Path, dst: Path) -> Path:
     import shutil
+
     shutil.copytree(src, dst)
     return dst
 
@@ -383,7 +386,7 @@ def test_verify_catches_flipped_byte_in_lmdb(tmp_path):
     data = (path / "data.mdb").read_bytes()
     needle = b"caption number 3"
     at = data.index(needle)
-    patched = data[:at] + b"Caption" + data[at + 7:]
+    patched = data[:at] + b"Caption" + data[at + 7 :]
     (path / "data.mdb").write_bytes(patched)
     report = verify(path, progress=False)
     assert not report.ok and any("'txt'" in p and "CRC32" in p for p in report.problems)
@@ -406,8 +409,9 @@ def test_lmdb_files_hold_no_leftover_heap_bytes(tmp_path):
     """Pages are zeroed before use (LMDB's meminit): with it off, bytes the writing process had
     freed (here a marker; in real life captions of other datasets, credentials) were written into
     the unused part of pages, in files that are handed to strangers."""
-    r = subprocess.run([sys.executable, "-c", LEFTOVER_HEAP, str(tmp_path / "x.lmdb")], capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", LEFTOVER_HEAP, str(tmp_path / "x.lmdb")], capture_output=True, text=True, timeout=300
+    )
     assert r.stdout.strip() == "clean", r.stdout + r.stderr[-2000:]
 
 
@@ -437,6 +441,7 @@ def test_verify_checks_gzipped_images_like_the_readers(tmp_path):
     """An image stored as .jpg.gz is gunzipped and decoded by the readers: verify treats it as
     an image (a 0-byte one is reported, a good one decodes with --decode)."""
     import gzip
+
     path = tmp_path / "d.lmdb"
     with mmloader.LMDBWriter(path) as w:
         w.write({"__key__": "good", "jpg.gz": gzip.compress(jpeg_bytes(1))})
@@ -446,11 +451,14 @@ def test_verify_checks_gzipped_images_like_the_readers(tmp_path):
         assert len(problems) == 1 and "'empty'" in problems[0] and "0 bytes" in problems[0], problems
 
 
-@pytest.mark.parametrize("name,size,mtime", [("a/b/0001.jpg", 20000, 0), ("x.txt", 0, 1700000000),
-                                             ("k" * 95 + ".jpg", 12345678, 5)])
+@pytest.mark.parametrize(
+    "name,size,mtime", [("a/b/0001.jpg", 20000, 0), ("x.txt", 0, 1700000000), ("k" * 95 + ".jpg", 12345678, 5)]
+)
 def test_fast_tar_headers_are_byte_identical_to_tarfile(name, size, mtime):
     import tarfile
+
     from mmloader.storage.tar_writer import ustar_header
+
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o444, mtime
     assert ustar_header(name, size, mtime) == info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
@@ -480,13 +488,19 @@ def test_read_many_views_equal_copies(any_ds):
         assert copies[f] == [store.read(i, [f]).get(f) for i in indices]
 
 
-@pytest.mark.parametrize("array", [np.arange(60, dtype=np.int64).reshape(15, 2, 2),
-                                   np.zeros((0, 3, 2), dtype=np.int64),
-                                   np.arange(24, dtype=np.int64).reshape(4, 3, 2) * -1,
-                                   np.arange(12, dtype=np.int32).reshape(3, 2, 2),  # other headers: np.load
-                                   np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 2, 2))])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(60, dtype=np.int64).reshape(15, 2, 2),
+        np.zeros((0, 3, 2), dtype=np.int64),
+        np.arange(24, dtype=np.int64).reshape(4, 3, 2) * -1,
+        np.arange(12, dtype=np.int32).reshape(3, 2, 2),  # other headers: np.load
+        np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 2, 2)),
+    ],
+)
 def test_offset_tables_map_like_np_load(tmp_path, array):
     from mmloader.storage.tar_store import map_offsets
+
     path = tmp_path / "t.idx.npy"
     np.save(path, array)
     got = map_offsets(str(path))
@@ -509,6 +523,7 @@ def _mapped_kb(path: Path) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 def test_lmdb_readers_unmap_what_they_read_from_big_files(tmp_path, monkeypatch):
     from mmloader.storage import map_trimmer
+
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)  # this 6.6 MB file counts as big
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 512 << 10)
     rng = np.random.default_rng(0)
@@ -522,7 +537,7 @@ def test_lmdb_readers_unmap_what_they_read_from_big_files(tmp_path, monkeypatch)
     for views in (True, False):
         got = []
         for a in range(0, 200, 10):
-            _keys, cols = store.read_many(order[a:a + 10], ["bin"], views=views)
+            _keys, cols = store.read_many(order[a : a + 10], ["bin"], views=views)
             got += [bytes(v) for v in cols["bin"]]  # used after later reads may have trimmed
         assert got == [values[i] for i in order]
     # Without trimming every page read stays mapped (the whole 6.6 MB file; the kernel maps
@@ -540,12 +555,14 @@ def _lmdb_of(path: Path, values: list[bytes]) -> Path:
 def _counting_trims(monkeypatch) -> list[str]:
     """Record each trim (the real one still runs)."""
     from mmloader.storage import map_trimmer
+
     trims: list[str] = []
     real = map_trimmer.MapTrimmer.trim
 
     def trim(self):
         trims.append(self.data_file)
         real(self)
+
     monkeypatch.setattr(map_trimmer.MapTrimmer, "trim", trim)
     return trims
 
@@ -555,6 +572,7 @@ def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeyp
     """The trimmer measures what is mapped (a fault may map a whole page-cache folio, far more than
     the value it serves): whenever a big file's map is over the bound at a read, that read trims."""
     from mmloader.storage import map_trimmer
+
     bound_kb = 2048
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", bound_kb << 10)
@@ -570,8 +588,8 @@ def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeyp
     over, untrimmed_over = 0, []
     for a in range(0, len(order), 2):
         before, count = _mapped_kb(path / "data.mdb"), len(trims)
-        _keys, cols = store.read_many(order[a:a + 2], ["bin"], views=True)
-        assert [bytes(v) for v in cols["bin"]] == [values[i] for i in order[a:a + 2]]
+        _keys, cols = store.read_many(order[a : a + 2], ["bin"], views=True)
+        assert [bytes(v) for v in cols["bin"]] == [values[i] for i in order[a : a + 2]]
         if before > bound_kb + 64:  # (64 kB: what the first measure's baseline may hold)
             over += 1
             if len(trims) == count:
@@ -583,7 +601,9 @@ def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeyp
 def test_trimming_while_another_thread_opens_environments(tmp_path, monkeypatch):
     """Opening an environment registers its trimmer while other threads read and trim."""
     import threading
+
     from mmloader.storage import map_trimmer
+
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1)  # every environment is trimmed
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 0)  # trim at every read
     monkeypatch.setattr(map_trimmer, "CHECK_EVERY", 1)
@@ -604,6 +624,7 @@ def test_trimming_while_another_thread_opens_environments(tmp_path, monkeypatch)
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(repr(e))
                 return
+
     t = threading.Thread(target=read)
     t.start()
     try:
@@ -620,8 +641,10 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
     """The data file may be mapped elsewhere too (a user's mmap): only LMDB's map is unmapped,
     never the memory between two maps of the file."""
     import mmap
+
     from mmloader.storage import map_trimmer
     from mmloader.storage.lmdb_store import shared_env
+
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 0)
     monkeypatch.setattr(map_trimmer, "CHECK_EVERY", 1)
@@ -640,7 +663,7 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
     assert not start <= between.ctypes.data < start + length
     for i in range(0, 40, 2):
         _k, cols = store.read_many([i, i + 1], ["bin"], views=True)
-        assert [bytes(v) for v in cols["bin"]] == values[i:i + 2]
+        assert [bytes(v) for v in cols["bin"]] == values[i : i + 2]
     assert trims and (between == 7).all() and user_map[:4096] == (path / "data.mdb").read_bytes()[:4096]
     user_map.close()
 
@@ -648,6 +671,7 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
 def test_many_small_lmdb_files_together_are_trimmed(tmp_path, monkeypatch):
     """The threshold is what a process has open in total: many files under it add up."""
     from mmloader.storage import map_trimmer
+
     monkeypatch.setattr(map_trimmer, "_TRIMMERS", {})  # only this test's environments are open
     rng = np.random.default_rng(5)
     values = [rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes() for _ in range(50)]
@@ -661,13 +685,14 @@ def test_many_small_lmdb_files_together_are_trimmed(tmp_path, monkeypatch):
         a.read_many(list(range(i, i + 5)), ["bin"])
     assert not trims, "one file under the threshold stays mapped"
     for i in range(0, 50, 5):
-        assert b.read_many(list(range(i, i + 5)), ["bin"])[1]["bin"] == values[i:i + 5]
+        assert b.read_many(list(range(i, i + 5)), ["bin"])[1]["bin"] == values[i : i + 5]
     assert trims, "two files over the threshold together are trimmed"
 
 
 def _tar_with(path: Path, members: list[tuple[str, bytes]]) -> None:
     import io
     import tarfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w") as tf:
         for name, data in members:
@@ -684,8 +709,12 @@ def test_field_names_are_lower_case_as_webdataset_reads_them(tmp_path):
     assert wds_fields == [["jpg", "txt"], ["jpg", "txt"]]
     mmloader.build_index(src.parent, progress=False)
     store = mmloader.open(src.parent)
-    assert store.fields == ["jpg", "txt"] and store.read(0) == {"__key__": "x", "__index__": 0, "jpg": b"jpeg-bytes",
-                                                               "txt": b"caption"}
+    assert store.fields == ["jpg", "txt"] and store.read(0) == {
+        "__key__": "x",
+        "__index__": 0,
+        "jpg": b"jpeg-bytes",
+        "txt": b"caption",
+    }
     with pytest.raises(KeyValidationError, match="upper-case.*use 'jpg'"):
         with mmloader.writer_for(tmp_path / "out", "tar") as w:
             w.write({"__key__": "k", "JPG": b"x"})
@@ -703,11 +732,16 @@ def test_a_field_twice_in_one_sample_is_refused_when_indexing(tmp_path):
 def test_vocabulary_leftovers(tmp_path):
     """Review findings: the .lmdb rule ignores case, submodules are attributes, jfif is jpg."""
     from mmloader.media.imageinfo import canonical_extension
+
     with mmloader.writer_for(tmp_path / "UPPER.LMDB") as w:
         w.write({"__key__": "k", "txt": "x"})
     assert mmloader.open(tmp_path / "UPPER.LMDB").format == "lmdb"
-    done = subprocess.run([sys.executable, "-c", "import mmloader; print(mmloader.config.is_config_path('a.yaml'))"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import mmloader; print(mmloader.config.is_config_path('a.yaml'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert done.stdout.strip() == "True"
     assert canonical_extension("JFIF") == "jpg"
 
@@ -727,8 +761,10 @@ def test_a_map_of_the_file_right_next_to_lmdbs_is_not_taken_for_part_of_it(tmp_p
     at offset 0, so it must not be merged into the region that gets unmapped."""
     import ctypes
     import mmap
+
     from mmloader.storage import map_trimmer
     from mmloader.storage.lmdb_store import shared_env
+
     path = _lmdb_of(tmp_path / "next.lmdb", [b"x" * 10_000] * 20)
     store = mmloader.open(path)
     store.read_many([0], ["bin"])
@@ -736,8 +772,10 @@ def test_a_map_of_the_file_right_next_to_lmdbs_is_not_taken_for_part_of_it(tmp_p
     data = str(path / "data.mdb")
     lmdb_start, lmdb_len = map_trimmer._mapping_of(data, _lmdb_map_address(data))
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mmap.restype, libc.mmap.argtypes = (
+        ctypes.c_void_p,
+        [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long],
+    )
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     page = os.sysconf("SC_PAGE_SIZE")
     size = -(-os.path.getsize(data) // page) * page

@@ -1,4 +1,5 @@
 """Streaming to DDP with real processes: 2 ranks (gloo) x 2 DataLoader workers."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+from conftest import jpeg_bytes
 
 import mmloader
-from conftest import jpeg_bytes
 
 WORLD = 2
 
@@ -39,8 +40,9 @@ def _rank_main(rank: int, init: str, cases: list, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     results = {}
     for name, path, batch in cases:
-        loader = mmloader.loader(_stream(path, batch), num_workers=2, persistent_workers=False,
-                                 multiprocessing_context="fork")  # spawn would re-import torch per worker
+        loader = mmloader.loader(
+            _stream(path, batch), num_workers=2, persistent_workers=False, multiprocessing_context="fork"
+        )  # spawn would re-import torch per worker
         got = _keys(loader)
         counts = torch.tensor([len(got)])
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)  # would hang or differ if ranks were unequal
@@ -64,10 +66,16 @@ def _rank_main(rank: int, init: str, cases: list, out: str) -> None:
     resumed_loader.load_state_dict(state)
     resumed = _keys(resumed_loader)
     after_resume_next_epoch = (resumed_loader.set_epoch(2), _keys(resumed_loader))[1]
-    results["_resume"] = {"epoch1": epoch1, "epoch1_again": epoch1_again, "epoch2": epoch2,
-                          "epoch2_by_itself": epoch2_by_itself,
-                          "first": first, "state": state, "resumed": resumed,
-                          "next_epoch": after_resume_next_epoch}
+    results["_resume"] = {
+        "epoch1": epoch1,
+        "epoch1_again": epoch1_again,
+        "epoch2": epoch2,
+        "epoch2_by_itself": epoch2_by_itself,
+        "first": first,
+        "state": state,
+        "resumed": resumed,
+        "next_epoch": after_resume_next_epoch,
+    }
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
@@ -79,7 +87,7 @@ def ddp_run(tmp_path_factory):
     cases = []
     for n, shard_counts in [(1, [1]), (3, [1, 2, 3]), (7, [1, 4, 7]), (1000, [1, 2, 5, 9])]:
         for shards in shard_counts:
-            for batch in ([None, 4] if n < 1000 else [16]):
+            for batch in [None, 4] if n < 1000 else [16]:
                 name = f"n{n}-s{shards}-b{batch}"
                 cases.append((name, str(_text_dataset(root / name, n, shards)), batch))
     tmp.spawn(_rank_main, args=(str(root / "init"), cases, str(root)), nprocs=WORLD, join=True)
@@ -184,6 +192,7 @@ def test_worker_rngs_seeded_from_seed_epoch_rank_worker(tmp_path):
         loader = mmloader.loader(s, num_workers=2, persistent_workers=False)
         loader.set_epoch(epoch)
         return [b["caption"].tolist() for b in loader]
+
     assert draw(1, 0) == draw(1, 0)
     assert draw(1, 0) != draw(1, 1) and draw(1, 0) != draw(2, 0)
     b = draw(1, 0)
@@ -191,8 +200,9 @@ def test_worker_rngs_seeded_from_seed_epoch_rank_worker(tmp_path):
 
 
 def test_collate_pads_and_masks():
-    out = mmloader.collate([{"__key__": "a", "t": torch.ones(2), "s": "x", "l": 1},
-                            {"__key__": "b", "t": torch.ones(3), "l": 2}])
+    out = mmloader.collate(
+        [{"__key__": "a", "t": torch.ones(2), "s": "x", "l": 1}, {"__key__": "b", "t": torch.ones(3), "l": 2}]
+    )
     assert out["t"].shape == (2, 3) and out["__mask__"]["t"].sum() == 5
     assert out["s"] == ["x", None] and out["__present__"]["s"].tolist() == [True, False]
     assert out["l"].tolist() == [1, 2] and out["__key__"] == ["a", "b"]
@@ -224,17 +234,29 @@ def test_thread_backend_same_batches_and_resume(tmp_path):
 def test_auto_backend_threads_for_builtin_decoders_processes_for_user_python(tmp_path, caplog):
     from mmloader.loading.dataloader import Loader
     from mmloader.loading.threaded import ThreadLoader
+
     path = _text_dataset(tmp_path / "d", 20, 2)
-    text = lambda **kw: mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path), **kw)),  # noqa: E731
-                                        batch_size=4, seed=7)
-    cases = [(text(), {}, ThreadLoader, "only built-in decoders"),
-             (text(transform=str.upper), {}, Loader, "a transform on 'caption'"),
-             (text(decode=lambda b, k: b.decode()), {}, Loader, "a decode= on 'caption'"),
-             (mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
-                              collate_fn=lambda rows: rows), {}, Loader, "a custom collate_fn"),
-             (text(), {"persistent_workers": True}, Loader, "process-only options ['persistent_workers']"),
-             (text(transform=str.upper), {"backend": "thread"}, ThreadLoader, None),
-             (text(), {"backend": "process"}, Loader, None)]
+    text = lambda **kw: mmloader.Stream(
+        mmloader.zip(caption=mmloader.TextReader(str(path), **kw)),  # noqa: E731
+        batch_size=4,
+        seed=7,
+    )
+    cases = [
+        (text(), {}, ThreadLoader, "only built-in decoders"),
+        (text(transform=str.upper), {}, Loader, "a transform on 'caption'"),
+        (text(decode=lambda b, k: b.decode()), {}, Loader, "a decode= on 'caption'"),
+        (
+            mmloader.Stream(
+                mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, collate_fn=lambda rows: rows
+            ),
+            {},
+            Loader,
+            "a custom collate_fn",
+        ),
+        (text(), {"persistent_workers": True}, Loader, "process-only options ['persistent_workers']"),
+        (text(transform=str.upper), {"backend": "thread"}, ThreadLoader, None),
+        (text(), {"backend": "process"}, Loader, None),
+    ]
     for stream, options, kind, why in cases:
         caplog.clear()
         with caplog.at_level("INFO", logger="mmloader"):
@@ -246,8 +268,9 @@ def test_auto_backend_threads_for_builtin_decoders_processes_for_user_python(tmp
         else:
             assert len(lines) == 1 and why in lines[0], lines
     # the same batches whichever backend was chosen
-    assert _keys(mmloader.loader(text(transform=str.upper), num_workers=2)) == \
-        _keys(mmloader.loader(text(), num_workers=2))
+    assert _keys(mmloader.loader(text(transform=str.upper), num_workers=2)) == _keys(
+        mmloader.loader(text(), num_workers=2)
+    )
 
 
 class _BrokenAt(torch.utils.data.Dataset):
@@ -273,6 +296,7 @@ def test_thread_backend_raises_worker_errors(tmp_path):
 
 def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
     import random
+
     rng = random.Random(0)
     path = tmp_path / "var.lmdb"
     with mmloader.LMDBWriter(path) as w:
@@ -286,6 +310,7 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
         batches = list(mmloader.loader(stream, num_workers=2))
         padding = sum(int((~b["__mask__"]["tokens"]).sum()) for b in batches)
         return batches, padding
+
     plain, plain_pad = run()
     bucketed, bucketed_pad = run(bucket_by="tokens", bucket_window=8)
     keys = sorted(k for b in bucketed for k in b["__key__"])
@@ -299,8 +324,9 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
 
 def test_thread_backend_delivers_batches_before_the_error_in_order(tmp_path):
     for producers in (1, 3):
-        loader = mmloader.loading.threaded.ThreadLoader(mmloader.Stream(_BrokenAt(40, 23), batch_size=4, shuffle=False),
-                                                producers=producers)
+        loader = mmloader.loading.threaded.ThreadLoader(
+            mmloader.Stream(_BrokenAt(40, 23), batch_size=4, shuffle=False), producers=producers
+        )
         got = []
         with pytest.raises(mmloader.SampleError, match="k23"):
             for batch in loader:
@@ -310,6 +336,7 @@ def test_thread_backend_delivers_batches_before_the_error_in_order(tmp_path):
 
 def test_thread_backend_stops_its_threads_when_left_early(tmp_path):
     import threading
+
     path = _text_dataset(tmp_path / "d", 200, 4)
     before = threading.active_count()
     for producers in (1, 2):
@@ -387,12 +414,14 @@ def test_state_after_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path, ba
 
 def _corrupt_pairs(tmp_path, n=24, bad=(5, 17)):
     from conftest import jpeg_bytes
+
     path = tmp_path / "pairs.lmdb"
     with mmloader.LMDBWriter(path) as w:
         for i in range(n):
             img = jpeg_bytes(i)
-            w.write({"__key__": f"k{i:03d}", "jpg": img[:len(img) // 2] + b"\xff\xd9" if i in bad else img,
-                     "txt": f"t{i}"})
+            w.write(
+                {"__key__": f"k{i:03d}", "jpg": img[: len(img) // 2] + b"\xff\xd9" if i in bad else img, "txt": f"t{i}"}
+            )
     return path
 
 
@@ -413,6 +442,7 @@ def test_skipped_samples_counted_across_workers(tmp_path, backend, caplog):
 def _augmented_stream(path, workers_global: bool):
     def augment(text):  # draws from the batch's generator, or from the global RNG
         return float(torch.rand(1)) if workers_global else float(mmloader.rng().torch_rand())
+
     ds = mmloader.zip(caption=mmloader.TextReader(str(path), transform=augment))
     return mmloader.Stream(ds, batch_size=4, seed=3)
 
@@ -422,10 +452,15 @@ def test_same_seed_same_augmentations_on_both_backends_any_worker_count(tmp_path
     path = _text_dataset(tmp_path / "d", 32, 2)
 
     def draws(backend, workers, global_rng=False, epoch=0):
-        loader = mmloader.loader(_augmented_stream(path, global_rng), num_workers=workers, backend=backend,
-                                 **({"persistent_workers": False} if backend == "process" else {}))
+        loader = mmloader.loader(
+            _augmented_stream(path, global_rng),
+            num_workers=workers,
+            backend=backend,
+            **({"persistent_workers": False} if backend == "process" else {}),
+        )
         loader.set_epoch(epoch)
         return [(b["__key__"], b["caption"].tolist()) for b in loader]
+
     reference = draws("thread", 1)
     assert draws("thread", 2) == reference == draws("process", 2) == draws("process", 1)
     assert draws("process", 2, global_rng=True) == draws("process", 1, global_rng=True)
@@ -457,6 +492,7 @@ def test_star_import_keeps_the_builtins():
 def test_no_module_shadows_a_builtin_it_uses():
     import ast
     import builtins
+
     names = set(dir(builtins))
     offenders = []
     for path in Path(mmloader.__file__).parent.rglob("*.py"):
@@ -476,8 +512,10 @@ def test_no_module_shadows_a_builtin_it_uses():
 
 def test_collate_packs_only_declared_raw_modalities():
     """Defect 9: a 1-D uint8 tensor is data unless its reader says it is encoded bytes."""
-    rows = [{"__key__": "a", "m": torch.ones(3, dtype=torch.uint8)},
-            {"__key__": "b", "m": torch.ones(5, dtype=torch.uint8)}]
+    rows = [
+        {"__key__": "a", "m": torch.ones(3, dtype=torch.uint8)},
+        {"__key__": "b", "m": torch.ones(5, dtype=torch.uint8)},
+    ]
     out = mmloader.Collate(masks=["m"])(rows)
     assert out["m"].shape == (2, 5) and out["__mask__"]["m"].sum() == 8 and "__offsets__" not in out
     packed = mmloader.Collate(pack=["m"])(rows)
@@ -519,8 +557,10 @@ def _tuples(samples):  # a custom collate that returns tuples
 def test_a_custom_collate_gives_the_same_types_on_both_backends(tmp_path):
     path = _text_dataset(tmp_path / "d", 12, 2)
     ds = mmloader.zip(caption=mmloader.TextReader(str(path)))
-    got = {b: next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=_tuples), num_workers=2,
-                                        backend=b))) for b in BACKENDS}
+    got = {
+        b: next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=_tuples), num_workers=2, backend=b)))
+        for b in BACKENDS
+    }
     assert got["thread"] == got["process"] and isinstance(got["process"], tuple)
     assert isinstance(got["process"][1], tuple)
 
@@ -530,12 +570,14 @@ def test_batch_seed_is_computed_only_for_batches_that_draw(tmp_path, monkeypatch
     batch's build; now on first use of mmloader.rng(), with the same value."""
     from mmloader.loading import stream as stream_module
     from mmloader.readers import seeding
+
     path = _text_dataset(tmp_path / "d", 32, 2)
     calls = []
 
     def counted(*args):
         calls.append(args)
         return seeding.batch_seed(*args)
+
     monkeypatch.setattr(stream_module, "batch_seed", counted)
     plain = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, seed=3)
     assert len(list(mmloader.loader(plain, num_workers=1, backend="thread"))) == 8 and calls == []
@@ -550,6 +592,7 @@ def test_worker_reseeds_global_rngs_only_when_user_python_runs(tmp_path):
     """Reseeding random/numpy/torch per batch cost ~1 us a sample of a raw batch; nothing but
     user code draws from them, so a pipeline of built-in readers leaves them alone."""
     import random
+
     path = _text_dataset(tmp_path / "d", 16, 1)
 
     def global_states_after_each_batch(transform):
@@ -560,6 +603,7 @@ def test_worker_reseeds_global_rngs_only_when_user_python_runs(tmp_path):
             build()
             states.append(random.random())
         return states
+
     untouched = random.Random(12345).random()
     assert global_states_after_each_batch(None) == [untouched] * 4
     reseeded = global_states_after_each_batch(lambda t: t)
@@ -575,8 +619,9 @@ def test_collate_subclass_runs_and_counts_as_user_python(tmp_path):
         def columns(self, columns):
             return {**super().columns(columns), "tag": "mine"}
 
-    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
-                             collate_fn=Tagged(masks=["caption"]))
+    stream = mmloader.Stream(
+        mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, collate_fn=Tagged(masks=["caption"])
+    )
     assert stream.python_work() == ["a custom collate_fn"]
     batches = list(mmloader.loader(stream, 1, backend="thread"))
     assert len(batches) == 4 and all(b["tag"] == "mine" for b in batches)
@@ -593,8 +638,9 @@ def test_collate_subclass_overriding_call_sees_every_batch(tmp_path):
             calls.append(len(samples))
             return {**super().__call__(samples), "n": len(samples)}
 
-    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4,
-                             collate_fn=Counted(), shuffle=False)
+    stream = mmloader.Stream(
+        mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, collate_fn=Counted(), shuffle=False
+    )
     batches = list(mmloader.loader(stream, 1, backend="thread"))
     assert calls == [4, 4, 4, 4] and [b["n"] for b in batches] == [4, 4, 4, 4]
     assert [b["caption"] for b in batches][0] == ["t0", "t1", "t2", "t3"]
@@ -612,10 +658,14 @@ def test_collate_subclass_overriding_columns_sees_batches_built_sample_by_sample
         def columns(self, columns):
             return {**super().columns(columns), "tag": "mine"}
 
-    skipping = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path)), batch_size=4, shuffle=False,
-                               on_error="skip", collate_fn=Tagged())
-    rows = mmloader.Stream([{"x": torch.tensor(i)} for i in range(8)], batch_size=4, shuffle=False,
-                           collate_fn=Tagged())
+    skipping = mmloader.Stream(
+        mmloader.zip(image=mmloader.ImageReader(path)),
+        batch_size=4,
+        shuffle=False,
+        on_error="skip",
+        collate_fn=Tagged(),
+    )
+    rows = mmloader.Stream([{"x": torch.tensor(i)} for i in range(8)], batch_size=4, shuffle=False, collate_fn=Tagged())
     for stream in (skipping, rows):
         batches = list(mmloader.loader(stream, 1, backend="thread"))
         assert len(batches) == 2 and all(b["tag"] == "mine" for b in batches)
@@ -631,8 +681,7 @@ def test_a_users_collate_is_used_as_given_also_when_raw_images_are_packed(tmp_pa
     for output in ("tensor", "raw"):
         coll = mmloader.Collate()
         ds = mmloader.zip(image=mmloader.ImageReader(path, output=output), x=mmloader.ArrayReader(path))
-        loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=coll, shuffle=False), 1,
-                                 backend="thread")
+        loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=coll, shuffle=False), 1, backend="thread")
         batch = next(iter(loader))
         assert "__mask__" not in batch
         assert ("image" in batch.get("__offsets__", {})) == (output == "raw")
@@ -648,6 +697,7 @@ def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
     ``self.pack`` (a list, passed on to mmloader.collate / collate_columns) and whichever path
     built the batch (a skipped empty image sends one batch sample by sample)."""
     from mmloader.align.collate import collate_columns
+
     path = tmp_path / "d.lmdb"
     with mmloader.LMDBWriter(path) as w:
         for i in range(8):
@@ -670,13 +720,20 @@ def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
         return {**mmloader.collate(samples), "mine": True}
 
     for coll in (ListPack(), PassesPackOn(), ColumnsPassOn(), plain_function):
-        stream = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, output="raw")), batch_size=4,
-                                 shuffle=False, on_error="skip", collate_fn=coll)
+        stream = mmloader.Stream(
+            mmloader.zip(image=mmloader.ImageReader(path, output="raw")),
+            batch_size=4,
+            shuffle=False,
+            on_error="skip",
+            collate_fn=coll,
+        )
         batches = list(mmloader.loader(stream, 1, backend="thread"))
         assert len(batches) == 2
         for b in batches:
             assert "image" in b["__offsets__"], coll
-            assert all(bytes(t.numpy()) == mmloader.open(path).get(k)["jpg"]
-                       for k, t in zip(b["__key__"], mmloader.unpack(b, "image")))
+            assert all(
+                bytes(t.numpy()) == mmloader.open(path).get(k)["jpg"]
+                for k, t in zip(b["__key__"], mmloader.unpack(b, "image"))
+            )
         if isinstance(coll, mmloader.Collate):
             assert coll.pack == ()  # outside a stream's call: what the user gave

@@ -1,5 +1,6 @@
 """Token ids and 1-D arrays on the whole-batch path: the fast ``.npy`` header parse, ragged
 columns padded in one step, and tokenizing a batch per ``encode_batch`` call."""
+
 from __future__ import annotations
 
 import io
@@ -8,13 +9,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from conftest import train_tokenizer
 
 import mmloader
 from mmloader.align.collate import pad_ragged, pad_stack
 from mmloader.errors import DecodeError, UnsafeFieldError
 from mmloader.readers.npy import npy_array
-
-from conftest import train_tokenizer
 
 
 def _npy(array: np.ndarray, **kw) -> bytes:
@@ -23,11 +23,18 @@ def _npy(array: np.ndarray, **kw) -> bytes:
     return buf.getvalue()
 
 
-ARRAYS = [np.arange(7, dtype=np.int32), np.arange(0, dtype=np.int64), np.array(3.5, dtype=np.float16),
-          np.arange(12, dtype=">i4").reshape(3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
-          np.array([True, False]), np.arange(6, dtype=np.uint8).reshape(1, 2, 3),
-          np.arange(4, dtype=np.complex64), np.zeros((2, 0), dtype=np.float32),
-          np.array([(1, 2.0)], dtype=[("a", "<i4"), ("b", "<f8")])]  # structured: numpy's own parser
+ARRAYS = [
+    np.arange(7, dtype=np.int32),
+    np.arange(0, dtype=np.int64),
+    np.array(3.5, dtype=np.float16),
+    np.arange(12, dtype=">i4").reshape(3, 4),
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+    np.array([True, False]),
+    np.arange(6, dtype=np.uint8).reshape(1, 2, 3),
+    np.arange(4, dtype=np.complex64),
+    np.zeros((2, 0), dtype=np.float32),
+    np.array([(1, 2.0)], dtype=[("a", "<i4"), ("b", "<f8")]),
+]  # structured: numpy's own parser
 
 
 @pytest.mark.parametrize("array", ARRAYS, ids=lambda a: f"{a.dtype.str}{a.shape}")
@@ -92,10 +99,16 @@ def test_array_batches_equal_the_per_sample_path(tmp_path, fmt, dtype):
     for masks in ([], ["ids"]):
         stream = mmloader.Stream(zipped, batch_size=8, seed=3, collate_fn=mmloader.Collate(masks=masks))
         fast = list(stream.iter_worker(0, 1))
-        slow = [mmloader.Collate(masks=masks)([zipped[i] for i in plan_rows])
-                for plan_rows in (_rows(b, zipped) for b in fast)]
+        slow = [
+            mmloader.Collate(masks=masks)([zipped[i] for i in plan_rows])
+            for plan_rows in (_rows(b, zipped) for b in fast)
+        ]
         for f, s in zip(fast, slow):
-            assert f["ids"].dtype == s["ids"].dtype == torch.from_numpy(np.zeros(1, dtype=np.dtype(dtype).newbyteorder("="))).dtype
+            assert (
+                f["ids"].dtype
+                == s["ids"].dtype
+                == torch.from_numpy(np.zeros(1, dtype=np.dtype(dtype).newbyteorder("="))).dtype
+            )
             assert torch.equal(f["ids"], s["ids"]) and torch.equal(f["__mask__"]["ids"], s["__mask__"]["ids"])
     for i in (0, 5, 36):
         assert reader[i].tolist() == rows[i].astype(dtype).tolist()
@@ -106,7 +119,7 @@ def test_array_batches_equal_the_per_sample_path(tmp_path, fmt, dtype):
         longest = max(len(w) for w in want)
         assert f["ids"].shape == (len(want), longest)
         for got, m, w in zip(f["ids"], f["__mask__"]["ids"], want):
-            assert got[:len(w)].tolist() == w.tolist() and not got[len(w):].any()
+            assert got[: len(w)].tolist() == w.tolist() and not got[len(w) :].any()
             assert m.tolist() == [True] * len(w) + [False] * (longest - len(w))
 
 
@@ -120,7 +133,9 @@ def test_equal_length_arrays_stack_without_a_mask_unless_asked(tmp_path):
     zipped = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
     plain = next(iter(mmloader.Stream(zipped, batch_size=4, shuffle=False)))
     assert "__mask__" not in plain and plain["ids"].tolist()[1] == [1, 2, 3]
-    masked = next(iter(mmloader.Stream(zipped, batch_size=4, shuffle=False, collate_fn=mmloader.Collate(masks=["ids"]))))
+    masked = next(
+        iter(mmloader.Stream(zipped, batch_size=4, shuffle=False, collate_fn=mmloader.Collate(masks=["ids"])))
+    )
     assert masked["__mask__"]["ids"].all() and torch.equal(masked["ids"], plain["ids"])
 
 
@@ -148,8 +163,10 @@ def test_field_sizes_equal_field_size(any_ds):
 
 
 # -- tokenizing while loading ------------------------------------------------------------------------
-LINES = [f"line {i}: " + " ".join(["alpha", "beta", "gamma", "délta"][j % 4] * (1 + j % 3) for j in range(i % 11))
-         for i in range(45)]
+LINES = [
+    f"line {i}: " + " ".join(["alpha", "beta", "gamma", "délta"][j % 4] * (1 + j % 3) for j in range(i % 11))
+    for i in range(45)
+]
 
 
 @pytest.fixture
@@ -163,6 +180,7 @@ def corpus(tmp_path):
 
 def test_text_reader_with_a_tokenizer_gives_its_ids(corpus):
     from tokenizers import Tokenizer
+
     text, tok_path = corpus
     tok = Tokenizer.from_file(str(tok_path))
     for spec in (tok_path, str(tok_path), tok):
@@ -177,11 +195,18 @@ def test_text_reader_with_a_tokenizer_gives_its_ids(corpus):
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_tokenized_batches_every_line_once_padded_with_masks(corpus, backend, caplog):
     from tokenizers import Tokenizer
+
     text, tok_path = corpus
     tok = Tokenizer.from_file(str(tok_path))
     reader = mmloader.TextLinesReader(text, tokenizer=tok_path, progress=False)
-    stream = mmloader.Stream(mmloader.zip(text=reader), batch_size=8, seed=2, bucket_by="text", bucket_window=2,
-                             collate_fn=mmloader.Collate(masks=["text"]))
+    stream = mmloader.Stream(
+        mmloader.zip(text=reader),
+        batch_size=8,
+        seed=2,
+        bucket_by="text",
+        bucket_window=2,
+        collate_fn=mmloader.Collate(masks=["text"]),
+    )
     seen = {}
     for batch in mmloader.loader(stream, num_workers=2, backend=backend):
         mask = batch["__mask__"]["text"]
@@ -195,8 +220,9 @@ def test_tokenized_batches_every_line_once_padded_with_masks(corpus, backend, ca
 
 def test_auto_backend_tokenizes_in_threads(corpus, caplog):
     text, tok_path = corpus
-    stream = mmloader.Stream(mmloader.zip(text=mmloader.TextLinesReader(text, tokenizer=tok_path, progress=False)),
-                             batch_size=8)
+    stream = mmloader.Stream(
+        mmloader.zip(text=mmloader.TextLinesReader(text, tokenizer=tok_path, progress=False)), batch_size=8
+    )
     with caplog.at_level("INFO", logger="mmloader"):
         loader = mmloader.loader(stream, num_workers=2)
     assert type(loader).__name__ == "ThreadLoader", caplog.text
@@ -227,10 +253,13 @@ def test_undecodable_line_on_the_tokenizing_path_names_its_key(tmp_path):
 
 def test_config_tokenizer_key(corpus, tmp_path):
     from tokenizers import Tokenizer
+
     text, tok_path = corpus
     cfg = tmp_path / "exp.yaml"
-    cfg.write_text(f"batch_size: 5\nsources:\n  c:\n    path: {text}\n    modalities:\n"
-                   f"      txt: {{tokenizer: {tok_path}, add_special_tokens: false}}\n")
+    cfg.write_text(
+        f"batch_size: 5\nsources:\n  c:\n    path: {text}\n    modalities:\n"
+        f"      txt: {{tokenizer: {tok_path}, add_special_tokens: false}}\n"
+    )
     batch = next(iter(mmloader.loading.config.from_config(cfg)))
     tok = Tokenizer.from_file(str(tok_path))
     row = batch["txt"][0][batch["__mask__"]["txt"][0]].tolist()
@@ -253,20 +282,26 @@ def test_exit_with_a_loader_mid_epoch_is_clean(corpus, tmp_path):
     ignored exception."""
     import subprocess
     import sys
+
     text, tok_path = corpus
     long = tmp_path / "long.txt"
     long.write_text("\n".join(" ".join(LINES[i % 45] for i in range(k, k + 30)) for k in range(3000)) + "\n")
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT)
     for backend in ["thread"] * 5 + ["process"]:
-        done = subprocess.run([sys.executable, str(script), str(long), str(tok_path), backend],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, str(script), str(long), str(tok_path), backend],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0 and "mid-epoch" in done.stdout, (backend, done.returncode, done.stderr[-2000:])
         assert "Exception ignored" not in done.stderr and "FATAL" not in done.stderr, (backend, done.stderr[-2000:])
 
 
 def test_text_lines_batch_reads_and_sizes_match_single_reads(tmp_path):
     from mmloader.storage.textlines import TextLinesStore
+
     raw = b"first\nsecond line\r\n\nfourth \xc3\xa9\nlast without newline"
     (tmp_path / "t.txt").write_bytes(raw)
     store = TextLinesStore(tmp_path / "t.txt", progress=False)
@@ -296,6 +331,7 @@ def test_arrays_torch_cannot_hold_are_decode_errors_naming_the_key(tmp_path):
 
 def test_padding_set_in_the_tokenizer_file_is_left_to_the_collate(corpus, tmp_path):
     from tokenizers import Tokenizer
+
     text, tok_path = corpus
     padded = Tokenizer.from_file(str(tok_path))
     padded.enable_padding(pad_id=3, pad_token="<pad>", length=40)  # as many shipped tokenizer.json files are
@@ -304,8 +340,13 @@ def test_padding_set_in_the_tokenizer_file_is_left_to_the_collate(corpus, tmp_pa
     for spec in (tmp_path / "padded.json", padded):
         reader = mmloader.TextLinesReader(text, tokenizer=spec, progress=False)
         assert reader[5].tolist() == plain.encode(LINES[5]).ids
-        batch = next(iter(mmloader.Stream(mmloader.zip(t=reader), batch_size=9, shuffle=False,
-                                          collate_fn=mmloader.Collate(masks=["t"]))))
+        batch = next(
+            iter(
+                mmloader.Stream(
+                    mmloader.zip(t=reader), batch_size=9, shuffle=False, collate_fn=mmloader.Collate(masks=["t"])
+                )
+            )
+        )
         for i, (row, m) in enumerate(zip(batch["t"], batch["__mask__"]["t"])):
             assert row[m].tolist() == plain.encode(LINES[i]).ids
     assert padded.padding is not None  # the caller's tokenizer is left as it was
@@ -313,7 +354,9 @@ def test_padding_set_in_the_tokenizer_file_is_left_to_the_collate(corpus, tmp_pa
 
 def test_gzipped_text_is_tokenized_without_naming_the_field(corpus, tmp_path):
     import gzip
+
     from tokenizers import Tokenizer
+
     _, tok_path = corpus
     path = tmp_path / "gz.lmdb"
     with mmloader.writer_for(path) as w:
@@ -327,9 +370,13 @@ def test_gzipped_text_is_tokenized_without_naming_the_field(corpus, tmp_path):
 
 def test_config_tokenizer_errors_name_the_key(corpus, tmp_path):
     from pathlib import Path
+
     text, tok_path = corpus
-    cfg = {"root": str(tok_path.parent), "batch_size": 4,
-           "sources": {"c": {"path": str(text), "modalities": {"txt": {"tokenizer": Path(tok_path.name)}}}}}
+    cfg = {
+        "root": str(tok_path.parent),
+        "batch_size": 4,
+        "sources": {"c": {"path": str(text), "modalities": {"txt": {"tokenizer": Path(tok_path.name)}}}},
+    }
     assert next(iter(mmloader.loading.config.from_config(cfg)))["txt"].dtype == torch.int32  # a Path, relative to root
     cfg["sources"]["c"]["modalities"]["txt"]["tokenizer"] = "missing.json"
     with pytest.raises(mmloader.errors.ConfigError, match="sources.c.modalities.txt.*missing.json"):
@@ -340,6 +387,7 @@ def test_line_lookups_map_none_of_the_index(tmp_path):
     """Offsets come by pread: a fault maps a whole page-cache folio, so lookups through the map
     made every process map ever more of a big index (+27 MB PSS a worker on a 4 GB file)."""
     from mmloader.storage.textlines import TextLinesStore
+
     text = tmp_path / "many.txt"
     text.write_text("".join(f"line {i}\n" for i in range(200_000)))
     store = TextLinesStore(text, progress=False)
@@ -359,4 +407,5 @@ def test_line_lookups_map_none_of_the_index(tmp_path):
             elif inside and line.startswith("Rss:"):
                 rss += int(line.split()[1])
         return rss
+
     assert mapped_kb(store.index_path) == 0

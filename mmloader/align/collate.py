@@ -16,6 +16,7 @@ concatenation and ``batch["__offsets__"][name]`` the ``B + 1`` boundaries
 segment between processes and one host-to-device copy. Other 1-D uint8 tensors are
 ordinary tensors: stacked, or padded with a mask.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -49,8 +50,9 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
     return out, mask
 
 
-def pad_ragged(flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0,
-               mask: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pad_ragged(
+    flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0, mask: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """1-D values end to end (``offsets``: ``B + 1`` boundaries) -> ``(B, longest)`` and a mask
     (True = real element) in one vectorised step; without ``mask``, values of one length are
     reshaped and get no mask (None), as :func:`collate` stacks tensors of one shape.
@@ -62,10 +64,10 @@ def pad_ragged(flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0,
     rows = len(lengths)
     longest = int(lengths.max()) if rows else 0
     if not mask and rows and int(lengths.min()) == longest:
-        return flat[int(offsets[0]):int(offsets[-1])].reshape(rows, longest), None
+        return flat[int(offsets[0]) : int(offsets[-1])].reshape(rows, longest), None
     real = torch.arange(longest) < lengths[:, None]
     out = flat.new_full((rows, longest), pad_value)
-    values = flat[int(offsets[0]):int(offsets[-1])] if rows else flat[:0]
+    values = flat[int(offsets[0]) : int(offsets[-1])] if rows else flat[:0]
     signed = _SAME_BITS.get(out.dtype)  # torch has no masked_scatter for uint16/32/64: copy the bits
     if signed is not None:
         out.view(signed).masked_scatter_(real, values.view(signed))
@@ -151,8 +153,9 @@ def unpack(batch: dict[str, Any], name: str) -> list[torch.Tensor]:
     return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
-def collate(samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = (),
-            pack: Sequence[str] = ()) -> dict[str, Any]:
+def collate(
+    samples: Sequence[dict[str, Any]], pad_value: float = 0, masks: Sequence[str] = (), pack: Sequence[str] = ()
+) -> dict[str, Any]:
     """The default collate for :class:`mmloader.Stream` batches (rows of samples); packs ``pack``
     and, called while a stream collates, the modalities its readers deliver as encoded bytes."""
     return collate_columns(sample_columns(samples), pad_value, masks, with_stream_pack(tuple(pack)))
@@ -180,8 +183,9 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def collate_columns(columns: dict[str, Any], pad_value: float = 0, masks: Sequence[str] = (),
-                    pack: Sequence[str] = ()) -> dict[str, Any]:
+def collate_columns(
+    columns: dict[str, Any], pad_value: float = 0, masks: Sequence[str] = (), pack: Sequence[str] = ()
+) -> dict[str, Any]:
     """The same batch from columns (``name -> list of values``, or :class:`Packed` / :class:`Ragged` /
     :class:`Stacked`)."""
     batch: dict[str, Any] = {}
@@ -249,8 +253,11 @@ def merge_columns(parts: Sequence[tuple[Sequence[int], dict[str, Any]]], size: i
     out: dict[str, Any] = {}
     for name in names:
         have = [(rows, cols[name]) for rows, cols in parts if name in cols]
-        if len(have) == len(parts) and all(isinstance(c, Stacked) for _r, c in have) \
-                and len({(c.tensor.shape[1:], c.tensor.dtype) for _r, c in have}) == 1:
+        if (
+            len(have) == len(parts)
+            and all(isinstance(c, Stacked) for _r, c in have)
+            and len({(c.tensor.shape[1:], c.tensor.dtype) for _r, c in have}) == 1
+        ):
             first = have[0][1].tensor
             merged = torch.empty((size, *first.shape[2:], first.shape[1]), dtype=first.dtype).permute(0, 3, 1, 2)
             for rows, column in have:

@@ -1,4 +1,5 @@
 """``mmloader.mix``: several datasets, one stream, weighted and planned globally."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -18,9 +19,16 @@ class Mix:
     >>> stream = mmloader.Stream(m, batch_size=64)                      # doctest: +SKIP
     """
 
-    def __init__(self, datasets: Sequence[Any], weights: Sequence[float] | None = None, *,
-                 mode: str = "proportion", epoch_size: int | None = None,
-                 batch_composition: str = "sample", names: Sequence[str] | None = None):
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        weights: Sequence[float] | None = None,
+        *,
+        mode: str = "proportion",
+        epoch_size: int | None = None,
+        batch_composition: str = "sample",
+        names: Sequence[str] | None = None,
+    ):
         if not datasets:
             raise ValueError("mix() needs at least one dataset")
         if batch_composition not in ("sample", "source"):
@@ -50,8 +58,16 @@ class Mix:
         """
         q = self.order(unit=self.unit(batch_size)).quotas
         total = max(int(q.sum()), 1)
-        return [{"name": n, "size": s, "per_epoch": int(k), "proportion": int(k) / total,
-                 "repeats": int(k) / s if s else 0.0} for n, s, k in zip(self.names, self.sizes, q)]
+        return [
+            {
+                "name": n,
+                "size": s,
+                "per_epoch": int(k),
+                "proportion": int(k) / total,
+                "repeats": int(k) / s if s else 0.0,
+            }
+            for n, s, k in zip(self.names, self.sizes, q)
+        ]
 
     def problems(self, batch_size: int | None = None) -> tuple[str | None, list[str]]:
         """(error, warnings) for an epoch that would be empty or degenerate."""
@@ -59,10 +75,11 @@ class Mix:
         total = sum(r["per_epoch"] for r in rows)
         warnings: list[str] = []
         if total == 0:
-            why = (f" in whole batches of {batch_size} (batch_composition='source')"
-                   if self.unit(batch_size) > 1 else "")
-            return (f"the mix plans 0 samples per epoch{why}: quotas {[int(q) for q in self.quotas]} for "
-                    f"sources {self.names}; raise mix epoch_size or use mode='repeat'"), warnings
+            why = f" in whole batches of {batch_size} (batch_composition='source')" if self.unit(batch_size) > 1 else ""
+            return (
+                f"the mix plans 0 samples per epoch{why}: quotas {[int(q) for q in self.quotas]} for "
+                f"sources {self.names}; raise mix epoch_size or use mode='repeat'"
+            ), warnings
         for r, w in zip(rows, self.weights):
             if w > 0 and r["per_epoch"] == 0:
                 warnings.append(f"source {r['name']!r} has weight {w} but delivers 0 samples per epoch")
@@ -72,9 +89,11 @@ class Mix:
         if self.epoch_size is None and self.mode == "proportion" and total < 0.01 * data:
             active = [(size / w, n, size) for n, size, w in zip(self.names, self.sizes, self.weights) if w > 0]
             _, name, size = min(active)
-            warnings.append(f"the epoch holds {total} of {data} samples: by default no source repeats, and "
-                            f"source {name!r} ({size} samples) limits the epoch; set epoch_size (mix: "
-                            "{epoch_size: N}) or mode='repeat' to read more of the others")
+            warnings.append(
+                f"the epoch holds {total} of {data} samples: by default no source repeats, and "
+                f"source {name!r} ({size} samples) limits the epoch; set epoch_size (mix: "
+                "{epoch_size: N}) or mode='repeat' to read more of the others"
+            )
         return None, warnings
 
 

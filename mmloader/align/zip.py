@@ -1,4 +1,5 @@
 """``mmloader.zip``: per-modality readers -> one map-style dataset of aligned samples."""
+
 from __future__ import annotations
 
 import logging
@@ -8,10 +9,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch.utils.data
 
-from ..readers.cache import SampleCache, fresh_copy
 from ..errors import AlignmentError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..readers.base import Reader, as_bytes
+from ..readers.cache import SampleCache, fresh_copy
 from ..readers.columns import per_sample
 
 log = logging.getLogger("mmloader")
@@ -28,9 +29,13 @@ class Zipped(torch.utils.data.Dataset):
     sample; only the zipped fields are read.
     """
 
-    def __init__(self, readers: Mapping[str, Reader], align: str = "strict",
-                 transforms: Mapping[str, Callable[[Any], Any]] | None = None,
-                 cache: SampleCache | None = None):
+    def __init__(
+        self,
+        readers: Mapping[str, Reader],
+        align: str = "strict",
+        transforms: Mapping[str, Callable[[Any], Any]] | None = None,
+        cache: SampleCache | None = None,
+    ):
         if not readers:
             raise ValueError("zip() needs at least one reader, e.g. zip(image=ImageReader(...))")
         if align not in ("strict", "inner"):
@@ -78,10 +83,13 @@ class Zipped(torch.utils.data.Dataset):
                         f"zip(align='strict'): readers do not hold the same samples (counts {counts}); "
                         f"keys of {self._name(primary)!r} missing from {self._name(o)!r}: {missing}; "
                         f"keys of {self._name(o)!r} missing from {self._name(primary)!r}: {extra}. "
-                        "Use align='inner' to keep the intersection.")
+                        "Use align='inner' to keep the intersection."
+                    )
             return
-        keep = np.fromiter((i for i, k in enumerate(primary.keys)
-                            if all(o.store.index_of(k) is not None for o in others)), dtype=np.int64)
+        keep = np.fromiter(
+            (i for i, k in enumerate(primary.keys) if all(o.store.index_of(k) is not None for o in others)),
+            dtype=np.int64,
+        )
         self.positions = keep
         self.report = {name: c - len(keep) for name, c in counts.items()}
         log.info("zip(align='inner'): %d aligned samples; lost per modality: %s", len(keep), self.report)
@@ -105,8 +113,9 @@ class Zipped(torch.utils.data.Dataset):
         return self.readers[self._groups[0][0]]
 
     def _misaligned(self, pos: int, key: str, other: str, store) -> AlignmentError:
-        return AlignmentError(f"position {pos}: key {key!r} in {self._primary.store.path} but {other!r} "
-                              f"in {store.path}")
+        return AlignmentError(
+            f"position {pos}: key {key!r} in {self._primary.store.path} but {other!r} in {store.path}"
+        )
 
     # -- map-style access -----------------------------------------------------
     @property
@@ -196,8 +205,11 @@ class Zipped(torch.utils.data.Dataset):
         if len(indices) and (min(indices) < 0 or max(indices) >= n):
             bad = next(i for i in indices if not 0 <= i < n)
             raise IndexError(f"index {bad} out of range ({n} aligned samples)")
-        pos = self.positions[np.asarray(indices, dtype=np.int64)].tolist() if self.positions is not None \
+        pos = (
+            self.positions[np.asarray(indices, dtype=np.int64)].tolist()
+            if self.positions is not None
             else list(indices)
+        )
         columns: dict[str, Any] = {}
         keys = None
         for group in self._groups:
@@ -214,8 +226,9 @@ class Zipped(torch.utils.data.Dataset):
                 if len(reader.fields) == 1:
                     column = raw[reader.field]
                 else:  # alternatives: each sample's first present field
-                    column = [next((raw[f][j] for f in reader.fields if raw[f][j] is not None), None)
-                              for j in range(len(pos))]
+                    column = [
+                        next((raw[f][j] for f in reader.fields if raw[f][j] is not None), None) for j in range(len(pos))
+                    ]
                 if views and not reader.takes_views:
                     column = as_bytes(column)
                 values = reader.from_column(column, keys, share_memory=share_memory)
@@ -243,6 +256,7 @@ class Zipped(torch.utils.data.Dataset):
     def python_work(self) -> list[str]:
         """User Python run per sample: transforms, ``decode=`` callables, reader subclasses."""
         from ..readers.registry import BUILTIN_READERS
+
         reasons = [f"a transform on {name!r}" for name in self.transforms]
         for name, r in self.readers.items():
             if type(r) not in BUILTIN_READERS:
@@ -273,21 +287,26 @@ def _check_coverage(name: str, reader: Reader) -> None:
     counts = store.metadata.get("field_counts", {})
     found = [f for f in reader.fields if f in counts]
     if not found:
-        raise AlignmentError(f"zip(): {name}= reads field {reader.field!r}, which {store.path} "
-                             f"does not have (fields: {store.fields})")
+        raise AlignmentError(
+            f"zip(): {name}= reads field {reader.field!r}, which {store.path} does not have (fields: {store.fields})"
+        )
     covered, total = sum(counts[f] for f in found), len(store)
     if covered < total:
         is_image = lambda f: f.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS  # noqa: E731
         images = any(is_image(f) for f in reader.fields)
         others = {f: c for f, c in counts.items() if f not in reader.fields and (not images or is_image(f))}
-        message = (f"zip(): {name}= reads field {reader.field!r}, which only {covered} of the {total} "
-                   f"samples of {store.path} have")
+        message = (
+            f"zip(): {name}= reads field {reader.field!r}, which only {covered} of the {total} "
+            f"samples of {store.path} have"
+        )
         if others:
             ranked = sorted(others, key=lambda f: -others[f])
             alt = ";".join([*reader.fields, *ranked[:3]])
-            message += (f"; other {'image ' if images else ''}fields there: "
-                        f"{', '.join(f'{f} ({others[f]})' for f in ranked[:6])}. Read alternatives with "
-                        f"field={alt!r} (each sample takes the first it has)")
+            message += (
+                f"; other {'image ' if images else ''}fields there: "
+                f"{', '.join(f'{f} ({others[f]})' for f in ranked[:6])}. Read alternatives with "
+                f"field={alt!r} (each sample takes the first it has)"
+            )
         raise AlignmentError(message)
 
 
@@ -306,8 +325,12 @@ class _KeysAt(Sequence):
         return self._store.key(int(self._positions[i]))
 
 
-def zip_readers(align: str = "strict", transforms: Mapping[str, Callable] | None = None,
-                cache: SampleCache | None = None, **readers: Reader) -> Zipped:
+def zip_readers(
+    align: str = "strict",
+    transforms: Mapping[str, Callable] | None = None,
+    cache: SampleCache | None = None,
+    **readers: Reader,
+) -> Zipped:
     """Zip readers (possibly over different stores) into aligned samples named by the keywords.
 
     Same key sequence in every store -> zip by position (checked per sample);

@@ -5,6 +5,7 @@ Exit status, the same for every subcommand (argparse's conventions): 0 on succes
 unknown layout); 1 for a failure (a missing or unreadable dataset or source, bad data,
 ``verify`` finding problems). Errors are one line on stderr, never a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,18 +28,25 @@ EXIT_BROKEN_PIPE = 141
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``mmloader`` parser, one subparser per module of :data:`COMMANDS`."""
-    p = argparse.ArgumentParser(prog="mmloader", description="Multi-modal datasets for PyTorch over LMDB "
-                                "and tar shards.", epilog="examples:\n  mmloader convert pairs RAW/ out.lmdb\n"
-                                "  mmloader inspect out.lmdb\n  mmloader verify out.lmdb --decode\n\n"
-                                "exit status: 0 ok, 1 failure (missing or bad data), 2 usage error",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="mmloader",
+        description="Multi-modal datasets for PyTorch over LMDB and tar shards.",
+        epilog="examples:\n  mmloader convert pairs RAW/ out.lmdb\n"
+        "  mmloader inspect out.lmdb\n  mmloader verify out.lmdb --decode\n\n"
+        "exit status: 0 ok, 1 failure (missing or bad data), 2 usage error",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"mmloader {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         command = importlib.import_module(f".{name}", __name__)
-        s = sub.add_parser(name, help=command.HELP, description=command.HELP,
-                           epilog="examples:\n" + "\n".join(f"  {e}" for e in command.EXAMPLES),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        s = sub.add_parser(
+            name,
+            help=command.HELP,
+            description=command.HELP,
+            epilog="examples:\n" + "\n".join(f"  {e}" for e in command.EXAMPLES),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         command.add_arguments(s)
         s.set_defaults(func=command.run)
     return p
@@ -84,10 +92,13 @@ def _run(argv: list[str]) -> int:
     parser = build_parser()
     if argv[:1] == ["convert"]:  # the converter parses its own options
         from .convert import dispatch
+
         return dispatch(_subparser(parser, "convert"), argv[1:])
     args = parser.parse_args(argv)
     import lmdb
+
     from ..storage.remote_lmdb import progress_bars
+
     try:
         with progress_bars(not getattr(args, "quiet", False)):  # -q: no bar from storage work either
             return args.func(args)

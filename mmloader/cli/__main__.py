@@ -1,4 +1,5 @@
 """``python -m mmloader.cli``: the ``mmloader`` command."""
+
 import sys
 
 from . import main

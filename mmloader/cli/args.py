@@ -1,5 +1,6 @@
 """Argument types for the ``mmloader`` command and the converters: one set, so an option means the
 same thing, and fails with the same words, everywhere (torch-free)."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
         low: the smallest value allowed.
         high: the largest value allowed (None: no limit).
     """
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -24,6 +26,7 @@ def int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
             allowed = f"from {low} to {high}" if high is not None else f"{low} or more"
             raise argparse.ArgumentTypeError(f"{value}: must be {allowed}")
         return value
+
     parse.__name__ = "integer"  # argparse names the type in "invalid integer value"
     return parse
 

@@ -7,13 +7,13 @@ once a second (and at the start and end): reading smaps walks the page tables
 under the mmap lock, and sampling every 50 ms measurably slowed the page faults
 of an mmap-reading loader (25k vs 60k samples/s here).
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
 from typing import Any, Iterable
-
 
 
 def _children(pid: int) -> list[int]:
@@ -95,6 +95,7 @@ def batch_size_of(batch: Any) -> tuple[int, int]:
     """(samples, bytes) in a batch: keys (or the first column) count samples; tensors, bytes and
     str count bytes."""
     import torch
+
     if isinstance(batch, dict):
         n = len(batch["__key__"]) if "__key__" in batch else 1
         return n, sum(batch_size_of(v)[1] for k, v in batch.items() if k != "__key__")
@@ -130,17 +131,26 @@ def measure(loader: Iterable, epochs: int = 1, set_epoch: bool = True) -> dict:
                 nbytes += b
             epochs_s.append(time.perf_counter() - t0)
         total = time.perf_counter() - start
-    return {"samples": samples, "seconds": total, "samples_per_s": samples / total if total else 0.0,
-            "mb_per_s": nbytes / 1e6 / total if total else 0.0, "first_batch_s": first or 0.0,
-            "epoch_s": epochs_s, "peak_pss_mb": mem.peak_pss / 2**20,
-            "peak_main_uss_mb": mem.peak_main_uss / 2**20, "peak_worker_uss_mb": mem.peak_worker_uss / 2**20}
+    return {
+        "samples": samples,
+        "seconds": total,
+        "samples_per_s": samples / total if total else 0.0,
+        "mb_per_s": nbytes / 1e6 / total if total else 0.0,
+        "first_batch_s": first or 0.0,
+        "epoch_s": epochs_s,
+        "peak_pss_mb": mem.peak_pss / 2**20,
+        "peak_main_uss_mb": mem.peak_main_uss / 2**20,
+        "peak_worker_uss_mb": mem.peak_worker_uss / 2**20,
+    }
 
 
 def dataset_for_bench(path: str, raw: bool = False):
     """Every field of a dataset that all samples have, with the natural reader; the image fields
     as one ``image`` modality (alternatives, e.g. ``jpg;png``), raw bytes with ``raw``."""
     import mmloader
+
     from ..media.imageinfo import IMAGE_EXTENSIONS
+
     store = mmloader.open(path)
     counts = store.metadata.get("field_counts", {})
     readers = {}
@@ -159,8 +169,10 @@ def dataset_for_bench(path: str, raw: bool = False):
 def main(args) -> int:
     """The CLI: ``mmloader bench PATH|CONFIG [--workers W --batch-size B --epochs E --step-ms T]``."""
     import mmloader
-    from ..loading.dataloader import default_num_workers
+
     from ..loading.config import is_config_path
+    from ..loading.dataloader import default_num_workers
+
     path = str(args.path)
     if is_config_path(path):
         stream = mmloader.from_config(path, batch_size=args.batch_size)
@@ -170,24 +182,34 @@ def main(args) -> int:
     backend = getattr(args, "backend", None) or "auto"
     if backend == "auto":
         from ..loading.dataloader import choose_backend
+
         backend = choose_backend(stream)[0]
     loader = mmloader.loader(stream, num_workers=workers, backend=backend)
     r = measure(loader, epochs=args.epochs)
-    print(f"{path}: {r['samples']} samples in {r['seconds']:.2f} s over {args.epochs} epoch(s), "
-          f"{backend} backend, {workers} workers, batch {args.batch_size}")
+    print(
+        f"{path}: {r['samples']} samples in {r['seconds']:.2f} s over {args.epochs} epoch(s), "
+        f"{backend} backend, {workers} workers, batch {args.batch_size}"
+    )
     print(f"  throughput      {r['samples_per_s']:,.0f} samples/s, {r['mb_per_s']:,.1f} MB/s delivered")
     print(f"  first batch     {r['first_batch_s'] * 1000:.0f} ms")
     print(f"  epochs          {', '.join(f'{s:.2f} s' for s in r['epoch_s'])}")
-    print(f"  memory          peak PSS of the loader's process tree {r['peak_pss_mb']:.0f} MB; "
-          f"peak USS main {r['peak_main_uss_mb']:.0f} MB, per worker {r['peak_worker_uss_mb']:.0f} MB")
+    print(
+        f"  memory          peak PSS of the loader's process tree {r['peak_pss_mb']:.0f} MB; "
+        f"peak USS main {r['peak_main_uss_mb']:.0f} MB, per worker {r['peak_worker_uss_mb']:.0f} MB"
+    )
     if args.step_ms:
         per_batch_ms = 1000 * r["seconds"] / max(1, r["samples"] / args.batch_size)
         ratio = args.step_ms / per_batch_ms
-        verdict = ("not data-bound" if ratio >= 1.5 else
-                   "DATA-BOUND: loading is not 1.5x faster than the step (more workers, the thread backend, "
-                   "--resize-max at conversion, or GPU decode)")
-        print(f"  step check      loading takes {per_batch_ms:.1f} ms per batch vs a {args.step_ms:.0f} ms step: "
-              f"{ratio:.1f}x faster -> {verdict}")
+        verdict = (
+            "not data-bound"
+            if ratio >= 1.5
+            else "DATA-BOUND: loading is not 1.5x faster than the step (more workers, the thread backend, "
+            "--resize-max at conversion, or GPU decode)"
+        )
+        print(
+            f"  step check      loading takes {per_batch_ms:.1f} ms per batch vs a {args.step_ms:.0f} ms step: "
+            f"{ratio:.1f}x faster -> {verdict}"
+        )
     return 0
 
 
@@ -199,16 +221,22 @@ EXAMPLES = ["mmloader bench out.lmdb --epochs 1", "mmloader bench samples/config
 def add_arguments(s) -> None:
     """The options of ``mmloader bench``."""
     from .args import int_at_least, positive_float
+
     s.add_argument("path", help="a dataset or an experiment config")
-    s.add_argument("--workers", type=int_at_least(0), default=None, help="loader workers (default: CPUs "
-                   "per local rank)")
+    s.add_argument(
+        "--workers", type=int_at_least(0), default=None, help="loader workers (default: CPUs per local rank)"
+    )
     s.add_argument("--batch-size", type=int_at_least(1), default=64, help="samples per batch (default 64)")
     s.add_argument("--epochs", type=int_at_least(1), default=2, help="epochs to time (default 2)")
     s.add_argument("--step-ms", type=positive_float, default=None, help="training step time to compare against")
     s.add_argument("--raw", action="store_true", help="raw bytes (no image decode)")
-    s.add_argument("--backend", choices=("auto", "thread", "process"), default="auto",
-                   help="as mmloader.loader(backend=): auto (default) picks threads for built-in decoders, "
-                        "worker processes for Python transforms")
+    s.add_argument(
+        "--backend",
+        choices=("auto", "thread", "process"),
+        default="auto",
+        help="as mmloader.loader(backend=): auto (default) picks threads for built-in decoders, "
+        "worker processes for Python transforms",
+    )
 
 
 def run(args) -> int:

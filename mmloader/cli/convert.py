@@ -1,5 +1,6 @@
 """``mmloader convert LAYOUT SRC DST ...``: hands the rest of the command line to the converter
 (``converters/``, which the library itself never imports)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,19 +8,25 @@ import importlib
 
 CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines", "parquet")
 HELP = "convert a raw folder or file into a dataset (see `mmloader convert LAYOUT --help`)"
-EXAMPLES = ["mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
-            "mmloader convert imagefolder train/ train-shards/ --shard-size 5000",
-            "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
-            "mmloader convert textlines corpus.txt corpus.lmdb",
-            "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --engine ray",
-            "mmloader convert pairs --help"]
+EXAMPLES = [
+    "mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
+    "mmloader convert imagefolder train/ train-shards/ --shard-size 5000",
+    "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
+    "mmloader convert textlines corpus.txt corpus.lmdb",
+    "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --engine ray",
+    "mmloader convert pairs --help",
+]
 
 
 def add_arguments(s) -> None:
     """The layout and the converter's own arguments (parsed by the converter)."""
-    s.add_argument("layout", choices=CONVERTERS, help="pairs: files grouped by stem; imagefolder: ROOT/CLASS/"
-                   "images; manifest: a JSONL/CSV file, one row a sample; textlines: a text file, one "
-                   "sample a line; parquet: Parquet/Arrow tables (datasets exports), one row a sample")
+    s.add_argument(
+        "layout",
+        choices=CONVERTERS,
+        help="pairs: files grouped by stem; imagefolder: ROOT/CLASS/"
+        "images; manifest: a JSONL/CSV file, one row a sample; textlines: a text file, one "
+        "sample a line; parquet: Parquet/Arrow tables (datasets exports), one row a sample",
+    )
     s.add_argument("options", nargs=argparse.REMAINDER, help="SRC DST and the layout's options")
 
 

@@ -1,9 +1,13 @@
 """``mmloader index``: manifest and offset indexes for tar shards written by other tools."""
+
 from __future__ import annotations
 
 HELP = "build manifest and offset indexes for tar shards written by other tools"
-EXAMPLES = ["mmloader index webdataset-shards/", "mmloader index shards/ -o shards-index/",
-            "mmloader index s3://bucket/img2dataset-shards/"]
+EXAMPLES = [
+    "mmloader index webdataset-shards/",
+    "mmloader index shards/ -o shards-index/",
+    "mmloader index s3://bucket/img2dataset-shards/",
+]
 
 
 def add_arguments(s) -> None:
@@ -16,15 +20,21 @@ def add_arguments(s) -> None:
 def run(args) -> int:
     """Index the shards and say where the index went (and what cannot be read at random)."""
     from ..storage import build_index, is_url
+
     if is_url(args.dir):
         from ..storage.remote_write import build_index_remote
+
         manifest = build_index_remote(args.dir, output=args.output, progress=not args.quiet)
     else:
         manifest = build_index(args.dir, output=args.output, progress=not args.quiet)
     comp = sum(1 for s in manifest["shards"] if s["compressed"])
-    print(f"indexed {manifest['count']} samples in {len(manifest['shards'])} shards "
-          f"(fields: {', '.join(manifest['fields'])}) -> {(args.output or args.dir).rstrip('/')}/index.json")
+    print(
+        f"indexed {manifest['count']} samples in {len(manifest['shards'])} shards "
+        f"(fields: {', '.join(manifest['fields'])}) -> {(args.output or args.dir).rstrip('/')}/index.json"
+    )
     if comp:
-        print(f"note: {comp} compressed shard(s) can be read sequentially only; decompress them "
-              "for random access, shuffling and DDP splitting")
+        print(
+            f"note: {comp} compressed shard(s) can be read sequentially only; decompress them "
+            "for random access, shuffling and DDP splitting"
+        )
     return 0

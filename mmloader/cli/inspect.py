@@ -1,4 +1,5 @@
 """``mmloader inspect``: what a dataset holds, in a few lines a person can read."""
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
         return f"<gzip, {len(data)} bytes>"
     if ext in IMAGE_EXTENSIONS:
         from ..readers.image_decode import probe  # (torch: only when an image is shown)
+
         try:
             info = probe(data)
             return f"<{info.format} {info.width}x{info.height}, {human_bytes(len(data))}>"
@@ -46,17 +48,21 @@ def describe_value(field: str, data: bytes, width: int = 70) -> str:
 def describe_media(kind: str, data: bytes) -> str:
     """Duration, streams (codec, resolution, fps / sample rate, channels) and the decoder mmloader
     would use: ``mov 10.00 s; h264 854x480 30 fps; aac 44100 Hz 2 ch; decoder pyav``."""
+    from ..media.mediainfo import import_soundfile
     from ..media.mediainfo import probe as probe_media
     from ..readers.audio import SOUNDFILE_FORMATS, sniff
-    from ..media.mediainfo import import_soundfile
+
     try:
         info = probe_media(data)
     except ImportError as e:
         return f"{kind}, not probed: {e}"
     except Exception as e:
         return f"unreadable {kind}: {e}"
-    decoder = "soundfile" if (kind == "audio" and sniff(data) in SOUNDFILE_FORMATS
-                              and import_soundfile() is not None) else "pyav"
+    decoder = (
+        "soundfile"
+        if (kind == "audio" and sniff(data) in SOUNDFILE_FORMATS and import_soundfile() is not None)
+        else "pyav"
+    )
     return f"{info.describe()}; decoder {decoder}"
 
 
@@ -64,6 +70,7 @@ def open_with_metadata(path: str | os.PathLike | Store) -> tuple[Store, dict]:
     """The store and its metadata; an LMDB environment that cannot be opened (unreadable
     ``data.mdb``, not an LMDB file) is a :class:`FormatError` naming it, not an ``lmdb`` error."""
     import lmdb
+
     try:
         store = open_store(path)
         return store, store.metadata
@@ -78,15 +85,19 @@ def format_name(store: Store) -> str:
 
 def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
     store, meta = open_with_metadata(path)
-    lines = [f"path:    {getattr(store, 'url', store.path)}" + (f" (local copy: {store.path})" if
-                                                                  getattr(store, "url", store.path) != store.path else ""),
-             f"format:  {format_name(store)} ({meta['format']} v{meta.get('version', '?')})",
-             f"samples: {len(store)}"]
+    lines = [
+        f"path:    {getattr(store, 'url', store.path)}"
+        + (f" (local copy: {store.path})" if getattr(store, "url", store.path) != store.path else ""),
+        f"format:  {format_name(store)} ({meta['format']} v{meta.get('version', '?')})",
+        f"samples: {len(store)}",
+    ]
     if meta.get("created"):
         lines.append(f"created: {meta['created']} by {meta.get('tool', '?')}")
     lines.append("fields:")
     for f in meta["fields"]:
-        lines.append(f"  {f:<10} {meta['field_counts'][f]:>10} samples  {human_bytes(meta['field_bytes'].get(f, 0)):>10}")
+        lines.append(
+            f"  {f:<10} {meta['field_counts'][f]:>10} samples  {human_bytes(meta['field_bytes'].get(f, 0)):>10}"
+        )
     if isinstance(store, TarStore):
         shards = store.shards
         total = sum(s["bytes"] for s in shards)
@@ -123,8 +134,10 @@ EXAMPLES = ["mmloader inspect out.lmdb", "mmloader inspect shards/ -n 0", "mmloa
 def add_arguments(s) -> None:
     """The options of ``mmloader inspect``."""
     from .args import int_at_least
-    s.add_argument("path", help="a dataset: NAME.lmdb or a shard directory, local or a URL (s3://, gs://, az://, "
-                   "https://)")
+
+    s.add_argument(
+        "path", help="a dataset: NAME.lmdb or a shard directory, local or a URL (s3://, gs://, az://, https://)"
+    )
     s.add_argument("-n", "--preview", type=int_at_least(0), default=3, help="samples to preview (default 3)")
 
 

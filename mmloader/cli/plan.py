@@ -1,18 +1,18 @@
 """``mmloader plan``: an experiment config's resolved epoch plan, as text."""
+
 from __future__ import annotations
 
 import os
 from typing import Any, Mapping
 
 
-
-def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1,
-                  preview: int = 2) -> str:
+def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1, preview: int = 2) -> str:
     """The resolved plan of a config as text (what ``mmloader plan`` prints).
 
     >>> print(describe_plan("samples/configs/mixed.yaml", world=2))    # doctest: +SKIP
     """
     from ..loading.config import from_config  # (torch)
+
     stream = from_config(config)
     stream.set_world(0, world)
     plan = stream.plan(0)
@@ -21,20 +21,33 @@ def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: 
     mix = stream.mix
     if mix is not None:
         names, datasets, rows = mix.names, mix.datasets, mix.summary(bs)
-        head = f"epoch plan: {len(plan)} samples from {len(datasets)} source(s), mode {mix.mode}, " \
-               f"batch composition {mix.composition}"
+        head = (
+            f"epoch plan: {len(plan)} samples from {len(datasets)} source(s), mode {mix.mode}, "
+            f"batch composition {mix.composition}"
+        )
     else:
         names, datasets = ["source"], stream.datasets
-        rows = [{"name": names[0], "size": len(datasets[0]), "per_epoch": len(plan), "proportion": 1.0,
-                 "repeats": len(plan) / max(len(datasets[0]), 1)}]
+        rows = [
+            {
+                "name": names[0],
+                "size": len(datasets[0]),
+                "per_epoch": len(plan),
+                "proportion": 1.0,
+                "repeats": len(plan) / max(len(datasets[0]), 1),
+            }
+        ]
         head = f"epoch plan: {len(plan)} samples from 1 source (no mix)"
     lines = [head, f"  {'source':<16} {'size':>9} {'per epoch':>10} {'share':>7} {'repeats':>8}  modalities"]
     for row, ds in zip(rows, datasets):
-        lines.append(f"  {row['name']:<16} {row['size']:>9} {row['per_epoch']:>10} {row['proportion']:>7.1%} "
-                     f"{row['repeats']:>8.2f}  {', '.join(ds.modalities)}")
-    lines.append(f"world {world} x {workers} workers: {g['samples_per_rank']} samples per rank"
-                 + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
-                 + f"; padding {g['padding']}; every rank equal")
+        lines.append(
+            f"  {row['name']:<16} {row['size']:>9} {row['per_epoch']:>10} {row['proportion']:>7.1%} "
+            f"{row['repeats']:>8.2f}  {', '.join(ds.modalities)}"
+        )
+    lines.append(
+        f"world {world} x {workers} workers: {g['samples_per_rank']} samples per rank"
+        + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
+        + f"; padding {g['padding']}; every rank equal"
+    )
     if preview:
         lines.append("preview:")
         for name, ds in zip(names, datasets):
@@ -63,11 +76,11 @@ EXAMPLES = ["mmloader plan samples/configs/mixed.yaml --world 8 --workers 4"]
 def add_arguments(s) -> None:
     """The options of ``mmloader plan``."""
     from .args import int_at_least
+
     s.add_argument("config", help="an experiment config (YAML, or JSON with 'sources')")
     s.add_argument("--world", type=int_at_least(1), default=1, help="ranks (default 1)")
     s.add_argument("--workers", type=int_at_least(0), default=1, help="workers per rank (default 1)")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (fetching a dataset on object "
-                   "storage)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (fetching a dataset on object storage)")
 
 
 def run(args) -> int:

@@ -1,4 +1,5 @@
 """``mmloader preview``: a contact sheet of samples, each image with its caption/label/key."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from ..media.mediainfo import field_kind
 from ..media.imageinfo import IMAGE_EXTENSIONS
+from ..media.mediainfo import field_kind
 from ..storage import open_store
 
 THUMB = 160
@@ -18,6 +19,7 @@ def dataset_for_preview(path: str | os.PathLike):
     """A zipped dataset of every readable field of a store (images as PIL)."""
     from ..align.zip import zip_readers  # (torch: only when a sheet is made)
     from ..readers import reader_for
+
     store = open_store(path)
     readers = {}
     for f in store.fields:
@@ -37,6 +39,7 @@ def dataset_for_preview(path: str | os.PathLike):
 def frame_strip(frames, size: int = THUMB) -> Image.Image:
     """Up to 4 frames of a ``(T, C, H, W)`` clip, evenly picked, as a 2 x 2 sheet."""
     import numpy as np
+
     t = frames.shape[0]
     picks = sorted({round(i * (t - 1) / 3) for i in range(4)}) if t > 1 else [0]
     sheet = Image.new("RGB", (size, size), "black")
@@ -52,6 +55,7 @@ def frame_strip(frames, size: int = THUMB) -> Image.Image:
 def waveform(audio, rate: int | None, size: tuple[int, int] = (THUMB, THUMB)) -> Image.Image:
     """A ``(C, N)`` signal as a waveform (min/max per column, top) over a log spectrogram (bottom)."""
     import numpy as np
+
     w, h = size
     x = audio.float().mean(0).numpy() if audio.dim() == 2 else audio.float().numpy()
     im = Image.new("RGB", size, "white")
@@ -63,12 +67,14 @@ def waveform(audio, rate: int | None, size: tuple[int, int] = (THUMB, THUMB)) ->
         for i, c in enumerate(cols):
             if len(c):
                 lo, hi = float(c.min()) / peak, float(c.max()) / peak
-                draw.line([(i, top // 2 - hi * (top // 2 - 2)), (i, top // 2 - lo * (top // 2 - 2))], fill=(30, 90, 200))
+                draw.line(
+                    [(i, top // 2 - hi * (top // 2 - 2)), (i, top // 2 - lo * (top // 2 - 2))], fill=(30, 90, 200)
+                )
         n_fft = 256
         if len(x) >= n_fft:
             hop = max(1, (len(x) - n_fft) // w)
             idx = np.arange(n_fft)[None, :] + hop * np.arange(min(w, (len(x) - n_fft) // hop + 1))[:, None]
-            spec = np.abs(np.fft.rfft(x[idx] * np.hanning(n_fft), axis=1))[:, :n_fft // 4]  # 0 .. rate / 4
+            spec = np.abs(np.fft.rfft(x[idx] * np.hanning(n_fft), axis=1))[:, : n_fft // 4]  # 0 .. rate / 4
             db = 20 * np.log10(spec + 1e-6)
             db = np.clip((db - (db.max() - 80)) / 80, 0, 1)
             img = Image.fromarray((255 * db[:, ::-1].T).astype(np.uint8)).resize((w, h - top))
@@ -81,17 +87,18 @@ def waveform(audio, rate: int | None, size: tuple[int, int] = (THUMB, THUMB)) ->
 def _picture(dataset, sample: dict[str, Any]) -> Image.Image | None:
     """What to draw for a sample: its image, else its video's frames and/or its audio's waveform."""
     from ..readers import AudioReader, VideoReader
+
     image = next((v for v in sample.values() if isinstance(v, Image.Image)), None)
     if image is not None:
         return image
     readers = getattr(dataset, "readers", {})
     video = next((sample[n] for n, r in readers.items() if isinstance(r, VideoReader) and n in sample), None)
-    audio = next(((sample[n], r.sample_rate) for n, r in readers.items() if isinstance(r, AudioReader) and n in sample),
-                 None)
+    audio = next(
+        ((sample[n], r.sample_rate) for n, r in readers.items() if isinstance(r, AudioReader) and n in sample), None
+    )
     if video is not None and audio is not None:
         both = Image.new("RGB", (THUMB, THUMB), "white")
-        both.paste(frame_strip(video, THUMB // 2 + THUMB // 4).resize((THUMB // 2, THUMB // 2)),
-                   (THUMB // 4, 0))
+        both.paste(frame_strip(video, THUMB // 2 + THUMB // 4).resize((THUMB // 2, THUMB // 2)), (THUMB // 4, 0))
         both.paste(waveform(audio[0], audio[1], (THUMB, THUMB // 2)), (0, THUMB // 2))
         return both
     if video is not None:
@@ -132,8 +139,10 @@ def contact_sheet(dataset, indices: list[int], columns: int = 4) -> tuple[Image.
         if image is not None:
             thumb = image.convert("RGB")
             scale = THUMB / max(thumb.size)  # small images are enlarged too, so they can be seen
-            thumb = thumb.resize((max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),
-                                 Image.NEAREST if scale > 1 else Image.BILINEAR)
+            thumb = thumb.resize(
+                (max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),
+                Image.NEAREST if scale > 1 else Image.BILINEAR,
+            )
             sheet.paste(thumb, (x + (THUMB - thumb.width) // 2, y + (THUMB - thumb.height) // 2))
         words = _text_of(sample)
         text_lines.append(f"[{i}] " + " | ".join(words))
@@ -150,6 +159,7 @@ EXAMPLES = ["mmloader preview out.lmdb -o grid.png -n 16", "mmloader preview sam
 def add_arguments(s) -> None:
     """The options of ``mmloader preview``."""
     from .args import int_at_least
+
     s.add_argument("path", help="a dataset or an experiment config")
     s.add_argument("-o", "--output", default="preview.png", help="the image to write (default preview.png)")
     s.add_argument("-n", type=int_at_least(1), default=16, help="samples to show (default 16)")
@@ -159,6 +169,7 @@ def add_arguments(s) -> None:
 def run(args) -> int:
     """Write the contact sheet (one block per source of a config) and print its captions."""
     from ..loading.config import build_sources, is_config_path, load_config
+
     if is_config_path(args.path):
         sources = build_sources(load_config(args.path), pil_images=True)
         indices_by = [(name, ds) for name, ds in sources.items()]

@@ -1,11 +1,13 @@
 """``mmloader verify``: check a dataset against its own metadata, byte for byte."""
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
 import zlib
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 
 import numpy as np
 from tqdm import tqdm
@@ -48,6 +50,7 @@ def _try_decode(report: Report, where: str, key: str, field: str, data: bytes) -
     try:
         from ..readers.base import DEFAULT_MAX_FIELD_BYTES, _gunzip  # (torch: only with --decode)
         from ..readers.image_decode import decode_to_tensor
+
         decode_to_tensor(_gunzip(data, DEFAULT_MAX_FIELD_BYTES) if field.endswith(".gz") else data)
     except Exception as e:
         report.add(where, f"sample {key!r} field {field!r} does not decode: {e}")
@@ -59,6 +62,7 @@ def verify(path: str | os.PathLike | Store, decode: bool = False, progress: bool
     >>> r = verify("shards/", decode=True); print(r.summary())    # doctest: +SKIP
     """
     import lmdb
+
     try:
         store = open_store(path)
         meta = store.metadata
@@ -171,8 +175,9 @@ def _local_copy(store: TarStore, s: int, report: Report):
     yield path
 
 
-def _verify_shard(store: TarStore, meta: dict, report: Report, decode: bool, s: int, path: str, keys, bar,
-                  field_counts: dict) -> None:
+def _verify_shard(
+    store: TarStore, meta: dict, report: Report, decode: bool, s: int, path: str, keys, bar, field_counts: dict
+) -> None:
     shard = meta["shards"][s]
     name = shard["file"]
     size = os.path.getsize(path)
@@ -203,15 +208,17 @@ def _verify_shard(store: TarStore, meta: dict, report: Report, decode: bool, s: 
                 continue
             key = sample["__key__"]
             if keys is not None and bytes(keys[start + row]).decode() != key:
-                report.add(name, f"sample {row}: key {key!r} but the key index says "
-                                 f"{bytes(keys[start + row]).decode()!r}")
+                report.add(
+                    name, f"sample {row}: key {key!r} but the key index says {bytes(keys[start + row]).decode()!r}"
+                )
             offsets = sample["__offsets__"]
             for f, (off, sz) in offsets.items():
                 field_counts[f] = field_counts.get(f, 0) + 1
                 c = cols.get(f)
                 if c is None or row >= len(table) or tuple(table[row, c]) != (off, sz):
-                    report.add(name, f"sample {key!r} field {f!r}: offset index does not match the tar "
-                                     f"(tar: {off}+{sz})")
+                    report.add(
+                        name, f"sample {key!r} field {f!r}: offset index does not match the tar (tar: {off}+{sz})"
+                    )
                 elif _is_image(f) and not sz:
                     report.add(name, f"sample {key!r} field {f!r}: empty image (0 bytes)")
                 elif decode and _is_image(f):
@@ -240,6 +247,7 @@ def add_arguments(s) -> None:
 def run(args) -> int:
     """Verify; exit status 1 when a problem was found."""
     from .inspect import open_with_metadata
+
     store, _ = open_with_metadata(args.path)  # not a dataset at all: a one-line error, like every command
     report = verify(store, decode=args.decode, progress=not args.quiet)
     print(report.summary())

@@ -11,6 +11,7 @@ are (they are not ``DataLoader`` instances, so it does not re-shard them), and
 ``accelerator.register_for_checkpointing(loader)`` puts their state in ``save_state``.
 Nothing here is imported by ``import mmloader``.
 """
+
 from .. import _submodules_on_access
 
 __getattr__ = _submodules_on_access(__name__)

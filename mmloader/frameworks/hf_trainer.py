@@ -14,6 +14,7 @@ epoch's last (shorter) accumulation group joins the next epoch's first optimizer
 Trainer restarts its step count in a resumed epoch when its own data skipping is off. Every
 sample is still trained exactly once.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,10 @@ class LoaderCheckpoint(TrainerCallback):
         folder = self.resume_from or Path(args.output_dir) / f"checkpoint-{state.global_step}"
         path = self._file(folder)
         if not path.is_file():
-            raise ResumeError(f"resuming at step {state.global_step}, but {path} does not exist: this checkpoint "
-                              "holds no mmloader loader state (give LoaderCheckpoint(resume_from=...) "
-                              "if the checkpoint was moved)")
+            raise ResumeError(
+                f"resuming at step {state.global_step}, but {path} does not exist: this checkpoint "
+                "holds no mmloader loader state (give LoaderCheckpoint(resume_from=...) "
+                "if the checkpoint was moved)"
+            )
         self.loader.load_state_dict(json.loads(path.read_text()))
         log.info("mmloader: loader resumed from %s (epoch %s)", path, self.loader.epoch)

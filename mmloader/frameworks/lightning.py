@@ -8,6 +8,7 @@ included. This module adds what Lightning users expect around that.
 >>> dm = DataModule(lambda: mmloader.Stream(ds, batch_size=64), num_workers=4)   # doctest: +SKIP
 >>> Trainer(strategy="ddp", callbacks=[DataWaitCallback()]).fit(model, dm)     # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -102,11 +103,17 @@ class DataWaitCallback(pl.Callback):
         for loader in _stats_loaders(trainer.train_dataloader):
             figures = loader.stats(reset=True)
             self.last = figures
-            pl_module.log_dict({f"{self.prefix}wait_ms": figures["wait_ms_per_batch"],
-                                f"{self.prefix}compute_ms": figures["compute_ms_per_batch"],
-                                f"{self.prefix}wait_fraction": figures["wait_fraction"],
-                                f"{self.prefix}samples_per_s": figures["samples_per_s"]},
-                               on_step=True, on_epoch=False, batch_size=1)
+            pl_module.log_dict(
+                {
+                    f"{self.prefix}wait_ms": figures["wait_ms_per_batch"],
+                    f"{self.prefix}compute_ms": figures["compute_ms_per_batch"],
+                    f"{self.prefix}wait_fraction": figures["wait_fraction"],
+                    f"{self.prefix}samples_per_s": figures["samples_per_s"],
+                },
+                on_step=True,
+                on_epoch=False,
+                batch_size=1,
+            )
 
 
 def _stats_loaders(loaders: Any) -> list:

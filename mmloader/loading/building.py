@@ -9,6 +9,7 @@ store), ``"skip"`` logs it, counts it (:attr:`mmloader.Stream.skipped`, across
 worker processes) and takes the next sample of the plan instead, so batch counts
 stay equal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,8 @@ import numpy as np
 import torch.utils.data
 
 from ..align.collate import Collate, collate, merge_columns, packing_also
-from .control import SharedControl
 from ..errors import MMLoaderError, SampleError
+from .control import SharedControl
 
 log = logging.getLogger("mmloader")
 
@@ -33,9 +34,15 @@ class BatchBuilder:
     >>> builder.build(plan, positions, sources, indices, batched=True)                      # doctest: +SKIP
     """
 
-    def __init__(self, datasets: Sequence[Any], source_names: Sequence[str] | None,
-                 collate_fn: Callable[[list], Any] | None, on_error: str, max_consecutive_errors: int,
-                 control: SharedControl):
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        source_names: Sequence[str] | None,
+        collate_fn: Callable[[list], Any] | None,
+        on_error: str,
+        max_consecutive_errors: int,
+        control: SharedControl,
+    ):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(map(repr, ON_ERROR))}")
         self.datasets, self.source_names = list(datasets), source_names
@@ -48,13 +55,15 @@ class BatchBuilder:
             collate_fn, pack = Collate(pack=pack), ()
         self.collate_fn, self._pack = collate_fn, pack
         # A Collate whose __call__ is its own builds from columns; an overridden __call__ sees rows.
-        columnar = (self.collate_fn.columns if isinstance(self.collate_fn, Collate)
-                    and type(self.collate_fn).__call__ is Collate.__call__ else None)
+        columnar = (
+            self.collate_fn.columns
+            if isinstance(self.collate_fn, Collate) and type(self.collate_fn).__call__ is Collate.__call__
+            else None
+        )
         # The whole-batch path needs column-wise collation and datasets that read whole batches.
         self._columns = columnar if all(hasattr(d, "get_batch") for d in self.datasets) else None
 
-    def build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray,
-              batched: bool) -> Any:
+    def build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray, batched: bool) -> Any:
         if batched and self._columns is not None:
             try:
                 return self._collate(self._columns, self._batch_columns(sources, indices))
@@ -74,8 +83,10 @@ class BatchBuilder:
             columns = self.datasets[0].get_batch(indices.tolist(), share_memory=share)
         else:
             groups = [(s, np.flatnonzero(sources == s)) for s in np.unique(sources).tolist()]
-            parts = [(rows.tolist(), self.datasets[s].get_batch(indices[rows].tolist(), share_memory=share))
-                     for s, rows in groups]
+            parts = [
+                (rows.tolist(), self.datasets[s].get_batch(indices[rows].tolist(), share_memory=share))
+                for s, rows in groups
+            ]
             columns = parts[0][1] if len(parts) == 1 else merge_columns(parts, len(indices))
         if self.source_names is not None:
             columns["__source__"] = [self.source_names[int(s)] for s in sources]
@@ -104,5 +115,7 @@ class BatchBuilder:
                 position = (position + 1) % len(plan)
                 (s,), (i,) = plan.lookup(np.array([position]))
                 source, index = int(s), int(i)
-        raise MMLoaderError(f"{self.max_consecutive_errors} consecutive samples failed to load; "
-                            "the dataset looks broken (run `mmloader verify`)")
+        raise MMLoaderError(
+            f"{self.max_consecutive_errors} consecutive samples failed to load; "
+            "the dataset looks broken (run `mmloader verify`)"
+        )

@@ -27,6 +27,7 @@ source without ``mix`` is streamed as it is (no mix around it). Every error
 names the config key at fault, and every option is checked when the config is
 read, not at the first batch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,25 +37,60 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
 from ..align.mix import Mix
+from ..align.zip import Zipped, zip_readers
+from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
 from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
 from ..readers.registry import KINDS
 from ..storage import is_url, open_store
 from ..storage.textlines import TextLinesStore
 from .stream import Stream
-from ..align.zip import Zipped, zip_readers
 
-TOP_KEYS = {"seed", "batch_size", "shuffle", "drop_last", "batch_composition", "mix", "sources", "root",
-            "block_size", "window_blocks", "on_error", "align", "bucket_by", "bucket_window"}
+TOP_KEYS = {
+    "seed",
+    "batch_size",
+    "shuffle",
+    "drop_last",
+    "batch_composition",
+    "mix",
+    "sources",
+    "root",
+    "block_size",
+    "window_blocks",
+    "on_error",
+    "align",
+    "bucket_by",
+    "bucket_window",
+}
 SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align"}
 MIX_KEYS = {"mode", "epoch_size"}
-READER_KEYS = {"field", "path", "index_path", "reader", "output", "mode", "size", "max_pixels", "transform",
-               "allow_pickle", "tokenizer", "add_special_tokens",
-               # video and audio (VideoReader, AudioReader); an audio modality's ``clip`` may name a video
-               # modality of the same source: the audio track over that modality's clip
-               "frames", "fps", "clip", "max_seconds", "max_duration", "threads", "sample_rate", "mono",
-               "decoder", "max_sample_rate", "max_channels"}
+READER_KEYS = {
+    "field",
+    "path",
+    "index_path",
+    "reader",
+    "output",
+    "mode",
+    "size",
+    "max_pixels",
+    "transform",
+    "allow_pickle",
+    "tokenizer",
+    "add_special_tokens",
+    # video and audio (VideoReader, AudioReader); an audio modality's ``clip`` may name a video
+    # modality of the same source: the audio track over that modality's clip
+    "frames",
+    "fps",
+    "clip",
+    "max_seconds",
+    "max_duration",
+    "threads",
+    "sample_rate",
+    "mono",
+    "decoder",
+    "max_sample_rate",
+    "max_channels",
+}
 TEXT_SUFFIXES = (".txt", ".text")
 #: What ``reader:`` may name: the registry's kinds, and a video modality's timestamps companion.
 READERS = {*KINDS, "timestamps"}
@@ -69,8 +105,10 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}: "
-                              "each modality/source name may appear once")
+            raise ConfigError(
+                f"duplicate key {key!r} at line {key_node.start_mark.line + 1}: "
+                "each modality/source name may appear once"
+            )
         seen.add(key)
     return loader.construct_mapping(node, deep)
 
@@ -94,6 +132,7 @@ def is_config_path(path: str | os.PathLike) -> bool:
         return False
     try:
         import json
+
         doc = json.loads(p.read_bytes())
     except (OSError, ValueError):
         return False
@@ -105,8 +144,9 @@ def load_config(path_or_dict: str | os.PathLike | Mapping) -> dict:
         return dict(path_or_dict)
     path = Path(path_or_dict)
     if path.is_dir():
-        raise ConfigError(f"{path} is a folder; an experiment config is a file (YAML, or JSON with a "
-                          "'sources' mapping)")
+        raise ConfigError(
+            f"{path} is a folder; an experiment config is a file (YAML, or JSON with a 'sources' mapping)"
+        )
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     if not path.is_file():
@@ -129,8 +169,10 @@ def import_object(spec: str, where: str) -> Any:
         raise ConfigError(f"{where}: cannot import {spec!r}: {e}") from None
     obj = obj() if isinstance(obj, type) else obj
     if not callable(obj):
-        raise ConfigError(f"{where}: {spec!r} is a {type(obj).__name__}, not a callable (a function, or a "
-                          "class whose instances are called on each value)")
+        raise ConfigError(
+            f"{where}: {spec!r} is a {type(obj).__name__}, not a callable (a function, or a "
+            "class whose instances are called on each value)"
+        )
     return obj
 
 
@@ -195,8 +237,10 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
         raise ConfigError(f"{where}: index_path applies to text files ({', '.join(TEXT_SUFFIXES)}), not to {p}")
     if p.is_file() and p.suffix.lower() != ".json":
         kind = "a tar shard" if p.name.endswith((".tar", ".tgz", ".tar.gz")) else "a file"
-        raise ConfigError(f"{where}: {p} is {kind}, not a dataset: give the dataset directory (LMDB, or shards "
-                          f"with index.json) or a text file ({', '.join(TEXT_SUFFIXES)}, one sample per line)")
+        raise ConfigError(
+            f"{where}: {p} is {kind}, not a dataset: give the dataset directory (LMDB, or shards "
+            f"with index.json) or a text file ({', '.join(TEXT_SUFFIXES)}, one sample per line)"
+        )
     try:
         return open_store(p)
     except (MMLoaderError, OSError) as e:
@@ -205,8 +249,10 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
 
 def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings: Mapping | None = None):
     if "decode" in opts:
-        raise ConfigError(f"{where}.decode: the key is now 'output' (output: {opts['decode']}); "
-                          "decode is a Python callable, not a config value")
+        raise ConfigError(
+            f"{where}.decode: the key is now 'output' (output: {opts['decode']}); "
+            "decode is a Python callable, not a config value"
+        )
     _unknown(opts, READER_KEYS, where)
     kind = opts.pop("reader", None)
     video = None
@@ -216,8 +262,10 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings
         video = (siblings or {}).get(target)
         if not isinstance(video, VideoReader):
             videos = [n for n, r in (siblings or {}).items() if isinstance(r, VideoReader)]
-            raise ConfigError(f"{where}.clip: {target!r} is not a video modality listed before it in this source "
-                              f"(video modalities: {videos}); a {kind or 'companion'} modality names one with clip:")
+            raise ConfigError(
+                f"{where}.clip: {target!r} is not a video modality listed before it in this source "
+                f"(video modalities: {videos}); a {kind or 'companion'} modality names one with clip:"
+            )
         opts.setdefault("field", video.field)
     field = opts.pop("field", None) or name
     if kind is not None and kind not in READERS:
@@ -328,12 +376,31 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
         dataset: Any = next(iter(sources.values()))
     else:
         try:
-            dataset = Mix(list(sources.values()), weights, mode=mix_cfg.get("mode", "proportion"),
-                          epoch_size=mix_cfg.get("epoch_size"), names=list(sources), batch_composition=composition)
+            dataset = Mix(
+                list(sources.values()),
+                weights,
+                mode=mix_cfg.get("mode", "proportion"),
+                epoch_size=mix_cfg.get("epoch_size"),
+                names=list(sources),
+                batch_composition=composition,
+            )
         except ValueError as e:
             raise ConfigError(f"mix: {e}") from None
-    options = {k: cfg[k] for k in ("batch_size", "shuffle", "seed", "drop_last", "block_size", "window_blocks",
-                                   "on_error", "bucket_by", "bucket_window") if k in cfg}
+    options = {
+        k: cfg[k]
+        for k in (
+            "batch_size",
+            "shuffle",
+            "seed",
+            "drop_last",
+            "block_size",
+            "window_blocks",
+            "on_error",
+            "bucket_by",
+            "bucket_window",
+        )
+        if k in cfg
+    }
     try:
         return Stream(dataset, **options)
     except (ValueError, TypeError) as e:

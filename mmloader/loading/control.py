@@ -12,6 +12,7 @@ another training process (Lightning's ``ddp_spawn`` pickles the module, ``ddp_fo
 forks the parent) gets its own copy there on first use: sharing one tensor between
 ranks would give every rank the first rank's place in the world.
 """
+
 from __future__ import annotations
 
 import os

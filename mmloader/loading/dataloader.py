@@ -9,6 +9,7 @@ pickling or shared-memory copies and measured fastest here for decoded and raw
 batches alike; user Python per sample (transforms, custom decoders or readers, a
 custom collate), which holds the GIL -> worker processes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,15 +24,27 @@ import torch.utils.data
 
 from .distributed import available_cpus, local_world_size
 from .resumable import Resumable
-from .stream import Stream
 from .ring import BatchRing
+from .stream import Stream
 from .threaded import ThreadLoader, _pin
 
 log = logging.getLogger("mmloader")
 BACKENDS = ("auto", "thread", "process")
-_DATALOADER_SETTINGS = frozenset({"num_workers", "pin_memory", "pin_memory_device", "persistent_workers",
-                                  "prefetch_factor", "multiprocessing_context", "timeout", "worker_init_fn",
-                                  "collate_fn", "generator", "in_order"})
+_DATALOADER_SETTINGS = frozenset(
+    {
+        "num_workers",
+        "pin_memory",
+        "pin_memory_device",
+        "persistent_workers",
+        "prefetch_factor",
+        "multiprocessing_context",
+        "timeout",
+        "worker_init_fn",
+        "collate_fn",
+        "generator",
+        "in_order",
+    }
+)
 
 
 def default_num_workers() -> int:
@@ -67,9 +80,17 @@ class Loader(Resumable):
         **kwargs: other :class:`torch.utils.data.DataLoader` options (e.g. ``multiprocessing_context``).
     """
 
-    def __init__(self, stream: Stream, num_workers: int | None = None, *, pin_memory: bool | None = None,
-                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
-                 ring: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        stream: Stream,
+        num_workers: int | None = None,
+        *,
+        pin_memory: bool | None = None,
+        persistent_workers: bool | None = None,
+        prefetch_factor: int | None = None,
+        ring: bool = True,
+        **kwargs: Any,
+    ):
         if not isinstance(stream, Stream):
             raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
         workers = default_num_workers() if num_workers is None else num_workers
@@ -87,10 +108,14 @@ class Loader(Resumable):
         # collate's tuples into lists, so the two backends would differ).
         kwargs.setdefault("collate_fn", _as_is)
         self.dataloader = torch.utils.data.DataLoader(
-            _RingStream(stream, self.ring) if self.ring is not None else stream, batch_size=None,
-            num_workers=workers, pin_memory=pin_memory and not self.pin_batches,
+            _RingStream(stream, self.ring) if self.ring is not None else stream,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=pin_memory and not self.pin_batches,
             persistent_workers=persistent_workers and workers > 0,
-            prefetch_factor=prefetch_factor if workers > 0 else None, **kwargs)
+            prefetch_factor=prefetch_factor if workers > 0 else None,
+            **kwargs,
+        )
         self.stream = stream
         self.batches_seen = 0
 
@@ -129,8 +154,10 @@ class Loader(Resumable):
             dead = self._dead_workers()
             self._shutdown()
             if dead:
-                raise RuntimeError(f"DataLoader worker(s) exited unexpectedly ({', '.join(dead)}) while "
-                                   f"sending a batch ({type(e).__name__}: {e})") from e
+                raise RuntimeError(
+                    f"DataLoader worker(s) exited unexpectedly ({', '.join(dead)}) while "
+                    f"sending a batch ({type(e).__name__}: {e})"
+                ) from e
             raise
         except GeneratorExit:
             # The pass was left (a break, a framework dropping its iterator, interpreter exit after
@@ -150,8 +177,13 @@ class Loader(Resumable):
         workers = getattr(getattr(self.dataloader, "_iterator", None), "_workers", [])
         deadline = time.monotonic() + wait_s
         while True:
-            dead = [f"pid {w.pid} killed by signal {-w.exitcode}" if w.exitcode < 0
-                    else f"pid {w.pid} exit code {w.exitcode}" for w in workers if w.exitcode is not None]
+            dead = [
+                f"pid {w.pid} killed by signal {-w.exitcode}"
+                if w.exitcode < 0
+                else f"pid {w.pid} exit code {w.exitcode}"
+                for w in workers
+                if w.exitcode is not None
+            ]
             if dead or not workers or time.monotonic() > deadline:
                 return dead
             time.sleep(0.05)
@@ -213,8 +245,9 @@ def choose_backend(stream: Stream) -> tuple[str, str]:
     return "thread", "only built-in decoders run (they release the GIL)"
 
 
-def loader(stream: Stream, num_workers: int | None = None, *, backend: str = "auto",
-           **kwargs: Any) -> Loader | ThreadLoader:
+def loader(
+    stream: Stream, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
+) -> Loader | ThreadLoader:
     """A loader for ``stream``: workers from the CPUs per local rank, pinned memory with CUDA,
     the same batches in the same order on either backend, ``state_dict``/``load_state_dict``.
 
@@ -244,8 +277,13 @@ def loader(stream: Stream, num_workers: int | None = None, *, backend: str = "au
         if unknown:
             raise TypeError(f"backend='thread' does not take {unknown}")
         pin = kwargs.get("pin_memory")
-        return ThreadLoader(stream, workers, kwargs.get("prefetch_factor") or 2,
-                            torch.cuda.is_available() if pin is None else pin, kwargs.get("producers"))
+        return ThreadLoader(
+            stream,
+            workers,
+            kwargs.get("prefetch_factor") or 2,
+            torch.cuda.is_available() if pin is None else pin,
+            kwargs.get("producers"),
+        )
     if "producers" in kwargs:
         raise TypeError("producers= is an option of backend='thread'")
     return Loader(stream, num_workers=num_workers, **kwargs)

@@ -1,4 +1,5 @@
 """Where this process sits: rank, world size, local world size and usable CPUs."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,10 @@ def data_parallel_group(group: Any) -> Any:
     if ndim is not None and hasattr(group, "get_group"):  # a DeviceMesh
         if ndim != 1:
             names = getattr(group, "mesh_dim_names", None)
-            raise ValueError(f"group= takes a 1-D DeviceMesh (its data-parallel dimension, e.g. mesh['dp']); "
-                             f"got a {ndim}-D mesh with dimensions {names}")
+            raise ValueError(
+                f"group= takes a 1-D DeviceMesh (its data-parallel dimension, e.g. mesh['dp']); "
+                f"got a {ndim}-D mesh with dimensions {names}"
+            )
         return group.get_group()
     return group
 
@@ -35,10 +38,13 @@ def rank_and_world(group: Any = None) -> tuple[int, int]:
     ``RANK``/``WORLD_SIZE``, else (0, 1).
     """
     import torch.distributed as dist
+
     if group is not None:
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("Stream(group=...) needs torch.distributed initialised first "
-                               "(dist.init_process_group or init_device_mesh)")
+            raise RuntimeError(
+                "Stream(group=...) needs torch.distributed initialised first "
+                "(dist.init_process_group or init_device_mesh)"
+            )
         return dist.get_rank(group), dist.get_world_size(group)
     try:
         if dist.is_available() and dist.is_initialized():

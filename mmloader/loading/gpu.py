@@ -16,6 +16,7 @@ Random crops and flips draw from a generator seeded by (stream seed, epoch, the
 batch's keys): the same seed gives the same augmentations on either backend,
 with any worker count, and after a resume.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,11 +47,22 @@ class GPUDecode:
     ...     model(batch["image"])
     """
 
-    def __init__(self, loader: Iterable, name: str = "image", device: str | torch.device | None = None, *,
-                 dtype: torch.dtype = torch.uint8, size: Sequence[int] | None = None,
-                 crop: Sequence[int] | None = None, random_crop: bool = False, flip: float = 0.0,
-                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 channels_last: bool = False, mode: str = "RGB"):
+    def __init__(
+        self,
+        loader: Iterable,
+        name: str = "image",
+        device: str | torch.device | None = None,
+        *,
+        dtype: torch.dtype = torch.uint8,
+        size: Sequence[int] | None = None,
+        crop: Sequence[int] | None = None,
+        random_crop: bool = False,
+        flip: float = 0.0,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        channels_last: bool = False,
+        mode: str = "RGB",
+    ):
         self.loader, self.name = loader, name
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype, self.size, self.crop, self.random_crop, self.flip = dtype, size, crop, random_crop, flip
@@ -97,6 +109,7 @@ class GPUDecode:
     def sampler(self) -> Any:
         """Where Lightning and accelerate call ``set_epoch``: it reaches this wrapper (and the loader)."""
         from .resumable import EpochSampler
+
         return EpochSampler(self)  # type: ignore[arg-type]
 
     def _snapshot(self, before_last: bool = False) -> Any:
@@ -139,6 +152,7 @@ class GPUDecode:
 
     def transform(self, images: list[torch.Tensor], generator: torch.Generator | None = None) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as F
+
         generator = generator or torch.Generator().manual_seed(0)
         if self.size is not None:
             images = [F.resize(im, list(self.size), antialias=True) for im in images]
@@ -149,13 +163,15 @@ class GPUDecode:
                 for im in images:
                     top = int(torch.randint(0, im.shape[-2] - h + 1, (1,), generator=generator))
                     left = int(torch.randint(0, im.shape[-1] - w + 1, (1,), generator=generator))
-                    cropped.append(im[..., top:top + h, left:left + w])
+                    cropped.append(im[..., top : top + h, left : left + w])
                 images = cropped
             else:
                 images = [F.center_crop(im, [h, w]) for im in images]
         if len({tuple(im.shape) for im in images}) != 1:
-            raise ValueError(f"images in a batch differ in size {sorted({tuple(im.shape) for im in images})}; "
-                             "give GPUDecode(size=...) or crop=... to batch them")
+            raise ValueError(
+                f"images in a batch differ in size {sorted({tuple(im.shape) for im in images})}; "
+                "give GPUDecode(size=...) or crop=... to batch them"
+            )
         batch = torch.stack(images)
         if self.flip:
             flip = (torch.rand(len(images), generator=generator) < self.flip).to(batch.device)
@@ -187,8 +203,9 @@ class GPUDecode:
             del out["__offsets__"]
         return out
 
-    def _with_absent_rows(self, encoded: list[torch.Tensor], present: list[bool],
-                          generator: torch.Generator) -> torch.Tensor:
+    def _with_absent_rows(
+        self, encoded: list[torch.Tensor], present: list[bool], generator: torch.Generator
+    ) -> torch.Tensor:
         rows = [i for i, here in enumerate(present) if here]  # some: a batch without any lacks the name
         decoded = self.transform(self.decode_images([encoded[i] for i in rows]), generator)
         out = decoded.new_zeros((len(encoded), *decoded.shape[1:]))

@@ -20,6 +20,7 @@ time (a second, interleaved iterator raises).
 The formats follow torchdata's ``StatefulDataLoader``: ``state_dict()`` is plain data
 (JSON-able), taken at any point, loaded before the next pass.
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,13 +72,18 @@ class LoaderStats:
         """The figures as plain numbers (per batch in milliseconds; rates per second)."""
         timed = self.batches - self.first_batches
         total = self.wait + self.compute
-        return {"batches": self.batches, "samples": self.samples,
-                "wait_s": self.wait, "compute_s": self.compute, "first_batch_wait_s": self.first_wait,
-                "wait_ms_per_batch": 1e3 * self.wait / timed if timed else 0.0,
-                "compute_ms_per_batch": 1e3 * self.compute / timed if timed else 0.0,
-                "wait_fraction": self.wait / total if total else 0.0,
-                "batches_per_s": timed / total if total else 0.0,
-                "samples_per_s": self.samples_after_first / total if total else 0.0}
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "wait_s": self.wait,
+            "compute_s": self.compute,
+            "first_batch_wait_s": self.first_wait,
+            "wait_ms_per_batch": 1e3 * self.wait / timed if timed else 0.0,
+            "compute_ms_per_batch": 1e3 * self.compute / timed if timed else 0.0,
+            "wait_fraction": self.wait / total if total else 0.0,
+            "batches_per_s": timed / total if total else 0.0,
+            "samples_per_s": self.samples_after_first / total if total else 0.0,
+        }
 
 
 class Resumable:
@@ -200,9 +206,11 @@ class Resumable:
         first = True
         while True:
             if self._active is not token:
-                raise RuntimeError("this pass of the loader was superseded by a newer one (iter(loader) "
-                                   "again): a loader delivers one pass at a time; make a second loader "
-                                   "over the same stream definition for a second one")
+                raise RuntimeError(
+                    "this pass of the loader was superseded by a newer one (iter(loader) "
+                    "again): a loader delivers one pass at a time; make a second loader "
+                    "over the same stream definition for a second one"
+                )
             asked = clock()
             try:
                 batch = next(iterator)

@@ -15,6 +15,7 @@ nothing is left in ``/dev/shm`` after a normal exit, Ctrl-C or a killed worker.
 
 >>> loader = mmloader.loader(stream, backend="process")   # uses a ring   # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import os
@@ -34,6 +35,7 @@ _WAIT_FOR_SLOT_S = 0.02  # then send the batch the ordinary way rather than wait
 
 class SlotTensor(NamedTuple):
     """Where a tensor of a batch lies in its slot."""
+
     offset: int
     dtype: torch.dtype
     shape: tuple
@@ -42,6 +44,7 @@ class SlotTensor(NamedTuple):
 
 class RingBatch(NamedTuple):
     """What crosses the queue instead of a batch: the slot and the batch with tensors as specs."""
+
     incarnation: int
     worker: int
     slot: int
@@ -68,7 +71,7 @@ class _Arena:
         if start + nbytes > self.slot.numel():
             return None
         self.used = start + nbytes
-        return self.slot[start:start + nbytes]
+        return self.slot[start : start + nbytes]
 
     def empty(self, shape, dtype: torch.dtype, stride=None) -> torch.Tensor | None:
         """A tensor of ``shape`` (and ``stride``, dense) in the slot, or None when it is full."""
@@ -149,8 +152,7 @@ class BatchRing:
 
     def _make_slots(self, batch: Any) -> None:
         size = max(int(_tensor_bytes(batch) * _HEADROOM) + _ALIGN * 64, _MIN_SLOT)
-        self._slots = [torch.empty(size, dtype=torch.uint8).share_memory_()
-                       for _ in range(self.slots_per_worker)]
+        self._slots = [torch.empty(size, dtype=torch.uint8).share_memory_() for _ in range(self.slots_per_worker)]
 
     def _acquire(self, worker: int) -> int | None:
         flags = self._flag[worker]
@@ -258,7 +260,7 @@ def _unpack(obj: Any, slot: torch.Tensor) -> Any:
     if isinstance(obj, SlotTensor):
         itemsize = obj.dtype.itemsize
         extent = 1 + sum((n - 1) * st for n, st in zip(obj.shape, obj.stride)) if all(obj.shape) else 0
-        flat = slot[obj.offset:obj.offset + extent * itemsize].view(obj.dtype)
+        flat = slot[obj.offset : obj.offset + extent * itemsize].view(obj.dtype)
         return torch.as_strided(flat, obj.shape, obj.stride)
     if isinstance(obj, dict):
         return {k: _unpack(v, slot) for k, v in obj.items()}

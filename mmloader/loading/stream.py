@@ -6,6 +6,7 @@ counts), :mod:`mmloader.planning` (the epoch plan, the rank/worker split, resume
 arithmetic — pure functions), :mod:`mmloader.readers.seeding` (per-batch seeds) and
 :mod:`mmloader.loading.building` (reading and collating a batch, the error policy).
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,13 +19,13 @@ import torch
 import torch.utils.data
 
 from ..align.collate import Collate, collate
-from .building import BatchBuilder
-from .control import SharedControl
 from ..planning import RangeList, worker_batches
 from ..planning.epoch import epoch_plan
 from ..planning.partition import batches_per_rank, planned_batches, unit_samples_per_rank
 from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
+from .building import BatchBuilder
+from .control import SharedControl
 
 log = logging.getLogger("mmloader")
 
@@ -62,24 +63,43 @@ class Stream(torch.utils.data.IterableDataset):
     ...     for batch in loader: ...                        # epochs 0, 1, 2 ... in new orders
     """
 
-    def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, *, block_size: int = 1024, window_blocks: int = 16,
-                 collate_fn: Callable[[list], Any] | None = collate, on_error: str = "raise",
-                 max_consecutive_errors: int = 100, seed_workers: bool = True,
-                 bucket_by: str | Callable[[int], int] | None = None, bucket_window: int = 64,
-                 group: Any = None):
-        from .distributed import data_parallel_group
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        block_size: int = 1024,
+        window_blocks: int = 16,
+        collate_fn: Callable[[list], Any] | None = collate,
+        on_error: str = "raise",
+        max_consecutive_errors: int = 100,
+        seed_workers: bool = True,
+        bucket_by: str | Callable[[int], int] | None = None,
+        bucket_window: int = 64,
+        group: Any = None,
+    ):
         from ..align.mix import Mix
-        _check_options(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                       block_size=block_size, window_blocks=window_blocks, bucket_window=bucket_window,
-                       max_consecutive_errors=max_consecutive_errors)
+        from .distributed import data_parallel_group
+
+        _check_options(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            block_size=block_size,
+            window_blocks=window_blocks,
+            bucket_window=bucket_window,
+            max_consecutive_errors=max_consecutive_errors,
+        )
         self.mix = dataset if isinstance(dataset, Mix) else None
         if self.mix is None:
             try:
                 size = len(dataset)
             except TypeError:
-                raise TypeError(f"Stream needs a dataset with a known length, got {type(dataset).__name__}") \
-                    from None
+                raise TypeError(f"Stream needs a dataset with a known length, got {type(dataset).__name__}") from None
             if size == 0:
                 raise ValueError(f"the dataset is empty (0 samples): {dataset!r}")
         elif self.mix.composition == "source" and not batch_size:
@@ -99,8 +119,14 @@ class Stream(torch.utils.data.IterableDataset):
         self._epoch_chosen = False  # set_epoch was called since the last pass began
         self._resume_fresh = False  # load_state_dict was called since the last pass began
         self._steps_before = 0  # batches (samples unbatched) this rank delivered of the resumed epoch before
-        self.builder = BatchBuilder(self.datasets, self.mix.names if self.mix is not None else None,
-                                    collate_fn, on_error, max_consecutive_errors, self.control)
+        self.builder = BatchBuilder(
+            self.datasets,
+            self.mix.names if self.mix is not None else None,
+            collate_fn,
+            on_error,
+            max_consecutive_errors,
+            self.control,
+        )
         self.collate_fn, self.on_error = collate_fn, on_error
         self._resume: dict | None = None
         if self.mix is not None:
@@ -131,9 +157,11 @@ class Stream(torch.utils.data.IterableDataset):
         pending = self._resume
         if self.control.resuming and (pending is None or pending["epoch"] != epoch):
             if pending is not None and self._resume_fresh:
-                warnings.warn(f"set_epoch({epoch}) drops the pending resume of epoch {pending['epoch']} "
-                              "(load_state_dict): that epoch's unseen samples will not be delivered",
-                              stacklevel=2)
+                warnings.warn(
+                    f"set_epoch({epoch}) drops the pending resume of epoch {pending['epoch']} "
+                    "(load_state_dict): that epoch's unseen samples will not be delivered",
+                    stacklevel=2,
+                )
             self.drop_resume()
         self.control.epoch = epoch
         self._epoch_chosen = True
@@ -159,16 +187,27 @@ class Stream(torch.utils.data.IterableDataset):
 
     def plan(self, epoch: int | None = None):
         """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``."""
-        return epoch_plan(None if self.mix is not None else len(self.datasets[0]), self.mix, seed=self.seed,
-                          epoch=self.epoch if epoch is None else epoch, shuffle=self.shuffle,
-                          block_size=self.block_size, window_blocks=self.window_blocks,
-                          batch_size=self.batch_size, bucket_window=self.bucket_window,
-                          lengths=self._lengths if self.bucket_by is not None else None)
+        return epoch_plan(
+            None if self.mix is not None else len(self.datasets[0]),
+            self.mix,
+            seed=self.seed,
+            epoch=self.epoch if epoch is None else epoch,
+            shuffle=self.shuffle,
+            block_size=self.block_size,
+            window_blocks=self.window_blocks,
+            batch_size=self.batch_size,
+            bucket_window=self.bucket_window,
+            lengths=self._lengths if self.bucket_by is not None else None,
+        )
 
     def _lengths(self, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
         if callable(self.bucket_by):
-            return np.array([self.bucket_by(int(i)) if self.mix is None else self.bucket_by(int(s), int(i))
-                             for s, i in zip(sources.tolist(), indices.tolist())])
+            return np.array(
+                [
+                    self.bucket_by(int(i)) if self.mix is None else self.bucket_by(int(s), int(i))
+                    for s, i in zip(sources.tolist(), indices.tolist())
+                ]
+            )
         out = np.zeros(len(indices), dtype=np.int64)  # 0 for sources without the modality
         for s in np.unique(sources).tolist():
             ds, sel = self.datasets[s], sources == s
@@ -196,9 +235,15 @@ class Stream(torch.utils.data.IterableDataset):
     def geometry(self) -> dict[str, int]:
         """Plan length, samples and batches per rank for the current epoch and world."""
         rank, world, plan, visit, per_rank = self._layout()
-        return {"plan": len(plan), "visit": len(visit), "world": world, "rank": rank,
-                "samples_per_rank": per_rank, "batches_per_rank": batches_per_rank(per_rank, self.batch_size),
-                "padding": max(per_rank * world - len(visit), 0)}
+        return {
+            "plan": len(plan),
+            "visit": len(visit),
+            "world": world,
+            "rank": rank,
+            "samples_per_rank": per_rank,
+            "batches_per_rank": batches_per_rank(per_rank, self.batch_size),
+            "padding": max(per_rank * world - len(visit), 0),
+        }
 
     def __len__(self) -> int:
         """Batches per rank of the epoch when batching, else samples per rank.
@@ -221,11 +266,18 @@ class Stream(torch.utils.data.IterableDataset):
         _rank, world, plan, visit, per_rank = self._layout(epoch)
         if epoch_done:
             visit, per_rank = RangeList([(0, len(plan))]), self._per_rank(plan, RangeList([(0, len(plan))]), world)
-        return progress_state(seed=self.seed, epoch=epoch, world=world, plan_len=len(plan),
-                              ranges=visit.as_list(), samples_per_rank=per_rank,
-                              consumed=0 if epoch_done else batches_seen * (self.batch_size or 1),
-                              batch_size=self.batch_size, drop_last=self.drop_last,
-                              steps=0 if epoch_done else self._steps_before + batches_seen)
+        return progress_state(
+            seed=self.seed,
+            epoch=epoch,
+            world=world,
+            plan_len=len(plan),
+            ranges=visit.as_list(),
+            samples_per_rank=per_rank,
+            consumed=0 if epoch_done else batches_seen * (self.batch_size or 1),
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            steps=0 if epoch_done else self._steps_before + batches_seen,
+        )
 
     def check_resume(self, state: dict) -> None:
         """Raise :class:`mmloader.errors.ResumeError` if ``state`` does not fit this stream."""
@@ -250,8 +302,11 @@ class Stream(torch.utils.data.IterableDataset):
         """What in this pipeline runs user Python per sample or batch (transforms, custom
         decoders or readers, a custom collate): it holds the GIL, so worker processes suit it
         better than threads. Empty when only built-in decoders run."""
-        reasons = [why for ds in self.datasets for why in getattr(ds, "python_work", lambda: [
-            f"a dataset of type {type(ds).__name__}"])()]
+        reasons = [
+            why
+            for ds in self.datasets
+            for why in getattr(ds, "python_work", lambda: [f"a dataset of type {type(ds).__name__}"])()  # noqa: B023
+        ]
         if self.collate_fn is not collate and type(self.collate_fn) is not Collate:  # a subclass is user code
             reasons.append("a custom collate_fn")
         return list(dict.fromkeys(reasons))
@@ -267,8 +322,7 @@ class Stream(torch.utils.data.IterableDataset):
         for build in self.batch_tasks(worker, workers, seed_globals):
             yield build()
 
-    def batch_tasks(self, worker: int = 0, workers: int = 1,
-                    seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
+    def batch_tasks(self, worker: int = 0, workers: int = 1, seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
         """What :meth:`iter_worker` yields, as zero-argument callables that build each batch
         (or sample) when called: planning stays in order here, building can happen on any
         thread (the thread backend's producers take them from one shared sequence).
@@ -280,24 +334,24 @@ class Stream(torch.utils.data.IterableDataset):
         epoch = self.epoch
         spans = worker_batches(per_rank, self.batch_size, workers, worker)
         for positions, sources, indices in planned_batches(spans, visit, plan, rank, world, per_rank):
-            seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) \
-                if len(positions) else 0
+            seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
             yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals)
 
-    def _build(self, plan, positions, sources, indices, seed: int | Callable[[], int],
-               seed_globals: bool) -> Any:
+    def _build(self, plan, positions, sources, indices, seed: int | Callable[[], int], seed_globals: bool) -> Any:
         enter_batch(seed, seed_globals)
         return self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
 
 
 def _check_options(**options: Any) -> None:
     """Each option checked where it is given, named, with what is allowed."""
+
     def whole(name: str, minimum: int, allow_none: bool = False) -> None:
         v = options[name]
         if v is None and allow_none:
             return
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
             raise ValueError(f"{name}={v!r}: expected an integer >= {minimum}" + (" or None" if allow_none else ""))
+
     whole("batch_size", 1, allow_none=True)
     whole("block_size", 1)
     whole("window_blocks", 1)

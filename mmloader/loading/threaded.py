@@ -6,6 +6,7 @@ few cores this beats worker processes (see ``benchmarks/RESULTS.md``).
 Python-heavy transforms, which hold the GIL, are better served by the process
 backend.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,8 +39,14 @@ class ThreadLoader(Resumable):
     >>> loader = mmloader.loader(stream, backend="thread")     # doctest: +SKIP
     """
 
-    def __init__(self, stream: Stream, num_workers: int = 2, prefetch_factor: int = 2,
-                 pin_memory: bool = False, producers: int | None = None):
+    def __init__(
+        self,
+        stream: Stream,
+        num_workers: int = 2,
+        prefetch_factor: int = 2,
+        pin_memory: bool = False,
+        producers: int | None = None,
+    ):
         if not isinstance(stream, Stream):
             raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
         self.stream = stream
@@ -76,8 +83,9 @@ class _Run:
         self.claimed = 0  # batches handed out to builders
         self.delivered = 0  # batches the consumer has taken
         self.exhausted = self.stopped = False
-        self.threads = [threading.Thread(target=self._produce, daemon=True, name=f"mmloader-{w}")
-                        for w in range(producers)]
+        self.threads = [
+            threading.Thread(target=self._produce, daemon=True, name=f"mmloader-{w}") for w in range(producers)
+        ]
         _RUNS.add(self)
 
     def _claim(self) -> tuple[int, Callable[[], Any]] | None:

@@ -3,6 +3,7 @@
 Every decode path checks the pixel count from here *before* decoding, so a
 decompression bomb costs a header parse, not gigabytes.
 """
+
 from __future__ import annotations
 
 import io
@@ -39,10 +40,10 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 
 
 class ImageInfo(NamedTuple):
-    format: str          # "jpeg", "png" or Pillow's format name
+    format: str  # "jpeg", "png" or Pillow's format name
     width: int
     height: int
-    components: int      # colour channels in the file (JPEG/PNG), 0 if unknown
+    components: int  # colour channels in the file (JPEG/PNG), 0 if unknown
 
 
 def probe(data: bytes) -> ImageInfo:
@@ -58,11 +59,11 @@ def probe(data: bytes) -> ImageInfo:
                 i += 1
                 continue
             if marker in _SOF:
-                h, w = struct.unpack(">HH", data[i + 5:i + 9])
+                h, w = struct.unpack(">HH", data[i + 5 : i + 9])
                 return ImageInfo("jpeg", w, h, data[i + 9] if i + 9 < n else 0)
             if marker == 0xDA:  # start of scan before any frame header: malformed
                 break
-            i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+            i += 2 + struct.unpack(">H", data[i + 2 : i + 4])[0]
         raise DecodeError("JPEG without a frame header (truncated or corrupt)")
     if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26:
         w, h = struct.unpack(">II", data[16:24])
@@ -76,14 +77,18 @@ def probe(data: bytes) -> ImageInfo:
     except Image.DecompressionBombError as e:
         raise SizeLimitError(f"image too large: {e}") from None
     except Exception:
-        raise DecodeError(f"not a readable image (unknown format or corrupt header; first bytes "
-                          f"{bytes(data[:8])!r}, {len(data)} bytes)") from None
+        raise DecodeError(
+            f"not a readable image (unknown format or corrupt header; first bytes "
+            f"{bytes(data[:8])!r}, {len(data)} bytes)"
+        ) from None
 
 
 def check_pixels(info: ImageInfo, max_pixels: int | None) -> None:
     if max_pixels and info.width * info.height > max_pixels:
-        raise SizeLimitError(f"{info.format} image of {info.width}x{info.height} pixels exceeds "
-                             f"max_pixels={max_pixels} (decompression-bomb guard)")
+        raise SizeLimitError(
+            f"{info.format} image of {info.width}x{info.height} pixels exceeds "
+            f"max_pixels={max_pixels} (decompression-bomb guard)"
+        )
 
 
 def check_decodes(data: bytes, info: ImageInfo | None = None) -> ImageInfo:
@@ -97,6 +102,7 @@ def check_decodes(data: bytes, info: ImageInfo | None = None) -> ImageInfo:
     info = info or probe(data)
     if info.format == "jpeg":
         import simplejpeg
+
         colorspace = {1: "GRAY", 4: "CMYK"}.get(info.components, "RGB")
         try:
             simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True)

@@ -9,12 +9,13 @@ PyAV (FFmpeg) and soundfile (libsndfile) are imported when first used, so ``impo
 and the converters start without them; a reader or converter that needs them and cannot import
 them says which extra to install (``pip install 'mmloader[av]'``).
 """
+
 from __future__ import annotations
 
 import io
 import math
-from fractions import Fraction
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from ..errors import DecodeError, SizeLimitError
@@ -69,13 +70,13 @@ def field_kind(field: str) -> str | None:
 
 @dataclass
 class StreamInfo:
-    kind: str                    # "video" or "audio"
+    kind: str  # "video" or "audio"
     codec: str
-    duration: float | None       # seconds, from the header (None: not declared)
+    duration: float | None  # seconds, from the header (None: not declared)
     width: int = 0
     height: int = 0
     fps: float = 0.0
-    frames: int = 0              # declared frame (video) or sample (audio) count, 0 if unknown
+    frames: int = 0  # declared frame (video) or sample (audio) count, 0 if unknown
     sample_rate: int = 0
     channels: int = 0
 
@@ -83,6 +84,7 @@ class StreamInfo:
 @dataclass
 class MediaInfo:
     """What a media file's header says: container, duration and streams."""
+
     container: str
     duration: float | None
     streams: list[StreamInfo] = field(default_factory=list)
@@ -158,14 +160,28 @@ def info_of(container) -> MediaInfo:
         cc = s.codec_context
         if s.type == "video":
             rate = s.average_rate or s.guessed_rate or s.base_rate
-            streams.append(StreamInfo("video", cc.name if cc else "?", _stream_duration(s),
-                                      width=cc.width, height=cc.height, fps=float(rate) if rate else 0.0,
-                                      frames=int(s.frames or 0)))
+            streams.append(
+                StreamInfo(
+                    "video",
+                    cc.name if cc else "?",
+                    _stream_duration(s),
+                    width=cc.width,
+                    height=cc.height,
+                    fps=float(rate) if rate else 0.0,
+                    frames=int(s.frames or 0),
+                )
+            )
         elif s.type == "audio":
-            streams.append(StreamInfo("audio", cc.name if cc else "?", _stream_duration(s),
-                                      sample_rate=int(cc.sample_rate or 0), channels=int(cc.channels or 0),
-                                      frames=int(s.duration or 0) if s.time_base and s.time_base.denominator
-                                      == cc.sample_rate else 0))
+            streams.append(
+                StreamInfo(
+                    "audio",
+                    cc.name if cc else "?",
+                    _stream_duration(s),
+                    sample_rate=int(cc.sample_rate or 0),
+                    channels=int(cc.channels or 0),
+                    frames=int(s.duration or 0) if s.time_base and s.time_base.denominator == cc.sample_rate else 0,
+                )
+            )
     duration = container.duration / 1_000_000 if container.duration is not None else None
     if duration is not None and "matroska" in (container.format.name or "") and container.start_time:
         # Matroska's segment duration also runs from 0 (FFmpeg's other demuxers give a length)
@@ -194,6 +210,7 @@ def probe(data: Any) -> MediaInfo:
 @dataclass
 class Limits:
     """What a header may declare before a file is refused (every limit may be None: no limit)."""
+
     max_duration: float | None = DEFAULT_MAX_DURATION
     max_pixels: int | None = DEFAULT_MAX_FRAME_PIXELS
     max_sample_rate: int | None = DEFAULT_MAX_SAMPLE_RATE
@@ -203,21 +220,32 @@ class Limits:
         """Raise :class:`SizeLimitError` when the header declares more than the limits allow
         (the decompression-bomb guard of media: checked before any frame is decoded)."""
         durations = [d for d in [info.duration, *(s.duration for s in info.streams)] if d is not None]
-        if self.max_duration and durations and (max(durations) > self.max_duration
-                                                or not all(math.isfinite(d) for d in durations)):
-            raise SizeLimitError(f"the header declares a duration of {max(durations):,.0f} s, over "
-                                 f"max_duration={self.max_duration:,.0f} s (header guard; nothing decoded)")
+        if (
+            self.max_duration
+            and durations
+            and (max(durations) > self.max_duration or not all(math.isfinite(d) for d in durations))
+        ):
+            raise SizeLimitError(
+                f"the header declares a duration of {max(durations):,.0f} s, over "
+                f"max_duration={self.max_duration:,.0f} s (header guard; nothing decoded)"
+            )
         for s in info.streams:
             if s.kind == "video" and self.max_pixels and s.width * s.height > self.max_pixels:
-                raise SizeLimitError(f"{s.codec} video of {s.width}x{s.height} pixels per frame exceeds "
-                                     f"max_pixels={self.max_pixels} (header guard; nothing decoded)")
+                raise SizeLimitError(
+                    f"{s.codec} video of {s.width}x{s.height} pixels per frame exceeds "
+                    f"max_pixels={self.max_pixels} (header guard; nothing decoded)"
+                )
             if s.kind == "audio":
                 if self.max_sample_rate and s.sample_rate > self.max_sample_rate:
-                    raise SizeLimitError(f"{s.codec} audio at {s.sample_rate:,} Hz exceeds max_sample_rate="
-                                         f"{self.max_sample_rate:,} (header guard; nothing decoded)")
+                    raise SizeLimitError(
+                        f"{s.codec} audio at {s.sample_rate:,} Hz exceeds max_sample_rate="
+                        f"{self.max_sample_rate:,} (header guard; nothing decoded)"
+                    )
                 if self.max_channels and s.channels > self.max_channels:
-                    raise SizeLimitError(f"{s.codec} audio with {s.channels} channels exceeds "
-                                         f"max_channels={self.max_channels} (header guard; nothing decoded)")
+                    raise SizeLimitError(
+                        f"{s.codec} audio with {s.channels} channels exceeds "
+                        f"max_channels={self.max_channels} (header guard; nothing decoded)"
+                    )
 
 
 def check_decodes(data: Any, limits: Limits | None = None) -> MediaInfo:
@@ -243,8 +271,9 @@ def check_decodes(data: Any, limits: Limits | None = None) -> MediaInfo:
                 if frame.time is not None:
                     seen[packet.stream_index] = max(seen[packet.stream_index], frame.time)
         for s, st in zip(streams, [x for x in info.streams]):
-            short = _shortfall(st.duration, seen[s.index] - float(s.start_time * s.time_base if s.start_time else 0),
-                               st)
+            short = _shortfall(
+                st.duration, seen[s.index] - float(s.start_time * s.time_base if s.start_time else 0), st
+            )
             if short:
                 raise DecodeError(f"truncated {st.kind} stream: {short}")
         return info
@@ -269,6 +298,7 @@ def _shortfall(declared: float | None, last_time: float, stream: StreamInfo) -> 
 class Transcode:
     """``--transcode fps=8,size=256,sample_rate=16000,crf=23``: video re-encoded once to H.264
     (mp4) at a fixed frame rate and shorter side, audio tracks and files to the sample rate."""
+
     fps: float | None = None
     size: int | None = None
     sample_rate: int | None = None
@@ -339,8 +369,9 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                 if packet.stream is vin:
                     # constant frame rate: keep the frame shown at each output tick
                     while t + 1e-6 >= next_t:
-                        img = frame.reformat(width=vout.width, height=vout.height, format="yuv420p",
-                                             interpolation="AREA")
+                        img = frame.reformat(
+                            width=vout.width, height=vout.height, format="yuv420p", interpolation="AREA"
+                        )
                         img.pts = n_out
                         img.time_base = 1 / out_rate
                         for p in vout.encode(img):

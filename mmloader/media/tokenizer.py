@@ -3,6 +3,7 @@
 A whole batch per ``encode_batch`` call: the library encodes in Rust without the GIL
 (``pip install 'mmloader[text]'``).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ def load_tokenizer(spec: Any):
         raise ImportError("tokenizing needs the tokenizers library: pip install 'mmloader[text]'") from None
     path = os.fspath(spec)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"tokenizer {path}: no such file (give a tokenizer.json saved by the tokenizers "
-                                "library; nothing is downloaded)")
+        raise FileNotFoundError(
+            f"tokenizer {path}: no such file (give a tokenizer.json saved by the tokenizers "
+            "library; nothing is downloaded)"
+        )
     try:
         tokenizer = Tokenizer.from_file(path)
     except Exception as e:  # tokenizers raises its own Exception subclass for any bad file

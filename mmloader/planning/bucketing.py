@@ -9,6 +9,7 @@ each batch pads only to lengths close to its own. With single-source batches
 (``batch_composition="source"``) each source is bucketed on its own, so batches
 stay single-source.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -27,8 +28,15 @@ class BucketedOrder:
     True
     """
 
-    def __init__(self, plan, lengths: Callable[[np.ndarray, np.ndarray], np.ndarray], batch_size: int,
-                 window_batches: int = 64, seed: int = 0, epoch: int = 0):
+    def __init__(
+        self,
+        plan,
+        lengths: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        batch_size: int,
+        window_batches: int = 64,
+        seed: int = 0,
+        epoch: int = 0,
+    ):
         self.plan, self.lengths = plan, lengths
         self.unit = plan.unit
         if self.unit > 1 and self.unit != batch_size:
@@ -57,7 +65,7 @@ class BucketedOrder:
             batches = []
             for group, group_lengths in zip(groups, lengths_of):
                 by_length = group[np.argsort(group_lengths, kind="stable")]
-                batches += [by_length[a:a + self.batch_size] for a in range(0, len(by_length), self.batch_size)]
+                batches += [by_length[a : a + self.batch_size] for a in range(0, len(by_length), self.batch_size)]
             order = epoch_rng(self.seed, self.epoch, 0x62756B, w).permutation(len(batches))
             hit = np.concatenate([batches[i] for i in order]) if batches else positions
             if len(self._cache) >= 4:

@@ -4,6 +4,7 @@ A plan has ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)`
 and ``plan.unit`` (positions kept together from one source). It is a pure
 function of its arguments; ``lengths`` (for bucketing) is the only callback.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -14,10 +15,19 @@ from .bucketing import BucketedOrder
 from .mixing import SingleOrder
 
 
-def epoch_plan(size: int | None = None, mix=None, *, seed: int, epoch: int, shuffle: bool = True,
-               block_size: int = 1024, window_blocks: int = 16, batch_size: int | None = None,
-               lengths: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
-               bucket_window: int = 64):
+def epoch_plan(
+    size: int | None = None,
+    mix=None,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    block_size: int = 1024,
+    window_blocks: int = 16,
+    batch_size: int | None = None,
+    lengths: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    bucket_window: int = 64,
+):
     """The plan of ``epoch`` over one source of ``size`` samples, or over ``mix`` (a :class:`mmloader.Mix`).
 
     >>> plan = epoch_plan(10, seed=0, epoch=1, block_size=4)

@@ -9,6 +9,7 @@ walk through the whole source. Sources are interleaved chunk by chunk: chunk
 proportions hold within every chunk (±1 item) and any position is found without
 materialising the epoch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,9 @@ def apportion(total: int, weights: np.ndarray) -> np.ndarray:
     return base
 
 
-def quotas(sizes: list[int], weights: list[float] | None = None, *, mode: str = "proportion",
-           epoch_size: int | None = None) -> np.ndarray:
+def quotas(
+    sizes: list[int], weights: list[float] | None = None, *, mode: str = "proportion", epoch_size: int | None = None
+) -> np.ndarray:
     """Samples per epoch from each source.
 
     * ``proportion``: ``weights`` are fractions of the epoch; ``epoch_size`` defaults to
@@ -51,8 +53,9 @@ def quotas(sizes: list[int], weights: list[float] | None = None, *, mode: str = 
         raise ValueError(f"weights must be finite and non-negative, got {w.tolist()}")
     if w.sum() <= 0:
         raise ValueError("at least one weight must be positive")
-    if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer))
-                                   or epoch_size < 1):
+    if epoch_size is not None and (
+        isinstance(epoch_size, bool) or not isinstance(epoch_size, (int, np.integer)) or epoch_size < 1
+    ):
         raise ValueError(f"epoch_size={epoch_size!r}: expected a whole number of samples >= 1")
     if mode == "count" and not np.all(w == np.floor(w)):
         raise ValueError(f"mode='count' takes whole numbers of samples as weights, got {w.tolist()}")
@@ -113,9 +116,18 @@ class MixOrder:
     [20, 10]
     """
 
-    def __init__(self, sizes: list[int], quotas_: np.ndarray, seed: int = 0, epoch: int = 0,
-                 shuffle: bool = True, block_size: int = 1024, window_blocks: int = 16,
-                 unit: int = 1, chunk: int = 1024):
+    def __init__(
+        self,
+        sizes: list[int],
+        quotas_: np.ndarray,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+        block_size: int = 1024,
+        window_blocks: int = 16,
+        unit: int = 1,
+        chunk: int = 1024,
+    ):
         self.sizes = [int(s) for s in sizes]
         self.unit = int(unit)
         self.quota_units = np.asarray(quotas_, dtype=np.int64) // self.unit
@@ -126,8 +138,8 @@ class MixOrder:
         self.block_size, self.window_blocks, self.chunk = block_size, window_blocks, int(chunk)
         self.total_units = int(self.quota_units.sum())
         k = np.arange(-(-self.total_units // self.chunk) + 1, dtype=np.int64)
-        self._f = self._before(k)                   # (chunks+1, sources): items of s before chunk k
-        self._cum = self._f.sum(axis=1)             # units before chunk k
+        self._f = self._before(k)  # (chunks+1, sources): items of s before chunk k
+        self._cum = self._f.sum(axis=1)  # units before chunk k
         self._orders: dict[tuple[int, int], ShuffledOrder] = {}
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -168,12 +180,20 @@ class MixOrder:
             key = (s, kind, cycle)
             hit = self._orders.get(key)
             if hit is None:
-                hit = ShuffledOrder(self.sizes[s], self.seed, cycle, self.shuffle, self.block_size,
-                                    self.window_blocks, stream=(s + 1, kind))
+                hit = ShuffledOrder(
+                    self.sizes[s],
+                    self.seed,
+                    cycle,
+                    self.shuffle,
+                    self.block_size,
+                    self.window_blocks,
+                    stream=(s + 1, kind),
+                )
                 if len(self._orders) >= 4 * len(self.sizes):
                     self._orders.pop(next(iter(self._orders)))
                 self._orders[key] = hit
             return hit
+
         return order
 
     def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

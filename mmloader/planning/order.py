@@ -7,6 +7,7 @@ Any window is materialised on its own, so memory is O(n / block_size +
 block_size * window_blocks), not O(n). The order does not depend on world size
 or worker count, which is what lets a run resume on another number of GPUs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,16 @@ class ShuffledOrder:
     True
     """
 
-    def __init__(self, n: int, seed: int = 0, epoch: int = 0, shuffle: bool = True,
-                 block_size: int = 1024, window_blocks: int = 16, stream: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        n: int,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+        block_size: int = 1024,
+        window_blocks: int = 16,
+        stream: tuple[int, ...] = (),
+    ):
         if block_size < 1 or window_blocks < 1:
             raise ValueError("block_size and window_blocks must be >= 1")
         self.n, self.shuffle = int(n), shuffle
@@ -51,7 +60,7 @@ class ShuffledOrder:
         """Sample indices of window ``w``, in epoch order."""
         hit = self._cache.get(w)
         if hit is None:
-            blocks = self.blocks[w * self.window_blocks:(w + 1) * self.window_blocks]
+            blocks = self.blocks[w * self.window_blocks : (w + 1) * self.window_blocks]
             starts = blocks * self.block_size
             parts = [np.arange(s, min(s + self.block_size, self.n)) for s in starts]
             hit = np.concatenate(parts) if parts else np.empty(0, np.int64)
@@ -70,8 +79,9 @@ class ShuffledOrder:
         # Windows before the one holding the short block are full length; after it they
         # are shifted back by the shortfall.
         boundary = (self._short_window + 1) * self.window_len - self._shortfall
-        w = np.where(positions < boundary, positions // self.window_len,
-                     (positions + self._shortfall) // self.window_len)
+        w = np.where(
+            positions < boundary, positions // self.window_len, (positions + self._shortfall) // self.window_len
+        )
         for wi in np.unique(w):
             sel = w == wi
             out[sel] = self.window(int(wi))[positions[sel] - self._window_start(int(wi))]

@@ -10,6 +10,7 @@ rank, batch ``j`` goes to worker ``j % workers``: the DataLoader collects
 batches round-robin, so a rank delivers its batches in plan order whatever the
 worker count, which makes mid-epoch resume pure arithmetic.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -75,8 +76,9 @@ def samples_per_rank(total: int, world: int, batch_size: int | None = None, drop
     return -(-total // world)
 
 
-def rank_positions(visit_len: int, world: int, rank: int, per_rank: int,
-                   start: int = 0, stop: int | None = None) -> np.ndarray:
+def rank_positions(
+    visit_len: int, world: int, rank: int, per_rank: int, start: int = 0, stop: int | None = None
+) -> np.ndarray:
     """Virtual visit positions of ``rank`` (offsets ``start:stop`` of its ``per_rank``);
     padding wraps to the start of the visit. Only the slice asked for is built, so a
     worker never holds a per-sample array of the whole rank.
@@ -121,8 +123,9 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def remaining_ranges(ranges: Iterable[Sequence[int]], world: int, per_rank: int, consumed: int,
-                     keep_padding: bool) -> list[tuple[int, int]]:
+def remaining_ranges(
+    ranges: Iterable[Sequence[int]], world: int, per_rank: int, consumed: int, keep_padding: bool
+) -> list[tuple[int, int]]:
     """Plan ranges not yet seen after every rank consumed ``consumed`` of its ``per_rank`` samples.
 
     With ``keep_padding`` (same world size on resume) the padding positions stay,
@@ -165,8 +168,15 @@ def unit_samples_per_rank(visit_len: int, unit: int, world: int, batch_size: int
 PLAN_CHUNK_BATCHES = 16  # batches planned per call: the lookups are vectorised, so they cost per call
 
 
-def planned_batches(spans: Iterable[tuple[int, int]], visit: RangeList, plan, rank: int, world: int,
-                    per_rank: int, chunk: int = PLAN_CHUNK_BATCHES) -> Iterator[tuple]:
+def planned_batches(
+    spans: Iterable[tuple[int, int]],
+    visit: RangeList,
+    plan,
+    rank: int,
+    world: int,
+    per_rank: int,
+    chunk: int = PLAN_CHUNK_BATCHES,
+) -> Iterator[tuple]:
     """``(positions, sources, indices)`` of each batch span of a rank (``worker_batches`` offsets),
     planned ``chunk`` batches per call.
 
@@ -183,5 +193,5 @@ def planned_batches(spans: Iterable[tuple[int, int]], visit: RangeList, plan, ra
         o = 0
         for a, b in group:
             n = b - a
-            yield positions[o:o + n], sources[o:o + n], indices[o:o + n]
+            yield positions[o : o + n], sources[o : o + n], indices[o : o + n]
             o += n

@@ -5,6 +5,7 @@ rank has delivered; resuming is then arithmetic (:func:`remaining_ranges`): the
 same world size gets exactly the batches an uninterrupted run would have
 delivered, another world size every unseen sample once.
 """
+
 from __future__ import annotations
 
 from ..errors import ResumeError
@@ -13,8 +14,19 @@ from .partition import remaining_ranges
 STATE_VERSION = 1
 
 
-def progress_state(*, seed: int, epoch: int, world: int, plan_len: int, ranges: list, samples_per_rank: int,
-                   consumed: int, batch_size: int | None, drop_last: bool, steps: int | None = None) -> dict:
+def progress_state(
+    *,
+    seed: int,
+    epoch: int,
+    world: int,
+    plan_len: int,
+    ranges: list,
+    samples_per_rank: int,
+    consumed: int,
+    batch_size: int | None,
+    drop_last: bool,
+    steps: int | None = None,
+) -> dict:
     """The state after every rank delivered ``consumed`` of its ``samples_per_rank`` samples.
 
     ``steps``: batches (samples unbatched) each rank has delivered of this epoch in all,
@@ -25,11 +37,19 @@ def progress_state(*, seed: int, epoch: int, world: int, plan_len: int, ranges: 
     ...                consumed=4, batch_size=4, drop_last=False)["consumed"]
     4
     """
-    return {"version": STATE_VERSION, "seed": int(seed), "epoch": int(epoch), "world": int(world),
-            "plan_len": int(plan_len), "ranges": [list(map(int, r)) for r in ranges],
-            "samples_per_rank": int(samples_per_rank), "consumed": min(int(consumed), int(samples_per_rank)),
-            "batch_size": batch_size, "drop_last": bool(drop_last),
-            "steps": int(consumed) // (batch_size or 1) if steps is None else int(steps)}
+    return {
+        "version": STATE_VERSION,
+        "seed": int(seed),
+        "epoch": int(epoch),
+        "world": int(world),
+        "plan_len": int(plan_len),
+        "ranges": [list(map(int, r)) for r in ranges],
+        "samples_per_rank": int(samples_per_rank),
+        "consumed": min(int(consumed), int(samples_per_rank)),
+        "batch_size": batch_size,
+        "drop_last": bool(drop_last),
+        "steps": int(consumed) // (batch_size or 1) if steps is None else int(steps),
+    }
 
 
 def resume_ranges(state: dict, *, seed: int, plan_len: int, world: int) -> list[tuple[int, int]]:
@@ -45,7 +65,14 @@ def resume_ranges(state: dict, *, seed: int, plan_len: int, world: int) -> list[
     if state["seed"] != seed:
         raise ResumeError(f"state was saved with seed {state['seed']}, this stream has seed {seed}")
     if plan_len != state["plan_len"]:
-        raise ResumeError(f"the dataset changed since the state was saved: the epoch plan has {plan_len} "
-                          f"positions, the state {state['plan_len']}")
-    return remaining_ranges(state["ranges"], state["world"], state["samples_per_rank"], state["consumed"],
-                            keep_padding=world == state["world"])
+        raise ResumeError(
+            f"the dataset changed since the state was saved: the epoch plan has {plan_len} "
+            f"positions, the state {state['plan_len']}"
+        )
+    return remaining_ranges(
+        state["ranges"],
+        state["world"],
+        state["samples_per_rank"],
+        state["consumed"],
+        keep_padding=world == state["world"],
+    )

@@ -1,4 +1,5 @@
 """Per-modality lazy readers over any store."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ from .registry import BUILTIN_READERS, KINDS, PICKLE_EXTENSIONS, is_pickle_field
 from .video import VideoReader, VideoTimestamps
 
 
-def TextLinesReader(path: str | os.PathLike, *, index_path: str | os.PathLike | None = None,
-                    progress: bool = True, **kwargs) -> TextReader:
+def TextLinesReader(
+    path: str | os.PathLike, *, index_path: str | os.PathLike | None = None, progress: bool = True, **kwargs
+) -> TextReader:
     """Lines of a raw UTF-8 text file as a modality, with O(1) random access.
 
     The line-offset sidecar is built on first use (with a progress bar) and mmapped.
@@ -32,8 +34,7 @@ def TextLinesReader(path: str | os.PathLike, *, index_path: str | os.PathLike | 
     return TextReader(TextLinesStore(path, index_path=index_path, progress=progress), "txt", **kwargs)
 
 
-def reader_for(source: str | os.PathLike | Store, field: str, *, allow_pickle: bool = False,
-               **options) -> Reader:
+def reader_for(source: str | os.PathLike | Store, field: str, *, allow_pickle: bool = False, **options) -> Reader:
     """The natural reader for a field, chosen by its extension (``jpg`` -> ImageReader...), from
     the one registry of reader kinds (:mod:`mmloader.readers.registry`).
 
@@ -48,13 +49,26 @@ def reader_for(source: str | os.PathLike | Store, field: str, *, allow_pickle: b
     """
     if is_pickle_field(field):
         if not allow_pickle:
-            raise UnsafeFieldError(f"field {field!r} holds pickled Python objects; reading it can run "
-                                   "arbitrary code. mmloader does not unpickle by default; read it with "
-                                   "Reader(..., decode=your_trusted_loader) if you trust the source",
-                                   field=field)
+            raise UnsafeFieldError(
+                f"field {field!r} holds pickled Python objects; reading it can run "
+                "arbitrary code. mmloader does not unpickle by default; read it with "
+                "Reader(..., decode=your_trusted_loader) if you trust the source",
+                field=field,
+            )
         return Reader(source, field, **options)
     return kind_for_field(field).cls(source, field, **options)
 
 
-__all__ = ["Reader", "ImageReader", "VideoReader", "AudioReader", "VideoTimestamps", "TextReader", "LabelReader",
-           "JSONReader", "ArrayReader", "TextLinesReader", "reader_for"]
+__all__ = [
+    "Reader",
+    "ImageReader",
+    "VideoReader",
+    "AudioReader",
+    "VideoTimestamps",
+    "TextReader",
+    "LabelReader",
+    "JSONReader",
+    "ArrayReader",
+    "TextLinesReader",
+    "reader_for",
+]

@@ -10,6 +10,7 @@ of 44.1 kHz stereo against 30 ms for PyAV, whose demuxer hands out 1,024-sample 
 FFmpeg for the rest (AAC/m4a, Opus, audio tracks of videos) and for everything when soundfile
 is not installed. ``decoder="pyav"`` or ``"soundfile"`` forces one.
 """
+
 from __future__ import annotations
 
 import io
@@ -20,9 +21,20 @@ import numpy as np
 import torch
 
 from ..errors import DecodeError, SizeLimitError
-from ..media.mediainfo import (AUDIO_EXTENSIONS, DEFAULT_MAX_CHANNELS, DEFAULT_MAX_DURATION, DEFAULT_MAX_SAMPLE_RATE,
-                         VIDEO_EXTENSIONS, Limits, MediaInfo, StreamInfo, import_av, import_soundfile, info_of,
-                         open_container)
+from ..media.mediainfo import (
+    AUDIO_EXTENSIONS,
+    DEFAULT_MAX_CHANNELS,
+    DEFAULT_MAX_DURATION,
+    DEFAULT_MAX_SAMPLE_RATE,
+    VIDEO_EXTENSIONS,
+    Limits,
+    MediaInfo,
+    StreamInfo,
+    import_av,
+    import_soundfile,
+    info_of,
+    open_container,
+)
 from ..storage import Store
 from .base import Reader
 from .clips import CLIPS, ClipSource, _demux_times, _start, check_clip, clip_start
@@ -31,8 +43,9 @@ DECODERS = ("auto", "pyav", "soundfile")
 #: The decoder measured fastest for each format that libsndfile reads (the others: FFmpeg).
 SOUNDFILE_FORMATS = ("wav", "flac", "mp3", "ogg-vorbis")
 #: Decoded from a seek point exactly; the others decode PREROLL_S before a window and drop it.
-LOSSLESS_CODECS = ("flac", "alac", "wavpack") + tuple(f"pcm_{t}" for t in ("s16le", "s24le", "s32le", "f32le",
-                                                                             "f64le", "u8", "s16be", "mulaw", "alaw"))
+LOSSLESS_CODECS = ("flac", "alac", "wavpack") + tuple(
+    f"pcm_{t}" for t in ("s16le", "s24le", "s32le", "f32le", "f64le", "u8", "s16be", "mulaw", "alaw")
+)
 PREROLL_S = 0.2
 #: Opus needs longer for its decoder state (CELT's energy and pitch filters) to match a whole-file
 #: decode's: measured 1.6e-3 off after 0.2 s, 1e-7 after 0.5 s (48 kHz stereo, tests/test_av.py).
@@ -42,6 +55,8 @@ PREROLL_BY_CODEC = {"opus": 0.5, "libopus": 0.5}
 def preroll(codec: str) -> float:
     """Seconds decoded and dropped before a window of this codec (0: it decodes from a seek exactly)."""
     return 0.0 if codec in LOSSLESS_CODECS else PREROLL_BY_CODEC.get(codec, PREROLL_S)
+
+
 #: Codecs whose frames carry checksums: FFmpeg checks them and stops at a mismatch.
 STRICT_CODECS = ("flac", "alac", "wavpack")
 #: FFmpeg's default channel layouts by channel count (swresample needs a layout).
@@ -94,7 +109,7 @@ def resample(x: np.ndarray, rate: int, out_rate: int) -> np.ndarray:
     n_out = int(round(x.shape[1] * out_rate / rate))
     layout = LAYOUTS.get(x.shape[0])
     if layout is None:  # no default layout for this count: channel by channel
-        return np.concatenate([resample(x[c:c + 1], rate, out_rate) for c in range(x.shape[0])])
+        return np.concatenate([resample(x[c : c + 1], rate, out_rate) for c in range(x.shape[0])])
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x, dtype=np.float32), format="fltp", layout=layout)
     frame.sample_rate = rate
     frame.pts = None
@@ -130,19 +145,36 @@ class AudioReader(Reader):
     releases_gil = True  # libsndfile (cffi) and FFmpeg run without the GIL
     python_per_sample = True  # per-packet Python in PyAV: processes measured faster
 
-    def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
-                 sample_rate: int | None = 16000, mono: bool = True, max_seconds: float | None = None,
-                 clip: Any = "start", decoder: str = "auto", max_duration: float | None = DEFAULT_MAX_DURATION,
-                 max_sample_rate: int | None = DEFAULT_MAX_SAMPLE_RATE,
-                 max_channels: int | None = DEFAULT_MAX_CHANNELS,
-                 transform: Callable[[Any], Any] | None = None, decode: Callable | None = None, **kwargs):
-        if sample_rate is not None and (isinstance(sample_rate, bool) or not isinstance(sample_rate, int)
-                                        or not 0 < sample_rate <= DEFAULT_MAX_SAMPLE_RATE):
+    def __init__(
+        self,
+        source: str | os.PathLike | Store,
+        field: str | None = None,
+        *,
+        sample_rate: int | None = 16000,
+        mono: bool = True,
+        max_seconds: float | None = None,
+        clip: Any = "start",
+        decoder: str = "auto",
+        max_duration: float | None = DEFAULT_MAX_DURATION,
+        max_sample_rate: int | None = DEFAULT_MAX_SAMPLE_RATE,
+        max_channels: int | None = DEFAULT_MAX_CHANNELS,
+        transform: Callable[[Any], Any] | None = None,
+        decode: Callable | None = None,
+        **kwargs,
+    ):
+        if sample_rate is not None and (
+            isinstance(sample_rate, bool)
+            or not isinstance(sample_rate, int)
+            or not 0 < sample_rate <= DEFAULT_MAX_SAMPLE_RATE
+        ):
             raise ValueError(f"sample_rate={sample_rate!r}: expected a positive int (Hz) or None (the file's own)")
         if not isinstance(mono, bool):
             raise ValueError(f"mono={mono!r}: expected True or False")
-        if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float))
-                                        or not 0 < max_seconds < float("inf")):
+        if max_seconds is not None and (
+            isinstance(max_seconds, bool)
+            or not isinstance(max_seconds, (int, float))
+            or not 0 < max_seconds < float("inf")
+        ):
             raise ValueError(f"max_seconds={max_seconds!r}: expected a positive number or None")
         if not isinstance(clip, ClipSource):
             check_clip(clip)
@@ -153,8 +185,9 @@ class AudioReader(Reader):
         super().__init__(source, field, transform=transform, decode=decode, **kwargs)
         self.sample_rate, self.mono, self.max_seconds, self.clip = sample_rate, mono, max_seconds, clip
         self.decoder = decoder
-        self.limits = Limits(max_duration=max_duration, max_pixels=None, max_sample_rate=max_sample_rate,
-                             max_channels=max_channels)
+        self.limits = Limits(
+            max_duration=max_duration, max_pixels=None, max_sample_rate=max_sample_rate, max_channels=max_channels
+        )
         if self._decode_fn is None:
             if decoder == "soundfile" and import_soundfile() is None:
                 raise ImportError("decoder='soundfile' needs soundfile: pip install 'mmloader[av]'")
@@ -209,9 +242,12 @@ class AudioReader(Reader):
         with f:
             rate, channels, frames = int(f.samplerate), int(f.channels), int(f.frames)
             duration = frames / rate if rate and frames >= 0 else None
-            info = MediaInfo(f.format.lower(), duration, [StreamInfo("audio", f.subtype.lower(), duration,
-                                                                     sample_rate=rate, channels=channels,
-                                                                     frames=frames)], decoder="soundfile")
+            info = MediaInfo(
+                f.format.lower(),
+                duration,
+                [StreamInfo("audio", f.subtype.lower(), duration, sample_rate=rate, channels=channels, frames=frames)],
+                decoder="soundfile",
+            )
             self.limits.check(info)
             start_s, length_s = self.window(duration, key)
             start = min(int(round(start_s * rate)), max(frames, 0))
@@ -249,8 +285,15 @@ class AudioReader(Reader):
                 # the encoder's priming samples, so the first samples would differ from a full decode)
                 container.close()
                 container = open_container(data)
-            return _decode_audio(container, container.streams.audio[0], info, start_s, length_s, self.limits,
-                                 rewind=isinstance(self.clip, ClipSource) and start_s > lead)
+            return _decode_audio(
+                container,
+                container.streams.audio[0],
+                info,
+                start_s,
+                length_s,
+                self.limits,
+                rewind=isinstance(self.clip, ClipSource) and start_s > lead,
+            )
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt audio: {e}") from None
         finally:
@@ -262,9 +305,21 @@ class AudioReader(Reader):
             sf = import_soundfile()
             with sf.SoundFile(io.BytesIO(data)) as f:
                 d = f.frames / f.samplerate if f.samplerate else None
-                return MediaInfo(f.format.lower(), d, [StreamInfo("audio", f.subtype.lower(), d,
-                                                                  sample_rate=f.samplerate, channels=f.channels,
-                                                                  frames=f.frames)], decoder="soundfile")
+                return MediaInfo(
+                    f.format.lower(),
+                    d,
+                    [
+                        StreamInfo(
+                            "audio",
+                            f.subtype.lower(),
+                            d,
+                            sample_rate=f.samplerate,
+                            channels=f.channels,
+                            frames=f.frames,
+                        )
+                    ],
+                    decoder="soundfile",
+                )
         container = open_container(data)
         try:
             return info_of(container)
@@ -276,8 +331,10 @@ def _check_length(got: int, want: int, rate: int, info: MediaInfo) -> None:
     """Fewer samples than the header promised for the window: truncated or corrupt data."""
     if want > 0 and got < want - max(int(0.01 * want), rate // 10):
         declared = info.duration
-        raise DecodeError(f"truncated or corrupt audio: decoded {got / rate:.2f} s of the {want / rate:.2f} s "
-                          f"asked" + (f" (the header says {declared:.2f} s)" if declared else ""))
+        raise DecodeError(
+            f"truncated or corrupt audio: decoded {got / rate:.2f} s of the {want / rate:.2f} s "
+            f"asked" + (f" (the header says {declared:.2f} s)" if declared else "")
+        )
 
 
 def _frame_grid(stream, rate: int) -> tuple[int, int] | None:
@@ -297,8 +354,11 @@ def _frame_grid(stream, rate: int) -> tuple[int, int] | None:
     grid = None
     if cc.name in ("opus", "libopus") and rate == 48000:
         head = extra.find(b"OpusHead")
-        pre_skip = int.from_bytes(extra[head + 10:head + 12], "little") if head >= 0 and len(extra) >= head + 12 \
+        pre_skip = (
+            int.from_bytes(extra[head + 10 : head + 12], "little")
+            if head >= 0 and len(extra) >= head + 12
             else int(getattr(cc, "delay", 0) or 0)
+        )
         grid = (120, -pre_skip % 120)
     elif cc.name in ("vorbis", "libvorbis"):
         ident = extra.find(b"\x01vorbis")
@@ -309,8 +369,9 @@ def _frame_grid(stream, rate: int) -> tuple[int, int] | None:
     return grid
 
 
-def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: float | None,
-                  limits: Limits, rewind: bool = False) -> tuple[np.ndarray, int]:
+def _decode_audio(
+    container, stream, info: MediaInfo, start_s: float, length_s: float | None, limits: Limits, rewind: bool = False
+) -> tuple[np.ndarray, int]:
     """Samples of ``stream`` from ``start_s`` (seconds from its start) for ``length_s`` seconds."""
     cc = stream.codec_context
     cc.thread_count = 1
@@ -326,8 +387,7 @@ def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: 
         # frames, Opus asks for 80 ms): seek earlier and drop what precedes the window. Windows that
         # start within the pre-roll are decoded from the start (a seek to 0 would keep the encoder's
         # priming samples that a fresh demuxer drops).
-        container.seek(int((max(0.0, start_s - lead) + origin) / stream.time_base), stream=stream,
-                       backward=True)
+        container.seek(int((max(0.0, start_s - lead) + origin) / stream.time_base), stream=stream, backward=True)
     first = int(round(start_s * rate))
     want = None if length_s is None else int(round(length_s * rate))
     cap = int(limits.max_duration * rate) if limits.max_duration else None
@@ -349,16 +409,18 @@ def _decode_audio(container, stream, info: MediaInfo, start_s: float, length_s: 
         if position <= first:
             continue
         if begin < first:
-            x = x[:, first - begin:]
+            x = x[:, first - begin :]
         if want is not None and have + x.shape[1] >= want:
-            parts.append(x[:, :want - have])
+            parts.append(x[:, : want - have])
             have = want
             break
         parts.append(x)
         have += x.shape[1]
         if cap is not None and have > cap:
-            raise SizeLimitError(f"decoded more than max_duration={limits.max_duration:,.0f} s of audio "
-                                 "(the header understates the length)")
+            raise SizeLimitError(
+                f"decoded more than max_duration={limits.max_duration:,.0f} s of audio "
+                "(the header understates the length)"
+            )
     channels = parts[0].shape[0] if parts else max(int(cc.channels or 1), 1)
     x = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
     declared = info.audio.duration if info.audio.duration is not None else info.duration

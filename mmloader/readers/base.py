@@ -1,4 +1,5 @@
 """The reader protocol: one modality (field) of one store, decoded lazily."""
+
 from __future__ import annotations
 
 import functools
@@ -65,13 +66,19 @@ class Reader:
     #: Whether values are encoded bytes to pack into one buffer per batch (``batching.pack``).
     packs_bytes: bool = False
 
-    def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
-                 decode: Callable[[bytes], Any] | None = None,
-                 transform: Callable[[Any], Any] | None = None,
-                 max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES):
+    def __init__(
+        self,
+        source: str | os.PathLike | Store,
+        field: str | None = None,
+        *,
+        decode: Callable[[bytes], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
+    ):
         self.store = open_store(source)
-        if field is None and not (self.default_field or self.field_extensions
-                                  or type(self)._default_field is not Reader._default_field):
+        if field is None and not (
+            self.default_field or self.field_extensions or type(self)._default_field is not Reader._default_field
+        ):
             raise ValueError(f"{type(self).__name__} needs a field name")
         self._field = field  # None: the reader's default, resolved on first use (nothing opened here)
         self._fields: tuple[str, ...] | None = None
@@ -132,8 +139,11 @@ class Reader:
         """Whether :meth:`from_column` accepts ``memoryview`` values (zero-copy store reads)
         as well as ``bytes``: only when the ``decode`` in use is marked :func:`accepts_views`
         (a subclass's own ``decode``, or ``decode=``, may call ``bytes`` methods)."""
-        return (self._decode_fn is None and "decode" not in vars(self)
-                and getattr(type(self).decode, "accepts_views", False))
+        return (
+            self._decode_fn is None
+            and "decode" not in vars(self)
+            and getattr(type(self).decode, "accepts_views", False)
+        )
 
     # -- decoding -------------------------------------------------------------
     def pick(self, record: dict) -> tuple[str, Any]:
@@ -157,8 +167,12 @@ class Reader:
         if data is None:
             raise SampleError("sample has no such field", key=key, field=self.field, where=self.store.path)
         if len(data) > self.max_field_bytes:
-            raise SizeLimitError(f"field is {len(data)} bytes, over the {self.max_field_bytes}-byte limit "
-                                 "(max_field_bytes)", key=key, field=field, where=self.store.path)
+            raise SizeLimitError(
+                f"field is {len(data)} bytes, over the {self.max_field_bytes}-byte limit (max_field_bytes)",
+                key=key,
+                field=field,
+                where=self.store.path,
+            )
         try:
             if field.endswith(".gz"):
                 data = _gunzip(data, self.max_field_bytes)
@@ -168,15 +182,20 @@ class Reader:
                 raise type(e)(str(e), key=key, field=field, where=self.store.path) from e
             raise
         except Exception as e:
-            raise DecodeError(f"cannot decode: {type(e).__name__}: {e}", key=key, field=field,
-                              where=self.store.path) from e
+            raise DecodeError(
+                f"cannot decode: {type(e).__name__}: {e}", key=key, field=field, where=self.store.path
+            ) from e
 
     def plain_column(self, datas: list) -> bool:
         """Whether a batch can take a reader's whole-batch fast path: built-in decoding, no
         transform, no ``.gz``, every value present and within ``max_field_bytes`` (anything else
         goes sample by sample, where problems are reported by key)."""
-        return (self.transform is None and not self.gzipped and self.decodes_builtin()
-                and self.all_present_within_limit(datas))
+        return (
+            self.transform is None
+            and not self.gzipped
+            and self.decodes_builtin()
+            and self.all_present_within_limit(datas)
+        )
 
     def decodes_builtin(self) -> bool:
         """Whether values go through the built-in reader's own ``decode``: no ``decode=``, and
@@ -203,8 +222,10 @@ class Reader:
                 return values if self.transform is None else [self.transform(v) for v in values]
             except Exception:
                 pass  # redo sample by sample: the error must name its key
-        return [self.from_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
-                for d, k in zip(datas, keys)]
+        return [
+            self.from_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
+            for d, k in zip(datas, keys)
+        ]
 
     def decode(self, data: bytes, key: str) -> Any:
         """Turn a field's bytes into a value. The default returns the bytes (or applies ``decode=``)."""

@@ -1,4 +1,5 @@
 """Readers for text, integer labels, JSON and numpy arrays."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ class TextReader(Reader):
     default_field = "txt"
     field_extensions = ("txt", "txt.gz")
 
-    def __init__(self, source: Any, field: str | None = None, *, tokenizer: Any = None,
-                 add_special_tokens: bool = True, **kwargs):
+    def __init__(
+        self, source: Any, field: str | None = None, *, tokenizer: Any = None, add_special_tokens: bool = True, **kwargs
+    ):
         if not isinstance(add_special_tokens, bool):
             raise TypeError(f"add_special_tokens={add_special_tokens!r}: expected True or False")
         super().__init__(source, field, **kwargs)
@@ -132,8 +134,11 @@ class ArrayReader(Reader):
                 arrays = [npy_array(d) for d in datas]
             except Exception:
                 arrays = None  # the per-sample path names the key
-            if arrays is not None and all(a.ndim == 1 and a.dtype == arrays[0].dtype for a in arrays) \
-                    and arrays[0].dtype.kind in "biufc":
+            if (
+                arrays is not None
+                and all(a.ndim == 1 and a.dtype == arrays[0].dtype for a in arrays)
+                and arrays[0].dtype.kind in "biufc"
+            ):
                 # one copy (the views' memory may go away), in native byte order
                 flat = np.concatenate(arrays, dtype=arrays[0].dtype.newbyteorder("="))
                 try:

@@ -1,4 +1,5 @@
 """A bounded LRU cache of decoded samples, with a byte budget and statistics."""
+
 from __future__ import annotations
 
 import sys
@@ -90,8 +91,14 @@ class SampleCache:
         return len(self._items)
 
     def stats(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                "items": len(self._items), "bytes": self.bytes, "max_bytes": self.max_bytes}
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "items": len(self._items),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+        }
 
     def __getstate__(self) -> dict:  # workers start with an empty cache, not a copy of ours
         return {"max_bytes": self.max_bytes}

@@ -4,6 +4,7 @@
 companion takes the same window), so the audio reader needs nothing of the video reader's module
 and neither imports the other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,6 +17,8 @@ from .base import Reader
 from .seeding import rng
 
 CLIPS = ("random", "start", "center")
+
+
 def check_clip(clip: Any) -> None:
     if isinstance(clip, str):
         if clip not in CLIPS:
@@ -59,8 +62,7 @@ class _Plan:
 
     __slots__ = ("times", "consecutive", "until", "step")
 
-    def __init__(self, times: np.ndarray, consecutive: bool = False, until: float | None = None,
-                 step: float = 0.0):
+    def __init__(self, times: np.ndarray, consecutive: bool = False, until: float | None = None, step: float = 0.0):
         self.times, self.consecutive, self.until = np.asarray(times, dtype=np.float64), consecutive, until
         self.step = step
 
@@ -139,5 +141,5 @@ def _demux_times(container, stream, plan: _Plan) -> np.ndarray:
         rest = ordered[i0:]
         keep = rest[1:][rest[1:] < plan.until - tol]
         return np.concatenate([rest[:1], keep])
-    out = ordered[i0:i0 + count]
+    out = ordered[i0 : i0 + count]
     return np.concatenate([out, np.repeat(out[-1:], count - len(out))])

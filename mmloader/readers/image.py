@@ -1,4 +1,5 @@
 """ImageReader: encoded images -> tensors, PIL images, or raw bytes for batched GPU decode."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,7 @@ from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
 from .base import Reader, accepts_views, as_bytes
 from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of
-from .image_decode import (DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into,
-                           probe)
+from .image_decode import DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into, probe
 
 OUTPUTS = ("tensor", "pil", "raw")
 
@@ -39,13 +39,26 @@ class ImageReader(Reader):
     default_field = "jpg"
     field_extensions = IMAGE_EXTENSIONS
 
-    def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
-                 output: str = "tensor", mode: str = "RGB", size: int | tuple[int, int] | None = None,
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                 transform: Callable[[Any], Any] | None = None, decode: Any = None, **kwargs):
+    def __init__(
+        self,
+        source: str | os.PathLike | Store,
+        field: str | None = None,
+        *,
+        output: str = "tensor",
+        mode: str = "RGB",
+        size: int | tuple[int, int] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        transform: Callable[[Any], Any] | None = None,
+        decode: Any = None,
+        **kwargs,
+    ):
         if isinstance(decode, str):  # the old spelling of output=
-            warnings.warn(f"ImageReader(decode={decode!r}) is now ImageReader(output={decode!r}); "
-                          "decode= takes a callable, as on every reader", DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                f"ImageReader(decode={decode!r}) is now ImageReader(output={decode!r}); "
+                "decode= takes a callable, as on every reader",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             output, decode = decode, None
         if output not in OUTPUTS:
             raise ValueError(f"output={output!r}: expected one of {', '.join(OUTPUTS)}")
@@ -53,11 +66,11 @@ class ImageReader(Reader):
             raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
         if size is not None:
             sizes = (size,) if isinstance(size, int) else tuple(size)
-            if len(sizes) not in (1, 2) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                                                for v in sizes):
+            if len(sizes) not in (1, 2) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
                 raise ValueError(f"size={size!r}: expected a positive int (shorter side) or (height, width)")
-        if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int)
-                                       or max_pixels < 1):
+        if max_pixels is not None and (
+            isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1
+        ):
             raise ValueError(f"max_pixels={max_pixels!r}: expected a positive int or None")
         super().__init__(source, field, transform=transform, decode=decode, **kwargs)
         self.output, self.mode, self.size, self.max_pixels = output, mode, size, max_pixels
@@ -73,9 +86,12 @@ class ImageReader(Reader):
 
     @property
     def takes_views(self) -> bool:  # raw bytes are only joined; tensors decode from views (no copy)
-        return (super().takes_views and self.output in ("raw", "tensor")
-                and type(self).from_column is ImageReader.from_column
-                and type(self)._decode_into_batch is ImageReader._decode_into_batch)
+        return (
+            super().takes_views
+            and self.output in ("raw", "tensor")
+            and type(self).from_column is ImageReader.from_column
+            and type(self)._decode_into_batch is ImageReader._decode_into_batch
+        )
 
     def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
         plain = self.plain_column(datas)

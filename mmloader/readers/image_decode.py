@@ -12,6 +12,7 @@ in strict mode, and such an image is a :class:`DecodeError`, never passed on.
 Every path checks the pixel count from the header (``mmloader.media.imageinfo``) *before*
 decoding, so a decompression bomb costs a header parse, not gigabytes.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,6 +22,7 @@ import numpy as np
 import simplejpeg
 import torch
 from PIL import Image
+
 # Imported here, not at first decode: a forked DataLoader worker would otherwise pay for the
 # import (about a second) on its first image.
 from torchvision.io import ImageReadMode, decode_png
@@ -31,8 +33,9 @@ from ..media.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
 # PNG path (and nvJPEG on GPUs), so keep using them without warning every user.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                        category=DeprecationWarning)
+warnings.filterwarnings(
+    "ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning
+)
 
 MODES = ("RGB", "L", "RGBA", "unchanged")
 
@@ -56,8 +59,11 @@ def _pil_open(data: bytes, mode: str, draft_hw: tuple[int, int] | None = None) -
         im.load()
     if mode == "unchanged":
         return im
-    if mode == "RGB" and im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info
-                                                              and mode == "RGB"):
+    if (
+        mode == "RGB"
+        and im.mode in ("RGBA", "LA", "PA")
+        or (im.mode == "P" and "transparency" in im.info and mode == "RGB")
+    ):
         im = im.convert("RGBA")
     return im.convert(mode) if im.mode != mode else im
 
@@ -75,20 +81,23 @@ def rgb_to_luma(image: torch.Tensor) -> torch.Tensor:
     return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).to(torch.uint8).unsqueeze(0)
 
 
-def _simplejpeg(data, colorspace: str, out: np.ndarray | None = None,
-                min_hw: tuple[int, int] | None = None) -> np.ndarray:
+def _simplejpeg(
+    data, colorspace: str, out: np.ndarray | None = None, min_hw: tuple[int, int] | None = None
+) -> np.ndarray:
     """simplejpeg in strict mode: a recoverable libjpeg error (truncated or corrupt data) raises."""
     try:
         if min_hw is not None:
-            return simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True,
-                                          min_height=min_hw[0], min_width=min_hw[1])
+            return simplejpeg.decode_jpeg(
+                data, colorspace=colorspace, strict=True, min_height=min_hw[0], min_width=min_hw[1]
+            )
         return simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out, strict=True)
     except ValueError as e:
         raise DecodeError(f"corrupt JPEG: {e}") from None
 
 
-def jpeg_into(data, info: ImageInfo, mode: str, out: np.ndarray | None = None,
-              min_hw: tuple[int, int] | None = None) -> np.ndarray | None:
+def jpeg_into(
+    data, info: ImageInfo, mode: str, out: np.ndarray | None = None, min_hw: tuple[int, int] | None = None
+) -> np.ndarray | None:
     """Decode an RGB or grayscale JPEG to HWC uint8 in ``mode`` (into ``out`` if given; at the
     smallest DCT scale >= ``min_hw`` if given). None when this path does not apply (CMYK,
     colour -> "L", which needs Pillow's luma formula). Corrupt data raises :class:`DecodeError`."""
@@ -113,8 +122,9 @@ def _draft_hw(info: ImageInfo, target: tuple[int, int] | None) -> tuple[int, int
     return target
 
 
-def decode_to_tensor(data, mode: str = "RGB", size: int | tuple[int, int] | None = None,
-                     max_pixels: int | None = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+def decode_to_tensor(
+    data, mode: str = "RGB", size: int | tuple[int, int] | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> torch.Tensor:
     """Encoded image -> uint8 CHW tensor in ``mode`` (optionally resized to ``size``)."""
     info = probe(data)
     check_pixels(info, max_pixels)
@@ -134,8 +144,11 @@ def decode_to_tensor(data, mode: str = "RGB", size: int | tuple[int, int] | None
             _simplejpeg(data, "CMYK" if info.components == 4 else "RGB", min_hw=draft)
     elif info.format == "png" and info.components in (1, 3) and mode in ("RGB", "L", "unchanged"):
         to_luma = mode == "L" and info.components == 3
-        tv_mode = ImageReadMode.RGB if to_luma else {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY,
-                                                     "unchanged": ImageReadMode.UNCHANGED}[mode]
+        tv_mode = (
+            ImageReadMode.RGB
+            if to_luma
+            else {"RGB": ImageReadMode.RGB, "L": ImageReadMode.GRAY, "unchanged": ImageReadMode.UNCHANGED}[mode]
+        )
         try:
             image = decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=tv_mode)
         except RuntimeError:
@@ -153,8 +166,9 @@ def decode_to_tensor(data, mode: str = "RGB", size: int | tuple[int, int] | None
     return image
 
 
-def decode_to_pil(data, mode: str = "RGB", size: int | tuple[int, int] | None = None,
-                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+def decode_to_pil(
+    data, mode: str = "RGB", size: int | tuple[int, int] | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> Image.Image:
     info = probe(data)
     check_pixels(info, max_pixels)
     target = target_hw(size, info.height, info.width) if size is not None else None

@@ -6,6 +6,7 @@ here by a regular expression; anything else (structured dtypes, unusual spacing)
 to numpy's own header parser. Object arrays are refused either way: loading them
 would unpickle data.
 """
+
 from __future__ import annotations
 
 import io
@@ -18,8 +19,10 @@ from ..errors import UnsafeFieldError
 
 _MAGIC = b"\x93NUMPY"
 # numpy's own spelling: {'descr': '<i4', 'fortran_order': False, 'shape': (12,), }
-_HEADER = re.compile(rb"\{'descr': '([<>|=][biufc]\d{1,2})', 'fortran_order': (True|False), "
-                     rb"'shape': \(((?:\d+, ?)*\d*)\), \}\s*\Z")
+_HEADER = re.compile(
+    rb"\{'descr': '([<>|=][biufc]\d{1,2})', 'fortran_order': (True|False), "
+    rb"'shape': \(((?:\d+, ?)*\d*)\), \}\s*\Z"
+)
 
 
 def _header_text(data) -> tuple[bytes, int]:
@@ -35,7 +38,7 @@ def _header_text(data) -> tuple[bytes, int]:
         raise ValueError(f".npy format version {major} is not supported")
     if len(data) < start + size:
         raise ValueError(f".npy header is cut short ({len(data)} bytes)")
-    return bytes(data[start:start + size]), start + size
+    return bytes(data[start : start + size]), start + size
 
 
 def npy_array(data) -> np.ndarray:
@@ -68,8 +71,9 @@ def _slow(data) -> np.ndarray:
         return np.load(io.BytesIO(bytes(data)), allow_pickle=False)
     except ValueError as e:
         if "allow_pickle" in str(e) or "Object arrays" in str(e):
-            raise UnsafeFieldError("array holds Python objects; loading it would unpickle data, "
-                                   "which can run code: refused") from None
+            raise UnsafeFieldError(
+                "array holds Python objects; loading it would unpickle data, which can run code: refused"
+            ) from None
         raise
 
 

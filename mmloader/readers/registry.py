@@ -7,6 +7,7 @@ config's ``reader:`` names, and which readers decode with mmloader's own code.
 >>> sorted(KINDS)
 ['array', 'audio', 'bytes', 'image', 'json', 'label', 'text', 'video']
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,16 +36,19 @@ class ReaderKind:
     extensions: tuple[str, ...] = ()
 
 
-KINDS: dict[str, ReaderKind] = {kind.name: kind for kind in (
-    ReaderKind("image", ImageReader, tuple(IMAGE_EXTENSIONS)),
-    ReaderKind("video", VideoReader, tuple(VIDEO_EXTENSIONS)),
-    ReaderKind("audio", AudioReader, tuple(AUDIO_EXTENSIONS)),
-    ReaderKind("text", TextReader, ("txt", "text", "caption")),
-    ReaderKind("label", LabelReader, ("cls", "cls2", "label", "index", "idx")),
-    ReaderKind("json", JSONReader, ("json",)),
-    ReaderKind("array", ArrayReader, ("npy",)),
-    ReaderKind("bytes", Reader),  # raw bytes: any other field
-)}
+KINDS: dict[str, ReaderKind] = {
+    kind.name: kind
+    for kind in (
+        ReaderKind("image", ImageReader, tuple(IMAGE_EXTENSIONS)),
+        ReaderKind("video", VideoReader, tuple(VIDEO_EXTENSIONS)),
+        ReaderKind("audio", AudioReader, tuple(AUDIO_EXTENSIONS)),
+        ReaderKind("text", TextReader, ("txt", "text", "caption")),
+        ReaderKind("label", LabelReader, ("cls", "cls2", "label", "index", "idx")),
+        ReaderKind("json", JSONReader, ("json",)),
+        ReaderKind("array", ArrayReader, ("npy",)),
+        ReaderKind("bytes", Reader),  # raw bytes: any other field
+    )
+}
 
 #: Readers whose decoding is mmloader's own (C decoders, no user Python per sample): the kinds,
 #: plus the timestamps companion of a video modality.

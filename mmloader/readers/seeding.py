@@ -17,6 +17,7 @@ augmentations on both backends and after a resume.
 ...         image = image.flip(-1)
 ...     return image
 """
+
 from __future__ import annotations
 
 import random
@@ -35,8 +36,11 @@ def batch_seed(seed: int, epoch: int, rank: int, first_position: int) -> int:
     >>> batch_seed(0, 1, 0, 64) == batch_seed(0, 1, 0, 64) != batch_seed(0, 2, 0, 64)
     True
     """
-    return int(np.random.SeedSequence([int(seed), int(epoch), int(rank), int(first_position), 0x6D6D6C]
-                                      ).generate_state(1, np.uint64)[0])
+    return int(
+        np.random.SeedSequence([int(seed), int(epoch), int(rank), int(first_position), 0x6D6D6C]).generate_state(
+            1, np.uint64
+        )[0]
+    )
 
 
 class BatchRNG:

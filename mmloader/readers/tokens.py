@@ -4,10 +4,10 @@ Hugging Face ``tokenizers`` encodes a batch in Rust without the GIL (``pip insta
 'mmloader[text]'``), so the thread backend's threads tokenize in parallel and no worker
 process pays for pickling token lists. Measured in ``benchmarks/text.py``.
 """
+
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Any, Sequence
 
 import numpy as np

@@ -28,10 +28,10 @@ The ``timestamps`` companion reports each returned frame's own presentation time
 (seconds from the stream's start), not the time asked: uneven for variable-rate video, in
 millisecond steps for Matroska, and repeated with a repeated frame.
 """
+
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 from typing import Any, Callable, Sequence
 
@@ -39,8 +39,16 @@ import numpy as np
 import torch
 
 from ..errors import DecodeError, SampleError, SizeLimitError
-from ..media.mediainfo import (DEFAULT_MAX_DURATION, DEFAULT_MAX_FRAME_PIXELS, VIDEO_EXTENSIONS, Limits, MediaInfo,
-                         import_av, info_of, open_container)
+from ..media.mediainfo import (
+    DEFAULT_MAX_DURATION,
+    DEFAULT_MAX_FRAME_PIXELS,
+    VIDEO_EXTENSIONS,
+    Limits,
+    MediaInfo,
+    import_av,
+    info_of,
+    open_container,
+)
 from ..storage import Store
 from .audio import AudioReader
 from .base import Reader
@@ -82,12 +90,24 @@ class VideoReader(ClipSource):
     python_per_sample = True  # but PyAV calls into it per packet: processes measured faster
     decoder = "pyav"
 
-    def __init__(self, source: str | os.PathLike | Store, field: str | None = None, *,
-                 frames: int | None = 8, fps: float | None = None, clip: Any = "random",
-                 size: int | Sequence[int] | None = None, max_seconds: float | None = None,
-                 audio: dict | None = None, max_duration: float | None = DEFAULT_MAX_DURATION,
-                 max_pixels: int | None = DEFAULT_MAX_FRAME_PIXELS, threads: int = 1,
-                 transform: Callable[[Any], Any] | None = None, decode: Callable | None = None, **kwargs):
+    def __init__(
+        self,
+        source: str | os.PathLike | Store,
+        field: str | None = None,
+        *,
+        frames: int | None = 8,
+        fps: float | None = None,
+        clip: Any = "random",
+        size: int | Sequence[int] | None = None,
+        max_seconds: float | None = None,
+        audio: dict | None = None,
+        max_duration: float | None = DEFAULT_MAX_DURATION,
+        max_pixels: int | None = DEFAULT_MAX_FRAME_PIXELS,
+        threads: int = 1,
+        transform: Callable[[Any], Any] | None = None,
+        decode: Callable | None = None,
+        **kwargs,
+    ):
         if frames is not None and (isinstance(frames, bool) or not isinstance(frames, int) or frames < 1):
             raise ValueError(f"frames={frames!r}: expected a positive int, or None (every frame of max_seconds)")
         if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < 1e4):
@@ -98,8 +118,11 @@ class VideoReader(ClipSource):
             if len(sizes) not in (1, 2) or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
                 raise ValueError(f"size={size!r}: expected a positive int (shorter side) or (height, width)")
             size = sizes[0] if len(sizes) == 1 and isinstance(size, int) else sizes
-        if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float))
-                                        or not 0 < max_seconds < float("inf")):
+        if max_seconds is not None and (
+            isinstance(max_seconds, bool)
+            or not isinstance(max_seconds, (int, float))
+            or not 0 < max_seconds < float("inf")
+        ):
             raise ValueError(f"max_seconds={max_seconds!r}: expected a positive number or None")
         if frames is None and max_seconds is None:
             raise ValueError("frames=None (every frame) needs max_seconds: a long video would be decoded whole")
@@ -128,8 +151,9 @@ class VideoReader(ClipSource):
         """The audio track over this reader's clip (an :class:`AudioReader` with ``clip=`` this
         reader and the options given as ``audio=``)."""
         if self._audio is None:
-            self._audio = AudioReader(self.store, self.field, clip=self,
-                                      **(self._audio_options if self._audio_options is not None else {}))
+            self._audio = AudioReader(
+                self.store, self.field, clip=self, **(self._audio_options if self._audio_options is not None else {})
+            )
         return self._audio
 
     # -- planning a clip (header and demuxing only) ----------------------------
@@ -194,8 +218,12 @@ class VideoReader(ClipSource):
             plan = self.plan(info, key, container)
             v = info.video
             hw = self._output_hw(v.height, v.width)
-            convert = lambda frame: frame.reformat(width=hw[1], height=hw[0], format="rgb24",  # noqa: E731
-                                                   interpolation=INTERPOLATION).to_ndarray()
+            convert = lambda frame: frame.reformat(
+                width=hw[1],
+                height=hw[0],
+                format="rgb24",  # noqa: E731
+                interpolation=INTERPOLATION,
+            ).to_ndarray()
             try:
                 chosen, reached = _decode_targets(container, stream, plan, self.threads, convert)
             except _Overshoot:  # the seek landed after the clip: read from the start instead
@@ -206,8 +234,9 @@ class VideoReader(ClipSource):
             _check_not_truncated(reached, plan, info)
             out = torch.from_numpy(np.stack([a for _, a in chosen])) if len({a.shape for _, a in chosen}) == 1 else None
             if out is None:
-                raise DecodeError("the frames of the clip differ in size (a resolution change mid-stream): "
-                                  "give size=(height, width)")
+                raise DecodeError(
+                    "the frames of the clip differ in size (a resolution change mid-stream): give size=(height, width)"
+                )
             return out.permute(0, 3, 1, 2).contiguous(), shown
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt video: {e}") from None
@@ -219,6 +248,7 @@ class VideoReader(ClipSource):
             return height, width
         if isinstance(self.size, int):
             from .image_decode import target_hw
+
             return target_hw(self.size, height, width)
         return tuple(self.size)
 
@@ -251,8 +281,12 @@ def _last_start(container, stream, count: int, duration: float, step: float) -> 
     try:
         while True:
             at = max(0.0, duration - back)
-            container.seek(int((at + origin) / tb) if at > 0 else (stream.start_time or 0), stream=stream,
-                           backward=True, any_frame=False)
+            container.seek(
+                int((at + origin) / tb) if at > 0 else (stream.start_time or 0),
+                stream=stream,
+                backward=True,
+                any_frame=False,
+            )
             pts: list[int] = []
             first = None
             for packet in container.demux(stream):
@@ -276,10 +310,15 @@ def _last_start(container, stream, count: int, duration: float, step: float) -> 
 #: pictures it never saw: an open GOP's recovery point (x264 ``open-gop``) is followed by leading
 #: B-frames that reference the previous GOP, and the frames after it may unmark (MMCO) pictures
 #: of that GOP. Only these are let through, and only in the first GOP after a fresh start.
-_MISSING_REFERENCE = ("mmco: unref short failure", "mmco: unref long failure",
-                      "reference picture missing during reorder", "missing reference picture",
-                      "reference count overflow", "co located pocs unavailable",
-                      "could not find ref with poc")
+_MISSING_REFERENCE = (
+    "mmco: unref short failure",
+    "mmco: unref long failure",
+    "reference picture missing during reorder",
+    "missing reference picture",
+    "reference count overflow",
+    "co located pocs unavailable",
+    "could not find ref with poc",
+)
 #: Of those, what a frame shown from the keyframe on may report without its pixels being wrong:
 #: unmarking a picture from before the keyframe changes no sample.
 _UNMARK = ("mmco: unref short failure", "mmco: unref long failure")
@@ -294,8 +333,9 @@ def _missing_reference(error, leading: bool) -> bool:
     return bool(message) and any(m in message for m in (_MISSING_REFERENCE if leading else _UNMARK))
 
 
-def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Callable, seek: bool = True
-                    ) -> tuple[list[tuple[float, Any]], float | None]:
+def _decode_targets(
+    container, stream, plan: _Plan, threads: int, convert: Callable, seek: bool = True
+) -> tuple[list[tuple[float, Any]], float | None]:
     """The frames ``plan`` asks for, decoding only what they need: GOPs (a keyframe and the
     packets up to the next) that show none of them are skipped; in the others, decoding stops
     after the last frame needed, and a non-reference frame is not decoded when a later frame of
@@ -377,8 +417,9 @@ def _decode_targets(container, stream, plan: _Plan, threads: int, convert: Calla
         except av.error.InvalidDataError as e:
             # err_detect=explode also raises for the references a decoder that starts at this
             # keyframe never saw (an open GOP): only those, only here, are not damage
-            if fresh and _missing_reference(e, leading=p.pts is not None and keyframe_pts is not None
-                                            and p.pts < keyframe_pts):
+            if fresh and _missing_reference(
+                e, leading=p.pts is not None and keyframe_pts is not None and p.pts < keyframe_pts
+            ):
                 return []
             raise
 
@@ -454,13 +495,17 @@ def _check_not_truncated(reached: float | None, plan: _Plan, info: MediaInfo) ->
     period = 1.0 / (v.fps or 25.0)
     if v.duration is not None:
         if reached + period / 2 + 2e-3 < v.duration:
-            raise DecodeError(f"truncated video: the stream ends at {reached:.3f} s, its header says "
-                              f"{v.duration:.3f} s (the clip asks for {plan.last:.2f} s)")
+            raise DecodeError(
+                f"truncated video: the stream ends at {reached:.3f} s, its header says "
+                f"{v.duration:.3f} s (the clip asks for {plan.last:.2f} s)"
+            )
         return
     declared = info.duration
     if declared is not None and reached + 2 * period + 1e-6 < min(plan.last, declared):
-        raise DecodeError(f"truncated video: the stream ends at {reached:.2f} s, the clip asks for "
-                          f"{plan.last:.2f} s and the header says {declared:.2f} s")
+        raise DecodeError(
+            f"truncated video: the stream ends at {reached:.2f} s, the clip asks for "
+            f"{plan.last:.2f} s and the header says {declared:.2f} s"
+        )
 
 
 class VideoTimestamps(Reader):

@@ -1,4 +1,5 @@
 """Storage formats: LMDB environments and tar-shard directories, bytes in and bytes out."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,21 @@ from .shard_index import MANIFEST, build_index
 from .tar_store import TarStore
 from .tar_writer import ShardWriter
 
-__all__ = ["open_store", "open_url", "is_url", "Store", "KeysView", "LMDBStore", "LMDBWriter", "TarStore", "ShardWriter",
-           "build_index", "writer_for", "format_for", "FORMATS"]
+__all__ = [
+    "open_store",
+    "open_url",
+    "is_url",
+    "Store",
+    "KeysView",
+    "LMDBStore",
+    "LMDBWriter",
+    "TarStore",
+    "ShardWriter",
+    "build_index",
+    "writer_for",
+    "format_for",
+    "FORMATS",
+]
 
 
 def open_store(path: str | os.PathLike | Store, **options) -> Store:
@@ -38,12 +52,17 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         return TarStore(p, **options)
     if p.is_dir() and (any(p.glob("*.tar")) or any(p.glob("*.tgz")) or any(p.glob("*.tar.gz"))):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
-    raise FormatError(f"{p} is neither an mmloader LMDB dataset (data.mdb) nor a shard directory "
-                      f"({MANIFEST})")
+    raise FormatError(f"{p} is neither an mmloader LMDB dataset (data.mdb) nor a shard directory ({MANIFEST})")
 
 
-def open_url(url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
-             cache_limit: int | str | None = None, **options) -> Store:
+def open_url(
+    url: str,
+    *,
+    storage_options: dict | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    **options,
+) -> Store:
     """A dataset on object storage. The format follows the name as for local paths: a ``.lmdb``
     suffix is an LMDB dataset (fetched once per node into ``cache_dir``), anything else a shard
     directory read in place (:class:`~mmloader.storage.remote_tar.RemoteTarStore`: manifest and
@@ -63,15 +82,19 @@ def open_url(url: str, *, storage_options: dict | None = None, cache_dir: str | 
             cache_limit = None
     if format_for(url) == "lmdb":
         from .remote_lmdb import open_remote_lmdb
+
         lmdb_options = {k: options.pop(k) for k in ("progress", "retry_deadline", "request_timeout") if k in options}
         if options:
             raise TypeError(f"{url}: options {sorted(options)} apply to shard directories, not to LMDB datasets")
-        return open_remote_lmdb(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
-                                **lmdb_options)
+        return open_remote_lmdb(
+            url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, **lmdb_options
+        )
     from .remote_tar import RemoteTarStore
-    store = RemoteTarStore(url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
-                           **options)
-    store.metadata  # one GET: a missing or foreign dataset is an error here, naming the URL
+
+    store = RemoteTarStore(
+        url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, **options
+    )
+    store.metadata  # noqa: B018  one GET: a missing or foreign dataset is an error here, naming the URL
     return store
 
 
@@ -106,6 +129,7 @@ def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
     shard_options = {k: kwargs.pop(k, None) for k in ("shard_size", "shard_bytes")}
     if is_url(path):  # written locally, uploaded, manifest last (storage.remote_write)
         from .remote_write import RemoteWriter
+
         opts = {k: v for k, v in shard_options.items() if v is not None} if fmt == "tar" else {}
         return RemoteWriter(str(path), fmt, **opts, **kwargs)
     if fmt == "lmdb":

@@ -20,6 +20,7 @@ Around that rename:
   and reported; a live one, one from another host, or one without a record is never
   touched (it is reported, so a person can decide).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,13 +72,17 @@ def _start_time(pid: int) -> str | None:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rfind(b")") + 2:].split()[19].decode()  # fields after "(comm)" start at 3
+    return stat[stat.rfind(b")") + 2 :].split()[19].decode()  # fields after "(comm)" start at 3
 
 
 def writer_record() -> dict:
     """Who is writing: host, PID, boot id and start time of this process."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
-            "start_time": _start_time(os.getpid())}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "boot_id": _boot_id(),
+        "start_time": _start_time(os.getpid()),
+    }
 
 
 def _pid_runs(pid: int) -> bool:
@@ -120,6 +125,7 @@ def _du(path: Path) -> int:
 @dataclass
 class Partial:
     """A hidden ``.NAME.partial-*`` directory of a destination and what was done with it."""
+
     path: Path
     bytes: int
     removed: bool
@@ -127,8 +133,11 @@ class Partial:
 
     def __str__(self) -> str:
         mb = f"{self.bytes / 1e6:.1f} MB"
-        return (f"removed stale partial {self.path} ({mb}): {self.why}" if self.removed
-                else f"left alone: {self.path} ({mb}): {self.why}")
+        return (
+            f"removed stale partial {self.path} ({mb}): {self.why}"
+            if self.removed
+            else f"left alone: {self.path} ({mb}): {self.why}"
+        )
 
 
 def partials_of(final: str | os.PathLike) -> list[Path]:
@@ -151,8 +160,15 @@ def clean_stale_partials(final: str | os.PathLike, remove: bool = True) -> list[
         try:
             record = json.loads((p / WRITER_RECORD).read_text())
         except (OSError, ValueError):
-            out.append(Partial(p, _du(p), False, "no writer record (an older mmloader, or a writer "
-                                                  "starting now); delete it by hand if nothing writes it"))
+            out.append(
+                Partial(
+                    p,
+                    _du(p),
+                    False,
+                    "no writer record (an older mmloader, or a writer "
+                    "starting now); delete it by hand if nothing writes it",
+                )
+            )
             continue
         alive = writer_alive(record)
         who = f"writer PID {record.get('pid')} on {record.get('host')}"
@@ -201,7 +217,8 @@ class DestinationLock:
                 if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                     raise DestinationBusyError(
                         f"{self.final} is being written by another writer{holder}; two writers to one "
-                        "destination would race: wait for it to finish, or write elsewhere") from None
+                        "destination would race: wait for it to finish, or write elsewhere"
+                    ) from None
                 raise
             # The holder before us may have unlinked the file after we opened it: then our lock
             # is on a file nobody else will look at. Retry on the one that is there now.
@@ -283,8 +300,9 @@ class AtomicDirectory:
         self._lock = DestinationLock(self.final).acquire()
         try:
             if self.final.exists() and not overwrite:
-                raise FileExistsError(f"{self.final} already exists; pass overwrite=True (CLI: --overwrite) "
-                                      "to replace it")
+                raise FileExistsError(
+                    f"{self.final} already exists; pass overwrite=True (CLI: --overwrite) to replace it"
+                )
             self.stale = clean_stale_partials(self.final)
             for p in self.stale:  # a removal is news; a partial left alone was there before and stays
                 log.log(logging.WARNING if p.removed else logging.INFO, "%s", p)
@@ -319,9 +337,11 @@ class AtomicDirectory:
         old = None
         if os.path.lexists(self.final):
             if not self.overwrite:
-                raise FileExistsError(f"{self.final} appeared while this dataset was being written (by "
-                                      "another program?); it was not replaced and the new data was "
-                                      "discarded. Pass overwrite=True (CLI: --overwrite) to replace it")
+                raise FileExistsError(
+                    f"{self.final} appeared while this dataset was being written (by "
+                    "another program?); it was not replaced and the new data was "
+                    "discarded. Pass overwrite=True (CLI: --overwrite) to replace it"
+                )
             old = self.final.parent / f".{self.final.name}.old-{secrets.token_hex(3)}"
             os.rename(self.final, old)
         try:
@@ -329,8 +349,10 @@ class AtomicDirectory:
         except FileExistsError:
             if old is not None and not os.path.lexists(self.final):
                 os.rename(old, self.final)
-            raise FileExistsError(f"{self.final} appeared while this dataset was being published; it was "
-                                  "not replaced and the new data was discarded") from None
+            raise FileExistsError(
+                f"{self.final} appeared while this dataset was being published; it was "
+                "not replaced and the new data was discarded"
+            ) from None
         self.done = True
         _fsync_dir(self.final.parent)
         if old is not None:

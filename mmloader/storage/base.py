@@ -1,4 +1,5 @@
 """The byte-level store interface both formats implement."""
+
 from __future__ import annotations
 
 import hashlib
@@ -83,8 +84,9 @@ class Store:
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_many(self, indices: Sequence[int], fields: Sequence[str],
-                  views: bool = False) -> tuple[list[str], dict[str, list]]:
+    def read_many(
+        self, indices: Sequence[int], fields: Sequence[str], views: bool = False
+    ) -> tuple[list[str], dict[str, list]]:
         """(keys, {field: [bytes or None per sample]}) for a batch of indices.
 
         ``views=True`` allows bytes-like views (``memoryview``) instead of ``bytes`` where a

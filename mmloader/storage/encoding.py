@@ -1,4 +1,5 @@
 """Turn user values into the bytes a field stores. Never pickle."""
+
 from __future__ import annotations
 
 import io
@@ -34,8 +35,10 @@ def encode_value(field: str, value: Any) -> bytes:
         return buf.getvalue()
     if hasattr(value, "numpy") and hasattr(value, "dtype"):  # torch.Tensor without importing torch
         return encode_value(field, value.detach().cpu().numpy())
-    raise MMLoaderError(f"field {field!r}: cannot store a {type(value).__name__}; "
-                        "pass bytes, str, int, dict/list (JSON) or a numpy array")
+    raise MMLoaderError(
+        f"field {field!r}: cannot store a {type(value).__name__}; "
+        "pass bytes, str, int, dict/list (JSON) or a numpy array"
+    )
 
 
 def split_sample(sample: dict) -> tuple[str, dict[str, bytes]]:

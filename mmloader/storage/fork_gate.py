@@ -17,6 +17,7 @@ waited its timeout). The child starts with a fresh gate.
 >>> with FORK_GATE.hold():                             # doctest: +SKIP
 ...     value = txn.get(key)
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,11 @@ class ForkGate:
             if lock.acquire(timeout=FORK_WAIT_S):  # this thread's own lock is re-entrant: taken at once
                 self._taken.append(lock)
             else:
-                log.warning("fork(): an LMDB read has been in flight for %.0f s; forking anyway "
-                            "(the child may hang closing the environment)", FORK_WAIT_S)
+                log.warning(
+                    "fork(): an LMDB read has been in flight for %.0f s; forking anyway "
+                    "(the child may hang closing the environment)",
+                    FORK_WAIT_S,
+                )
 
     def after_fork_in_parent(self) -> None:
         taken, self._taken = self._taken, []
@@ -73,5 +77,8 @@ class ForkGate:
 
 
 FORK_GATE = ForkGate()
-os.register_at_fork(before=FORK_GATE.before_fork, after_in_parent=FORK_GATE.after_fork_in_parent,
-                    after_in_child=FORK_GATE.after_fork_in_child)
+os.register_at_fork(
+    before=FORK_GATE.before_fork,
+    after_in_parent=FORK_GATE.after_fork_in_parent,
+    after_in_child=FORK_GATE.after_fork_in_child,
+)

@@ -4,6 +4,7 @@ WebDataset splits a member name at the first dot of its basename into
 (key, field), so a key's basename must not contain a dot; tar extraction
 tools would write outside the target for absolute paths or ``..``.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,7 +37,8 @@ def validate_key(key: object) -> str:
     if "." in parts[-1]:
         raise KeyValidationError(
             f"sample key {key!r} has a dot in its basename; WebDataset splits member names at the "
-            "first dot, so the key would not survive a round trip (replace the dot, e.g. with '_')")
+            "first dot, so the key would not survive a round trip (replace the dot, e.g. with '_')"
+        )
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         raise KeyValidationError(f"sample key {key[:40]!r}... is longer than {MAX_KEY_BYTES} bytes")
     return key
@@ -49,12 +51,15 @@ def validate_field(field: object) -> str:
     if field in RESERVED_FIELDS or field.startswith("__"):
         raise KeyValidationError(f"field name {field!r} is reserved (names starting with '__')")
     if "/" in field or _CONTROL.search(field) or field.startswith(".") or field.endswith("."):
-        raise KeyValidationError(f"field name {field!r} must not contain '/' or control characters "
-                                 "or start/end with '.'")
+        raise KeyValidationError(
+            f"field name {field!r} must not contain '/' or control characters or start/end with '.'"
+        )
     if field != field.lower():
-        raise KeyValidationError(f"field name {field!r} has upper-case letters; WebDataset lower-cases "
-                                 f"extensions when it reads a shard, so it would not round-trip: use "
-                                 f"{field.lower()!r}")
+        raise KeyValidationError(
+            f"field name {field!r} has upper-case letters; WebDataset lower-cases "
+            f"extensions when it reads a shard, so it would not round-trip: use "
+            f"{field.lower()!r}"
+        )
     return field
 
 
@@ -70,4 +75,4 @@ def split_member_name(name: str) -> tuple[str, str] | None:
     dot = name.find(".", slash + 1)
     if dot <= slash + 1 or dot == len(name) - 1:
         return None
-    return name[:dot], name[dot + 1:].lower()
+    return name[:dot], name[dot + 1 :].lower()

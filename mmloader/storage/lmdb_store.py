@@ -7,6 +7,7 @@ Layout (all values are the field's bytes exactly as given; nothing is pickled):
 * ``__index__`` : sample key -> index
 * ``__meta__``  : ``b"meta"`` -> JSON metadata record
 """
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,12 @@ import numpy as np
 
 from ..errors import DuplicateKeyError, FormatError, SampleError
 from .atomic import AtomicDirectory, AtomicWriter
-from .encoding import split_sample
-from .keys import INDEX_KEY, validate_field, validate_key
-from .meta import LMDB_FORMAT, FieldStats, make_metadata
 from .base import Store
+from .encoding import split_sample
 from .fork_gate import FORK_GATE
+from .keys import INDEX_KEY, validate_field, validate_key
 from .map_trimmer import MapTrimmer, forget_trimmers, maybe_trim
+from .meta import LMDB_FORMAT, FieldStats, make_metadata
 
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
 MAX_DBS = 1024
@@ -83,8 +84,7 @@ def lmdb_required_size(read, size: int, where: str) -> int:
     if not (_PSIZE_RANGE[0] <= psize <= _PSIZE_RANGE[1] and psize & (psize - 1) == 0):
         raise FormatError(f"{where}: not an LMDB data file (page size {psize} in its first meta page)")
     if size < psize + _META_END:
-        raise FormatError(f"{where}: truncated: {size} bytes, its metadata needs at least {2 * psize} "
-                          "(two meta pages)")
+        raise FormatError(f"{where}: truncated: {size} bytes, its metadata needs at least {2 * psize} (two meta pages)")
     second = read(psize, _META_END)
     if len(second) < _META_END or struct.unpack_from("<I", second, 16)[0] != LMDB_MAGIC:
         raise FormatError(f"{where}: not an LMDB data file (bad magic in its second meta page)")
@@ -124,8 +124,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                     pass  # unreadable: lmdb.open below reports it, naming the environment
                 # lock=False: datasets are frozen once written, so no reader table (no slot
                 # exhaustion with many workers); readahead off: random access pays no extra IO.
-                env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS,
-                                subdir=True)
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS, subdir=True)
                 with env.begin(buffers=True) as txn:  # views: an address inside the map, for the trimmer
                     records = [(bytes(k), v) for k, v in txn.cursor()]  # the main database lists the named ones
                     names = [k for k, _v in records]
@@ -190,8 +189,7 @@ class LMDBStore(Store):
         self._handles()
         db = self._dbs.get(name)
         if db is None:
-            raise FormatError(f"{self.path}: no sub-database {name.decode()!r}; "
-                              "is this an mmloader LMDB dataset?")
+            raise FormatError(f"{self.path}: no sub-database {name.decode()!r}; is this an mmloader LMDB dataset?")
         return db
 
     @property
@@ -204,8 +202,10 @@ class LMDBStore(Store):
             except FormatError:
                 raw = None
             if raw is None:
-                raise FormatError(f"{self.path} is an LMDB environment but not an mmloader dataset "
-                                  "(no __meta__ record); convert it with `mmloader convert`")
+                raise FormatError(
+                    f"{self.path} is an LMDB environment but not an mmloader dataset "
+                    "(no __meta__ record); convert it with `mmloader convert`"
+                )
             meta = json.loads(raw)
             if meta.get("format") != LMDB_FORMAT:
                 raise FormatError(f"{self.path}: unknown format {meta.get('format')!r}")
@@ -236,8 +236,7 @@ class LMDBStore(Store):
         maybe_trim(len(fields) + 1)
         k = INDEX_KEY.pack(i)
         with FORK_GATE.hold():
-            out: dict[str, Any] = {"__key__": txn.get(k, None, self._db(KEYS_DB)).decode("utf-8"),
-                                   "__index__": i}
+            out: dict[str, Any] = {"__key__": txn.get(k, None, self._db(KEYS_DB)).decode("utf-8"), "__index__": i}
             for f, db in zip(fields, dbs):
                 v = txn.get(k, None, db)
                 if v is not None:
@@ -288,8 +287,11 @@ class LMDBStore(Store):
             for k, v in _gated(cur):
                 with FORK_GATE.hold():
                     back = txn.get(v, db=index_db)
-                yield (INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1, bytes(v),
-                       INDEX_KEY.unpack(back)[0] if back is not None and len(back) == 8 else None)
+                yield (
+                    INDEX_KEY.unpack(k)[0] if len(k) == 8 else -1,
+                    bytes(v),
+                    INDEX_KEY.unpack(back)[0] if back is not None and len(back) == 8 else None,
+                )
 
     def field_records(self, field: str) -> Iterator[tuple[int, bytes]]:
         """Every stored value of ``field`` in index order: ``(index, bytes)`` (index -1 when malformed)."""
@@ -323,8 +325,15 @@ class LMDBWriter(AtomicWriter):
     ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a cat"})
     """
 
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, map_size: int = 1 << 30,
-                 commit_every: int = 1000, metadata: Mapping | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        map_size: int = 1 << 30,
+        commit_every: int = 1000,
+        metadata: Mapping | None = None,
+    ):
         self._dir = AtomicDirectory(path, overwrite=overwrite)
         self.path = self._dir.final
         self.user_metadata = dict(metadata or {})
@@ -333,8 +342,15 @@ class LMDBWriter(AtomicWriter):
         self.count = 0
         # meminit stays on: LMDB zeroes the unused part of each new page, else whatever the heap
         # held before (other data, credentials) ends up in a file that is handed to strangers
-        self._env = lmdb.open(str(self._dir.tmp), map_size=map_size, max_dbs=MAX_DBS, subdir=True,
-                              sync=False, metasync=False, writemap=False)
+        self._env = lmdb.open(
+            str(self._dir.tmp),
+            map_size=map_size,
+            max_dbs=MAX_DBS,
+            subdir=True,
+            sync=False,
+            metasync=False,
+            writemap=False,
+        )
         self._dbs = {n: self._env.open_db(n) for n in (KEYS_DB, INDEX_DB, META_DB)}
         self._txn = self._env.begin(write=True)
         self._pending: list[tuple[int, bytes, dict[str, bytes]]] = []
@@ -363,8 +379,7 @@ class LMDBWriter(AtomicWriter):
         index, key, fields = item
         k = INDEX_KEY.pack(index)
         if not self._txn.put(key, k, db=self._dbs[INDEX_DB], overwrite=False):
-            raise DuplicateKeyError(f"duplicate sample key {key.decode()!r} (index {index}) "
-                                    f"while writing {self.path}")
+            raise DuplicateKeyError(f"duplicate sample key {key.decode()!r} (index {index}) while writing {self.path}")
         self._txn.put(k, key, db=self._dbs[KEYS_DB], append=True)
         for f, v in fields.items():
             self._txn.put(k, v, db=self._dbs[f.encode()], append=True)
@@ -399,6 +414,7 @@ class LMDBWriter(AtomicWriter):
         def finish() -> None:  # retried as a whole (with the chunk replayed) if the map fills up
             self._txn.put(b"meta", item_meta, db=self._dbs[META_DB])
             self._txn.commit()
+
         self._with_room(finish)
         self._pending.clear()
         self._env.sync(True)

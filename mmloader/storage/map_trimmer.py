@@ -7,6 +7,7 @@ samples of a big dataset would map ever more of it. This module measures what th
 has mapped and drops its own mappings of big data files (``madvise(MADV_DONTNEED)``) when that
 grows past a bound; the page cache keeps the data.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,10 @@ class MapTrimmer:
         uses views into the map: a page touched after the trim is faulted back in from the cache."""
         if self.region is not None and _madvise(*self.region, _MADV_DONTNEED) != 0:
             self.region = None  # not allowed here (e.g. memory locked): stop trying, and say so
-            log.warning("mmloader: cannot unmap what was read of %s (madvise refused); its pages "
-                        "stay mapped in this process", self.data_file)
+            log.warning(
+                "mmloader: cannot unmap what was read of %s (madvise refused); its pages stay mapped in this process",
+                self.data_file,
+            )
 
 
 class _Meter:
@@ -166,6 +169,7 @@ def _mapping_of(path: str, inside: int) -> tuple[int, int] | None:
 def _madvise(start: int, length: int, advice: int) -> int:
     try:
         import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         return int(libc.madvise(start, length, advice))

@@ -21,6 +21,7 @@ samples are copied member by member (their tar headers are self-contained and th
 so the bytes are those one process writes) into new shards, until a cut lands on a part's shard
 boundary again. LMDB parts are copied record by record.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,7 +32,7 @@ import shutil
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from tqdm import tqdm
 
@@ -39,8 +40,8 @@ from .._version import __version__
 from ..errors import FormatError
 from .atomic import AtomicDirectory
 from .shard_index import MANIFEST, ShardIndexBuilder
-from .tar_store import TarStore
 from .tar_layout import HashingFile, end_of_archive, sample_bytes, sha256_file, should_cut
+from .tar_store import TarStore
 from .tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 PART_FORMAT = "mmloader-part"
@@ -76,10 +77,20 @@ def _dataset_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file() and p.name != "lock.mdb")
 
 
-def write_part_manifest(dataset: str | os.PathLike, *, part: int, parts: int, fingerprint: str, fmt: str,
-                        count: int, skipped: int, report: str | os.PathLike | None = None,
-                        shard_size: int = DEFAULT_SHARD_SIZE, shard_bytes: int = DEFAULT_SHARD_BYTES,
-                        extra: dict | None = None) -> Path:
+def write_part_manifest(
+    dataset: str | os.PathLike,
+    *,
+    part: int,
+    parts: int,
+    fingerprint: str,
+    fmt: str,
+    count: int,
+    skipped: int,
+    report: str | os.PathLike | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    extra: dict | None = None,
+) -> Path:
     """Publish the manifest of a finished part, last (temporary file + rename).
 
     The sha256 of the tar shards come from their index (hashed while they were written); every
@@ -95,11 +106,20 @@ def write_part_manifest(dataset: str | os.PathLike, *, part: int, parts: int, fi
         rel = f.relative_to(dataset).as_posix()
         files[rel] = {"bytes": f.stat().st_size, "sha256": known.get(rel) or sha256_file(f)}
     record = {
-        "format": PART_FORMAT, "version": PART_VERSION, "part": part, "parts": parts,
-        "fingerprint": fingerprint, "tool": f"mmloader {__version__}", "dataset": dataset.name,
-        "dataset_format": fmt, "count": count, "skipped": skipped,
+        "format": PART_FORMAT,
+        "version": PART_VERSION,
+        "part": part,
+        "parts": parts,
+        "fingerprint": fingerprint,
+        "tool": f"mmloader {__version__}",
+        "dataset": dataset.name,
+        "dataset_format": fmt,
+        "count": count,
+        "skipped": skipped,
         "skipped_report": Path(report).name if report else None,
-        "shard_size": shard_size, "shard_bytes": shard_bytes, "files": files,
+        "shard_size": shard_size,
+        "shard_bytes": shard_bytes,
+        "files": files,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **(extra or {}),
     }
@@ -161,6 +181,7 @@ def _manifest_for_dataset(path: Path) -> dict | None:
 def _download_hint(url: str) -> str:
     """How to copy the folder at ``url`` to a local one, for error messages."""
     from .remote import scheme_of
+
     name = url.rstrip("/").rsplit("/", 1)[-1] or "dataset"
     tool = {"s3": "aws s3 cp --recursive", "gs": "gcloud storage cp -r", "az": "azcopy copy --recursive"}
     cmd = tool.get(scheme_of(url))
@@ -173,17 +194,22 @@ def check_remote_sources(sources: Sequence[str | os.PathLike]) -> None:
     storage are read through their cached copy."""
     from . import format_for
     from .remote import is_url
+
     for src in sources:
         if not is_url(src):
             continue
         url = str(src)
         last = url.rstrip("/").rsplit("/", 1)[-1]
         if last.endswith(".parts") or _PART_NAME.fullmatch(last.removesuffix(".lmdb").removesuffix(".json")):
-            raise PartError(f"{url}: merge reads parts from a local parts directory (DST.parts/): download it "
-                            f"first, e.g. {_download_hint(url)}")
+            raise PartError(
+                f"{url}: merge reads parts from a local parts directory (DST.parts/): download it "
+                f"first, e.g. {_download_hint(url)}"
+            )
         if format_for(url) == "tar":
-            raise FormatError(f"{url}: merge reads tar shards from local folders: download them first, e.g. "
-                              f"{_download_hint(url)}, then merge that folder")
+            raise FormatError(
+                f"{url}: merge reads tar shards from local folders: download them first, e.g. "
+                f"{_download_hint(url)}, then merge that folder"
+            )
 
 
 def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
@@ -191,6 +217,7 @@ def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
     or None when no source is a part (plain datasets, concatenated as they are). A URL source is
     a plain dataset (parts are local)."""
     from .remote import is_url
+
     check_remote_sources(sources)
     found: list[dict] = []
     plain: list[str] = []
@@ -210,13 +237,17 @@ def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
         elif p.is_dir() and p.name.endswith(".parts"):
             raise PartError(f"{p} holds no part manifest: no part is finished yet (convert with --part I/N)")
         elif p.is_dir() and _PART_NAME.fullmatch(p.name.removesuffix(".lmdb")):
-            raise PartError(f"{p} has no part manifest: that part is not finished (convert it again with "
-                            "the same --part I/N: finished parts are skipped)")
+            raise PartError(
+                f"{p} has no part manifest: that part is not finished (convert it again with "
+                "the same --part I/N: finished parts are skipped)"
+            )
         else:
             plain.append(str(p))
     if found and plain:
-        raise PartError(f"{plain[0]} is not a part written by `convert --part I/N` (no part manifest); "
-                        "merge the parts of one conversion, or plain datasets, not both")
+        raise PartError(
+            f"{plain[0]} is not a part written by `convert --part I/N` (no part manifest); "
+            "merge the parts of one conversion, or plain datasets, not both"
+        )
     return found or None
 
 
@@ -239,9 +270,11 @@ def check_parts(records: list[dict]) -> list[dict]:
     missing = [i for i in range(n) if i not in by_part]
     if missing:
         where = Path(first["__path__"]).parent
-        raise PartError(f"part {missing[0]}/{n} is missing ({part_manifest_path(where, missing[0], n)}"
-                        + (f", and {len(missing) - 1} more" if len(missing) > 1 else "")
-                        + f"): convert it with --part {missing[0]}/{n}")
+        raise PartError(
+            f"part {missing[0]}/{n} is missing ({part_manifest_path(where, missing[0], n)}"
+            + (f", and {len(missing) - 1} more" if len(missing) > 1 else "")
+            + f"): convert it with --part {missing[0]}/{n}"
+        )
     ordered = [by_part[i] for i in range(n)]
     for r in ordered:
         check_part_files(r)
@@ -264,11 +297,15 @@ def check_part_files(record: dict, rehash: bool = False) -> None:
         except OSError:
             raise PartError(f"part {record['part']}/{record['parts']}: {f} is missing") from None
         if size != want["bytes"]:
-            raise PartError(f"part {record['part']}/{record['parts']}: {f} has {size:,} bytes, its manifest "
-                            f"says {want['bytes']:,} (changed since the part was written)")
+            raise PartError(
+                f"part {record['part']}/{record['parts']}: {f} has {size:,} bytes, its manifest "
+                f"says {want['bytes']:,} (changed since the part was written)"
+            )
         if rehash and sha256_file(f) != want["sha256"]:
-            raise PartError(f"part {record['part']}/{record['parts']}: {f} does not match the sha256 in its "
-                            "manifest (changed since the part was written)")
+            raise PartError(
+                f"part {record['part']}/{record['parts']}: {f} does not match the sha256 in its "
+                "manifest (changed since the part was written)"
+            )
 
 
 # -- merging ----------------------------------------------------------------------------------
@@ -292,14 +329,22 @@ def _user_metadata(stores) -> dict:
     first = stores[0].metadata.get("metadata", {})
     for s in stores[1:]:
         if s.metadata.get("metadata", {}) != first:
-            raise FormatError(f"cannot merge: {_where(s)} has different metadata (e.g. class names) than "
-                              f"{_where(stores[0])}")
+            raise FormatError(
+                f"cannot merge: {_where(s)} has different metadata (e.g. class names) than {_where(stores[0])}"
+            )
     return dict(first)
 
 
-def merge(parts: Sequence[str | os.PathLike], dst: str | os.PathLike, *, format: str | None = None,
-          overwrite: bool = False, progress: bool = True, shard_size: int | None = None,
-          shard_bytes: int | None = None) -> Path:
+def merge(
+    parts: Sequence[str | os.PathLike],
+    dst: str | os.PathLike,
+    *,
+    format: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    shard_size: int | None = None,
+    shard_bytes: int | None = None,
+) -> Path:
     """Concatenate the datasets ``parts`` in order into ``dst``. A part may be an LMDB dataset on
     object storage (read through its cached copy); tar shards are read from local folders.
 
@@ -310,26 +355,38 @@ def merge(parts: Sequence[str | os.PathLike], dst: str | os.PathLike, *, format:
 
     >>> merge(["a", "b"], "all")     # doctest: +SKIP
     """
-    return _merge_stores(parts, dst, format=format, overwrite=overwrite, progress=progress,
-                         shard_size=shard_size, shard_bytes=shard_bytes).path
+    return _merge_stores(
+        parts,
+        dst,
+        format=format,
+        overwrite=overwrite,
+        progress=progress,
+        shard_size=shard_size,
+        shard_bytes=shard_bytes,
+    ).path
 
 
-def _merge_stores(parts, dst, *, format=None, overwrite=False, progress=True, shard_size=None,
-                  shard_bytes=None) -> MergeResult:
+def _merge_stores(
+    parts, dst, *, format=None, overwrite=False, progress=True, shard_size=None, shard_bytes=None
+) -> MergeResult:
     from . import open_store
     from .remote import is_url
+
     check_remote_sources(parts)  # before anything is written or uploaded
     if is_url(str(dst)):  # merged locally, then uploaded, the manifest last
         import tempfile
-        from .remote_write import _tmp_root, upload_existing, check_destination
+
         from .remote import Location
+        from .remote_write import _tmp_root, check_destination, upload_existing
+
         fmt = format or ("lmdb" if str(dst).rstrip("/").lower().endswith(".lmdb") else None)
         for marker_fmt in ("tar", "lmdb"):
             check_destination(Location(str(dst)), marker_fmt, overwrite)
         with tempfile.TemporaryDirectory(prefix=".mmloader-merge-", dir=_tmp_root()) as tmp:
             local = os.path.join(tmp, "merged.lmdb" if fmt == "lmdb" else "merged")
-            result = _merge_stores(parts, local, format=fmt, progress=progress, shard_size=shard_size,
-                                   shard_bytes=shard_bytes)
+            result = _merge_stores(
+                parts, local, format=fmt, progress=progress, shard_size=shard_size, shard_bytes=shard_bytes
+            )
             upload_existing(local, str(dst), overwrite=overwrite, progress=progress)
             result.path = str(dst)  # type: ignore[assignment]
             return result
@@ -339,6 +396,7 @@ def _merge_stores(parts, dst, *, format=None, overwrite=False, progress=True, sh
     if not stores:
         raise FormatError("nothing to merge")
     from . import format_for, writer_for
+
     fmt = format_for(dst, format)  # the one rule: a .lmdb suffix means LMDB, else tar shards
     meta = _user_metadata(stores)
     total = sum(len(s) for s in stores)
@@ -347,8 +405,7 @@ def _merge_stores(parts, dst, *, format=None, overwrite=False, progress=True, sh
         _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_bytes, result)
         return result
     # LMDB output, or tar shards from LMDB parts: records copied byte for byte, nothing re-encoded
-    with writer_for(dst, fmt, overwrite=overwrite, metadata=meta, shard_size=shard_size,
-                    shard_bytes=shard_bytes) as w:
+    with writer_for(dst, fmt, overwrite=overwrite, metadata=meta, shard_size=shard_size, shard_bytes=shard_bytes) as w:
         bar = tqdm(total=total, desc="merging", unit="sample", disable=not progress)
         for store in stores:
             for i in range(len(store)):
@@ -365,8 +422,9 @@ def _sample_spans(store: TarStore, s: int, fields: list[str]):
     table = store.offset_table(s)
     start = 0
     for row in range(table.shape[0]):
-        present = [(int(table[row, c, 0]), int(table[row, c, 1]), f) for c, f in enumerate(fields)
-                   if table[row, c, 0] >= 0]
+        present = [
+            (int(table[row, c, 0]), int(table[row, c, 1]), f) for c, f in enumerate(fields) if table[row, c, 0] >= 0
+        ]
         present.sort()  # member order in the tar = the order the sample's fields were written
         end = max(o + n + (-n % tarfile.BLOCKSIZE) for o, n, _f in present)
         yield {f: (o, n) for o, n, f in present}, start, end, sample_bytes(n for _o, n, _f in present)
@@ -390,8 +448,9 @@ def _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_byte
     def full(size: int) -> bool:
         """ShardWriter's rule (:func:`should_cut`) before a sample of ``size``?"""
         f = state["file"]
-        return f is not None and should_cut(samples=state["samples"], written=f.pos, next_sample=size,
-                                            shard_size=shard_size, shard_bytes=shard_bytes)
+        return f is not None and should_cut(
+            samples=state["samples"], written=f.pos, next_sample=size, shard_size=shard_size, shard_bytes=shard_bytes
+        )
 
     def close_out() -> None:
         f = state["file"]
@@ -420,8 +479,13 @@ def _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_byte
                 # Would one process cut right after this shard? Inside a part, the part's writer
                 # decided that with the same state and the same next sample; after a part's last
                 # shard, ask the rule about the next part's first sample.
-                cut_after = (not recut or s != nonempty[-1] or next_size is None or shard["count"] >= shard_size
-                             or spans[-1][2] + next_size > shard_bytes)
+                cut_after = (
+                    not recut
+                    or s != nonempty[-1]
+                    or next_size is None
+                    or shard["count"] >= shard_size
+                    or spans[-1][2] + next_size > shard_bytes
+                )
                 if state["file"] is None and cut_after:
                     name = f"data-{len(builder.shards):06d}.tar"
                     try:
@@ -445,8 +509,9 @@ def _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_byte
                         shift = f.pos - a
                         src.seek(a)
                         f.write(src.read(b - a))
-                        builder.add_sample(bytes(keys[first + row]).decode(),
-                                           {k: (o + shift, n) for k, (o, n) in offsets.items()})
+                        builder.add_sample(
+                            bytes(keys[first + row]).decode(), {k: (o + shift, n) for k, (o, n) in offsets.items()}
+                        )
                         state["samples"] += 1
                         bar.update(1)
         if state["file"] is not None:
@@ -464,8 +529,15 @@ def _merge_shards(stores, dst, meta, overwrite, progress, shard_size, shard_byte
         raise
 
 
-def merge_parts(sources: Sequence[str | os.PathLike], dst: str | os.PathLike, *, overwrite: bool = False,
-                progress: bool = True, keep_parts: bool = True, rehash: bool = False) -> MergeResult:
+def merge_parts(
+    sources: Sequence[str | os.PathLike],
+    dst: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    keep_parts: bool = True,
+    rehash: bool = False,
+) -> MergeResult:
     """Merge the parts of one conversion (a parts directory, or the part datasets) into ``dst``:
     checked complete and from one conversion, cut exactly as one process cuts, skip reports
     joined into ``DST.skipped.tsv``. With ``keep_parts=False`` the parts directory is removed
@@ -482,13 +554,26 @@ def merge_parts(sources: Sequence[str | os.PathLike], dst: str | os.PathLike, *,
     total = sum(r["count"] for r in records)
     skipped = sum(r["skipped"] for r in records)
     from .remote import is_url
-    report = (Path.cwd() / (str(dst).rstrip("/").rsplit("/", 1)[-1] + ".skipped.tsv") if is_url(str(dst))
-              else Path(str(Path(dst).absolute()) + ".skipped.tsv"))  # a URL's report stays local
+
+    report = (
+        Path.cwd() / (str(dst).rstrip("/").rsplit("/", 1)[-1] + ".skipped.tsv")
+        if is_url(str(dst))
+        else Path(str(Path(dst).absolute()) + ".skipped.tsv")
+    )  # a URL's report stays local
     if total == 0:
-        raise PartError(f"no sample could be converted: all {skipped} were skipped (reasons in the parts' "
-                        f"reports in {Path(first['__path__']).parent}); nothing written")
-    result = _merge_stores(datasets, dst, format=first["dataset_format"], overwrite=overwrite, progress=progress,
-                           shard_size=first["shard_size"], shard_bytes=first["shard_bytes"])
+        raise PartError(
+            f"no sample could be converted: all {skipped} were skipped (reasons in the parts' "
+            f"reports in {Path(first['__path__']).parent}); nothing written"
+        )
+    result = _merge_stores(
+        datasets,
+        dst,
+        format=first["dataset_format"],
+        overwrite=overwrite,
+        progress=progress,
+        shard_size=first["shard_size"],
+        shard_bytes=first["shard_bytes"],
+    )
     result.parts, result.skipped = len(records), skipped
     reports = [Path(r["__path__"]).parent / r["skipped_report"] for r in records if r.get("skipped_report")]
     if report.exists():

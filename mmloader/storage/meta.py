@@ -1,4 +1,5 @@
 """The metadata record both formats carry (JSON)."""
+
 from __future__ import annotations
 
 import datetime
@@ -28,8 +29,7 @@ class FieldStats:
             self.crc[f] = zlib.crc32(v, self.crc.get(f, 0))
 
     def as_dict(self) -> dict:
-        return {"field_counts": dict(self.count), "field_bytes": dict(self.nbytes),
-                "field_crc32": dict(self.crc)}
+        return {"field_counts": dict(self.count), "field_bytes": dict(self.nbytes), "field_crc32": dict(self.crc)}
 
 
 def make_metadata(fmt: str, count: int, stats: FieldStats, user: dict | None, **extra) -> dict:

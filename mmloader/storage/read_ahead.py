@@ -12,6 +12,7 @@ The store it serves provides ``shards`` (manifest entries with ``file``, ``count
 ``bytes``), ``_shard_index(s)`` (the shard's offset table: rows x fields x (offset, size)) and
 ``location.start_range(name, start, end)`` (a future of those bytes).
 """
+
 from __future__ import annotations
 
 import threading

@@ -5,6 +5,7 @@ once per node into the shard cache (``cache_dir``; default ``$MMLOADER_CACHE_DIR
 The cached copy is keyed by the URL and the object's size and ETag, so a dataset replaced on the
 server is fetched again; ranks and workers of one node share one copy (one download, the others
 wait for it)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -45,9 +46,16 @@ def show_progress(progress: bool | None) -> bool:
     return _PROGRESS.get() if progress is None else bool(progress)
 
 
-def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
-                     cache_limit: int | str | None = None, progress: bool | None = None,
-                     retry_deadline: float | None = None, request_timeout: float | None = None) -> LMDBStore:
+def open_remote_lmdb(
+    url: str,
+    *,
+    storage_options: dict | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit: int | str | None = None,
+    progress: bool | None = None,
+    retry_deadline: float | None = None,
+    request_timeout: float | None = None,
+) -> LMDBStore:
     """The local copy of the LMDB dataset at ``url`` (fetched into the cache if needed).
 
     Before anything is downloaded, the object's two LMDB meta pages are read (two small ranged
@@ -55,27 +63,46 @@ def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir
     The cached copy is checked the same way before LMDB maps it (a short file would crash the
     process with SIGBUS), then against its own metadata; a bad copy is removed from the cache."""
     from tqdm import tqdm
+
     from .remote_tar import default_cache_dir
-    loc = Location(url, storage_options or {}, Policy.from_env(retry_deadline=retry_deadline,
-                                                               request_timeout=request_timeout))
+
+    loc = Location(
+        url, storage_options or {}, Policy.from_env(retry_deadline=retry_deadline, request_timeout=request_timeout)
+    )
     size, etag = loc.head(DATA, purpose="meta")
     if size is None:
         raise FormatError(f"{loc.url} is not an LMDB dataset: no {DATA} there")
     remote_name = loc.name_url(DATA)
-    cache = ShardCache(cache_dir or default_cache_dir(), loc.url, parse_limit(cache_limit),
-                       tag=f"{loc.identity()}|{size}-{etag}")  # another endpoint's bucket of that name is another dataset
+    cache = ShardCache(
+        cache_dir or default_cache_dir(), loc.url, parse_limit(cache_limit), tag=f"{loc.identity()}|{size}-{etag}"
+    )  # another endpoint's bucket of that name is another dataset
     hit = cache.lookup(DATA, size)
     if hit is None:
+
         def read(offset: int, n: int) -> bytes:
             return bytes(loc.get_ranges([(DATA, offset, min(offset + n, size))], purpose="meta")[0])
+
         lmdb_required_size(read, size, remote_name)  # a bad object is refused before it is downloaded
-        with tqdm(total=size, unit="B", unit_scale=True, desc=f"fetching {loc.url}",
-                  disable=not show_progress(progress), leave=False) as bar:
-            hit = cache.fetch(DATA, size, lambda fd, prog: loc.download(DATA, fd, size, progress=prog, purpose="meta"),
-                              wait=True, progress=bar.update)
+        with tqdm(
+            total=size,
+            unit="B",
+            unit_scale=True,
+            desc=f"fetching {loc.url}",
+            disable=not show_progress(progress),
+            leave=False,
+        ) as bar:
+            hit = cache.fetch(
+                DATA,
+                size,
+                lambda fd, prog: loc.download(DATA, fd, size, progress=prog, purpose="meta"),
+                wait=True,
+                progress=bar.update,
+            )
         if hit is None:
-            raise RemoteError(f"{loc.url}: {DATA} ({size} bytes) does not fit in the cache at {cache.root} "
-                              f"(cache_limit={cache.limit}): raise cache_limit or free space")
+            raise RemoteError(
+                f"{loc.url}: {DATA} ({size} bytes) does not fit in the cache at {cache.root} "
+                f"(cache_limit={cache.limit}): raise cache_limit or free space"
+            )
     else:
         cache.touch(DATA, every=0)
 
@@ -84,6 +111,7 @@ def open_remote_lmdb(url: str, *, storage_options: dict | None = None, cache_dir
             hit.unlink()
         except OSError:
             pass
+
     try:
         check_lmdb_file(hit, where=f"{remote_name} (cached copy {hit})")  # before LMDB maps it
     except FormatError:

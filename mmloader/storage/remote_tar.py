@@ -25,6 +25,7 @@ Three ways a sample's bytes arrive, cheapest first:
 Whatever the way, :meth:`TarStore._member` checks each member against its tar header and size:
 never wrong bytes, whatever a server or a cache returned.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -72,22 +73,38 @@ class RemoteTarStore(TarStore):
     >>> ds[5]["txt"], len(ds)                                                                  # doctest: +SKIP
     """
 
-    def __init__(self, url: str, *, storage_options: dict | None = None, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | str | None = None, readahead: bool | None = None,
-                 readahead_bytes: int = 512 << 20, chunk_bytes: int = 8 << 20, coalesce: int = 64 << 10,
-                 check_headers: bool = True, verify_checksums: bool = False, retry_deadline: float | None = None,
-                 request_timeout: float | None = None, max_in_flight: int | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | str | None = None,
+        readahead: bool | None = None,
+        readahead_bytes: int = 512 << 20,
+        chunk_bytes: int = 8 << 20,
+        coalesce: int = 64 << 10,
+        check_headers: bool = True,
+        verify_checksums: bool = False,
+        retry_deadline: float | None = None,
+        request_timeout: float | None = None,
+        max_in_flight: int | None = None,
+    ):
         url = url.rstrip("/")
         if url.endswith("/" + MANIFEST):
-            url = url[:-len(MANIFEST) - 1]
-        for name, value, low in (("readahead_bytes", readahead_bytes, 0), ("chunk_bytes", chunk_bytes, 1),
-                                 ("coalesce", coalesce, 0)):
+            url = url[: -len(MANIFEST) - 1]
+        for name, value, low in (
+            ("readahead_bytes", readahead_bytes, 0),
+            ("chunk_bytes", chunk_bytes, 1),
+            ("coalesce", coalesce, 0),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}={value!r}: expected an integer >= {low} (bytes)")
         if cache_limit is not None and cache_dir is None:
             raise ValueError("cache_limit= needs cache_dir= (or MMLOADER_CACHE_DIR): there is no cache to limit")
-        policy = Policy.from_env(retry_deadline=retry_deadline, request_timeout=request_timeout,
-                                 max_in_flight=max_in_flight)
+        policy = Policy.from_env(
+            retry_deadline=retry_deadline, request_timeout=request_timeout, max_in_flight=max_in_flight
+        )
         self.location = Location(url, storage_options or {}, policy)
         self.check_headers, self.verify_checksums = check_headers, verify_checksums
         self.path = self.url = self.location.url
@@ -137,11 +154,19 @@ class RemoteTarStore(TarStore):
             self._reset_remote()
 
     def __getstate__(self) -> dict:
-        return {"location": self.location, "_meta": self._meta, "check_headers": self.check_headers,
-                "verify_checksums": self.verify_checksums, "cache_dir": self.cache_dir,
-                "cache_limit": self.cache_limit, "readahead": self.readahead,
-                "readahead_bytes": self.readahead_bytes, "chunk_bytes": self.chunk_bytes, "coalesce": self.coalesce,
-                "_owner": self._owner}
+        return {
+            "location": self.location,
+            "_meta": self._meta,
+            "check_headers": self.check_headers,
+            "verify_checksums": self.verify_checksums,
+            "cache_dir": self.cache_dir,
+            "cache_limit": self.cache_limit,
+            "readahead": self.readahead,
+            "readahead_bytes": self.readahead_bytes,
+            "chunk_bytes": self.chunk_bytes,
+            "coalesce": self.coalesce,
+            "_owner": self._owner,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -198,6 +223,7 @@ class RemoteTarStore(TarStore):
         if not names or len(names) > self.MAX_HEAD_PINS:
             return
         from .remote.runtime import _background
+
         try:
             answers = list(_background().map(lambda n: self.location.head(n, purpose="meta"), names))
         except (RemoteError, OSError) as e:
@@ -212,9 +238,11 @@ class RemoteTarStore(TarStore):
         except Exception:
             return ""
         if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names):
-            return (f" (it holds tar files but no manifest: a writer killed before publishing leaves its shards "
-                    f"without {MANIFEST}, and indexing those would publish half a dataset; if they are complete "
-                    f"shards written by another tool, run `mmloader index {self.url}`)")
+            return (
+                f" (it holds tar files but no manifest: a writer killed before publishing leaves its shards "
+                f"without {MANIFEST}, and indexing those would publish half a dataset; if they are complete "
+                f"shards written by another tool, run `mmloader index {self.url}`)"
+            )
         if any(n.endswith("data.mdb") for n in names):
             return " (it holds an LMDB data.mdb: name the dataset by its .lmdb folder)"
         if not names:
@@ -251,7 +279,8 @@ class RemoteTarStore(TarStore):
                 raise RandomAccessError(
                     f"shard {self.shard_path(s)} is compressed: it can only be read sequentially "
                     "(store.iter_samples()). For random access, shuffling and DDP splitting, decompress it "
-                    "and run `mmloader index` again.")
+                    "and run `mmloader index` again."
+                )
         names = [meta["shards"][s]["index"] for s in missing]
         try:
             raw = self.location.get_many(names, purpose="meta")
@@ -261,8 +290,10 @@ class RemoteTarStore(TarStore):
             for s, name, data in zip(missing, names, raw):
                 table = offsets_from_bytes(data, join(self.url, name))
                 if table.shape[0] != meta["shards"][s]["count"]:
-                    raise FormatError(f"{name}: {table.shape[0]} rows but the manifest lists "
-                                      f"{meta['shards'][s]['count']} samples for {meta['shards'][s]['file']}")
+                    raise FormatError(
+                        f"{name}: {table.shape[0]} rows but the manifest lists "
+                        f"{meta['shards'][s]['count']} samples for {meta['shards'][s]['file']}"
+                    )
                 self._idx[s] = table
                 while len(self._idx) > MAX_INDEXES:
                     self._idx.popitem(last=False)
@@ -344,12 +375,14 @@ class RemoteTarStore(TarStore):
             self.location.download(name, fd, size, progress=prog)
             if self.verify_checksums:
                 self._check_sha(fd, s)
+
         return self._cache.fetch(name, size, download, wait=wait, progress=progress)
 
     def prefetch(self, shards: Sequence[int] | None = None, progress: bool = True) -> int:
         """Fill the cache with ``shards`` (default: all) ahead of training, with a progress bar;
         returns how many are cached."""
         from tqdm import tqdm
+
         todo = list(range(len(self.shards))) if shards is None else list(shards)
         total = sum(self.shards[s]["bytes"] for s in todo)
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"caching {self.url}", disable=not progress) as bar:
@@ -365,8 +398,10 @@ class RemoteTarStore(TarStore):
             h.update(chunk)
             pos += len(chunk)
         if h.hexdigest() != self.shards[s]["sha256"]:
-            raise FormatError(f"shard {self.shard_path(s)}: sha256 {h.hexdigest()[:12]}... does not match the "
-                              f"manifest's {self.shards[s]['sha256'][:12]}...: the object changed since it was written")
+            raise FormatError(
+                f"shard {self.shard_path(s)}: sha256 {h.hexdigest()[:12]}... does not match the "
+                f"manifest's {self.shards[s]['sha256'][:12]}...: the object changed since it was written"
+            )
 
     # -- reading ------------------------------------------------------------------------------------------
     def read_many(self, indices, fields, views: bool = False):
@@ -460,13 +495,20 @@ class RemoteTarStore(TarStore):
                 return
         shard = self.shards[s]
         from tqdm import tqdm
+
         fd, path = tempfile.mkstemp(prefix=".mmloader-shard-", suffix=".tar")
         unlinked = os.path.isdir("/proc/self/fd")
         try:
             if unlinked:  # removed at once: a killed process leaves no file behind
                 os.unlink(path)
-            with tqdm(total=shard["bytes"], unit="B", unit_scale=True, desc=f"fetching {shard['file']}",
-                      disable=not progress, leave=False) as bar:
+            with tqdm(
+                total=shard["bytes"],
+                unit="B",
+                unit_scale=True,
+                desc=f"fetching {shard['file']}",
+                disable=not progress,
+                leave=False,
+            ) as bar:
                 self.location.download(shard["file"], fd, shard["bytes"], progress=bar.update)
             yield f"/proc/self/fd/{fd}" if unlinked else path
         finally:
@@ -489,4 +531,3 @@ class RemoteTarStore(TarStore):
 
 def default_cache_dir() -> str:
     return os.environ.get("MMLOADER_CACHE_DIR") or DEFAULT_CACHE_DIR
-

@@ -13,6 +13,7 @@ none, never a mixture, then removes old objects the new dataset does not have on
 manifest is in place. An LMDB dataset is one object (``data.mdb``), uploaded whole (a multipart
 upload becomes visible only when complete), so a failed upload leaves the old one or none.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -50,8 +51,9 @@ def check_destination(location: Location, fmt: str, overwrite: bool) -> None:
     location.list(MANIFEST)
     marker = MANIFEST if fmt == "tar" else "data.mdb"
     if not overwrite and location.exists(marker):
-        raise FileExistsError(f"{location.url} already holds a dataset ({marker}); pass overwrite=True "
-                              "(CLI: --overwrite) to replace it")
+        raise FileExistsError(
+            f"{location.url} already holds a dataset ({marker}); pass overwrite=True (CLI: --overwrite) to replace it"
+        )
 
 
 def check_remote_destination(url: str, overwrite: bool, storage_options: dict | None = None) -> None:
@@ -125,6 +127,7 @@ class _UploadingShardWriter(ShardWriter):
             self.location.put_file(name, path)
             self.uploaded.append(name)
             os.unlink(path)
+
         self._uploads.append(self._uploader.submit(upload))
 
     def wait_uploads(self) -> None:
@@ -144,9 +147,19 @@ class RemoteWriter(AtomicWriter):
     ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a cat"})
     """
 
-    def __init__(self, url: str, fmt: str, *, overwrite: bool = False, storage_options: dict | None = None,
-                 progress: bool | None = None, metadata: Mapping | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        url: str,
+        fmt: str,
+        *,
+        overwrite: bool = False,
+        storage_options: dict | None = None,
+        progress: bool | None = None,
+        metadata: Mapping | None = None,
+        **kwargs: Any,
+    ):
         from .remote_lmdb import show_progress
+
         self.location = Location(url, storage_options or {})
         self.path = self.url = self.location.url
         self.fmt, self.overwrite, self.progress = fmt, overwrite, show_progress(progress)
@@ -181,8 +194,9 @@ class RemoteWriter(AtomicWriter):
                 inner._close_shard()
                 inner.wait_uploads()
                 local = inner.close()
-                upload_dataset(local, self.location, "tar", progress=self.progress, skip=set(inner.uploaded),
-                               uploads=self._uploads)
+                upload_dataset(
+                    local, self.location, "tar", progress=self.progress, skip=set(inner.uploaded), uploads=self._uploads
+                )
         except BaseException:
             self.abort()
             raise
@@ -217,8 +231,14 @@ def _names_of(manifest: dict) -> set[str]:
     return {n for n in names if n}
 
 
-def upload_dataset(local: str | os.PathLike, location: Location, fmt: str, progress: bool = True,
-                   skip: set[str] = frozenset(), uploads: _Uploads | None = None) -> None:
+def upload_dataset(
+    local: str | os.PathLike,
+    location: Location,
+    fmt: str,
+    progress: bool = True,
+    skip: set[str] = frozenset(),
+    uploads: _Uploads | None = None,
+) -> None:
     """Upload a local dataset folder: every file but the manifest (shards, then indexes), then the
     manifest. ``skip``: names already uploaded. ``uploads``: records what is uploaded (for
     :meth:`_Uploads.undo` after a failure) and holds the manifest being replaced (removed before
@@ -229,17 +249,26 @@ def upload_dataset(local: str | os.PathLike, location: Location, fmt: str, progr
     if fmt == "lmdb":
         files = [local / "data.mdb"]
     else:
-        files = sorted((p for p in local.iterdir() if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
-                        and p.name not in skip), key=lambda p: (not p.name.endswith(".tar"), p.name))
+        files = sorted(
+            (
+                p
+                for p in local.iterdir()
+                if p.is_file() and p.name != MANIFEST and not p.name.startswith(".") and p.name not in skip
+            ),
+            key=lambda p: (not p.name.endswith(".tar"), p.name),
+        )
     total = sum(p.stat().st_size for p in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"uploading to {location.url}", disable=not progress,
-              leave=False) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"uploading to {location.url}", disable=not progress, leave=False
+    ) as bar:
         with concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="mmloader-upload") as pool:
+
             def put(p: Path) -> None:
                 if fmt == "tar":  # one object (data.mdb) replaces the old one whole, or fails leaving it
                     uploads.start(p.name)
                 location.put_file(p.name, p)
                 bar.update(p.stat().st_size)
+
             for f in [pool.submit(put, p) for p in files]:
                 f.result()
         if fmt == "tar":
@@ -255,8 +284,14 @@ def upload_dataset(local: str | os.PathLike, location: Location, fmt: str, progr
                 log.warning("%s: could not delete %s of the replaced dataset: %s", location.url, name, e)
 
 
-def upload_existing(local: str | os.PathLike, url: str, *, overwrite: bool = False, progress: bool = True,
-                    storage_options: dict | None = None) -> str:
+def upload_existing(
+    local: str | os.PathLike,
+    url: str,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    storage_options: dict | None = None,
+) -> str:
     """Upload a finished local dataset (LMDB or shard directory) to ``url``, manifest last."""
     location = Location(url, storage_options or {})
     local = Path(local)
@@ -273,17 +308,22 @@ def upload_existing(local: str | os.PathLike, url: str, *, overwrite: bool = Fal
     return location.url
 
 
-def build_index_remote(url: str, output: str | None = None, progress: bool = True,
-                       storage_options: dict | None = None,
-                       suffixes: tuple[str, ...] = (".tar", ".tgz", ".tar.gz")) -> dict:
+def build_index_remote(
+    url: str,
+    output: str | None = None,
+    progress: bool = True,
+    storage_options: dict | None = None,
+    suffixes: tuple[str, ...] = (".tar", ".tgz", ".tar.gz"),
+) -> dict:
     """``mmloader index s3://bucket/shards/``: index tar shards already on object storage (e.g.
     written by img2dataset). Each shard is downloaded once into a temporary file and read
     sequentially; the offset indexes, key index and manifest are uploaded beside the shards,
     the manifest last."""
     location = Location(url, storage_options or {})
     if output is not None and Location(output).url != location.url:
-        raise ValueError(f"--output {output}: an index of shards on object storage is written beside them "
-                         f"({location.url})")
+        raise ValueError(
+            f"--output {output}: an index of shards on object storage is written beside them ({location.url})"
+        )
     objects = sorted((n, size) for n, size in location.list() if n.endswith(suffixes) and "/" not in n)
     if not objects:
         raise FormatError(f"{location.url} holds no tar shards ({', '.join('*' + s for s in suffixes)})")
@@ -292,8 +332,9 @@ def build_index_remote(url: str, output: str | None = None, progress: bool = Tru
         out = Path(tmp) / "index"
         out.mkdir()
         builder = ShardIndexBuilder(out, unique_keys=False)
-        with tqdm(total=sum(s for _n, s in objects), unit="B", unit_scale=True, desc="indexing shards",
-                  disable=not progress) as bar:
+        with tqdm(
+            total=sum(s for _n, s in objects), unit="B", unit_scale=True, desc="indexing shards", disable=not progress
+        ) as bar:
             for name, size in objects:
                 shard = Path(tmp) / "shard"
                 fd = os.open(shard, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -308,4 +349,3 @@ def build_index_remote(url: str, output: str | None = None, progress: bool = Tru
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-

@@ -17,6 +17,7 @@
   anything else under ``cache_dir``. A file evicted while a reader has it open stays readable
   through that reader's descriptor.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -132,8 +133,14 @@ class ShardCache:
                 pass
 
     # -- download ----------------------------------------------------------------------------------
-    def fetch(self, name: str, size: int, download: Callable[[int, Callable[[int], None] | None], None],
-              wait: bool = True, progress: Callable[[int], None] | None = None) -> Path | None:
+    def fetch(
+        self,
+        name: str,
+        size: int,
+        download: Callable[[int, Callable[[int], None] | None], None],
+        wait: bool = True,
+        progress: Callable[[int], None] | None = None,
+    ) -> Path | None:
         """The cached copy of ``name``, downloading it first if needed: ``download(fd, progress)``
         writes the ``size`` bytes into ``fd``. Returns None when the file is not cached: another
         process is downloading it and ``wait`` is False, or it cannot fit under the limit."""
@@ -203,8 +210,9 @@ class ShardCache:
                 finals, held = self.usage()
                 used = sum(s for _m, s, _p in finals) + held
                 if size > self.limit:
-                    log.info("%s/%s (%d bytes) is larger than cache_limit=%d: not cached", self.url, name, size,
-                             self.limit)
+                    log.info(
+                        "%s/%s (%d bytes) is larger than cache_limit=%d: not cached", self.url, name, size, self.limit
+                    )
                     return None
                 for _mtime, fsize, p in sorted(finals):
                     if used + size <= self.limit:

@@ -7,6 +7,7 @@ bytes) and ``keys.order.npy`` (argsort) give key <-> index with a binary search.
 All are loaded with ``mmap_mode="r"``: per-process memory does not grow with the
 number of samples.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,8 +53,9 @@ class ShardIndexBuilder:
         self._rows: list[tuple[dict[str, tuple[int, int]]]] = []
         self._shard_fields: dict[str, int] = {}
 
-    def add_sample(self, key: str, offsets: dict[str, tuple[int, int]],
-                   sizes_for_stats: dict[str, bytes] | None = None):
+    def add_sample(
+        self, key: str, offsets: dict[str, tuple[int, int]], sizes_for_stats: dict[str, bytes] | None = None
+    ):
         kb = key.encode("utf-8")
         self._keyfile.write(kb + b"\n")
         self._max_key = max(self._max_key, len(kb))
@@ -77,8 +79,17 @@ class ShardIndexBuilder:
                 table[r, self._shard_fields[f]] = (o, s)
         idx_name = Path(file).name + ".idx.npy"
         _save_npy(self.out_dir / idx_name, table)
-        self.shards.append({"file": file, "count": len(self._rows), "bytes": nbytes, "sha256": sha256,
-                            "compressed": compressed, "fields": fields, "index": idx_name})
+        self.shards.append(
+            {
+                "file": file,
+                "count": len(self._rows),
+                "bytes": nbytes,
+                "sha256": sha256,
+                "compressed": compressed,
+                "fields": fields,
+                "index": idx_name,
+            }
+        )
         self._rows, self._shard_fields = [], {}
 
     def finish(self, user_metadata: dict | None = None, **extra) -> dict:
@@ -98,16 +109,28 @@ class ShardIndexBuilder:
                 extra.setdefault("duplicate_keys", int(same.sum()))
         _save_npy(self.out_dir / KEYS_FILE, keys)
         _save_npy(self.out_dir / KEY_ORDER_FILE, order.astype(np.int64))
-        manifest = make_metadata(TAR_FORMAT, n, self.stats, user_metadata,
-                                 keys=KEYS_FILE, key_order=KEY_ORDER_FILE, shards=self.shards, **extra)
+        manifest = make_metadata(
+            TAR_FORMAT,
+            n,
+            self.stats,
+            user_metadata,
+            keys=KEYS_FILE,
+            key_order=KEY_ORDER_FILE,
+            shards=self.shards,
+            **extra,
+        )
         tmp = self.out_dir / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1, ensure_ascii=False))
         os.replace(tmp, self.out_dir / MANIFEST)  # the manifest appears last: its presence means complete
         return manifest
 
 
-def build_index(directory: str | os.PathLike, output: str | os.PathLike | None = None,
-                pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"), progress: bool = True) -> dict:
+def build_index(
+    directory: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"),
+    progress: bool = True,
+) -> dict:
     """Index tar shards written by any tool: manifest + offset indexes + key index.
 
     Shards are read sequentially once (compressed ones too). ``output`` defaults to

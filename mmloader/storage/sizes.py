@@ -8,6 +8,7 @@ everywhere: the CLI, the Python API and configs.
 >>> parse_size("1G"), parse_size("1GiB"), parse_size("1GB"), parse_size("64K"), parse_size("1e9")
 (1073741824, 1073741824, 1000000000, 65536, 1000000000)
 """
+
 from __future__ import annotations
 
 import math

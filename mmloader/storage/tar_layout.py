@@ -9,6 +9,7 @@ True
 >>> len(end_of_archive(written=512 * 3))
 8704
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@
 {"__key__", field: bytes}``. Used for compressed shards (which cannot be
 sliced), for ``mmloader index`` and for ``verify``. Nothing is extracted to disk.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ def safe_member_name(name: str) -> bool:
     return not (name.startswith("/") or ".." in parts or "\\" in name or "\n" in name)
 
 
-def tar_members(path: str | os.PathLike, with_data: bool = True,
-                fileobj: IO[bytes] | None = None) -> Iterator[tuple[str, int, int, bytes | None]]:
+def tar_members(
+    path: str | os.PathLike, with_data: bool = True, fileobj: IO[bytes] | None = None
+) -> Iterator[tuple[str, int, int, bytes | None]]:
     """Yield ``(name, data_offset, size, data)`` for each regular-file member, in order.
 
     Directories are passed over silently; links, devices and unsafe names
@@ -45,8 +47,12 @@ def tar_members(path: str | os.PathLike, with_data: bool = True,
             if member.isdir():
                 continue
             if not member.isreg():
-                log.warning("%s: ignoring tar member %r (%s, not a regular file)", path, member.name,
-                            "link" if member.issym() or member.islnk() else "special file")
+                log.warning(
+                    "%s: ignoring tar member %r (%s, not a regular file)",
+                    path,
+                    member.name,
+                    "link" if member.issym() or member.islnk() else "special file",
+                )
                 continue
             if not safe_member_name(member.name):
                 log.warning("%s: ignoring tar member with unsafe name %r", path, member.name)
@@ -55,8 +61,7 @@ def tar_members(path: str | os.PathLike, with_data: bool = True,
             yield member.name, member.offset_data, member.size, data
 
 
-def group_samples(members: Iterable[tuple[str, int, int, bytes | None]], where: str = "") \
-        -> Iterator[dict]:
+def group_samples(members: Iterable[tuple[str, int, int, bytes | None]], where: str = "") -> Iterator[dict]:
     """Group consecutive members sharing a key into samples, as WebDataset does.
 
     Each sample dict has ``__key__``, ``__offsets__`` ({field: (offset, size)}) and
@@ -75,8 +80,10 @@ def group_samples(members: Iterable[tuple[str, int, int, bytes | None]], where: 
         if current is None:
             current = {"__key__": key, "__offsets__": {}}
         if field in current["__offsets__"]:  # e.g. x.jpg and x.JPG: WebDataset refuses it too
-            raise FormatError(f"{where}: sample {key!r} has field {field!r} twice (member {name!r}); "
-                              "one of them would be dropped: remove or rename it")
+            raise FormatError(
+                f"{where}: sample {key!r} has field {field!r} twice (member {name!r}); "
+                "one of them would be dropped: remove or rename it"
+            )
         current["__offsets__"][field] = (offset, size)
         if data is not None:
             current[field] = data

@@ -1,4 +1,5 @@
 """Random access to a directory of tar shards through mmloader's manifest and offset indexes."""
+
 from __future__ import annotations
 
 import bisect
@@ -15,10 +16,10 @@ import numpy as np
 
 from ..errors import FormatError, RandomAccessError, SampleError
 from .base import Store
+from .keys import split_member_name
 from .meta import TAR_FORMATS
 from .shard_index import MANIFEST
 from .tar_layout import sha256_file
-from .keys import split_member_name
 from .tar_stages import group_samples, tar_members
 
 MAX_OPEN_SHARDS = 64  # bounded per-process cache of open shard files and index maps
@@ -58,8 +59,12 @@ class TarStore(Store):
         self._keys = self._order = None
 
     def __getstate__(self) -> dict:
-        return {"path": str(self.manifest_path), "_meta": self._meta, "check_headers": self.check_headers,
-                "verify_checksums": self.verify_checksums}
+        return {
+            "path": str(self.manifest_path),
+            "_meta": self._meta,
+            "check_headers": self.check_headers,
+            "verify_checksums": self.verify_checksums,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.check_headers = state.get("check_headers", True)
@@ -121,10 +126,10 @@ class TarStore(Store):
         self._local()
         if self._keys is None:
             meta = self.metadata
-            self._keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r",
-                                 allow_pickle=False).view(np.ndarray)
-            self._order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r",
-                                  allow_pickle=False)
+            self._keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r", allow_pickle=False).view(
+                np.ndarray
+            )
+            self._order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r", allow_pickle=False)
         return self._keys, self._order
 
     def key(self, index: int) -> str:
@@ -162,11 +167,14 @@ class TarStore(Store):
                 raise RandomAccessError(
                     f"shard {self.shard_path(s)} is compressed: it can only be read sequentially "
                     "(store.iter_samples()). For random access, shuffling and DDP splitting, "
-                    "decompress it (e.g. `gunzip -c x.tgz > x.tar`) and run `mmloader index` again.")
+                    "decompress it (e.g. `gunzip -c x.tgz > x.tar`) and run `mmloader index` again."
+                )
             table = map_offsets(os.path.join(self.path, self.shards[s]["index"]))
             if table.shape[0] != self.shards[s]["count"]:
-                raise FormatError(f"{self.shards[s]['index']}: {table.shape[0]} rows but the manifest "
-                                  f"lists {self.shards[s]['count']} samples for {self.shards[s]['file']}")
+                raise FormatError(
+                    f"{self.shards[s]['index']}: {table.shape[0]} rows but the manifest "
+                    f"lists {self.shards[s]['count']} samples for {self.shards[s]['file']}"
+                )
             self._idx[s] = table
             if len(self._idx) > MAX_OPEN_SHARDS:
                 self._idx.popitem(last=False)
@@ -187,17 +195,19 @@ class TarStore(Store):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
-                raise FormatError(f"shard {path} is listed in {self.manifest_path} but missing on disk") \
-                    from None
+                raise FormatError(f"shard {path} is listed in {self.manifest_path} but missing on disk") from None
             except OSError as e:
-                raise FormatError(f"shard {path} (of {self.manifest_path}) cannot be opened: "
-                                  f"{e.strerror or e}") from None
+                raise FormatError(
+                    f"shard {path} (of {self.manifest_path}) cannot be opened: {e.strerror or e}"
+                ) from None
             if self.verify_checksums:
                 digest = sha256_file(path)
                 if digest != self.shards[s]["sha256"]:
                     os.close(fd)
-                    raise FormatError(f"shard {path}: sha256 {digest[:12]}... does not match the manifest's "
-                                      f"{self.shards[s]['sha256'][:12]}...: the file changed since it was written")
+                    raise FormatError(
+                        f"shard {path}: sha256 {digest[:12]}... does not match the manifest's "
+                        f"{self.shards[s]['sha256'][:12]}...: the file changed since it was written"
+                    )
             self._fds[s] = fd
             if len(self._fds) > MAX_OPEN_SHARDS:
                 # Closed only once no reader thread can be using it: threads read under the GIL
@@ -225,8 +235,14 @@ class TarStore(Store):
         if layout.done:
             return layout.keys, layout.columns
         keys, columns, groups, shard_of = layout.keys, layout.columns, layout.groups, layout.shard_of
-        offs_l, sizes_l, lo_l, hi_l, one_read, head = (layout.offs, layout.sizes, layout.lo, layout.hi,
-                                                       layout.one_read, layout.head)
+        offs_l, sizes_l, lo_l, hi_l, one_read, head = (
+            layout.offs,
+            layout.sizes,
+            layout.lo,
+            layout.hi,
+            layout.one_read,
+            layout.head,
+        )
         # Shard by shard: each descriptor is used while it is the newest in the LRU, so no other
         # thread's eviction can close it under us.
         for rows in groups:
@@ -244,8 +260,9 @@ class TarStore(Store):
                 else:  # big fields nobody asked for sit in between: read the wanted ones alone
                     for f, o, z in zip(fields, offs_l[j], sizes_l[j]):
                         if o >= 0:
-                            columns[f][j] = self._member(os.pread(fd, z + head, o - head), o - head,
-                                                         keys[j], f, o, z, s, views)
+                            columns[f][j] = self._member(
+                                os.pread(fd, z + head, o - head), o - head, keys[j], f, o, z, s, views
+                            )
         return keys, columns
 
     def _batch_layout(self, indices, fields) -> "_Layout":
@@ -287,27 +304,47 @@ class TarStore(Store):
         lo = np.where(present, offs, np.iinfo(np.int64).max).min(1) - head
         hi = np.where(present, offs + sizes, 0).max(1)
         one_read = (hi - lo <= np.where(present, sizes, 0).sum(1) + 2048 * present.sum(1)).tolist()
-        return _Layout(False, keys, columns, groups, shard_of, offs.tolist(), sizes.tolist(), lo.tolist(),
-                       hi.tolist(), one_read, head)
+        return _Layout(
+            False,
+            keys,
+            columns,
+            groups,
+            shard_of,
+            offs.tolist(),
+            sizes.tolist(),
+            lo.tolist(),
+            hi.tolist(),
+            one_read,
+            head,
+        )
 
-    def _member(self, buf: bytes, base: int, key: str, field: str, offset: int, size: int, s: int,
-                view: bool = False) -> bytes | memoryview:
+    def _member(
+        self, buf: bytes, base: int, key: str, field: str, offset: int, size: int, s: int, view: bool = False
+    ) -> bytes | memoryview:
         """Member ``key.field`` (``size`` bytes at file ``offset``) from ``buf``, read from file
         position ``base``; checks that it was not cut short and that its tar header matches."""
         start = offset - base
         if start + size > len(buf):
-            raise SampleError(f"shard is truncated: wanted {size} bytes at offset {offset}, "
-                              f"got {max(len(buf) - start, 0)}", key=key, field=field, where=self.shard_path(s))
+            raise SampleError(
+                f"shard is truncated: wanted {size} bytes at offset {offset}, got {max(len(buf) - start, 0)}",
+                key=key,
+                field=field,
+                where=self.shard_path(s),
+            )
         if self.check_headers:
             h = start - 512
             # fast path: the header names this member and holds its size as tarfile writes it
             if not (buf.startswith(f"{key}.{field}\0".encode(), h) and buf.startswith(b"%011o" % size, h + 124)):
                 problem = _header_problem(buf[h:start], f"{key}.{field}", size)
                 if problem:
-                    raise SampleError(f"offset index does not match the shard at offset {offset}: {problem}; "
-                                      "re-run `mmloader index` or `mmloader verify`", key=key, field=field,
-                                      where=self.shard_path(s))
-        return memoryview(buf)[start:start + size] if view else buf[start:start + size]
+                    raise SampleError(
+                        f"offset index does not match the shard at offset {offset}: {problem}; "
+                        "re-run `mmloader index` or `mmloader verify`",
+                        key=key,
+                        field=field,
+                        where=self.shard_path(s),
+                    )
+        return memoryview(buf)[start : start + size] if view else buf[start : start + size]
 
     def field_size(self, index: int, field: str) -> int:
         s, row = self.locate(index)
@@ -375,8 +412,9 @@ def map_offsets(path: str) -> np.ndarray:
                         empty.flags.writeable = False
                         return empty
                     mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # stays valid after close(fd)
-                    return np.frombuffer(mapped, dtype="<i8", count=rows * fields * 2,
-                                         offset=end).reshape(rows, fields, 2)
+                    return np.frombuffer(mapped, dtype="<i8", count=rows * fields * 2, offset=end).reshape(
+                        rows, fields, 2
+                    )
     finally:
         os.close(fd)
     return np.load(path, mmap_mode="r", allow_pickle=False).view(np.ndarray)
@@ -404,7 +442,11 @@ def _header_problem(header: bytes, member: str, size: int) -> str | None:
     # truncated or replaced, so only short ASCII names can be compared exactly.
     # Field names are read lower-cased, as WebDataset does (member ``x.JPG`` is field ``jpg``).
     as_read = split_member_name(full)
-    if len(encoded) < 100 and encoded.isascii() and full != member \
-            and (as_read is None or f"{as_read[0]}.{as_read[1]}" != member):
+    if (
+        len(encoded) < 100
+        and encoded.isascii()
+        and full != member
+        and (as_read is None or f"{as_read[0]}.{as_read[1]}" != member)
+    ):
         return f"the member there is {full!r}, expected {member!r}"
     return None

@@ -1,4 +1,5 @@
 """Write WebDataset-compatible tar shards plus mmloader's manifest and offset indexes."""
+
 from __future__ import annotations
 
 import os
@@ -25,10 +26,24 @@ def _octal(value: int, width: int) -> bytes:
 def ustar_header(name: str, size: int, mtime: int) -> bytes:
     """The 512-byte header tarfile writes for a plain file with a short ASCII name (PAX format
     adds nothing then), built directly: tarfile's generic path costs ~35 us per member."""
-    head = b"".join([
-        name.encode("ascii").ljust(100, b"\0"), _octal(0o444, 8), _octal(0, 8), _octal(0, 8),
-        _octal(size, 12), _octal(mtime, 12), b"        ", b"0", b"\0" * 100, b"ustar\x0000",
-        b"\0" * 32, b"\0" * 32, b"\0" * 16, b"\0" * 155])  # no device numbers for files
+    head = b"".join(
+        [
+            name.encode("ascii").ljust(100, b"\0"),
+            _octal(0o444, 8),
+            _octal(0, 8),
+            _octal(0, 8),
+            _octal(size, 12),
+            _octal(mtime, 12),
+            b"        ",
+            b"0",
+            b"\0" * 100,
+            b"ustar\x0000",
+            b"\0" * 32,
+            b"\0" * 32,
+            b"\0" * 16,
+            b"\0" * 155,
+        ]
+    )  # no device numbers for files
     checksum = b"%06o\0 " % sum(head)
     return (head[:148] + checksum + head[156:]).ljust(512, b"\0")
 
@@ -44,9 +59,17 @@ class ShardWriter(AtomicWriter):
     ...     w.write({"__key__": "0001", "jpg": jpeg_bytes, "txt": "a cat"})
     """
 
-    def __init__(self, directory: str | os.PathLike, *, name: str = "data", shard_size: int = DEFAULT_SHARD_SIZE,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False, metadata: Mapping | None = None,
-                 mtime: int = 0):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        name: str = "data",
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        overwrite: bool = False,
+        metadata: Mapping | None = None,
+        mtime: int = 0,
+    ):
         for option, value in (("shard_size", shard_size), ("shard_bytes", shard_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{option}={value!r}: expected a positive integer")
@@ -101,9 +124,13 @@ class ShardWriter(AtomicWriter):
             if f not in self._known_fields:
                 self._known_fields.add(validate_field(f))
         size = sample_bytes(len(v) for v in fields.values())
-        if self._file is not None and should_cut(samples=self._shard_samples, written=self._file.pos,
-                                                 next_sample=size, shard_size=self.shard_size,
-                                                 shard_bytes=self.shard_bytes):
+        if self._file is not None and should_cut(
+            samples=self._shard_samples,
+            written=self._file.pos,
+            next_sample=size,
+            shard_size=self.shard_size,
+            shard_bytes=self.shard_bytes,
+        ):
             self._close_shard()
         if self._file is None:
             self._open_shard()
@@ -114,7 +141,7 @@ class ShardWriter(AtomicWriter):
         pos = self._file.pos
         for f, data in fields.items():
             name = f"{key}.{f}"
-            if len(name) < 100 and name.isascii() and len(data) < 8 ** 11:
+            if len(name) < 100 and name.isascii() and len(data) < 8**11:
                 header = ustar_header(name, len(data), self.mtime)
             else:  # long or non-ASCII names need PAX extended headers: let tarfile write them
                 info = tarfile.TarInfo(name)

@@ -5,6 +5,7 @@ line's start offset; it is mmapped, so line *i* is one ``pread`` and memory does
 not grow with the file. The sidecar records the file's size and mtime and is
 rebuilt when they change.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ def line_key(i: int) -> str:
 def _scan(path: Path, progress: bool, on_newline) -> int:
     size = path.stat().st_size
     n = 0
-    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, disable=not progress,
-                                     desc=f"indexing lines of {path.name}") as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(total=size, unit="B", unit_scale=True, disable=not progress, desc=f"indexing lines of {path.name}") as bar,
+    ):
         pos = 0
         while chunk := f.read(CHUNK):
             nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
@@ -42,8 +45,9 @@ def _scan(path: Path, progress: bool, on_newline) -> int:
     return n
 
 
-def build_line_index(path: str | os.PathLike, index_path: str | os.PathLike | None = None,
-                     progress: bool = True) -> Path:
+def build_line_index(
+    path: str | os.PathLike, index_path: str | os.PathLike | None = None, progress: bool = True
+) -> Path:
     """Write the line-offset sidecar for ``path`` (two streaming passes, constant memory)."""
     path = Path(path)
     out = Path(index_path) if index_path else path.with_name(path.name + ".lines.npy")
@@ -58,7 +62,8 @@ def build_line_index(path: str | os.PathLike, index_path: str | os.PathLike | No
     table[_HEADER] = 0
 
     def fill(nl, n, table=table):  # line n+1 starts after newline n
-        table[_HEADER + 1 + n:_HEADER + 1 + n + len(nl)] = nl + 1
+        table[_HEADER + 1 + n : _HEADER + 1 + n + len(nl)] = nl + 1
+
     _scan(path, progress, fill)
     table[_HEADER + count] = size  # end of the last line
     table.flush()
@@ -81,8 +86,7 @@ class TextLinesStore(Store):
 
     format = "textlines"
 
-    def __init__(self, path: str | os.PathLike, index_path: str | os.PathLike | None = None,
-                 progress: bool = True):
+    def __init__(self, path: str | os.PathLike, index_path: str | os.PathLike | None = None, progress: bool = True):
         self.file = Path(path).resolve()
         if not self.file.is_file():
             raise FileNotFoundError(f"text file {self.file} does not exist")
@@ -110,8 +114,9 @@ class TextLinesStore(Store):
                 try:
                     build_line_index(self.file, self.index_path, self.progress)
                 except PermissionError as e:
-                    raise FormatError(f"cannot write the line index {self.index_path}: {e}; "
-                                      "pass index_path= to put it elsewhere") from e
+                    raise FormatError(
+                        f"cannot write the line index {self.index_path}: {e}; pass index_path= to put it elsewhere"
+                    ) from e
                 table = np.load(self.index_path, mmap_mode="r", allow_pickle=False)
             # Offsets are read with pread, not through the map: a fault maps a whole page-cache
             # folio (up to ~1 MB here), so random lookups would map ever more of a big index
@@ -129,8 +134,7 @@ class TextLinesStore(Store):
 
     @property
     def metadata(self) -> dict:
-        return {"format": "textlines", "count": len(self), "fields": ["txt"],
-                "field_counts": {"txt": len(self)}}
+        return {"format": "textlines", "count": len(self), "fields": ["txt"], "field_counts": {"txt": len(self)}}
 
     def __len__(self) -> int:
         return len(self._offsets()) - _HEADER - 1
@@ -161,8 +165,9 @@ class TextLinesStore(Store):
             data = data[:-1]
         return data
 
-    def read_many(self, indices: Sequence[int], fields: Sequence[str],
-                  views: bool = False) -> tuple[list[str], dict[str, list]]:
+    def read_many(
+        self, indices: Sequence[int], fields: Sequence[str], views: bool = False
+    ) -> tuple[list[str], dict[str, list]]:
         """The batch's lines: one ``pread`` for each line's offsets and one for its bytes."""
         idx = self._check_indices(indices)
         columns: dict[str, list] = {f: [None] * len(idx) for f in fields}

@@ -3,6 +3,7 @@ carry the loader's position.
 
     torchrun --nproc_per_node 2 accelerate_loop.py DATA OUT --backend thread|process
 """
+
 from __future__ import annotations
 
 import argparse
@@ -10,10 +11,10 @@ import json
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 from common import record, stream
 
 import mmloader
-from accelerate import Accelerator
 
 
 def main() -> None:

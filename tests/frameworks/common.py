@@ -4,6 +4,7 @@ Each script appends one JSON line per batch a training step received, per rank, 
 ``<out>/seen-rank<r>.jsonl``: the tests count samples from these files, so a batch read
 ahead but never trained is not counted as delivered.
 """
+
 from __future__ import annotations
 
 import json

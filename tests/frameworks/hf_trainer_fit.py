@@ -1,7 +1,8 @@
 """transformers.Trainer under torchrun (2 processes) with mmloader.frameworks.hf_trainer.use_loader.
 
-    torchrun --nproc_per_node 2 hf_trainer_fit.py DATA OUT [--preempt-after N] [--resume]
+torchrun --nproc_per_node 2 hf_trainer_fit.py DATA OUT [--preempt-after N] [--resume]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -9,10 +10,10 @@ import os
 
 import torch
 from common import record, stream
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import mmloader
 from mmloader.frameworks.hf_trainer import use_loader
-from transformers import Trainer, TrainerCallback, TrainingArguments
 
 
 class Tiny(torch.nn.Module):
@@ -47,9 +48,17 @@ def main() -> None:
     p.add_argument("--preempt-after", type=int)
     p.add_argument("--resume", action="store_true")
     a = p.parse_args()
-    args = TrainingArguments(output_dir=os.path.join(a.out, "run"), num_train_epochs=2,
-                             per_device_train_batch_size=8, save_strategy="steps", save_steps=4,
-                             logging_steps=100, report_to="none", use_cpu=True, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=os.path.join(a.out, "run"),
+        num_train_epochs=2,
+        per_device_train_batch_size=8,
+        save_strategy="steps",
+        save_steps=4,
+        logging_steps=100,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     model = Tiny(a.out)
     trainer = Trainer(model=model, args=args)
     model.loader = mmloader.loader(stream(a.data), num_workers=2)

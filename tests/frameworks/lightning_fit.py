@@ -6,6 +6,7 @@
 Without --datamodule the LightningModule's train_dataloader() returns mmloader.loader(...),
 as a user would write it with no integration at all.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
 from common import record, stream
 
-import lightning.pytorch as pl
 import mmloader
 
 
@@ -67,12 +68,22 @@ def main() -> None:
     p.add_argument("--max-epochs", type=int, default=2)
     a = p.parse_args()
     from mmloader.frameworks.lightning import DataModule, DataWaitCallback
+
     wait = DataWaitCallback(every_n_steps=2)
     callbacks = [wait] + ([Preempt(a.preempt_after, str(Path(a.out) / "preempt.ckpt"))] if a.preempt_after else [])
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=a.strategy, max_epochs=a.max_epochs,
-                         limit_train_batches=a.limit_train_batches, callbacks=callbacks, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=a.strategy,
+        max_epochs=a.max_epochs,
+        limit_train_batches=a.limit_train_batches,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     if a.datamodule:
         dm = DataModule(functools.partial(stream, a.data), backend=a.backend, num_workers=2)
         trainer.fit(Model(a.out), dm, ckpt_path=a.resume)

@@ -1,7 +1,8 @@
 """A 2x2 (dp x tp) DeviceMesh on gloo under torchrun (4 processes): Stream(group=mesh["dp"]).
 
-    torchrun --nproc_per_node 4 mesh_loop.py DATA OUT
+torchrun --nproc_per_node 4 mesh_loop.py DATA OUT
 """
+
 from __future__ import annotations
 
 import argparse

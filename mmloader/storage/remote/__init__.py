@@ -37,6 +37,7 @@ event loop, background threads), :mod:`.location` (:class:`Location`), :mod:`.cl
 signing for the standard-library client) and :mod:`.ranges` (coalescing, length checks). This
 module re-exports their names: ``from mmloader.storage.remote import Location`` works as before.
 """
+
 from __future__ import annotations
 
 from .client import _CLIENT_OPTION_KEYS, Client, _Client
@@ -45,16 +46,59 @@ from .fsspec_client import _FsspecClient
 from .location import CREDENTIAL_ENV, Location
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .ranges import _check_length, coalesce
-from .retry import (_OBSTORE_PERMANENT, S3_REFUSALS, Policy, _auth_error, _Deadline, _status, server_refusal,
-                    short_message, transient)
-from .runtime import (_background, _mark_obstore, _settle_at_exit, event_loop, fsspec_usable, obstore_inherited,
-                      obstore_started_here, obstore_usable, run)
+from .retry import (
+    _OBSTORE_PERMANENT,
+    S3_REFUSALS,
+    Policy,
+    _auth_error,
+    _Deadline,
+    _status,
+    server_refusal,
+    short_message,
+    transient,
+)
+from .runtime import (
+    _background,
+    _mark_obstore,
+    _settle_at_exit,
+    event_loop,
+    fsspec_usable,
+    obstore_inherited,
+    obstore_started_here,
+    obstore_usable,
+    run,
+)
 from .sigv4 import _botocore_credentials, sigv4_headers, static_s3_credentials
 from .simple_client import _SimpleClient
 from .urls import SCHEMES, check_url, is_url, join, parent_and_name, scheme_of
 
-__all__ = ["CREDENTIAL_ENV", "Client", "Location", "LongBody", "ObjectChangedError", "Policy", "RemoteError",
-           "RemoteUnavailableError", "S3_REFUSALS", "SCHEMES", "ShortBody", "check_url", "coalesce", "event_loop",
-           "fsspec_usable", "is_url", "join", "obstore_inherited", "obstore_started_here", "obstore_usable",
-           "parent_and_name", "run", "scheme_of", "server_refusal", "short_message", "sigv4_headers",
-           "static_s3_credentials", "transient"]
+__all__ = [
+    "CREDENTIAL_ENV",
+    "Client",
+    "Location",
+    "LongBody",
+    "ObjectChangedError",
+    "Policy",
+    "RemoteError",
+    "RemoteUnavailableError",
+    "S3_REFUSALS",
+    "SCHEMES",
+    "ShortBody",
+    "check_url",
+    "coalesce",
+    "event_loop",
+    "fsspec_usable",
+    "is_url",
+    "join",
+    "obstore_inherited",
+    "obstore_started_here",
+    "obstore_usable",
+    "parent_and_name",
+    "run",
+    "scheme_of",
+    "server_refusal",
+    "short_message",
+    "sigv4_headers",
+    "static_s3_credentials",
+    "transient",
+]

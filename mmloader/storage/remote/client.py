@@ -1,6 +1,7 @@
 """What every client does (:class:`Client`), and the retry loop the blocking clients share
 (:class:`_Client`). :class:`~.location.Location` picks one client per process and purpose and
 calls only these methods on it."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -12,9 +13,20 @@ from .runtime import _background
 
 #: Client settings (obstore's ``client_options``) every client accepts in ``storage_options``;
 #: the fsspec client drops them (its own settings come from the policy).
-_CLIENT_OPTION_KEYS = {"allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "user_agent",
-                       "pool_idle_timeout", "pool_max_idle_per_host", "http1_only", "http2_only", "proxy_url",
-                       "default_headers", "read_timeout"}
+_CLIENT_OPTION_KEYS = {
+    "allow_http",
+    "allow_invalid_certificates",
+    "timeout",
+    "connect_timeout",
+    "user_agent",
+    "pool_idle_timeout",
+    "pool_max_idle_per_host",
+    "http1_only",
+    "http2_only",
+    "proxy_url",
+    "default_headers",
+    "read_timeout",
+}
 
 
 @runtime_checkable

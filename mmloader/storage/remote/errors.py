@@ -1,5 +1,6 @@
 """The errors of object-storage requests: those callers catch (:class:`RemoteError` and its
 kinds), and the bodies and statuses the retry policy classifies."""
+
 from __future__ import annotations
 
 from ...errors import MMLoaderError

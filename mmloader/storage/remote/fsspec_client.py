@@ -1,6 +1,7 @@
 """The fsspec client (s3fs, gcsfs, adlfs, HTTP): fork-safe, the fallback where obstore cannot
 run and the standard-library client does not apply (GCS, Azure, credentials only botocore
 resolves)."""
+
 from __future__ import annotations
 
 import os
@@ -25,13 +26,17 @@ class _FsspecClient(_Client):
 
     def _build(self) -> None:
         import fsspec
+
         location = self.location
         opts = dict(location.storage_options)
         kwargs: dict[str, Any] = {"skip_instance_cache": True}
         if location.scheme == "s3":
             client_kwargs = {}
-            endpoint = opts.pop("endpoint", None) or os.environ.get("AWS_ENDPOINT_URL_S3") \
+            endpoint = (
+                opts.pop("endpoint", None)
+                or os.environ.get("AWS_ENDPOINT_URL_S3")
                 or os.environ.get("AWS_ENDPOINT_URL")
+            )
             if endpoint:
                 kwargs["endpoint_url"] = endpoint
             region = opts.pop("region", None) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -45,9 +50,11 @@ class _FsspecClient(_Client):
             if str(opts.pop("skip_signature", "")).lower() in ("true", "1"):
                 kwargs["anon"] = True
             kwargs["client_kwargs"] = client_kwargs
-            kwargs["config_kwargs"] = {"connect_timeout": location.policy.connect_timeout,
-                                       "read_timeout": location.policy.request_timeout,
-                                       "retries": {"max_attempts": 1}}
+            kwargs["config_kwargs"] = {
+                "connect_timeout": location.policy.connect_timeout,
+                "read_timeout": location.policy.request_timeout,
+                "retries": {"max_attempts": 1},
+            }
         for k in list(opts):
             if k in _CLIENT_OPTION_KEYS:
                 opts.pop(k)
@@ -68,8 +75,9 @@ class _FsspecClient(_Client):
         return self._retry("GET", name, lambda: self.fs.cat_file(self._path(name)))
 
     def get_many(self, names: list[str]) -> list[bytes]:
-        return [self.get(n) for n in names] if len(names) < 2 else self._ranges_or_whole(
-            [(n, None, None) for n in names])
+        return (
+            [self.get(n) for n in names] if len(names) < 2 else self._ranges_or_whole([(n, None, None) for n in names])
+        )
 
     def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
         return self._ranges_or_whole(requests)
@@ -92,8 +100,12 @@ class _FsspecClient(_Client):
                 if not isinstance(r, BaseException) and a is not None and len(r) != b - a:
                     r = ShortBody(f"{self.url(name)}: got {len(r)} of {b - a} bytes at offset {a}")
                 if isinstance(r, BaseException):
-                    d = deadlines.setdefault(i, _Deadline(self.location.policy, self.url(name),
-                                                          "GET" if a is None else f"GET bytes {a}-{b - 1}"))
+                    d = deadlines.setdefault(
+                        i,
+                        _Deadline(
+                            self.location.policy, self.url(name), "GET" if a is None else f"GET bytes {a}-{b - 1}"
+                        ),
+                    )
                     delay = max(delay, d.next_delay(r, self.location))
                     again.append(i)
                 else:
@@ -111,6 +123,7 @@ class _FsspecClient(_Client):
                 return None, None
             etag = info.get("ETag") or info.get("etag")
             return (int(info["size"]) if info.get("size") is not None else None), etag
+
         return self._retry("HEAD", name, once)
 
     def versions(self) -> dict[str, str]:
@@ -120,7 +133,8 @@ class _FsspecClient(_Client):
         def once():
             base = self._path("")
             found = self.fs.find(self._path(prefix) if prefix else base, detail=True)
-            return [(p[len(base):].lstrip("/"), int(i.get("size") or 0)) for p, i in found.items()]
+            return [(p[len(base) :].lstrip("/"), int(i.get("size") or 0)) for p, i in found.items()]
+
         return self._retry("LIST", prefix, once)
 
     def put_file(self, name: str, local: str) -> None:
@@ -135,4 +149,5 @@ class _FsspecClient(_Client):
                 self.fs.rm_file(self._path(name))
             except FileNotFoundError:
                 pass
+
         self._retry("DELETE", name, once)

@@ -1,5 +1,6 @@
 """A folder on object storage (:class:`Location`): the one object the stores hold. It pickles
 without a client or credentials and builds, per process, the client that process may use."""
+
 from __future__ import annotations
 
 import os
@@ -16,12 +17,22 @@ from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obs
 from .simple_client import _SimpleClient
 from .urls import check_url, join, scheme_of
 
-
 #: Environment variables whose change means "build the client again" (rotated credentials).
-CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                  "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
-                  "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
-                  "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING")
+CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+)
 
 
 @dataclass
@@ -32,6 +43,7 @@ class Location:
     >>> loc = Location("s3://bucket/ds/"); loc.url, loc.scheme
     ('s3://bucket/ds', 's3')
     """
+
     url: str
     storage_options: dict = field(default_factory=dict)
     policy: Policy = field(default_factory=Policy.from_env)
@@ -67,9 +79,11 @@ class Location:
             return
         pinned = self.pins.setdefault(name, etag)
         if pinned != etag:
-            raise ObjectChangedError(f"{self.name_url(name)}: the object changed since this dataset was opened "
-                                     f"(ETag {etag} instead of {pinned}); reading on would mix two versions of "
-                                     "the data: open the dataset again")
+            raise ObjectChangedError(
+                f"{self.name_url(name)}: the object changed since this dataset was opened "
+                f"(ETag {etag} instead of {pinned}); reading on would mix two versions of "
+                "the data: open the dataset again"
+            )
 
     def identity(self) -> str:
         """The URL plus the endpoint that serves it: two endpoints may hold the same bucket name."""
@@ -119,9 +133,11 @@ class Location:
                 raise RemoteError(
                     f"{self.url}: this process was forked from one that used obstore, whose runtime does not "
                     "survive fork(); install fsspec (pip install 'mmloader[remote]') or start worker "
-                    "processes with multiprocessing_context='spawn'")
-            raise RemoteError(f"{self.url}: reading object storage needs obstore or fsspec: "
-                              "pip install 'mmloader[remote]'")
+                    "processes with multiprocessing_context='spawn'"
+                )
+            raise RemoteError(
+                f"{self.url}: reading object storage needs obstore or fsspec: pip install 'mmloader[remote]'"
+            )
         pid, env = os.getpid(), self._env_key()
         hit = self._clients.get(kind)
         if hit is None or hit[0] != pid or hit[1] != env:
@@ -181,14 +197,21 @@ class Location:
     def delete(self, name: str, purpose: str = "data") -> None:
         self.client(purpose).delete(name)
 
-    def download(self, name: str, fd: int, size: int, progress: Callable[[int], None] | None = None,
-                 chunk: int = 16 << 20, purpose: str = "data") -> None:
+    def download(
+        self,
+        name: str,
+        fd: int,
+        size: int,
+        progress: Callable[[int], None] | None = None,
+        chunk: int = 16 << 20,
+        purpose: str = "data",
+    ) -> None:
         """Write object ``name`` (``size`` bytes) into the open file ``fd`` by concurrent ranged
         reads of ``chunk`` bytes (each retried on its own: a reset costs one chunk, not the file)."""
         parts = [(name, a, min(a + chunk, size)) for a in range(0, size, chunk)]
         client = self.client(purpose)
         for i in range(0, len(parts), 8):  # at most 8 chunks (128 MiB) in memory at once
-            group = parts[i:i + 8]
+            group = parts[i : i + 8]
             for (_n, a, b), data in zip(group, client.get_ranges(group)):
                 view = memoryview(data)
                 done = 0

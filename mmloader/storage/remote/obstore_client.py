@@ -1,5 +1,6 @@
 """The obstore client (Rust: S3/GCS/Azure/HTTP, requests without the GIL), the default for
 data reads in a process that did not inherit obstore's runtime through fork()."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,16 +11,43 @@ from .ranges import _check_length
 from .retry import _Deadline
 from .runtime import _mark_obstore, event_loop, run
 
-
-_OBSTORE_CONFIG_KEYS = {"s3": {"endpoint", "region", "access_key_id", "secret_access_key", "session_token",
-                               "skip_signature", "virtual_hosted_style_request", "request_payer", "token",
-                               "default_region", "imdsv1_fallback", "unsigned_payload", "checksum_algorithm",
-                               "conditional_put", "s3_express", "bucket"},
-                        "gs": {"service_account", "service_account_key", "application_credentials", "bucket"},
-                        "az": {"account_name", "account_key", "sas_key", "token", "use_emulator", "endpoint",
-                               "container_name", "client_id", "client_secret", "tenant_id", "use_fabric_endpoint",
-                               "bearer_token", "skip_signature"},
-                        "http": set()}
+_OBSTORE_CONFIG_KEYS = {
+    "s3": {
+        "endpoint",
+        "region",
+        "access_key_id",
+        "secret_access_key",
+        "session_token",
+        "skip_signature",
+        "virtual_hosted_style_request",
+        "request_payer",
+        "token",
+        "default_region",
+        "imdsv1_fallback",
+        "unsigned_payload",
+        "checksum_algorithm",
+        "conditional_put",
+        "s3_express",
+        "bucket",
+    },
+    "gs": {"service_account", "service_account_key", "application_credentials", "bucket"},
+    "az": {
+        "account_name",
+        "account_key",
+        "sas_key",
+        "token",
+        "use_emulator",
+        "endpoint",
+        "container_name",
+        "client_id",
+        "client_secret",
+        "tenant_id",
+        "use_fabric_endpoint",
+        "bearer_token",
+        "skip_signature",
+    },
+    "http": set(),
+}
 
 
 class _ObstoreClient(_Client):
@@ -27,24 +55,31 @@ class _ObstoreClient(_Client):
 
     def __init__(self, location: LocationLike):
         import obstore
+
         self.location, self.obstore = location, obstore
         self._sem: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._build()
 
     def _build(self) -> None:
         from obstore.store import from_url
+
         location = self.location
         _mark_obstore()
         opts = dict(location.storage_options)
         policy = location.policy
-        client_options = {"timeout": f"{policy.request_timeout}s", "connect_timeout": f"{policy.connect_timeout}s",
-                          **{k: opts.pop(k) for k in list(opts) if k in _CLIENT_OPTION_KEYS}}
+        client_options = {
+            "timeout": f"{policy.request_timeout}s",
+            "connect_timeout": f"{policy.connect_timeout}s",
+            **{k: opts.pop(k) for k in list(opts) if k in _CLIENT_OPTION_KEYS},
+        }
         for k in ("timeout", "connect_timeout", "read_timeout", "pool_idle_timeout"):
             if isinstance(client_options.get(k), (int, float)):
                 client_options[k] = f"{client_options[k]}s"
         url = location.url
         if location.scheme == "s3":
-            endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            endpoint = (
+                opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            )
             if endpoint and endpoint.startswith("http://"):
                 client_options.setdefault("allow_http", True)
             if endpoint and "virtual_hosted_style_request" not in opts:
@@ -60,8 +95,10 @@ class _ObstoreClient(_Client):
         else:
             unknown = set(opts) - _OBSTORE_CONFIG_KEYS[location.scheme]
             if unknown:
-                raise ValueError(f"{url}: unknown storage_options {sorted(unknown)} for {location.scheme}:// "
-                                 f"(known: {sorted(_OBSTORE_CONFIG_KEYS[location.scheme] | _CLIENT_OPTION_KEYS)})")
+                raise ValueError(
+                    f"{url}: unknown storage_options {sorted(unknown)} for {location.scheme}:// "
+                    f"(known: {sorted(_OBSTORE_CONFIG_KEYS[location.scheme] | _CLIENT_OPTION_KEYS)})"
+                )
             self.store = from_url(url, config=opts or None, client_options=client_options, retry_config=retry)
 
     def _semaphore(self) -> asyncio.Semaphore:
@@ -97,6 +134,7 @@ class _ObstoreClient(_Client):
             data = await result.bytes_async()
             _check_length(data, end - start, self.url(name), start, meta.get("size"))
             return data
+
         return await self._retrying(f"GET bytes {start}-{end - 1}", name, once)
 
     async def _whole(self, name: str):
@@ -108,6 +146,7 @@ class _ObstoreClient(_Client):
             if meta.get("size") is not None:
                 _check_length(data, meta["size"], self.url(name), 0)
             return data
+
         return await self._retrying("GET", name, once)
 
     def versions(self) -> dict[str, str]:
@@ -119,11 +158,13 @@ class _ObstoreClient(_Client):
     def get_many(self, names: list[str]) -> list[bytes]:
         async def all_():
             return await asyncio.gather(*(self._whole(n) for n in names))
+
         return [bytes(b) for b in run(all_())]
 
     def get_ranges(self, requests: list[tuple[str, int, int]]) -> list:
         async def all_():
             return await asyncio.gather(*(self._range(n, a, b) for n, a, b in requests))
+
         return run(all_())
 
     def start_range(self, name: str, start: int, end: int):
@@ -132,6 +173,7 @@ class _ObstoreClient(_Client):
     def start_ranges(self, requests: list[tuple[str, int, int]]):
         async def all_():
             return await asyncio.gather(*(self._range(n, a, b) for n, a, b in requests))
+
         return asyncio.run_coroutine_threadsafe(all_(), event_loop())
 
     def head(self, name: str) -> tuple[int | None, str | None]:
@@ -141,6 +183,7 @@ class _ObstoreClient(_Client):
             except FileNotFoundError:
                 return None, None
             return int(meta["size"]), meta.get("e_tag")
+
         return run(self._retrying("HEAD", name, once))
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
@@ -148,8 +191,12 @@ class _ObstoreClient(_Client):
 
     def _listing(self, prefix: str) -> list[tuple[str, int, str | None]]:
         def once():
-            return [(m["path"], int(m["size"]), m.get("e_tag"))
-                    for batch in self.obstore.list(self.store, prefix or None) for m in batch]
+            return [
+                (m["path"], int(m["size"]), m.get("e_tag"))
+                for batch in self.obstore.list(self.store, prefix or None)
+                for m in batch
+            ]
+
         return self._retry("LIST", prefix, once)
 
     def _rebuild(self) -> None:
@@ -157,16 +204,20 @@ class _ObstoreClient(_Client):
 
     def put_file(self, name: str, local: str) -> None:
         from pathlib import Path
+
         size = os.path.getsize(local)
 
         async def once():
-            await self.obstore.put_async(self.store, name, Path(local), use_multipart=size > 64 << 20,
-                                         chunk_size=16 << 20, max_concurrency=8)
+            await self.obstore.put_async(
+                self.store, name, Path(local), use_multipart=size > 64 << 20, chunk_size=16 << 20, max_concurrency=8
+            )
+
         run(self._retrying("PUT", name, once))
 
     def put_bytes(self, name: str, data: bytes) -> None:
         async def once():
             await self.obstore.put_async(self.store, name, data)
+
         run(self._retrying("PUT", name, once))
 
     def delete(self, name: str) -> None:
@@ -175,4 +226,5 @@ class _ObstoreClient(_Client):
                 await self.obstore.delete_async(self.store, name)
             except FileNotFoundError:
                 pass
+
         run(self._retrying("DELETE", name, once))

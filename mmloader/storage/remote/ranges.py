@@ -1,4 +1,5 @@
 """Byte ranges: merging nearby ranges into one request, and checking an answer's length."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -28,9 +29,13 @@ def _check_length(data, want: int, url: str, start: int, object_size: int | None
     if len(data) == want:
         return
     if object_size is not None and start + want > object_size:
-        raise ObjectChangedError(f"{url}: the object holds {object_size} bytes, but the dataset's index needs bytes "
-                                 f"up to {start + want}: it was truncated or replaced since it was indexed")
+        raise ObjectChangedError(
+            f"{url}: the object holds {object_size} bytes, but the dataset's index needs bytes "
+            f"up to {start + want}: it was truncated or replaced since it was indexed"
+        )
     if len(data) > want:
-        raise LongBody(f"{url}: the server sent {len(data)} bytes for a range of {want} at offset {start}: it does "
-                       "not answer ranged reads correctly")
+        raise LongBody(
+            f"{url}: the server sent {len(data)} bytes for a range of {want} at offset {start}: it does "
+            "not answer ranged reads correctly"
+        )
     raise ShortBody(f"{url}: got {len(data)} of {want} bytes at offset {start}")

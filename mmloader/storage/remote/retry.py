@@ -1,6 +1,7 @@
 """The retry policy: which failures are retried (:func:`transient`), which are named at once
 (:func:`server_refusal`: a missing bucket, refused access), and the per-request bookkeeping of
 backoff and deadline (:class:`_Deadline`)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +24,7 @@ class Policy:
     (a server that is gone pauses the reader that long, then the error names the URL);
     ``request_timeout`` (s) bounds one request; ``max_in_flight`` requests run at once per
     process; backoff doubles from ``backoff`` up to ``max_backoff`` with full jitter."""
+
     retry_deadline: float = 120.0
     request_timeout: float = 30.0
     connect_timeout: float = 5.0
@@ -41,8 +43,13 @@ class Policy:
         return cls(**values)
 
     def __post_init__(self) -> None:
-        for name, low, strict in (("retry_deadline", 0, False), ("request_timeout", 0, True),
-                                  ("connect_timeout", 0, True), ("backoff", 0, False), ("max_backoff", 0, False)):
+        for name, low, strict in (
+            ("retry_deadline", 0, False),
+            ("request_timeout", 0, True),
+            ("connect_timeout", 0, True),
+            ("backoff", 0, False),
+            ("max_backoff", 0, False),
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < low or (strict and value == low) or value != value:
                 raise ValueError(f"{name}={value!r}: expected a number of seconds {'>' if strict else '>='} {low}")
@@ -50,7 +57,7 @@ class Policy:
             raise ValueError(f"max_in_flight={self.max_in_flight!r}: expected an integer >= 1")
 
     def delay(self, attempt: int) -> float:
-        return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** attempt))
+        return random.uniform(0, min(self.max_backoff, self.backoff * 2**attempt))
 
 
 _STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.I)
@@ -69,8 +76,9 @@ def transient(e: BaseException) -> bool:
     """Whether a failed request may succeed when repeated: timeouts, connection errors and
     resets, short bodies, 5xx and 408/429; not a missing object, a refused permission or
     another 4xx."""
-    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError, LongBody,
-                      ValueError)):
+    if isinstance(
+        e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError, LongBody, ValueError)
+    ):
         return False
     if isinstance(e, ShortBody):
         return True
@@ -81,23 +89,36 @@ def transient(e: BaseException) -> bool:
         return (status >= 500 and status not in (501, 505)) or status in (408, 429)
     if isinstance(e, PermissionError):
         return False
-    return isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ConnectionError, EOFError)) \
-        or type(e).__module__.startswith(("obstore", "aiohttp", "botocore", "aiobotocore", "urllib3", "http"))
+    return isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ConnectionError, EOFError)) or type(
+        e
+    ).__module__.startswith(("obstore", "aiohttp", "botocore", "aiobotocore", "urllib3", "http"))
 
 
 #: obstore errors that repeating the request cannot cure (a server without Range support, a
 #: failed precondition, a bad path or configuration, refused credentials).
-_OBSTORE_PERMANENT = {"NotSupportedError", "PreconditionError", "NotModifiedError", "InvalidPathError",
-                      "AlreadyExistsError", "UnknownConfigurationKeyError", "PermissionDeniedError",
-                      "UnauthenticatedError", "JoinError"}
+_OBSTORE_PERMANENT = {
+    "NotSupportedError",
+    "PreconditionError",
+    "NotModifiedError",
+    "InvalidPathError",
+    "AlreadyExistsError",
+    "UnknownConfigurationKeyError",
+    "PermissionDeniedError",
+    "UnauthenticatedError",
+    "JoinError",
+}
 #: S3 error codes (the ``<Code>`` of an error answer) that no retry can cure, as said to a user.
-S3_REFUSALS = {"NoSuchBucket": "no such bucket", "InvalidBucketName": "invalid bucket name",
-               "AccessDenied": "access denied", "AllAccessDisabled": "access denied (all access disabled)",
-               "InvalidAccessKeyId": "access denied (the access key ID is unknown to the server)",
-               "SignatureDoesNotMatch": "access denied (the secret key does not match the access key ID)",
-               "AccountProblem": "access denied (a problem with the account)",
-               "PermanentRedirect": "the bucket is at another endpoint or in another region",
-               "AuthorizationHeaderMalformed": "the request's region does not match the bucket's"}
+S3_REFUSALS = {
+    "NoSuchBucket": "no such bucket",
+    "InvalidBucketName": "invalid bucket name",
+    "AccessDenied": "access denied",
+    "AllAccessDisabled": "access denied (all access disabled)",
+    "InvalidAccessKeyId": "access denied (the access key ID is unknown to the server)",
+    "SignatureDoesNotMatch": "access denied (the secret key does not match the access key ID)",
+    "AccountProblem": "access denied (a problem with the account)",
+    "PermanentRedirect": "the bucket is at another endpoint or in another region",
+    "AuthorizationHeaderMalformed": "the request's region does not match the bucket's",
+}
 _S3_CODE = re.compile(r"<Code>\s*(\w+)\s*</Code>|An error occurred \((\w+)\)")
 
 
@@ -139,8 +160,7 @@ def short_message(e: BaseException) -> str:
 class _Rebuildable(Protocol):
     """What the retry bookkeeping needs of a location: building its clients again."""
 
-    def rebuild(self) -> None:
-        ...
+    def rebuild(self) -> None: ...
 
 
 class _Deadline:
@@ -166,25 +186,37 @@ class _Deadline:
         if isinstance(e, ObjectChangedError):
             raise e
         if type(e).__name__ == "PreconditionError" or _status(e) == 412:
-            raise ObjectChangedError(f"{self.url}: the object changed since this dataset was opened (its ETag "
-                                     "no longer matches); reading on would mix two versions of the data: open "
-                                     "the dataset again") from None
+            raise ObjectChangedError(
+                f"{self.url}: the object changed since this dataset was opened (its ETag "
+                "no longer matches); reading on would mix two versions of the data: open "
+                "the dataset again"
+            ) from None
         if _status(e) == 416:
-            raise ObjectChangedError(f"{self.url}: {self.what}: the range lies beyond the object's end (HTTP 416): "
-                                     "it was truncated or replaced since it was indexed") from None
+            raise ObjectChangedError(
+                f"{self.url}: {self.what}: the range lies beyond the object's end (HTTP 416): "
+                "it was truncated or replaced since it was indexed"
+            ) from None
         if type(e).__name__ == "NotSupportedError" and "range" in str(e).lower():
-            raise RemoteError(f"{self.url}: the server does not support ranged reads (HTTP Range), which "
-                              "reading samples in place needs") from e
+            raise RemoteError(
+                f"{self.url}: the server does not support ranged reads (HTTP Range), which "
+                "reading samples in place needs"
+            ) from e
         if not transient(e):
             raise RemoteError(f"{self.url}: {self.what} failed: {short_message(e)}") from e
         elapsed = time.monotonic() - self.start
         if elapsed >= self.policy.retry_deadline:
             raise RemoteUnavailableError(
                 f"{self.url}: {self.what} kept failing for {elapsed:.0f} s ({self.attempt + 1} attempts; "
-                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}") from e
+                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}"
+            ) from e
         if self.attempt == 0 or self.attempt % 10 == 0:
-            log.warning("%s: %s failed (%s); retrying for up to %.0f s more", self.url, self.what,
-                        short_message(e), self.policy.retry_deadline - elapsed)
+            log.warning(
+                "%s: %s failed (%s); retrying for up to %.0f s more",
+                self.url,
+                self.what,
+                short_message(e),
+                self.policy.retry_deadline - elapsed,
+            )
         delay = min(self.policy.delay(self.attempt), max(self.policy.retry_deadline - elapsed, 0.0))
         self.attempt += 1
         return delay

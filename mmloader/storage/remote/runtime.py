@@ -1,6 +1,7 @@
 """Per-process machinery of the clients: which client a process may use (obstore, unless this
 process was forked from one that started obstore's runtime; fsspec), the event loop thread that
 runs obstore's requests, and a thread pool for the blocking clients' background requests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,6 @@ import atexit
 import os
 import threading
 from typing import Any
-
 
 _OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
 _OBSTORE_LOCK = threading.Lock()
@@ -85,6 +85,7 @@ def _settle_at_exit(timeout: float = 10.0) -> None:
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
+
     try:
         asyncio.run_coroutine_threadsafe(settle(), hit[1]).result(timeout + 1)
     except Exception:  # at exit: nothing more to do
@@ -104,5 +105,6 @@ def _background():
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
         import concurrent.futures
+
         _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="mmloader-fetch"))
     return _POOL[1]

@@ -1,5 +1,6 @@
 """S3 request signing for the standard-library client: static credentials (``storage_options``,
 the environment, or botocore's chain when installed) and AWS Signature Version 4 headers."""
+
 from __future__ import annotations
 
 import os
@@ -31,6 +32,7 @@ def _botocore_credentials() -> tuple[str, str, str | None] | None:
         return _BOTO[1]
     try:
         import botocore.session
+
         creds = botocore.session.get_session().get_credentials()
         frozen = creds.get_frozen_credentials() if creds is not None else None
         value = (frozen.access_key, frozen.secret_key, frozen.token) if frozen and frozen.access_key else None
@@ -40,8 +42,15 @@ def _botocore_credentials() -> tuple[str, str, str | None] | None:
     return value
 
 
-def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[str, str, str | None],
-                  now: float | None = None, query: str = "") -> dict[str, str]:
+def sigv4_headers(
+    method: str,
+    host: str,
+    path: str,
+    region: str,
+    creds: tuple[str, str, str | None],
+    now: float | None = None,
+    query: str = "",
+) -> dict[str, str]:
     """AWS Signature Version 4 headers for a body-less S3 request (``path`` already quoted).
 
     >>> h = sigv4_headers("GET", "127.0.0.1:9000", "/b/k", "us-east-1", ("AK", "SK", None), now=0)
@@ -50,6 +59,7 @@ def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[s
     """
     import hashlib
     import hmac
+
     key, secret, token = creds
     amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     date = amz_date[:8]
@@ -58,7 +68,9 @@ def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[s
     if token:
         headers["x-amz-security-token"] = token
     names = sorted(headers)
-    canonical = "\n".join([method, path, query, "".join(f"{k}:{headers[k]}\n" for k in names), ";".join(names), payload])
+    canonical = "\n".join(
+        [method, path, query, "".join(f"{k}:{headers[k]}\n" for k in names), ";".join(names), payload]
+    )
     scope = f"{date}/{region}/s3/aws4_request"
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     k = hmac.new(("AWS4" + secret).encode(), date.encode(), hashlib.sha256).digest()
@@ -66,6 +78,7 @@ def sigv4_headers(method: str, host: str, path: str, region: str, creds: tuple[s
         k = hmac.new(k, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
     out = {k: v for k, v in headers.items() if k != "host"}
-    out["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key}/{scope}, SignedHeaders={';'.join(names)}, "
-                            f"Signature={signature}")
+    out["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={key}/{scope}, SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
     return out

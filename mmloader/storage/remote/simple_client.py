@@ -1,5 +1,6 @@
 """The standard library's HTTP client: plain HTTP(S), or S3 signed with SigV4. Starts in
 milliseconds and survives fork(); listing and writing go through a full client."""
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ class _SimpleClient(_Client):
 
     def __init__(self, location: LocationLike):
         from urllib.parse import quote, urlsplit
+
         self.location = location
         self._quote = quote
         self._local = threading.local()
@@ -34,9 +36,15 @@ class _SimpleClient(_Client):
         else:
             bucket, _, prefix = location.url.split("://", 1)[1].partition("/")
             self.creds = static_s3_credentials(opts)
-            self.region = opts.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") \
+            self.region = (
+                opts.get("region")
+                or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION")
                 or "us-east-1"
-            endpoint = opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            )
+            endpoint = (
+                opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            )
             if endpoint:
                 parts = urlsplit(endpoint)
                 self.secure, self.host = parts.scheme == "https", parts.netloc
@@ -51,11 +59,13 @@ class _SimpleClient(_Client):
 
     @staticmethod
     def usable(location: LocationLike) -> bool:
-        return location.scheme == "http" or (location.scheme == "s3" and
-                                             static_s3_credentials(location.storage_options) is not None)
+        return location.scheme == "http" or (
+            location.scheme == "s3" and static_s3_credentials(location.storage_options) is not None
+        )
 
     def _conn(self):
         import http.client
+
         c = getattr(self._local, "conn", None)
         if c is None or getattr(self._local, "pid", None) != os.getpid():
             cls = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
@@ -63,12 +73,14 @@ class _SimpleClient(_Client):
             self._local.pid = os.getpid()
         return c
 
-    def _request(self, method: str, name: str, headers: dict | None = None, query: dict | None = None,
-                 path: str | None = None) -> tuple[int, dict, bytes]:
+    def _request(
+        self, method: str, name: str, headers: dict | None = None, query: dict | None = None, path: str | None = None
+    ) -> tuple[int, dict, bytes]:
         if path is None:
             path = self._quote(f"{self.prefix}/{name}" if name else self.prefix or "/", safe="/~")
-        canonical_query = "&".join(f"{self._quote(k, safe='-_.~')}={self._quote(v, safe='-_.~')}"
-                                   for k, v in sorted((query or {}).items()))
+        canonical_query = "&".join(
+            f"{self._quote(k, safe='-_.~')}={self._quote(v, safe='-_.~')}" for k, v in sorted((query or {}).items())
+        )
         hdrs = dict(headers or {})
         if self.location.scheme == "s3" and self.creds is not True:
             hdrs.update(sigv4_headers(method, self.host, path, self.region, self.creds, query=canonical_query))
@@ -84,8 +96,10 @@ class _SimpleClient(_Client):
                 conn.close()
                 self._local.conn = None
                 import http.client
-                if attempt or not isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError,
-                                                 ConnectionResetError)):
+
+                if attempt or not isinstance(
+                    e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+                ):
                     raise
         raise AssertionError("unreachable")
 
@@ -97,8 +111,10 @@ class _SimpleClient(_Client):
         if status in (401, 403):
             raise PermissionError(f"{self.url(name)}: access denied (HTTP {status})")
         if status == 416:
-            raise ObjectChangedError(f"{self.url(name)}: the range asked for lies beyond the object's end (HTTP 416): "
-                                     "it was truncated or replaced since it was indexed")
+            raise ObjectChangedError(
+                f"{self.url(name)}: the range asked for lies beyond the object's end (HTTP 416): "
+                "it was truncated or replaced since it was indexed"
+            )
         if status >= 300:
             raise _HTTPStatus(status, self.url(name), body)
 
@@ -117,12 +133,14 @@ class _SimpleClient(_Client):
             if "content-length" in headers:
                 _check_length(body, int(headers["content-length"]), self.url(name), 0)
             return body
+
         return self._retry("GET", name, once)
 
     def _range(self, name: str, start: int, end: int) -> bytes:
         def once():
-            status, headers, body = self._request("GET", name,
-                                                  self._pinned(name, {"Range": f"bytes={start}-{end - 1}"}))
+            status, headers, body = self._request(
+                "GET", name, self._pinned(name, {"Range": f"bytes={start}-{end - 1}"})
+            )
             self._check(status, body, name)
             self.location._checked_etag(name, headers.get("etag"))
             total = None
@@ -134,6 +152,7 @@ class _SimpleClient(_Client):
                 body = body[start:end]
             _check_length(body, end - start, self.url(name), start, total)
             return body
+
         return self._retry(f"GET bytes {start}-{end - 1}", name, once)
 
     def versions(self) -> dict[str, str]:
@@ -142,6 +161,7 @@ class _SimpleClient(_Client):
         if self.location.scheme != "s3":
             return {}
         import xml.etree.ElementTree as ET
+
         base = self.key_prefix + "/" if self.key_prefix else ""
         out: dict[str, str] = {}
         token = None
@@ -149,16 +169,18 @@ class _SimpleClient(_Client):
             query = {"list-type": "2", "prefix": base, **({"continuation-token": token} if token else {})}
 
             def once(query=query):
-                status, _headers, body = self._request("GET", "", query=query, path=self._quote(self.bucket_path,
-                                                                                                safe="/~"))
+                status, _headers, body = self._request(
+                    "GET", "", query=query, path=self._quote(self.bucket_path, safe="/~")
+                )
                 self._check(status, body, "")
                 return body
+
             root = ET.fromstring(self._retry("LIST", "", once))
-            ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
             for item in root.iter(f"{ns}Contents"):
                 key, etag = item.findtext(f"{ns}Key"), item.findtext(f"{ns}ETag")
                 if key and etag and key.startswith(base):
-                    out[key[len(base):]] = etag
+                    out[key[len(base) :]] = etag
             token = root.findtext(f"{ns}NextContinuationToken")
             if root.findtext(f"{ns}IsTruncated") != "true" or not token:
                 return out
@@ -183,6 +205,7 @@ class _SimpleClient(_Client):
                 return None, None
             self._check(status, body, name)
             return int(headers["content-length"]), headers.get("etag")
+
         return self._retry("HEAD", name, once)
 
     def _full(self) -> _Client:

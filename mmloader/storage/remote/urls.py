@@ -1,12 +1,22 @@
 """Dataset URLs: which strings are URLs, their canonical scheme, joining and splitting names."""
+
 from __future__ import annotations
 
 import re
 from typing import Any
 
-
-SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "azure": "az", "abfs": "az",
-           "abfss": "az", "http": "http", "https": "http"}
+SCHEMES = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gs",
+    "gcs": "gs",
+    "az": "az",
+    "azure": "az",
+    "abfs": "az",
+    "abfss": "az",
+    "http": "http",
+    "https": "http",
+}
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 
@@ -23,8 +33,10 @@ def check_url(url: str, scheme: str | None = None) -> None:
     if "?" in url or "#" in url:
         raise ValueError(f"{url}: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only")
     if scheme != "http" and "%" in url:
-        raise ValueError(f"{url}: percent-escapes are not supported in {scheme}:// dataset URLs; write the key as "
-                         "it is (spaces and other characters are fine)")
+        raise ValueError(
+            f"{url}: percent-escapes are not supported in {scheme}:// dataset URLs; write the key as "
+            "it is (spaces and other characters are fine)"
+        )
 
 
 def is_url(path: Any) -> bool:
