@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MM := $(VENV)/bin/mmloader
 OUT ?= demo-out
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,9 +38,19 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
+# ruff (lint and format) and mypy, as configured in pyproject.toml
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# the documentation site, strict: a broken link, anchor or docstring reference fails it
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/compare.py
 
 clean:
-	rm -rf $(OUT) bench-out
+	rm -rf $(OUT) bench-out site
