@@ -562,7 +562,8 @@ def unreadable(monkeypatch):
     import builtins
     import errno
 
-    import mmloader.converters.common
+    import mmloader.converters.reading
+    import mmloader.converters.sources
 
     import mmloader.cli.verify
     import mmloader.storage.tar_layout
@@ -589,7 +590,8 @@ def unreadable(monkeypatch):
             return real_open(file, *a, **kw)
 
         monkeypatch.setattr(os, "scandir", scandir)
-        monkeypatch.setattr(mmloader.converters.common, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.converters.reading, "open", open_, raising=False)  # the converters' reads
+        monkeypatch.setattr(mmloader.converters.sources, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.storage.tar_layout, "open", open_, raising=False)  # verify's sha256_file
 

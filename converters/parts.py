@@ -1,0 +1,312 @@
+"""Conversions in parts (--part I/N, --engine ray), fingerprints, and running a converter."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import lmdb
+import numpy as np
+
+from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the one set of option types)
+from mmloader.errors import MMLoaderError
+from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
+from mmloader.storage import format_for
+from mmloader.storage.atomic import clean_stale_partials
+from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
+
+from .items import ConversionError, Item, UsageError
+from .options import options_from, parse_part
+from .reading import _load_safe, ordered_map
+from .sources import check_paths
+from .writing import Summary, check_required_fields, write_samples
+
+
+def run(
+    build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]],
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    looked_for: str,
+) -> int:
+    """Parse, enumerate items, load them in order (in parallel), write, summarise.
+
+    ``build_items(args, notes)`` lists the samples (appending to ``notes`` what it left out);
+    ``looked_for`` says what it looks for, for the error when it finds nothing.
+    """
+    return execute(parser, argv, item_source(build_items, looked_for))
+
+
+def item_source(
+    build_items: Callable[[argparse.Namespace, list[str]], tuple[list[Item], dict]], looked_for: str
+) -> Callable:
+    """A layout's ``prepare`` (see :func:`execute`) from its ``build_items``."""
+
+    def prepare(args: argparse.Namespace, notes: list[str]) -> tuple[str, Callable]:
+        items, metadata = build_items(args, notes)
+        if not items:
+            left_out = f"; {'; '.join(notes)}" if notes else ""
+            raise ConversionError(f"no samples found in {args.src}: looked for {looked_for}{left_out}")
+        check_required_fields(args.require, items)
+        digest = items_digest(items, args.src)
+
+        def convert(part: tuple[int, int] | None, dst: str) -> Summary:
+            chosen = select(items, args.shuffle_seed, part, align=shard_alignment(args))
+            opts = options_from(args)
+            loaded = ordered_map(_load_safe, ((it, opts) for it in chosen), args.workers)
+            return write_samples(loaded, dst, args, metadata, total=len(chosen), notes=notes)
+
+        return digest, convert
+
+    return prepare
+
+
+def items_digest(items: Sequence[Item], root: str) -> str:
+    """A digest of the input listing: keys, files (relative to ``root``), inline values."""
+    import hashlib
+
+    h = hashlib.sha256()
+    root = os.path.abspath(root)
+    for it in items:
+        files = sorted((f, os.path.relpath(os.path.abspath(p), root)) for f, p in it.files.items())
+        h.update(
+            json.dumps([it.key, files, it.values, it.error], sort_keys=True, default=str, ensure_ascii=False).encode(
+                "utf-8", "surrogateescape"
+            )
+            + b"\n"
+        )
+    return h.hexdigest()
+
+
+def shard_alignment(args: argparse.Namespace) -> int:
+    """Parts of a tar conversion start at multiples of ``--shard-size`` items, so that each
+    part's shards are the shards one process writes there and merge keeps them as they are."""
+    return args.shard_size if format_for(args.dst, args.format) == "tar" else 1
+
+
+def part_bounds(total: int, part: tuple[int, int], align: int = 1) -> tuple[int, int]:
+    """Items ``[a, b)`` of part ``(i, n)``: contiguous, disjoint, covering, cut at multiples of
+    ``align`` when every part gets at least that many (otherwise evenly: more parts than shards
+    still all work, and merge re-cuts the shards).
+
+    >>> [part_bounds(10, (i, 3)) for i in range(3)], [part_bounds(10, (i, 2), align=4) for i in range(2)]
+    ([(0, 3), (3, 6), (6, 10)], [(0, 4), (4, 10)])
+    >>> [part_bounds(10, (i, 3), align=4) for i in range(3)]
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    i, n = part
+    if total < n * align:
+        align = 1
+
+    def cut(j: int) -> int:
+        if j >= n:
+            return total
+        x = j * total // n
+        return min(total, round(x / align) * align)
+
+    return cut(i), cut(i + 1)
+
+
+def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None, align: int = 1) -> list:
+    """Seeded order, then the I-th contiguous slice of N: merging parts 0..N-1 gives the whole."""
+    if shuffle_seed is not None:
+        perm = np.random.default_rng(shuffle_seed).permutation(len(items))
+        items = [items[i] for i in perm]
+    if part is not None:
+        a, b = part_bounds(len(items), part, align)
+        items = items[a:b]
+    return items
+
+
+#: Options that change how a conversion runs, not what it writes: left out of the fingerprint.
+RUN_OPTIONS = {
+    "src",
+    "dst",
+    "workers",
+    "quiet",
+    "overwrite",
+    "part",
+    "engine",
+    "parts",
+    "ray_address",
+    "retries",
+    "keep_parts",
+}
+
+
+def options_digest(layout: str, args: argparse.Namespace) -> str:
+    """A digest of the layout, every option that changes the output, and the output format."""
+    import hashlib
+
+    opts = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in sorted(vars(args).items())
+        if k not in RUN_OPTIONS and not k.startswith("_")
+    }
+    opts["format"] = format_for(args.dst, args.format)
+    return hashlib.sha256(json.dumps([layout, opts], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fingerprint(layout: str, args: argparse.Namespace, digest: str) -> str:
+    """The input fingerprint of a conversion: the input listing's digest and the options'."""
+    import hashlib
+
+    return hashlib.sha256(f"{digest}\0{options_digest(layout, args)}".encode()).hexdigest()
+
+
+def check_engine_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.engine == "ray":
+        if args.part is not None:
+            parser.error("--part I/N converts one part in this process; with --engine ray use --parts N")
+    else:
+        for opt, value in (("--parts", args.parts), ("--ray-address", args.ray_address)):
+            if value is not None:
+                parser.error(f"{opt} applies to --engine ray (use --part I/N to convert one part here)")
+        if args.keep_parts:
+            parser.error("--keep-parts applies to --engine ray (--part I/N always keeps its part for merge)")
+
+
+def layout_of(parser: argparse.ArgumentParser) -> str:
+    return parser.prog.split()[-1]
+
+
+def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare: Callable) -> int:
+    """The whole life of ``mmloader convert LAYOUT``: parse, check, convert (all, one part, or N
+    parts on Ray), print the summary or a one-line error; returns the exit status.
+
+    ``prepare(args, notes)`` lists the input and returns ``(digest, convert)``: a digest of the
+    input listing (for the part fingerprint) and ``convert(part, dst) -> Summary`` writing part
+    ``(i, n)`` (or everything, for None) to ``dst``.
+    """
+    args = parser.parse_args(argv)
+    check_engine_options(parser, args)
+    layout = layout_of(parser)
+    if args.engine == "ray":
+        from .ray_engine import run_on_ray
+
+        return run_on_ray(layout, args, parser.prog)
+
+    def convert() -> Summary:
+        if args.part is not None:
+            return convert_part(layout, args, prepare)
+        notes = check_paths(args.src, args.dst, args.overwrite)
+        _digest, write = prepare(args, notes)
+        return write(None, args.dst)
+
+    return report_errors(convert, args.dst, parser.prog)
+
+
+def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Summary:
+    """``--part I/N``: convert one part into ``DST.parts/`` and publish its manifest last; a part
+    whose manifest is there (same input, options, N) is not converted again."""
+    from mmloader.storage.merge import (
+        PartError,
+        check_part_files,
+        manifests_in,
+        part_dataset,
+        part_manifest_path,
+        parts_dir_for,
+        read_part_manifest,
+        same_conversion,
+        write_part_manifest,
+    )
+
+    i, n = parse_part(args.part)
+    notes = check_paths(args.src, args.dst, args.overwrite, part=True)
+    digest, write = prepare(args, notes)
+    fp = fingerprint(layout, args, digest)
+    parts_dir = parts_dir_for(args.dst)
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    for record in manifests_in(parts_dir):
+        why = same_conversion(record, fp, n)
+        if why is None:
+            continue
+        if not args.overwrite:
+            raise ConversionError(
+                f"{record['__path__']} is a part of another conversion: {why}; remove "
+                f"{parts_dir} or pass --overwrite to replace its parts"
+            )
+        _remove_part(record)
+        notes.append(f"removed {record['__path__']}: a part of another conversion ({why})")
+    manifest = part_manifest_path(parts_dir, i, n)
+    done = read_part_manifest(manifest)
+    if done is not None and done.get("part") == i:
+        try:
+            check_part_files(done)
+        except PartError as e:  # finished once, changed since: not finished any more
+            notes.append(f"converting it again: {e}")
+            _remove_part(done)
+            done = None
+    if done is not None and done.get("part") == i:
+        return Summary(
+            written=done["count"],
+            skipped={"(see the part's report)": done["skipped"]} if done["skipped"] else {},
+            notes=notes,
+            already=str(manifest),
+            part=(i, n),
+        )
+    fmt = format_for(args.dst, args.format)
+    dataset = part_dataset(parts_dir, i, n, fmt)
+    notes += [str(p) for p in clean_stale_partials(dataset)]  # a killed attempt's partial (same host)
+    args._part_dataset = str(dataset)
+    summary = write((i, n), str(dataset))
+    write_part_manifest(
+        dataset,
+        part=i,
+        parts=n,
+        fingerprint=fp,
+        fmt=fmt,
+        count=summary.written,
+        skipped=sum(summary.skipped.values()),
+        report=summary.report,
+        shard_size=args.shard_size,
+        shard_bytes=args.shard_bytes,
+        extra={
+            "layout": layout,
+            "input_digest": digest,
+            "options_digest": options_digest(layout, args),
+            "seconds": round(summary.seconds, 3),
+            "bytes": summary.bytes,
+        },
+    )
+    summary.part = (i, n)
+    finished = [r for r in manifests_in(parts_dir) if same_conversion(r, fp, n) is None]
+    if len({r["part"] for r in finished}) == n:
+        summary.notes.append(f"all {n} parts are converted: `mmloader merge {args.dst}` joins them")
+    return summary
+
+
+def _remove_part(record: dict) -> None:
+    import shutil
+
+    from mmloader.storage.merge import part_dataset_of
+
+    path = Path(record["__path__"])
+    report = record.get("skipped_report")
+    path.unlink(missing_ok=True)  # the manifest first: without it the rest is an unfinished part
+    shutil.rmtree(part_dataset_of(record), ignore_errors=True)
+    if report:
+        (path.parent / report).unlink(missing_ok=True)
+
+
+def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloader convert") -> int:
+    """Run a conversion; print its summary, or a one-line error and exit status 1 (2 for an
+    option that cannot work)."""
+    try:
+        summary = convert()
+    except KeyboardInterrupt:
+        print("interrupted: nothing written", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        raise  # the caller's business (mmloader's CLI exits quietly)
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except (ConversionError, MMLoaderError, OSError, lmdb.Error) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    print(summary.text(dst))
+    return 0
