@@ -35,7 +35,14 @@ def epoch_plan(
     True
     """
     opts = dict(seed=seed, epoch=epoch, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks)
-    plan = mix.order(unit=mix.unit(batch_size), **opts) if mix is not None else SingleOrder(size, **opts)
+    if mix is not None:
+        plan = mix.order(unit=mix.unit(batch_size), **opts)
+    elif size is None:
+        raise TypeError("epoch_plan needs size or mix")
+    else:
+        plan = SingleOrder(size, **opts)
     if lengths is not None:
+        if batch_size is None:
+            raise TypeError("epoch_plan with lengths (bucketing) needs batch_size")
         plan = BucketedOrder(plan, lengths, batch_size, bucket_window, seed, epoch)
     return plan

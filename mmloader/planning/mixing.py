@@ -140,7 +140,7 @@ class MixOrder:
         k = np.arange(-(-self.total_units // self.chunk) + 1, dtype=np.int64)
         self._f = self._before(k)  # (chunks+1, sources): items of s before chunk k
         self._cum = self._f.sum(axis=1)  # units before chunk k
-        self._orders: dict[tuple[int, int], ShuffledOrder] = {}
+        self._orders: dict[tuple[int, int, int], ShuffledOrder] = {}
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _before(self, k: np.ndarray) -> np.ndarray:

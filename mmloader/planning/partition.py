@@ -42,7 +42,7 @@ class RangeList:
 
     def sub(self, a: int, b: int) -> list[tuple[int, int]]:
         """The underlying ranges that virtual ``[a, b)`` covers."""
-        out = []
+        out: list[tuple[int, int]] = []
         if b <= a:
             return out
         i = int(np.searchsorted(self.cum, a, side="right") - 1)

@@ -33,11 +33,12 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Windows; the other checks still apply
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # optional module; uses check for None
 
 log = logging.getLogger("mmloader")
 
@@ -253,11 +254,18 @@ def check_not_busy(final: str | os.PathLike) -> None:
 # -- rename without replacing -----------------------------------------------------------------
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
-try:
-    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-except (OSError, AttributeError):  # pragma: no cover - no glibc >= 2.28
-    _renameat2 = None
+
+
+def _load_renameat2() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    except (OSError, AttributeError):  # pragma: no cover - no glibc >= 2.28
+        return None
+    return fn
+
+
+_renameat2 = _load_renameat2()
 
 
 def rename_noreplace(src: Path, dst: Path) -> None:

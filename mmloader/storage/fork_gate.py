@@ -73,7 +73,7 @@ class ForkGate:
         self._registry.release()
 
     def after_fork_in_child(self) -> None:
-        self.__init__()  # the parent's threads, and their calls, do not exist here
+        type(self).__init__(self)  # the parent's threads, and their calls, do not exist here
 
 
 FORK_GATE = ForkGate()

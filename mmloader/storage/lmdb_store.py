@@ -160,7 +160,7 @@ class LMDBStore(Store):
         return {"path": self.path, "_meta": self._meta}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"])
+        type(self).__init__(self, state["path"])
         self._meta = state["_meta"]
 
     def _handles(self, views: bool = False):

@@ -131,7 +131,7 @@ def forget_trimmers() -> None:
             os.close(_METER.fd)  # the parent's /proc/self/statm: it would measure the parent
         except OSError:
             pass
-    _METER.__init__()
+    type(_METER).__init__(_METER)
 
 
 def _mapping_of(path: str, inside: int) -> tuple[int, int] | None:

@@ -125,10 +125,10 @@ def write_part_manifest(
     }
     out = part_manifest_path(dataset.parent, part, parts)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, out)
     return out
 
@@ -157,7 +157,7 @@ def manifests_in(parts_dir: str | os.PathLike) -> list[dict]:
     return out
 
 
-def same_conversion(record: dict, fingerprint: str, parts: int, like: dict | None = None) -> str | None:
+def same_conversion(record: dict, fingerprint: str | None, parts: int, like: dict | None = None) -> str | None:
     """Why ``record`` is not a part of the conversion (``fingerprint``, ``parts``), or None;
     ``like``: a part of that conversion, to say whether the input or the options differ."""
     if record.get("parts") != parts:
@@ -228,8 +228,8 @@ def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
         p = Path(src)
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
-        if p.is_file() and p.suffix == ".json" and read_part_manifest(p) is not None:
-            found.append(read_part_manifest(p))
+        if p.is_file() and p.suffix == ".json" and (manifest := read_part_manifest(p)) is not None:
+            found.append(manifest)
         elif p.is_dir() and (records := manifests_in(p)):
             found += records
         elif p.is_dir() and (record := _manifest_for_dataset(p)) is not None:
@@ -256,6 +256,8 @@ def check_parts(records: list[dict]) -> list[dict]:
     that is missing, duplicated or foreign."""
     first = records[0]  # the first given is the reference
     n, fp = first.get("parts"), first.get("fingerprint")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise PartError(f"{first['__path__']}: parts {n!r} is not a positive number of parts")
     by_part: dict[int, dict] = {}
     for r in records:
         why = same_conversion(r, fp, n, like=first)

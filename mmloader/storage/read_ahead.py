@@ -27,7 +27,9 @@ class RangedStore(Protocol):
     """What a :class:`ReadAhead` reads of its store (a :class:`~.remote_tar.RemoteTarStore`;
     declared here so that the two modules do not import each other)."""
 
-    shards: list[dict]
+    @property
+    def shards(self) -> list[dict]: ...
+
     location: Any  # start_range(name, start, end) -> a concurrent.futures.Future of the bytes
 
     def _shard_index(self, s: int) -> np.ndarray:
@@ -42,7 +44,8 @@ class _Chunk:
         self.start, self.end, self.first = start, end, first
         self.served = served
         self.remaining = int((~served).sum())
-        self.future, self.data = future, None
+        self.future = future
+        self.data: bytes | None = None
         self.nbytes = end - start
         self.used = time.monotonic()
 

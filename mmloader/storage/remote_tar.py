@@ -171,16 +171,16 @@ class RemoteTarStore(TarStore):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.path = self.url = self.location.url
-        self.manifest_path = join(self.url, MANIFEST)
+        self.manifest_path = join(self.url, MANIFEST)  # type: ignore[assignment]  # named in messages
         self._idx = OrderedDict()
         self._keys = self._order = None
         self._reset_remote()
 
-    def __del__(self) -> None:
+    def __del__(self, _getpid=os.getpid, _close=os.close) -> None:  # TarStore's signature
         try:
-            if getattr(self, "_pid", None) == os.getpid():
+            if getattr(self, "_pid", None) == _getpid():
                 for fd in list(getattr(self, "_fds", {}).values()):
-                    os.close(fd)
+                    _close(fd)
         except Exception:  # at interpreter exit, or a descriptor already closed
             pass
 
@@ -219,6 +219,7 @@ class RemoteTarStore(TarStore):
     def _pin_by_head(self) -> None:
         """Where there is no listing (plain HTTP), pin each shard's version with a HEAD request,
         concurrently, so that worker processes share one set of versions."""
+        assert self._meta is not None  # called by metadata, once it is read
         names = [sh["file"] for sh in self._meta["shards"]]
         if not names or len(names) > self.MAX_HEAD_PINS:
             return
@@ -259,6 +260,7 @@ class RemoteTarStore(TarStore):
             keys = np.load(io.BytesIO(raw[0]), allow_pickle=False)
             order = np.load(io.BytesIO(raw[1]), allow_pickle=False)
             self._keys, self._order = keys, order
+        assert self._order is not None  # loaded with _keys
         return self._keys, self._order
 
     def _shard_index(self, s: int) -> np.ndarray:
@@ -301,15 +303,17 @@ class RemoteTarStore(TarStore):
     # -- the shard cache --------------------------------------------------------------------------------
     def _cached_fd(self, s: int) -> int | None:
         """A descriptor of shard ``s``'s cached copy, or None (a download is started if none runs)."""
+        cache = self._cache
+        assert cache is not None  # called only where there is a cache
         fd = self._fds.get(s)
         if fd is not None:
-            self._cache.touch(self.shards[s]["file"])
+            cache.touch(self.shards[s]["file"])
             return fd
         now = time.monotonic()
         if self._cache_state.get(s, 0.0) > now:
             return None
         shard = self.shards[s]
-        path = self._cache.lookup(shard["file"], shard["bytes"])
+        path = cache.lookup(shard["file"], shard["bytes"])
         if path is None:
             self._cache_state[s] = now + 0.5
             self._schedule(s)
@@ -330,7 +334,7 @@ class RemoteTarStore(TarStore):
                     if self._closing is not None:
                         os.close(self._closing)
                     self._closing = old_fd
-        self._cache.touch(shard["file"], every=0)
+        cache.touch(shard["file"], every=0)
         return fd
 
     def _schedule(self, s: int) -> None:
@@ -348,7 +352,9 @@ class RemoteTarStore(TarStore):
         again = 0.0
         try:
             if self.cache_shard(s, wait=False) is None:
-                again = 1.0 if self._cache.refused == "busy" else 30.0
+                cache = self._cache
+                assert cache is not None  # cache_shard raises without one
+                again = 1.0 if cache.refused == "busy" else 30.0
         except Exception as e:  # reads go on remotely; a later touch tries again
             log.warning("cache: could not download %s: %s", self.shard_path(s), e)
             again = 30.0
@@ -389,7 +395,10 @@ class RemoteTarStore(TarStore):
             for s in todo:
                 self.cache_shard(s, wait=True, progress=bar.update)
         # counted at the end: under a small cache_limit, later shards may have evicted earlier ones
-        return sum(self._cache.lookup(self.shards[s]["file"], self.shards[s]["bytes"]) is not None for s in todo)
+        cache = self._cache
+        if cache is None:  # only with no shards to cache: cache_shard raises without a cache
+            return 0
+        return sum(cache.lookup(self.shards[s]["file"], self.shards[s]["bytes"]) is not None for s in todo)
 
     def _check_sha(self, fd: int, s: int) -> None:
         h = hashlib.sha256()

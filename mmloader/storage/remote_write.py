@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -97,7 +98,10 @@ class _Uploads:
                 self.location.delete(name)
             except Exception as e:  # best effort: the failure being reported matters more
                 log.warning("%s: could not delete %s after the failed write: %s", self.location.url, name, e)
-        if self._old_removed and not (self.names - {MANIFEST}) & _names_of(self.old):
+        if not self._old_removed:
+            return
+        assert self.old is not None and self.old_text is not None  # only an old manifest is removed (start)
+        if not (self.names - {MANIFEST}) & _names_of(self.old):
             try:
                 self.location.put_bytes(MANIFEST, self.old_text)
             except Exception as e:
@@ -236,7 +240,7 @@ def upload_dataset(
     location: Location,
     fmt: str,
     progress: bool = True,
-    skip: set[str] = frozenset(),
+    skip: AbstractSet[str] = frozenset(),
     uploads: _Uploads | None = None,
 ) -> None:
     """Upload a local dataset folder: every file but the manifest (shards, then indexes), then the

@@ -36,7 +36,7 @@ from .sizes import parse_size
 try:
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # optional module; uses check for None
 
 
 log = logging.getLogger("mmloader")
@@ -95,7 +95,7 @@ class ShardCache:
         return {"root": str(self.root), "url": self.url, "limit": self.limit, "tag": self.tag}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["root"], state["url"], state["limit"], state["tag"])
+        type(self).__init__(self, state["root"], state["url"], state["limit"], state["tag"])
 
     def _ensure_dir(self) -> None:
         if not (self.dir / MARKER).is_file():

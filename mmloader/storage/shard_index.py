@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import IO, cast
 
 import numpy as np
 from tqdm import tqdm
@@ -50,7 +51,7 @@ class ShardIndexBuilder:
         self.count = 0
         self._keyfile = tempfile.TemporaryFile(dir=self.out_dir)
         self._max_key = 1
-        self._rows: list[tuple[dict[str, tuple[int, int]]]] = []
+        self._rows: list[dict[str, tuple[int, int]]] = []
         self._shard_fields: dict[str, int] = {}
 
     def add_sample(
@@ -172,7 +173,7 @@ def index_shard(builder: ShardIndexBuilder, path: str | os.PathLike, file: str, 
     with open(path, "rb") as raw:
         tee = _Tee(raw)
         try:
-            for sample in group_samples(tar_members(path, with_data=False, fileobj=tee), where=where):
+            for sample in group_samples(tar_members(path, with_data=False, fileobj=cast(IO[bytes], tee)), where=where):
                 builder.add_sample(sample["__key__"], sample["__offsets__"])
         except Exception as e:  # tarfile.ReadError, EOFError, zlib.error ...
             raise FormatError(f"shard {where} is not a readable tar file: {e}") from e

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tarfile
-from typing import IO, Iterable, Iterator
+from typing import IO, Final, Iterable, Iterator, cast
 
 from ..errors import FormatError
 from .keys import split_member_name
@@ -40,10 +40,10 @@ def tar_members(
     (absolute, ``..``) are passed over with a warning: we never follow them.
     For compressed shards offsets are positions in the decompressed stream.
     """
-    mode = "r|*"
+    mode: Final = "r|*"
     with tarfile.open(name=None if fileobj else str(path), mode=mode, fileobj=fileobj) as tf:
         for member in tf:
-            tf.members = []  # tarfile keeps every header otherwise: O(members) memory
+            tf.members = []  # type: ignore[attr-defined]  # TarFile.members: not in the stubs; tarfile keeps every header otherwise: O(members) memory
             if member.isdir():
                 continue
             if not member.isreg():
@@ -57,7 +57,7 @@ def tar_members(
             if not safe_member_name(member.name):
                 log.warning("%s: ignoring tar member with unsafe name %r", path, member.name)
                 continue
-            data = tf.extractfile(member).read() if with_data else None
+            data = cast(IO[bytes], tf.extractfile(member)).read() if with_data else None  # a regular file: not None
             yield member.name, member.offset_data, member.size, data
 
 

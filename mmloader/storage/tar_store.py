@@ -56,7 +56,8 @@ class TarStore(Store):
         self._fds: OrderedDict[int, int] = OrderedDict()
         self._closing: int | None = None
         self._idx: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._keys = self._order = None
+        self._keys: np.ndarray | None = None
+        self._order: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
         return {
@@ -130,6 +131,7 @@ class TarStore(Store):
                 np.ndarray
             )
             self._order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r", allow_pickle=False)
+        assert self._order is not None  # loaded with _keys
         return self._keys, self._order
 
     def key(self, index: int) -> str:

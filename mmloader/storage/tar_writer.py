@@ -136,8 +136,9 @@ class ShardWriter(AtomicWriter):
             self._open_shard()
         # The members tarfile.addfile would write (same headers: TarInfo.tobuf, PAX for long or
         # non-ASCII names), assembled here so a sample is one write and one hash update.
-        offsets = {}
-        chunks = []
+        offsets: dict[str, tuple[int, int]] = {}
+        chunks: list[bytes] = []
+        assert self._file is not None  # opened just above
         pos = self._file.pos
         for f, data in fields.items():
             name = f"{key}.{f}"

@@ -93,13 +93,15 @@ class TextLinesStore(Store):
         self.path = str(self.file)
         self.index_path = Path(index_path) if index_path else self.file.with_name(self.file.name + ".lines.npy")
         self.progress = progress
-        self._pid, self._fd, self._table = -1, None, None
+        self._pid = -1
+        self._fd: int | None = None
+        self._table: np.ndarray | None = None
 
     def __getstate__(self) -> dict:
         return {"file": str(self.file), "index_path": str(self.index_path), "progress": self.progress}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["file"], state["index_path"], state["progress"])
+        type(self).__init__(self, state["file"], state["index_path"], state["progress"])
 
     def _offsets(self) -> np.ndarray:
         """The line index, mapped but never read through the map (see :meth:`_spans`)."""
@@ -124,6 +126,7 @@ class TextLinesStore(Store):
             self._index_fd, self._index_base = os.open(self.index_path, os.O_RDONLY), table.offset
             self._span = _pair_format(table)
             self._table, self._fd, self._pid = table, os.open(self.file, os.O_RDONLY), os.getpid()
+        assert self._table is not None  # set above, in this process
         return self._table
 
     def _spans(self, idx: Sequence[int]) -> list[tuple[int, int]]:
@@ -158,6 +161,7 @@ class TextLinesStore(Store):
 
     def _line(self, start: int, end: int) -> bytes:
         """The line's bytes without its line end (``\n`` or ``\r\n``)."""
+        assert self._fd is not None  # opened by _offsets, which _spans calls first
         data = os.pread(self._fd, end - start, start)
         if data.endswith(b"\n"):
             data = data[:-1]
@@ -191,7 +195,7 @@ def _pair_format(table: np.ndarray) -> struct.Struct:
     return struct.Struct({"<": "<", ">": ">"}.get(table.dtype.byteorder, "=") + "qq")
 
 
-def _read_pair(path: Path, table: np.ndarray, entry: int) -> tuple[int, int]:
+def _read_pair(path: Path, table: np.memmap, entry: int) -> tuple[int, int]:
     with open(path, "rb") as f:
         f.seek(table.offset + 8 * entry)
         return _pair_format(table).unpack(f.read(16))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from .retry import Policy, _Deadline
 from .runtime import _background
@@ -114,6 +114,7 @@ class _Client:
     """What the clients share: URLs for messages, and the blocking retry loop."""
 
     location: LocationLike
+    get_ranges: Callable[[list[tuple[str, int, int]]], list]  # each client defines it
 
     def url(self, name: str) -> str:
         return self.location.name_url(name)

@@ -144,7 +144,12 @@ class Location:
             with self._lock:
                 hit = self._clients.get(kind)
                 if hit is None or hit[0] != pid or hit[1] != env:
-                    made = {"obstore": _ObstoreClient, "simple": _SimpleClient, "fsspec": _FsspecClient}[kind](self)
+                    kinds: dict[str, Callable[[Location], Client]] = {
+                        "obstore": _ObstoreClient,
+                        "simple": _SimpleClient,
+                        "fsspec": _FsspecClient,
+                    }
+                    made = kinds[kind](self)
                     hit = self._clients[kind] = (pid, env, made)
         return hit[2]
 

@@ -4,12 +4,17 @@ data reads in a process that did not inherit obstore's runtime through fork().""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
+from typing import TYPE_CHECKING, Any, cast
 
 from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .ranges import _check_length
 from .retry import _Deadline
 from .runtime import _mark_obstore, event_loop, run
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
 
 _OBSTORE_CONFIG_KEYS = {
     "s3": {
@@ -67,7 +72,7 @@ class _ObstoreClient(_Client):
         _mark_obstore()
         opts = dict(location.storage_options)
         policy = location.policy
-        client_options = {
+        client_options: dict[str, Any] = {
             "timeout": f"{policy.request_timeout}s",
             "connect_timeout": f"{policy.connect_timeout}s",
             **{k: opts.pop(k) for k in list(opts) if k in _CLIENT_OPTION_KEYS},
@@ -89,9 +94,9 @@ class _ObstoreClient(_Client):
         elif location.scheme == "http":
             if url.startswith("http://"):
                 client_options.setdefault("allow_http", True)
-        retry = {"max_retries": 0}  # mmloader retries (backoff + deadline) around every request
+        retry: RetryConfig = {"max_retries": 0}  # mmloader retries (backoff + deadline) around every request
         if location.scheme == "http":
-            self.store = from_url(url, client_options=client_options, retry_config=retry)
+            self.store = from_url(url, client_options=cast("ClientConfig", client_options), retry_config=retry)
         else:
             unknown = set(opts) - _OBSTORE_CONFIG_KEYS[location.scheme]
             if unknown:
@@ -99,7 +104,12 @@ class _ObstoreClient(_Client):
                     f"{url}: unknown storage_options {sorted(unknown)} for {location.scheme}:// "
                     f"(known: {sorted(_OBSTORE_CONFIG_KEYS[location.scheme] | _CLIENT_OPTION_KEYS)})"
                 )
-            self.store = from_url(url, config=opts or None, client_options=client_options, retry_config=retry)
+            # opts are the user's storage_options, checked against the scheme's keys above: obstore
+            # types config per scheme (S3Config, GCSConfig, AzureConfig), which a dict cannot name
+            config = cast(Any, opts or None)
+            self.store = from_url(
+                url, config=config, client_options=cast("ClientConfig", client_options), retry_config=retry
+            )
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
@@ -189,7 +199,8 @@ class _ObstoreClient(_Client):
     def list(self, prefix: str) -> list[tuple[str, int]]:
         return [(name, size) for name, size, _etag in self._listing(prefix)]
 
-    def _listing(self, prefix: str) -> list[tuple[str, int, str | None]]:
+    def _listing(self, prefix: str) -> builtins.list[tuple[str, int, str | None]]:
+        # builtins.list: in this class body ``list`` is the method above
         def once():
             return [
                 (m["path"], int(m["size"]), m.get("e_tag"))

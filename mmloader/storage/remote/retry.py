@@ -35,7 +35,7 @@ class Policy:
     @classmethod
     def from_env(cls, **overrides: Any) -> "Policy":
         env = {"retry_deadline": "MMLOADER_RETRY_DEADLINE", "request_timeout": "MMLOADER_REQUEST_TIMEOUT"}
-        values = {}
+        values: dict[str, Any] = {}
         for name, var in env.items():
             if os.environ.get(var):
                 values[name] = float(os.environ[var])

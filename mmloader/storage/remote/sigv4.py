@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 
-def static_s3_credentials(options: dict) -> tuple[str, str, str | None] | None | bool:
+def static_s3_credentials(options: dict) -> tuple[str, str, str | None] | None | Literal[True]:
     """(key, secret, token) from ``storage_options`` or the environment; True for unsigned
     requests (``skip_signature``); None when credentials come from elsewhere (profiles,
     instance metadata, ...), which only the full clients resolve."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Literal, cast
 
-from .client import LocationLike, _Client
+from .client import Client, LocationLike, _Client
 from .errors import ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
 from .obstore_client import _ObstoreClient
@@ -28,6 +29,7 @@ class _SimpleClient(_Client):
         self._quote = quote
         self._local = threading.local()
         opts = location.storage_options
+        self.creds: tuple[str, str, str | None] | Literal[True] | None
         if location.scheme == "http":
             parts = urlsplit(location.url)
             self.secure, self.host = parts.scheme == "https", parts.netloc
@@ -83,7 +85,9 @@ class _SimpleClient(_Client):
         )
         hdrs = dict(headers or {})
         if self.location.scheme == "s3" and self.creds is not True:
-            hdrs.update(sigv4_headers(method, self.host, path, self.region, self.creds, query=canonical_query))
+            # not None: an s3 location gets this client only with credentials (see usable)
+            creds = cast("tuple[str, str, str | None]", self.creds)
+            hdrs.update(sigv4_headers(method, self.host, path, self.region, creds, query=canonical_query))
         target = f"{path}?{canonical_query}" if canonical_query else path
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             conn = self._conn()
@@ -208,7 +212,7 @@ class _SimpleClient(_Client):
 
         return self._retry("HEAD", name, once)
 
-    def _full(self) -> _Client:
+    def _full(self) -> Client:
         return _ObstoreClient(self.location) if obstore_usable() else _FsspecClient(self.location)
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
