@@ -934,3 +934,52 @@ def test_auto_backend_picks_worker_processes_for_media_readers(tmp_path, clips):
     for stream, name in ((video, "VideoReader"), (audio, "AudioReader")):
         backend, why = choose_backend(stream)
         assert backend == "process" and name in why
+
+
+def _av_clip(fmt: str, video_start_frames: int, audio_start_samples: int, rate: int = 16000, fps: int = 30) -> bytes:
+    """H.264 + PCM whose tracks start apart; each audio sample's value is its time on the file's
+    clock (value * 16 / rate seconds), so a window's first sample says where it starts."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    out = io.BytesIO()
+    c = av.open(out, "w", format=fmt)
+    s = c.add_stream("libx264", rate=fps)
+    s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+    a = c.add_stream("pcm_s16le", rate=rate)
+    a.layout = "mono"
+    for i in range(45):
+        f = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 8 * i % 255, np.uint8), format="rgb24")
+        f.pts, f.time_base = i + video_start_frames, Fraction(1, fps)
+        for p in s.encode(f):
+            c.mux(p)
+    for p in s.encode(None):
+        c.mux(p)
+    x = (np.arange(2 * rate, dtype=np.int64) + audio_start_samples)[None] // 16
+    x = x.astype(np.int16)
+    for i in range(0, x.shape[1], 1024):
+        fr = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, i : i + 1024]), format="s16", layout="mono")
+        fr.sample_rate, fr.pts, fr.time_base = rate, i + audio_start_samples, Fraction(1, rate)
+        for p in a.encode(fr):
+            c.mux(p)
+    c.close()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt,ext", [("matroska", "mkv"), ("mp4", "mp4")])
+def test_the_audio_companion_follows_the_picture_when_the_tracks_start_apart(tmp_path, fmt, ext):
+    rate = 16000
+    path = tmp_path / f"apart-{ext}.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "late-video", ext: _av_clip(fmt, 15, 0)})  # video from 0.5 s, audio from 0
+        w.write({"__key__": "late-audio", ext: _av_clip(fmt, 0, int(0.3 * rate))})  # audio from 0.3 s
+    reader = mmloader.VideoReader(str(path), ext, frames=6, clip=0.2, audio=dict(sample_rate=None, mono=False))
+    for i, (video_start, audio_start) in enumerate([(0.5, 0.0), (0.0, 0.3)]):
+        shown = video_start + float(reader.timestamps[i][0])  # the first frame, on the file's clock
+        audio = reader.audio[i].numpy()[0] * 32768 * 16 / rate  # each sample's time on the file's clock
+        heard = np.flatnonzero(audio)[0] if audio_start > shown else 0
+        assert abs(heard / rate - max(0.0, audio_start - shown)) < 2 / rate, (ext, i)  # silence until it starts
+        assert abs(audio[heard] - max(shown, audio_start)) < 2e-3, (ext, i, audio[heard], shown)
+        assert audio.shape[0] == pytest.approx(6 / 30 * rate, abs=2)

@@ -271,12 +271,16 @@ class AudioReader(Reader):
                 self.clip.limits.check(info)
             if info.audio is None:
                 raise DecodeError(f"no audio stream ({info.describe()})")
+            length_s: float | None
             if isinstance(self.clip, ClipSource):
                 if info.video is None:
                     raise DecodeError(f"no video stream to align the audio with ({info.describe()})")
                 plan = self.clip.plan(info, key, container)
                 shown = _demux_times(container, container.streams.video[0], plan)
-                start_s, length_s = float(shown[0]), len(plan.times) * plan.step
+                # The frames' times count from the video stream's start, the audio's from its own:
+                # the two tracks may start apart (a stream copy cut, a late track).
+                offset = _start(container.streams.video[0]) - _start(container.streams.audio[0])
+                start_s, length_s = float(shown[0]) + offset, len(plan.times) * plan.step
             else:
                 start_s, length_s = self.window(info.audio.duration or info.duration, key)
             lead = preroll(container.streams.audio[0].codec_context.name)
@@ -285,7 +289,11 @@ class AudioReader(Reader):
                 # the encoder's priming samples, so the first samples would differ from a full decode)
                 container.close()
                 container = open_container(data)
-            return _decode_audio(
+            silence = 0.0
+            if start_s < 0:  # the clip starts before the audio does: silence until it starts
+                silence, start_s = -start_s, 0.0
+                length_s = max(0.0, (length_s or 0.0) - silence)
+            x, rate = _decode_audio(
                 container,
                 container.streams.audio[0],
                 info,
@@ -294,6 +302,9 @@ class AudioReader(Reader):
                 self.limits,
                 rewind=isinstance(self.clip, ClipSource) and start_s > lead,
             )
+            if silence:
+                x = np.concatenate([np.zeros((x.shape[0], int(round(silence * rate))), x.dtype), x], axis=1)
+            return x, rate
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt audio: {e}") from None
         finally:
@@ -423,6 +434,7 @@ def _decode_audio(
             )
     channels = parts[0].shape[0] if parts else max(int(cc.channels or 1), 1)
     x = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
+    assert info.audio is not None  # the caller checked for an audio stream
     declared = info.audio.duration if info.audio.duration is not None else info.duration
     expected = want
     if declared is not None:
