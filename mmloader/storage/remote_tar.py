@@ -47,6 +47,7 @@ from .read_ahead import ReadAhead
 from .remote import Location, Policy, RemoteError, coalesce, join
 from .shard_cache import DEFAULT_CACHE_DIR, ShardCache, parse_limit
 from .shard_index import MANIFEST
+from .tar_layout import sha256_file
 from .tar_stages import group_samples, tar_members
 from .tar_store import TarStore, prepare_manifest
 
@@ -401,14 +402,10 @@ class RemoteTarStore(TarStore):
         return sum(cache.lookup(self.shards[s]["file"], self.shards[s]["bytes"]) is not None for s in todo)
 
     def _check_sha(self, fd: int, s: int) -> None:
-        h = hashlib.sha256()
-        pos = 0
-        while chunk := os.pread(fd, 1 << 22, pos):
-            h.update(chunk)
-            pos += len(chunk)
-        if h.hexdigest() != self.shards[s]["sha256"]:
+        digest = sha256_file(fd)
+        if digest != self.shards[s]["sha256"]:
             raise FormatError(
-                f"shard {self.shard_path(s)}: sha256 {h.hexdigest()[:12]}... does not match the "
+                f"shard {self.shard_path(s)}: sha256 {digest[:12]}... does not match the "
                 f"manifest's {self.shards[s]['sha256'][:12]}...: the object changed since it was written"
             )
 

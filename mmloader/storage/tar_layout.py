@@ -81,15 +81,22 @@ class HashingFile:
         self._f.close()
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+def sha256_file(source: str | os.PathLike | int, chunk: int = 1 << 22) -> str:
     """The sha256 (hex) of a file, read in chunks: the one helper for every shard and part file.
 
     Args:
-        path: the file.
+        source: the file's path, or an open file descriptor (read with ``pread`` from offset 0,
+            its position left alone: a cached shard held open by its reader).
         chunk: bytes read at a time.
     """
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    if isinstance(source, int):
+        pos = 0
+        while b := os.pread(source, chunk, pos):
+            h.update(b)
+            pos += len(b)
+        return h.hexdigest()
+    with open(source, "rb") as f:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
