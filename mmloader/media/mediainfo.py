@@ -367,6 +367,7 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                 if max_seconds is not None and t >= max_seconds:
                     continue
                 if packet.stream is vin:
+                    assert vout is not None  # made with vin
                     # constant frame rate: keep the frame shown at each output tick
                     while t + 1e-6 >= next_t:
                         img = frame.reformat(
@@ -379,6 +380,7 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                         n_out += 1
                         next_t = float(n_out / out_rate)
                 else:
+                    assert aout is not None  # an audio packet: made with ain
                     frame.pts = None
                     for p in aout.encode(frame):
                         dst.mux(p)

@@ -6,7 +6,7 @@ import functools
 import gzip
 import os
 import zlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from ..errors import DecodeError, SampleError, SizeLimitError
 from ..storage import Store, open_store
@@ -200,7 +200,12 @@ class Reader:
     def decodes_builtin(self) -> bool:
         """Whether values go through the built-in reader's own ``decode``: no ``decode=``, and
         no subclass (or assignment on this reader) replacing ``decode``, which fast paths skip."""
-        return self._decode_fn is None and "decode" not in vars(self) and decode_is_builtin(type(self))
+        return (
+            self._decode_fn is None
+            and "decode" not in vars(self)
+            # mypy takes a class for unhashable when it defines (its instances') __hash__
+            and decode_is_builtin(type(self))  # type: ignore[arg-type]
+        )
 
     def all_present_within_limit(self, datas: list) -> bool:
         """Every value present and at most ``max_field_bytes`` (one pass in C: a batch's check
@@ -218,7 +223,8 @@ class Reader:
         """
         if not self.gzipped and self.all_present_within_limit(datas):
             try:  # the common case without per-sample bookkeeping
-                values = [self.decode(d, k) for d, k in zip(datas, keys)]
+                present = cast("list[bytes]", datas)  # all present (checked above)
+                values = [self.decode(d, k) for d, k in zip(present, keys)]
                 return values if self.transform is None else [self.transform(v) for v in values]
             except Exception:
                 pass  # redo sample by sample: the error must name its key
@@ -236,7 +242,7 @@ class Reader:
 
 
 @functools.lru_cache(maxsize=None)
-def decode_is_builtin(cls: type) -> bool:
+def decode_is_builtin(cls: type[Reader]) -> bool:
     """Whether ``cls`` decodes with its built-in reader's ``decode`` (no subclass overrides it):
     whole-batch fast paths bypass ``decode``, so a subclass that overrides it reads sample by sample.
 
@@ -247,5 +253,5 @@ def decode_is_builtin(cls: type) -> bool:
     """
     # mmloader's own readers are the classes defined in this package (the registry's kinds and
     # the companions); the nearest of them in the MRO is the built-in one ``cls`` extends.
-    builtin = next(c for c in cls.__mro__ if c.__module__.startswith(f"{__package__}."))
+    builtin = cast("type[Reader]", next(c for c in cls.__mro__ if c.__module__.startswith(f"{__package__}.")))
     return cls.decode is builtin.decode

@@ -104,4 +104,4 @@ class SampleCache:
         return {"max_bytes": self.max_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["max_bytes"])
+        type(self).__init__(self, state["max_bytes"])

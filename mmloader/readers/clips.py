@@ -8,13 +8,16 @@ and neither imports the other.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import DecodeError
 from .base import Reader
 from .seeding import rng
+
+if TYPE_CHECKING:
+    from ..media.mediainfo import Limits, MediaInfo
 
 CLIPS = ("random", "start", "center")
 
@@ -52,6 +55,13 @@ def clip_start(clip: Any, key: str, room: float) -> float:
 class ClipSource(Reader):
     """A reader whose clip positions companions follow (``VideoReader``): an audio reader given
     ``clip=`` one takes the same window of the same sample."""
+
+    # what a companion uses (VideoReader sets and defines them); declarations only
+    limits: Limits
+
+    if TYPE_CHECKING:
+
+        def plan(self, info: MediaInfo, key: str, container: Any = None) -> _Plan: ...
 
 
 class _Plan:
@@ -105,6 +115,7 @@ def _demux_times(container, stream, plan: _Plan) -> np.ndarray:
         i0 = max(0, int(np.searchsorted(ordered, origin + asked[0] + tol, side="right")) - 1)
         if count is not None:
             return len(ordered) - i0 > count
+        assert plan.until is not None  # count is None only where until is given
         return bool(ordered[-1] >= origin + plan.until - tol)
 
     def collect(seek: bool) -> list[float] | None:
@@ -138,6 +149,7 @@ def _demux_times(container, stream, plan: _Plan) -> np.ndarray:
         return ordered[np.clip(idx, 0, None)]
     i0 = max(0, int(np.searchsorted(ordered, asked[0] + tol, side="right")) - 1)
     if count is None:
+        assert plan.until is not None  # count is None only where until is given
         rest = ordered[i0:]
         keep = rest[1:][rest[1:] < plan.until - tol]
         return np.concatenate([rest[:1], keep])

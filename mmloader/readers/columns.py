@@ -86,7 +86,7 @@ def concat_bytes(datas: list, bounds: list[int], share_memory: bool = False) -> 
         )
     flat = batch_buffer((bounds[-1],), torch.uint8, share_memory)
     if bounds[-1]:
-        out = memoryview(flat.numpy())
+        out = flat.numpy().data  # its memoryview
         for d, a, b in zip(datas, bounds, bounds[1:]):
             out[a:b] = d
     return flat

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -80,7 +80,7 @@ class ImageReader(Reader):
         return self.output != "raw" and self.decodes_builtin()
 
     @property
-    def packs_bytes(self) -> bool:
+    def packs_bytes(self) -> bool:  # type: ignore[override]  # a class attribute in Reader, computed here
         """Raw encoded bytes are packed into one buffer per batch (see :mod:`mmloader.align.collate`)."""
         return self.output == "raw" and self.transform is None and self.decodes_builtin()
 
@@ -97,19 +97,20 @@ class ImageReader(Reader):
         plain = self.plain_column(datas)
         if self.output == "tensor" and plain:
             try:
-                stacked = self._decode_into_batch(datas, share_memory)
+                stacked = self._decode_into_batch(cast("list[bytes]", datas), share_memory)  # plain: all present
                 if stacked is not None:
                     return stacked
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         if self.output != "raw":  # the per-sample decoders below take bytes
             datas = as_bytes(datas)
-        if self.output != "raw" or not plain or not min(map(len, datas), default=1):
+        present = cast("list[bytes]", datas)  # read only where plain: all present
+        if self.output != "raw" or not plain or not min(map(len, present), default=1):
             return super().from_column(datas, keys)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
         # (with the process backend's ring, the copy goes straight into the shared slot).
-        offsets = offsets_of(datas)
-        return Packed(concat_bytes(datas, offsets.tolist(), share_memory), torch.from_numpy(offsets))
+        offsets = offsets_of(present)
+        return Packed(concat_bytes(present, offsets.tolist(), share_memory), torch.from_numpy(offsets))
 
     def _decode_into_batch(self, datas: list[bytes], share_memory: bool = False) -> Any:
         """Decode straight into one batch tensor when every image has one size: no stack copy.

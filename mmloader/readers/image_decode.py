@@ -52,7 +52,7 @@ def target_hw(size: int | tuple[int, int], height: int, width: int) -> tuple[int
 def _pil_open(data: bytes, mode: str, draft_hw: tuple[int, int] | None = None) -> Image.Image:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        im = Image.open(io.BytesIO(data))
+        im: Image.Image = Image.open(io.BytesIO(data))
         if draft_hw is not None and im.format == "JPEG":
             # Decode at 1/2, 1/4 or 1/8 DCT scale while staying >= the target: far less work.
             im.draft("RGB" if mode != "L" else "L", (draft_hw[1], draft_hw[0]))
@@ -184,5 +184,5 @@ def decode_to_pil(
         except Exception as e:
             raise DecodeError(f"cannot decode {info.format} image: {e}") from None
     if target is not None and (im.height, im.width) != target:
-        im = im.resize((target[1], target[0]), Image.BILINEAR)
+        im = im.resize((target[1], target[0]), Image.Resampling.BILINEAR)
     return im

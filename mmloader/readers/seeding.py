@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch import Tensor
 
 _local = threading.local()
 
@@ -80,7 +81,7 @@ class BatchRNG:
             self._random = random.Random(self.seed)
         return self._random
 
-    def torch_rand(self, *size: int) -> torch.Tensor | float:
+    def torch_rand(self, *size: int) -> Tensor | float:  # Tensor: in this class ``torch`` is the generator
         """Uniform [0, 1) from the batch's torch generator (a float when no size is given)."""
         out = torch.rand(size or (1,), generator=self.torch)
         return float(out) if not size else out

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -166,6 +166,7 @@ class VideoReader(ClipSource):
         latest start is the time of the ``frames``-th frame from the end (found by demuxing the
         last GOPs), so a start always leaves ``frames`` real frames, whatever the spacing."""
         v = info.video
+        assert v is not None  # a video stream: checked as the file is opened
         duration = v.duration if v.duration is not None else info.duration
         native = v.fps or 25.0
         step = 1.0 / (self.fps or native)
@@ -188,7 +189,10 @@ class VideoReader(ClipSource):
         times, step = self.targets(info, key, container)
         if self.fps is not None:
             return _Plan(times, step=step)
-        until = float(self.max_seconds) if self.frames is None else None
+        until = None
+        if self.frames is None:
+            assert self.max_seconds is not None  # __init__: frames=None needs max_seconds
+            until = float(self.max_seconds)
         return _Plan(times, consecutive=True, until=until, step=step)
 
     def _open(self, data, key: str):
@@ -250,7 +254,7 @@ class VideoReader(ClipSource):
             from .image_decode import target_hw
 
             return target_hw(self.size, height, width)
-        return tuple(self.size)
+        return cast("tuple[int, int]", tuple(self.size))  # size as given: checked in __init__
 
     def frame_times(self, data, key: str) -> np.ndarray:
         """The presentation times of the frames :meth:`decode` returns, by demuxing only."""
@@ -357,7 +361,7 @@ def _decode_targets(
     count = None if until is not None else len(pending)
     chosen: list[tuple[float, Any]] = []
     last: list = [None, None]  # the last decoded frame (shown up to the next one), converted or None
-    state = {"fed": False, "skipping": False, "started": False, "end": None, "stop": False}
+    state: dict[str, Any] = {"fed": False, "skipping": False, "started": False, "end": None, "stop": False}
 
     def done() -> bool:
         if plan.consecutive:
@@ -490,6 +494,7 @@ def _check_not_truncated(reached: float | None, plan: _Plan, info: MediaInfo) ->
     within half a frame; with only the container's (which may be an audio track's), the clip's
     nominal end must be, to within two frames."""
     v = info.video
+    assert v is not None  # a video stream: checked as the file is opened
     if reached is None:
         return
     period = 1.0 / (v.fps or 25.0)
