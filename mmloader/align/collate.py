@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence, overload
 
 import torch
 
@@ -44,12 +44,24 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
     out = tensors[0].new_full((len(tensors), *shape), pad_value)
     mask = torch.zeros((len(tensors), *shape), dtype=torch.bool)
     for i, t in enumerate(tensors):
-        region = (i, *[slice(0, s) for s in t.shape])
+        region: tuple[int | slice, ...] = (i, *[slice(0, s) for s in t.shape])
         out[region] = t
         mask[region] = True
     return out, mask
 
 
+@overload
+def pad_ragged(
+    flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0, *, mask: Literal[True]
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def pad_ragged(
+    flat: torch.Tensor, offsets: torch.Tensor, pad_value: float, mask: Literal[True]
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def pad_ragged(
+    flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0, mask: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 def pad_ragged(
     flat: torch.Tensor, offsets: torch.Tensor, pad_value: float = 0, mask: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -241,10 +241,10 @@ class Zipped(torch.utils.data.Dataset):
         """Stored byte size of ``modality`` for each sample (0 where absent), for length
         bucketing: read from the offset index or B-tree, nothing is decoded."""
         reader = self.readers[modality]
-        indices = np.asarray(indices, dtype=np.int64)
-        pos = self.positions[indices] if self.positions is not None else indices
+        idx = np.asarray(indices, dtype=np.int64)
+        pos = self.positions[idx] if self.positions is not None else idx
         if self.by_key and reader is not self._primary:  # this store may order samples differently
-            pos = np.array([reader.store.index_of(self.key(int(i))) for i in indices], dtype=np.int64)
+            pos = np.array([reader.store.index_of(self.key(int(i))) for i in idx], dtype=np.int64)
         sizes = [reader.store.field_sizes(pos.tolist(), f) for f in reader.fields]
         return np.maximum.reduce(sizes) if len(sizes) > 1 else sizes[0]
 

@@ -17,7 +17,7 @@ THUMB = 160
 
 def dataset_for_preview(path: str | os.PathLike):
     """A zipped dataset of every readable field of a store (images as PIL)."""
-    from ..align.zip import zip_readers  # (torch: only when a sheet is made)
+    from ..align.zip import Zipped  # (torch: only when a sheet is made)
     from ..readers import reader_for
 
     store = open_store(path)
@@ -33,7 +33,9 @@ def dataset_for_preview(path: str | os.PathLike):
             readers[f.replace(".", "_")] = reader_for(store, f, **options)
         except Exception:
             continue  # e.g. pickle fields: never previewed
-    return zip_readers(**readers)
+    # Zipped directly: through zip_readers(**readers) a field named align, transforms or cache
+    # would land in that parameter
+    return Zipped(readers)
 
 
 def frame_strip(frames, size: int = THUMB) -> Image.Image:
@@ -141,7 +143,7 @@ def contact_sheet(dataset, indices: list[int], columns: int = 4) -> tuple[Image.
             scale = THUMB / max(thumb.size)  # small images are enlarged too, so they can be seen
             thumb = thumb.resize(
                 (max(1, round(thumb.width * scale)), max(1, round(thumb.height * scale))),
-                Image.NEAREST if scale > 1 else Image.BILINEAR,
+                Image.Resampling.NEAREST if scale > 1 else Image.Resampling.BILINEAR,
             )
             sheet.paste(thumb, (x + (THUMB - thumb.width) // 2, y + (THUMB - thumb.height) // 2))
         words = _text_of(sample)

@@ -125,6 +125,7 @@ def _verify_lmdb(store: LMDBStore, meta: dict, report: Report, decode: bool, pro
 
 
 def _verify_shards(store: TarStore, meta: dict, report: Report, decode: bool, progress: bool) -> None:
+    keys: np.ndarray | None
     try:
         keys, _order = store.key_table()
         if len(keys) != meta["count"] or len(_order) != meta["count"]:

@@ -44,7 +44,7 @@ class DataModule(pl.LightningDataModule):
 
     def __init__(self, train: StreamSource, val: StreamSource | None = None, **loader_options: Any):
         super().__init__()
-        self.sources = {"train": train, "val": val}
+        self.sources: dict[str, StreamSource | None] = {"train": train, "val": val}
         self.loader_options = loader_options
         self.loaders: dict[str, Any] = {}
 
@@ -56,6 +56,7 @@ class DataModule(pl.LightningDataModule):
             elif isinstance(source, Stream):
                 stream = source
             else:
+                assert source is not None  # val_dataloader asks for "val" only when it was given
                 stream = source()
             if not isinstance(stream, Stream):
                 raise TypeError(f"DataModule({stage}=...) must give an mmloader.Stream, got {type(stream).__name__}")

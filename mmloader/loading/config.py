@@ -38,7 +38,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..align.mix import Mix
-from ..align.zip import Zipped, zip_readers
+from ..align.zip import Zipped
 from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
 from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
 from ..readers.registry import KINDS
@@ -222,12 +222,13 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
     if not p.exists():
         raise ConfigError(f"{where}: {p} does not exist")
     if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES:
+        index_file: Path | None = None
         if index_path is not None:
-            index_path = Path(index_path) if Path(index_path).is_absolute() else root / index_path
-            if not index_path.parent.is_dir():
-                raise ConfigError(f"{where}: index_path {index_path}: its folder {index_path.parent} does not exist")
+            index_file = Path(index_path) if Path(index_path).is_absolute() else root / index_path
+            if not index_file.parent.is_dir():
+                raise ConfigError(f"{where}: index_path {index_file}: its folder {index_file.parent} does not exist")
         try:
-            store = TextLinesStore(p, index_path=index_path)
+            store = TextLinesStore(p, index_path=index_file)
             if len(store) == 0:
                 raise ConfigError(f"{where}: {p} holds no line: an empty source")
         except (MMLoaderError, OSError) as e:
@@ -318,7 +319,7 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
         _unknown(src, SOURCE_KEYS, where)
         stores: dict[str, Any] = {}
 
-        readers = {}
+        readers: dict[str, Any] = {}
         for mname, opts in _modalities(src.get("modalities"), f"{where}.modalities"):
             mwhere = f"{where}.modalities.{mname}"
             own = opts.pop("path", None)
@@ -332,7 +333,9 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
                 opts["tokenizer"] = str(root / opts["tokenizer"])  # relative to root, as paths are
             readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images, readers)
         try:
-            out[sname] = zip_readers(align=src.get("align", cfg.get("align", "strict")), **readers)
+            # Zipped directly: through zip_readers(**readers) a modality named align, transforms
+            # or cache would land in that parameter
+            out[sname] = Zipped(readers, align=src.get("align", cfg.get("align", "strict")))
         except (AlignmentError, ValueError) as e:
             raise ConfigError(f"{where}: its modalities cannot be aligned: {e}") from None
     return out

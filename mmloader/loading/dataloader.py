@@ -17,7 +17,7 @@ import glob
 import logging
 import os
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 import torch
 import torch.utils.data
@@ -102,7 +102,10 @@ class Loader(Resumable):
             prefetch_factor = 2
         # Batches cross from the workers through a ring of shared-memory slots (mmloader.loading.ring);
         # with pinned memory they are pinned here, after the ring, not by the DataLoader's thread.
-        self.ring = BatchRing(workers, prefetch_factor + 2) if ring and workers > 0 else None
+        self.ring: BatchRing | None = None
+        if ring and workers > 0:
+            assert prefetch_factor is not None  # set above where there are workers
+            self.ring = BatchRing(workers, prefetch_factor + 2)
         self.pin_batches = bool(pin_memory and self.ring is not None)
         # Batches leave the Stream collated: no second conversion (torch's default one turns a
         # collate's tuples into lists, so the two backends would differ).
@@ -134,7 +137,7 @@ class Loader(Resumable):
         # Persistent workers reuse one iterator, which remembers the length of the pass it was
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
-            iterator._IterableDataset_len_called = len(self.stream)
+            cast(Any, iterator)._IterableDataset_len_called = len(self.stream)  # torch's stubs: None
         return self._stop_workers_on_error(self._received(iterator))
 
     def _received(self, iterator: Iterator[Any]) -> Iterator[Any]:
@@ -189,7 +192,7 @@ class Loader(Resumable):
             time.sleep(0.05)
 
     def _shutdown(self) -> None:
-        dataloader = self.__dict__.get("dataloader")
+        dataloader: Any = self.__dict__.get("dataloader")
         if getattr(dataloader, "_iterator", None) is not None:
             workers = list(getattr(dataloader._iterator, "_workers", []))
             dataloader._iterator._shutdown_workers()

@@ -245,7 +245,7 @@ def _pack(obj: Any, space: _Arena) -> Any:
                 return t
             dst.copy_(t)
             t = dst
-        offset = t.storage_offset() * t.element_size() - (space.slot.storage_offset())
+        offset = int(t.storage_offset() * t.element_size() - space.slot.storage_offset())  # int: not a SymInt
         return SlotTensor(offset, t.dtype, tuple(t.shape), tuple(t.stride()))
     if isinstance(obj, dict):
         return {k: _pack(v, space) for k, v in obj.items()}

@@ -77,7 +77,7 @@ class Stream(torch.utils.data.IterableDataset):
         on_error: str = "raise",
         max_consecutive_errors: int = 100,
         seed_workers: bool = True,
-        bucket_by: str | Callable[[int], int] | None = None,
+        bucket_by: str | Callable[..., int] | None = None,
         bucket_window: int = 64,
         group: Any = None,
     ):
