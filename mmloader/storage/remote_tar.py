@@ -255,14 +255,15 @@ class RemoteTarStore(TarStore):
         return join(self.url, self.shards[s]["file"])
 
     def _key_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._keys is None:
+        # into locals: another thread may have set _keys and not yet _order (then both load here)
+        keys, order = self._keys, self._order
+        if keys is None or order is None:
             meta = self.metadata
             raw = self.location.get_many([meta["keys"], meta["key_order"]], purpose="meta")
             keys = np.load(io.BytesIO(raw[0]), allow_pickle=False)
             order = np.load(io.BytesIO(raw[1]), allow_pickle=False)
             self._keys, self._order = keys, order
-        assert self._order is not None  # loaded with _keys
-        return self._keys, self._order
+        return keys, order
 
     def _shard_index(self, s: int) -> np.ndarray:
         table = self._idx.get(s)

@@ -125,14 +125,14 @@ class TarStore(Store):
 
     def _key_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         self._local()
-        if self._keys is None:
+        # into locals: another thread may have set _keys and not yet _order (then both load here)
+        keys, order = self._keys, self._order
+        if keys is None or order is None:
             meta = self.metadata
-            self._keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r", allow_pickle=False).view(
-                np.ndarray
-            )
-            self._order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r", allow_pickle=False)
-        assert self._order is not None  # loaded with _keys
-        return self._keys, self._order
+            keys = np.load(os.path.join(self.path, meta["keys"]), mmap_mode="r", allow_pickle=False).view(np.ndarray)
+            order = np.load(os.path.join(self.path, meta["key_order"]), mmap_mode="r", allow_pickle=False)
+            self._keys, self._order = keys, order
+        return keys, order
 
     def key(self, index: int) -> str:
         return bytes(self._key_arrays()[0][self._check_index(index)]).decode("utf-8")
