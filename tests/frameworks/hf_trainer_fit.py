@@ -66,6 +66,10 @@ def main() -> None:
     if a.preempt_after:
         trainer.add_callback(Preempt(a.preempt_after))
     trainer.train(resume_from_checkpoint=True if a.resume else None)
+    # Leave together: a rank whose peer already closed its gloo sockets can abort at exit.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
