@@ -282,3 +282,17 @@ def test_states_follow_a_set_epoch_made_during_a_pass(path):
     resumed = LOADERS["thread"](path)
     resumed.load_state_dict(state)
     assert _pass(resumed) == _pass(loader) == _pass(_one_epoch(path, 1))
+
+
+def test_a_finished_pass_leaves_no_queue_feeder_thread_for_the_next_fork(path):
+    """A fork while a multiprocessing feeder thread ends can hang the child on CPython 3.11 (a
+    2-rank DDP test hung 1 run in N with loaders made one after another): a pass that ended has
+    joined its index queues' feeders."""
+    import threading
+
+    for _ in range(3):
+        loader = mmloader.loader(
+            _stream(path), num_workers=2, backend="process", persistent_workers=False, multiprocessing_context="fork"
+        )
+        assert len(_pass(loader)) == PER_EPOCH
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("QueueFeederThread")]

@@ -16,6 +16,7 @@ import contextlib
 import glob
 import logging
 import os
+import threading
 import time
 from typing import Any, Iterable, Iterator, cast
 
@@ -138,7 +139,7 @@ class Loader(Resumable):
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
             cast(Any, iterator)._IterableDataset_len_called = len(self.stream)  # torch's stubs: None
-        return self._stop_workers_on_error(self._received(iterator))
+        return self._stop_workers_on_error(self._received(iterator), iterator)
 
     def _received(self, iterator: Iterator[Any]) -> Iterator[Any]:
         if self.ring is None:
@@ -149,10 +150,11 @@ class Loader(Resumable):
             del item
             yield _pin(batch) if self.pin_batches else batch
 
-    def _stop_workers_on_error(self, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _stop_workers_on_error(self, iterator: Iterator[Any], workers: Any = None) -> Iterator[Any]:
         this_pass = self._active
         try:
             yield from iterator
+            _join_index_feeders(workers)  # the pass ended: its workers are shut down
         except (OSError, EOFError) as e:  # e.g. ConnectionResetError: a worker died handing over a batch
             dead = self._dead_workers()
             self._shutdown()
@@ -196,6 +198,7 @@ class Loader(Resumable):
         if getattr(dataloader, "_iterator", None) is not None:
             workers = list(getattr(dataloader._iterator, "_workers", []))
             dataloader._iterator._shutdown_workers()
+            _join_index_feeders(dataloader._iterator)
             dataloader._iterator = None
             killed = [w.pid for w in workers if w.exitcode is not None and w.exitcode < 0]
             if killed:  # (checked first: at interpreter exit this module's functions may be gone)
@@ -204,6 +207,23 @@ class Loader(Resumable):
     def _resume_now(self, state: dict) -> None:
         super()._resume_now(state)
         self._shutdown()  # persistent workers restart once, so they see the new plan
+
+
+def _join_index_feeders(iterator: Any, timeout: float = 5.0) -> None:
+    """Wait for the feeder threads of a shut-down DataLoader iterator's index queues to end.
+
+    ``multiprocessing.Queue`` feeds its pipe from a thread, which ends after the queue is closed.
+    On CPython 3.11 a fork while a thread is ending can hang the child for good (it waits in
+    ``PyOS_AfterFork_Child`` for the interpreter's thread-list lock the ending thread held): the
+    next loader's workers forked while the last loader's feeders end hung 1 run in N here. Joining
+    them first (``join`` returns after that lock is released) keeps forks from meeting them.
+    """
+    if iterator is None or not getattr(iterator, "_shutdown", False):
+        return
+    for queue in getattr(iterator, "_index_queues", ()):
+        feeder = getattr(queue, "_thread", None)
+        if feeder is not None and feeder is not threading.current_thread():
+            feeder.join(timeout)
 
 
 def _remove_orphan_segments(pids: Iterable[int]) -> None:
