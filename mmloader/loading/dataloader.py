@@ -154,7 +154,8 @@ class Loader(Resumable):
         this_pass = self._active
         try:
             yield from iterator
-            _join_index_feeders(workers)  # the pass ended: its workers are shut down
+            if _join_index_feeders is not None:  # the pass ended: its workers are shut down
+                _join_index_feeders(workers)
         except (OSError, EOFError) as e:  # e.g. ConnectionResetError: a worker died handing over a batch
             dead = self._dead_workers()
             self._shutdown()
@@ -198,7 +199,8 @@ class Loader(Resumable):
         if getattr(dataloader, "_iterator", None) is not None:
             workers = list(getattr(dataloader._iterator, "_workers", []))
             dataloader._iterator._shutdown_workers()
-            _join_index_feeders(dataloader._iterator)
+            if _join_index_feeders is not None:  # (None at interpreter exit: module globals are gone)
+                _join_index_feeders(dataloader._iterator)
             dataloader._iterator = None
             killed = [w.pid for w in workers if w.exitcode is not None and w.exitcode < 0]
             if killed:  # (checked first: at interpreter exit this module's functions may be gone)
