@@ -279,10 +279,11 @@ class Stream(torch.utils.data.IterableDataset):
             steps=0 if epoch_done else self._steps_before + batches_seen,
         )
 
-    def check_resume(self, state: dict) -> None:
-        """Raise :class:`mmloader.errors.ResumeError` if ``state`` does not fit this stream."""
+    def check_resume(self, state: dict) -> list[tuple[int, int]]:
+        """The plan ranges ``state`` leaves to visit in this world; raises
+        :class:`mmloader.errors.ResumeError` if it does not fit this stream."""
         _rank, world = self._where()
-        resume_ranges(state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world)
+        return resume_ranges(state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world)
 
     def resume(self, state: dict) -> None:
         """Continue ``state``'s epoch with only the samples it had not delivered.
@@ -290,8 +291,7 @@ class Stream(torch.utils.data.IterableDataset):
         Same world size: the remaining batches are exactly those of an uninterrupted
         run. Another world size or worker count: every unseen sample exactly once.
         """
-        _rank, world = self._where()
-        ranges = resume_ranges(state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world)
+        ranges = self.check_resume(state)
         self.control.epoch = state["epoch"]
         self._resume = {"epoch": state["epoch"], "ranges": ranges}
         self.control.resuming = True
