@@ -61,3 +61,15 @@ class ConfigError(MMLoaderError, ValueError):
 
 class ResumeError(MMLoaderError, ValueError):
     """A resume state that does not fit this stream (another seed, another dataset, unknown version)."""
+
+
+class PlanChangedError(ResumeError):
+    """A resume state belongs to another plan (sources, weights, batch size, filters...).
+
+    ``changes`` lists what differs, one line each; ``Stream(on_change=...)`` says what to do
+    instead of raising.
+    """
+
+    def __init__(self, message: str, changes: list[str]):
+        super().__init__(message)
+        self.changes = changes

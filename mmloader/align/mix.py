@@ -43,6 +43,18 @@ class Mix:
     def __len__(self) -> int:
         return int(self.quotas.sum())
 
+    def identity(self) -> dict:
+        """The mix as recorded in a resume state: weights, mode, epoch size, composition and
+        the per-epoch quotas they give (plain data)."""
+        return {
+            "names": list(self.names),
+            "weights": [float(w) for w in self.weights],
+            "mode": self.mode,
+            "epoch_size": self.epoch_size,
+            "composition": self.composition,
+            "quotas": [int(q) for q in self.quotas],
+        }
+
     def order(self, *, unit: int = 1, **kwargs) -> MixOrder:
         return MixOrder(self.sizes, self.quotas, unit=unit, **kwargs)
 

@@ -57,7 +57,8 @@ class Zipped(torch.utils.data.Dataset):
         for name, r in self.readers.items():
             groups.setdefault(_store_id(r), []).append(name)
         self._groups = list(groups.values())
-        self.positions: np.ndarray | None = None  # primary-store rows kept by align="inner"
+        self.positions: np.ndarray | None = None  # primary-store rows kept (align="inner", select())
+        self.selection: dict | None = None  # how select() chose them (recorded in resume states)
         self.by_key = False
         self.report: dict[str, int] = {}
         self._align(align)
@@ -125,6 +126,14 @@ class Zipped(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.positions) if self.positions is not None else len(self._primary)
 
+    def fingerprint(self) -> str:
+        """A digest of the samples this dataset holds: the primary store's key sequence and,
+        for a selection (``align="inner"``, :meth:`select`), exactly which rows it keeps."""
+        from .identity import digest
+
+        base = self._primary.keys.fingerprint()
+        return base if self.positions is None else digest(base, self.positions)
+
     @property
     def keys(self) -> Sequence[str]:
         """The aligned samples' keys, read on demand (never a list of every key)."""
@@ -139,13 +148,18 @@ class Zipped(torch.utils.data.Dataset):
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range ({n} aligned samples)")
-        index %= n
+        return self._transformed(self._decoded_cached(index % n))
+
+    def _decoded_cached(self, index: int) -> dict[str, Any]:
+        n = len(self)
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range ({n} aligned samples)")
         decoded = self.cache.get(index) if self.cache is not None else None
         if decoded is None:
             decoded = self._decoded(index)
             if self.cache is not None:
                 self.cache.put(index, decoded)
-        return self._transformed(decoded)
+        return decoded
 
     def _decoded(self, index: int) -> dict[str, Any]:
         """Sample ``index`` decoded, before any transform (what the cache keeps, so random
@@ -199,7 +213,9 @@ class Zipped(torch.utils.data.Dataset):
         allocate batch tensors put them in shared memory).
         """
         if self.by_key or self.cache is not None:
-            rows = [self[i] for i in indices]
+            # every sample decoded before any transform runs: a bad one fails the batch first
+            decoded = [self._decoded_cached(i) for i in indices]
+            rows = [self._transformed(d) for d in decoded]
             return {name: [r[name] for r in rows] for name in ["__key__", *self.readers]}
         n = len(self)
         if len(indices) and (min(indices) < 0 or max(indices) >= n):
@@ -231,9 +247,18 @@ class Zipped(torch.utils.data.Dataset):
                     ]
                 if views and not reader.takes_views:
                     column = as_bytes(column)
-                values = reader.from_column(column, keys, share_memory=share_memory)
-                t = self.transforms.get(name)
-                columns[name] = [t(v) for v in per_sample(values)] if t is not None else values
+                # A reader with a transform decodes only: transforms run once every modality of
+                # the batch decoded, so a bad sample found later never makes them run twice.
+                if reader.transform is not None:
+                    columns[name] = reader.decoded_column(column, keys)
+                else:
+                    columns[name] = reader.from_column(column, keys, share_memory=share_memory)
+        for name, reader in self.readers.items():
+            if reader.transform is not None:
+                columns[name] = [reader.transform(v) for v in columns[name]]
+            t = self.transforms.get(name)
+            if t is not None:
+                columns[name] = [t(v) for v in per_sample(columns[name])]
         columns["__key__"] = keys
         return columns
 
@@ -241,12 +266,33 @@ class Zipped(torch.utils.data.Dataset):
         """Stored byte size of ``modality`` for each sample (0 where absent), for length
         bucketing: read from the offset index or B-tree, nothing is decoded."""
         reader = self.readers[modality]
+        pos = self._rows_in(reader, indices)
+        sizes = [reader.store.field_sizes(pos.tolist(), f) for f in reader.fields]
+        return np.maximum.reduce(sizes) if len(sizes) > 1 else sizes[0]
+
+    def stored_values(self, indices: Sequence[int], modality: str) -> list:
+        """The stored (encoded) bytes of ``modality`` for each sample, nothing decoded: what
+        filters on metadata read (:func:`mmloader.select`)."""
+        reader = self.readers[modality]
+        pos = self._rows_in(reader, indices)
+        _keys, raw = reader.store.read_many(pos.tolist(), reader.fields)
+        if len(reader.fields) == 1:
+            return raw[reader.field]
+        return [next((raw[f][j] for f in reader.fields if raw[f][j] is not None), None) for j in range(len(pos))]
+
+    def _rows_in(self, reader: Reader, indices: Sequence[int]) -> np.ndarray:
+        """Rows of ``reader``'s store holding samples ``indices`` of this dataset."""
         idx = np.asarray(indices, dtype=np.int64)
         pos = self.positions[idx] if self.positions is not None else idx
         if self.by_key and reader is not self._primary:  # this store may order samples differently
             pos = np.array([reader.store.index_of(self.key(int(i))) for i in idx], dtype=np.int64)
-        sizes = [reader.store.field_sizes(pos.tolist(), f) for f in reader.fields]
-        return np.maximum.reduce(sizes) if len(sizes) > 1 else sizes[0]
+        return pos
+
+    def select(self, where: str | None = None, **options: Any) -> "Zipped":
+        """The samples that pass a filter, or a subset: see :func:`mmloader.select`."""
+        from .select import select
+
+        return select(self, where, **options)
 
     @property
     def packed_modalities(self) -> list[str]:

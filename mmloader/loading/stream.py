@@ -19,6 +19,7 @@ import torch
 import torch.utils.data
 
 from ..align.collate import Collate, collate
+from ..errors import PlanChangedError
 from ..planning import RangeList, worker_batches
 from ..planning.epoch import epoch_plan
 from ..planning.partition import batches_per_rank, planned_batches, unit_samples_per_rank
@@ -28,6 +29,8 @@ from .building import BatchBuilder
 from .control import SharedControl
 
 log = logging.getLogger("mmloader")
+
+ON_CHANGE = ("error", "next_epoch", "continue")
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -56,6 +59,12 @@ class Stream(torch.utils.data.IterableDataset):
     * ``group``: the data-parallel process group (a ``torch.distributed`` ProcessGroup, or
       a 1-D ``DeviceMesh`` such as ``mesh["dp"]``): rank and world size come from it, so
       the tensor-parallel peers of one data-parallel rank get the same batches.
+    * States name the plan they belong to (sources and their fingerprints, weights, batch
+      size, bucketing, selections). ``on_change`` says what a resume from another plan's
+      state does: ``"error"`` (default) raises :class:`mmloader.errors.PlanChangedError`
+      saying what changed; ``"next_epoch"`` starts the new plan at the next epoch;
+      ``"continue"`` delivers the rest of the saved epoch under the new plan, without the
+      samples already delivered (see :mod:`mmloader.loading.replan`).
 
     >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
     >>> loader = mmloader.loader(stream)                    # doctest: +SKIP
@@ -80,6 +89,7 @@ class Stream(torch.utils.data.IterableDataset):
         bucket_by: str | Callable[..., int] | None = None,
         bucket_window: int = 64,
         group: Any = None,
+        on_change: str = "error",
     ):
         from ..align.mix import Mix
         from .distributed import data_parallel_group
@@ -114,6 +124,11 @@ class Stream(torch.utils.data.IterableDataset):
             names = sorted({n for ds in self.datasets for n in getattr(ds, "readers", {})})
             raise ValueError(f"bucket_by={bucket_by!r} is not a modality of the dataset ({names})")
         self.bucket_by, self.bucket_window = bucket_by, bucket_window
+        if on_change not in ON_CHANGE:
+            raise ValueError(f"on_change={on_change!r}: expected one of {', '.join(map(repr, ON_CHANGE))}")
+        self.on_change = on_change
+        self._identity: dict | None = None
+        self._warned_empty = False
         self.control = SharedControl()
         self.group = data_parallel_group(group)
         self._epoch_chosen = False  # set_epoch was called since the last pass began
@@ -185,6 +200,35 @@ class Stream(torch.utils.data.IterableDataset):
         state["group"] = None
         return state
 
+    def identity(self) -> dict:
+        """What identifies this stream's plan in a state (plain data): each source's name, size
+        and fingerprint (and selection), the mix, and every option that changes the plan."""
+        if self._identity is None:
+            from ..align.identity import callable_name, dataset_fingerprint
+
+            names = self.mix.names if self.mix is not None else ["dataset"]
+            sources = []
+            for name, ds in zip(names, self.datasets):
+                entry = {"name": name, "size": len(ds), "fingerprint": dataset_fingerprint(ds)}
+                if getattr(ds, "selection", None) is not None:
+                    entry["subset"] = ds.selection
+                sources.append(entry)
+            bucket = self.bucket_by
+            if bucket is not None and not isinstance(bucket, str):
+                bucket = callable_name(bucket)  # the same function by name (its code is not compared)
+            self._identity = {
+                "sources": sources,
+                "mix": self.mix.identity() if self.mix is not None else None,
+                "batch_size": self.batch_size,
+                "drop_last": bool(self.drop_last),
+                "shuffle": bool(self.shuffle),
+                "block_size": int(self.block_size),
+                "window_blocks": int(self.window_blocks),
+                "bucket_by": bucket,
+                "bucket_window": int(self.bucket_window) if bucket is not None else None,
+            }
+        return self._identity
+
     def plan(self, epoch: int | None = None):
         """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``."""
         return epoch_plan(
@@ -230,7 +274,16 @@ class Stream(torch.utils.data.IterableDataset):
         e = self.epoch if epoch is None else epoch
         plan = self.plan(e)
         visit = self._visit(plan, e)
-        return rank, world, plan, visit, self._per_rank(plan, visit, world)
+        per_rank = self._per_rank(plan, visit, world)
+        if per_rank == 0 and len(visit) and not self._warned_empty and torch.utils.data.get_worker_info() is None:
+            self._warned_empty = True  # once per stream, in the training process
+            warnings.warn(
+                f"Stream(drop_last=True): {len(visit)} samples cannot fill one batch of "
+                f"{self.batch_size} on each of {world} ranks, so this epoch delivers nothing; "
+                "use drop_last=False (pads by repeating samples) or a smaller batch_size",
+                stacklevel=3,
+            )
+        return rank, world, plan, visit, per_rank
 
     def geometry(self) -> dict[str, int]:
         """Plan length, samples and batches per rank for the current epoch and world."""
@@ -277,26 +330,69 @@ class Stream(torch.utils.data.IterableDataset):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
             steps=0 if epoch_done else self._steps_before + batches_seen,
+            plan=self.identity(),
         )
 
     def check_resume(self, state: dict) -> list[tuple[int, int]]:
-        """The plan ranges ``state`` leaves to visit in this world; raises
-        :class:`mmloader.errors.ResumeError` if it does not fit this stream."""
+        """The plan ranges ``state`` leaves to visit of its epoch in this world; raises
+        :class:`mmloader.errors.ResumeError` if it does not fit this stream
+        (:class:`mmloader.errors.PlanChangedError` for another plan, unless ``on_change``
+        says what to do: then the ranges that choice visits, empty for ``"next_epoch"``)."""
+        return self._resume_target(state)[1] or []
+
+    def _resume_target(self, state: dict) -> tuple[int, list[tuple[int, int]] | None, int]:
+        """(epoch, plan ranges to visit or None for the epoch from its start, steps done before)."""
         _rank, world = self._where()
-        return resume_ranges(state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world)
+        steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
+        try:
+            ranges = resume_ranges(
+                state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world, plan=self.identity()
+            )
+            return int(state["epoch"]), ranges, steps
+        except PlanChangedError as changed:
+            if self.on_change == "error":
+                raise
+            what = "; ".join(changed.changes)
+            if self.on_change == "next_epoch":
+                epoch = int(state["epoch"]) + (1 if state["consumed"] else 0)
+                log.warning(
+                    "resume: the plan changed (%s); on_change='next_epoch': the rest of epoch %d is "
+                    "not delivered, the new plan starts at epoch %d",
+                    what,
+                    state["epoch"],
+                    epoch,
+                )
+                return epoch, None, 0
+            from .replan import continue_ranges
+
+            ranges = continue_ranges(self, state)
+            log.warning(
+                "resume: the plan changed (%s); on_change='continue': epoch %d goes on under the new "
+                "plan with %d samples not yet delivered",
+                what,
+                state["epoch"],
+                sum(b - a for a, b in ranges),
+            )
+            return int(state["epoch"]), ranges, steps
 
     def resume(self, state: dict) -> None:
         """Continue ``state``'s epoch with only the samples it had not delivered.
 
         Same world size: the remaining batches are exactly those of an uninterrupted
         run. Another world size or worker count: every unseen sample exactly once.
+        A state of another plan follows ``on_change`` (see the class docstring).
         """
-        ranges = self.check_resume(state)
-        self.control.epoch = state["epoch"]
-        self._resume = {"epoch": state["epoch"], "ranges": ranges}
+        epoch, ranges, steps = self._resume_target(state)
+        if ranges is None:  # on_change="next_epoch": the new plan, from the start of an epoch
+            self.drop_resume()
+            self.control.epoch = epoch
+            self._epoch_chosen = True
+            return
+        self.control.epoch = epoch
+        self._resume = {"epoch": epoch, "ranges": ranges}
         self.control.resuming = True
         self._resume_fresh = True
-        self._steps_before = int(state.get("steps", state["consumed"] // (state.get("batch_size") or 1)))
+        self._steps_before = steps
 
     def python_work(self) -> list[str]:
         """What in this pipeline runs user Python per sample or batch (transforms, custom

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from .bucketing import BucketedOrder
-from .mixing import SingleOrder
+from .mixing import MixOrder, SingleOrder
 
 
 def epoch_plan(
@@ -45,4 +45,42 @@ def epoch_plan(
         if batch_size is None:
             raise TypeError("epoch_plan with lengths (bucketing) needs batch_size")
         plan = BucketedOrder(plan, lengths, batch_size, bucket_window, seed, epoch)
+    return plan
+
+
+def plan_from_identity(
+    identity: dict,
+    *,
+    seed: int,
+    epoch: int,
+    lengths: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+):
+    """The plan that a resume state's identity describes (``Stream.identity()``): what an
+    ``on_change="continue"`` resume rebuilds to find the samples the old plan delivered.
+
+    Args:
+        identity: the state's ``plan`` entry.
+        seed: the stream's seed.
+        epoch: the epoch.
+        lengths: sample lengths, when the identity buckets by length.
+    """
+    sizes = [int(s["size"]) for s in identity["sources"]]
+    opts = dict(
+        seed=seed,
+        epoch=epoch,
+        shuffle=identity["shuffle"],
+        block_size=identity["block_size"],
+        window_blocks=identity["window_blocks"],
+    )
+    mix, batch_size = identity.get("mix"), identity.get("batch_size")
+    plan: MixOrder | SingleOrder | BucketedOrder
+    if mix:
+        unit = batch_size if mix["composition"] == "source" and batch_size else 1
+        plan = MixOrder(sizes, np.asarray(mix["quotas"], dtype=np.int64), unit=unit, **opts)
+    else:
+        plan = SingleOrder(sizes[0], **opts)
+    if identity.get("bucket_by") is not None:
+        if lengths is None or not batch_size:
+            raise TypeError("plan_from_identity: this plan buckets by length; give lengths (and a batch size)")
+        plan = BucketedOrder(plan, lengths, batch_size, identity["bucket_window"], seed, epoch)
     return plan

@@ -1,17 +1,24 @@
 """Resume state: where a rank is in an epoch, as plain data, and what is left of the epoch.
 
-A state records the epoch, the plan ranges of the pass and how many samples each
-rank has delivered; resuming is then arithmetic (:func:`remaining_ranges`): the
-same world size gets exactly the batches an uninterrupted run would have
-delivered, another world size every unseen sample once.
+A state records the epoch, the plan ranges of the pass, how many samples each
+rank has delivered and the identity of the plan (its sources and their
+fingerprints, weights, batch size, bucketing, filters); resuming is then
+arithmetic (:func:`remaining_ranges`): the same world size gets exactly the
+batches an uninterrupted run would have delivered, another world size every
+unseen sample once. A state of another plan is never resumed silently
+(:func:`plan_changes` says what differs).
 """
 
 from __future__ import annotations
 
-from ..errors import ResumeError
+import warnings
+
+from ..errors import PlanChangedError, ResumeError
 from .partition import remaining_ranges
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+#: States before the plan identity was recorded: resumed with a warning (nothing to check against).
+OLD_STATE_VERSIONS = (1,)
 
 
 def progress_state(
@@ -26,8 +33,11 @@ def progress_state(
     batch_size: int | None,
     drop_last: bool,
     steps: int | None = None,
+    plan: dict | None = None,
 ) -> dict:
     """The state after every rank delivered ``consumed`` of its ``samples_per_rank`` samples.
+
+    ``plan``: the identity of the plan (plain data, see :func:`plan_changes`), checked on resume.
 
     ``steps``: batches (samples unbatched) each rank has delivered of this epoch in all,
     counting passes before a resume (default: those of ``consumed``): what a framework
@@ -49,21 +59,102 @@ def progress_state(
         "batch_size": batch_size,
         "drop_last": bool(drop_last),
         "steps": int(consumed) // (batch_size or 1) if steps is None else int(steps),
+        "plan": plan,
     }
 
 
-def resume_ranges(state: dict, *, seed: int, plan_len: int, world: int) -> list[tuple[int, int]]:
+def plan_changes(saved: dict | None, current: dict | None) -> list[str]:
+    """What differs between two plan identities, one line each (empty: the same plan).
+
+    An identity is ``{"sources": [{"name", "size", "fingerprint", ...}], "mix": {...} | None,
+    option: value, ...}``.
+
+    >>> a = {"sources": [{"name": "a", "size": 10, "fingerprint": "x"}], "batch_size": 4}
+    >>> plan_changes(a, {**a, "batch_size": 3})
+    ['batch_size: 4 -> 3']
+    """
+    if saved is None or current is None:
+        return []
+    out: list[str] = []
+    old = {s["name"]: s for s in saved.get("sources", [])}
+    new = {s["name"]: s for s in current.get("sources", [])}
+    out += [f"source {n!r} removed" for n in old if n not in new]
+    out += [f"source {n!r} added" for n in new if n not in old]
+    for name in (n for n in old if n in new):
+        a, b = old[name], new[name]
+        if a.get("subset") != b.get("subset"):
+            out.append(f"source {name!r}: selection {_show(a.get('subset'))} -> {_show(b.get('subset'))}")
+        if a["size"] != b["size"]:
+            out.append(f"source {name!r}: {a['size']} samples -> {b['size']}")
+        elif a["fingerprint"] != b["fingerprint"]:
+            out.append(f"source {name!r}: other samples, same count ({a['size']}): another dataset or selection")
+    if [n for n in old if n in new] != [n for n in new if n in old]:
+        out.append(f"sources reordered: {list(old)} -> {list(new)}")
+    mix_a, mix_b = saved.get("mix") or {}, current.get("mix") or {}
+    if bool(mix_a) != bool(mix_b):
+        out.append("mixed -> not mixed" if mix_a else "not mixed -> mixed")
+    if mix_a and mix_b:
+        differ = [k for k in sorted(set(mix_a) | set(mix_b)) if k != "names" and mix_a.get(k) != mix_b.get(k)]
+        if differ != ["quotas"]:  # quotas follow from the rest: named only when nothing else says why
+            differ = [k for k in differ if k != "quotas"]
+        out += [f"mix {k}: {_show(mix_a.get(k))} -> {_show(mix_b.get(k))}" for k in differ]
+    for k in sorted((set(saved) | set(current)) - {"sources", "mix"}):
+        if saved.get(k) != current.get(k):
+            out.append(f"{k}: {_show(saved.get(k))} -> {_show(current.get(k))}")
+    return out
+
+
+def _show(value) -> str:
+    return "none" if value is None else repr(value)
+
+
+def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
+    """Raise unless ``state`` is a state of this plan: the version, the seed, then the plan
+    identity (:class:`mmloader.errors.PlanChangedError` listing what changed).
+
+    Args:
+        state: a saved state (:func:`progress_state`).
+        seed: the stream's seed.
+        plan: the stream's plan identity now.
+    """
+    if not isinstance(state, dict) or "version" not in state:
+        raise ResumeError(f"not a stream state (a dict from state_dict()): {type(state).__name__}")
+    version = state["version"]
+    if version in OLD_STATE_VERSIONS:
+        warnings.warn(
+            f"a stream state of version {version} (saved by an older mmloader) records no plan identity: "
+            "resumed without checking that its sources, weights and batch size are still the same",
+            stacklevel=3,
+        )
+    elif version != STATE_VERSION:
+        raise ResumeError(f"unknown stream state version {version!r}")
+    if state["seed"] != seed:
+        raise ResumeError(f"state was saved with seed {state['seed']}, this stream has seed {seed}")
+    changes = plan_changes(state.get("plan"), plan)
+    if changes:
+        raise PlanChangedError(
+            "the state was saved for another plan (the experiment changed since): "
+            + "; ".join(changes)
+            + ". Resume with the same config, or choose Stream(on_change='next_epoch') (start the new "
+            "plan at the next epoch) or on_change='continue' (the rest of this epoch without the "
+            "samples already delivered)",
+            changes,
+        )
+
+
+def resume_ranges(
+    state: dict, *, seed: int, plan_len: int, world: int, plan: dict | None = None
+) -> list[tuple[int, int]]:
     """The plan ranges still to visit after ``state``, for a world of ``world`` ranks.
+
+    Raises :class:`mmloader.errors.ResumeError` when the state does not fit (see :func:`check_state`).
 
     >>> s = progress_state(seed=0, epoch=0, world=2, plan_len=10, ranges=[[0, 10]], samples_per_rank=5,
     ...                    consumed=2, batch_size=2, drop_last=False)
     >>> resume_ranges(s, seed=0, plan_len=10, world=2)
     [(2, 5), (7, 10)]
     """
-    if state.get("version") != STATE_VERSION:
-        raise ResumeError(f"unknown stream state version {state.get('version')!r}")
-    if state["seed"] != seed:
-        raise ResumeError(f"state was saved with seed {state['seed']}, this stream has seed {seed}")
+    check_state(state, seed=seed, plan=plan)
     if plan_len != state["plan_len"]:
         raise ResumeError(
             f"the dataset changed since the state was saved: the epoch plan has {plan_len} "

@@ -216,20 +216,26 @@ class Reader:
             return False
 
     def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
-        """Decode this field for a whole batch (a list of values, or a packed column).
+        """Decode this field for a whole batch (a list of values, or a packed column), then ``transform``.
 
         ``share_memory``: the batch will be sent to another process (a DataLoader worker's
         output), so a reader that allocates the batch tensor itself may put it in shared memory.
         """
+        values = self.decoded_column(datas, keys)
+        return values if self.transform is None else [self.transform(v) for v in values]
+
+    def decoded_column(self, datas: list[bytes | None], keys: list[str]) -> list:
+        """The batch's values decoded, before ``transform``: a bad sample raises here, naming its
+        key, before any transform ran (a batch built again sample by sample then runs each
+        transform once, as an uninterrupted one would)."""
         if not self.gzipped and self.all_present_within_limit(datas):
             try:  # the common case without per-sample bookkeeping
                 present = cast("list[bytes]", datas)  # all present (checked above)
-                values = [self.decode(d, k) for d, k in zip(present, keys)]
-                return values if self.transform is None else [self.transform(v) for v in values]
+                return [self.decode(d, k) for d, k in zip(present, keys)]
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         return [
-            self.from_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
+            self.decode_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
             for d, k in zip(datas, keys)
         ]
 
