@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ..planning.epoch import mix_order
 from ..planning.mixing import MixOrder, quotas
+from ..planning.schedule import PhasedMixOrder, WeightSchedule
 
 
 class Mix:
@@ -14,6 +16,14 @@ class Mix:
     (weights = repeat factors), ``"count"`` (weights = samples per epoch).
     ``batch_composition``: ``"sample"`` (batches mix sources in proportion) or
     ``"source"`` (each batch from one source; batches alternate in proportion).
+    ``schedule``: weights that change over the run (curriculum, annealing), piecewise constant
+    or linear, by epoch or by samples consumed — see :class:`mmloader.planning.schedule.WeightSchedule`;
+    it needs ``mode="proportion"`` and ``epoch_size``. Plain form::
+
+        {"by": "samples", "interpolate": "linear",
+         "points": [{"at": 0, "weights": {"web": 0.9, "hq": 0.1}},
+                    {"at": 900_000, "weights": {"web": 0.9, "hq": 0.1}},
+                    {"at": 1_000_000, "weights": {"web": 0.2, "hq": 0.8}}]}
 
     >>> m = mmloader.mix([image_text, text_only], weights=[0.7, 0.3])   # doctest: +SKIP
     >>> stream = mmloader.Stream(m, batch_size=64)                      # doctest: +SKIP
@@ -28,6 +38,7 @@ class Mix:
         epoch_size: int | None = None,
         batch_composition: str = "sample",
         names: Sequence[str] | None = None,
+        schedule: WeightSchedule | Mapping[str, Any] | None = None,
     ):
         if not datasets:
             raise ValueError("mix() needs at least one dataset")
@@ -38,7 +49,11 @@ class Mix:
         self.sizes = [len(d) for d in self.datasets]
         self.weights = list(weights) if weights is not None else [1.0] * len(self.datasets)
         self.mode, self.composition, self.epoch_size = mode, batch_composition, epoch_size
-        self.quotas = quotas(self.sizes, self.weights, mode=mode, epoch_size=epoch_size)
+        self.schedule = _schedule(schedule, self.names, mode, epoch_size)
+        first = self.schedule.weights_at(0).tolist() if self.schedule is not None else self.weights
+        if self.schedule is not None and weights is None:
+            self.weights = first  # what summaries show: the schedule's start
+        self.quotas = quotas(self.sizes, first, mode=mode, epoch_size=epoch_size)
 
     def __len__(self) -> int:
         return int(self.quotas.sum())
@@ -52,11 +67,17 @@ class Mix:
             "mode": self.mode,
             "epoch_size": self.epoch_size,
             "composition": self.composition,
-            "quotas": [int(q) for q in self.quotas],
+            "quotas": [int(q) for q in self.quotas] if self.schedule is None else None,
+            "schedule": self.schedule.as_dict() if self.schedule is not None else None,
         }
 
-    def order(self, *, unit: int = 1, **kwargs) -> MixOrder:
-        return MixOrder(self.sizes, self.quotas, unit=unit, **kwargs)
+    def order(self, *, unit: int = 1, epoch: int = 0, **kwargs) -> MixOrder | PhasedMixOrder:
+        """The plan of ``epoch`` (``kwargs``: seed, shuffle, block_size, window_blocks)."""
+        return mix_order(self.sizes, self.quotas, self.schedule, self.epoch_size, unit=unit, epoch=epoch, **kwargs)
+
+    def epoch_quotas(self, epoch: int, batch_size: int | None = None) -> list[int]:
+        """Samples of each source in ``epoch`` (they change with a schedule)."""
+        return [int(q) for q in self.order(unit=self.unit(batch_size), epoch=epoch).quotas]
 
     def unit(self, batch_size: int | None) -> int:
         """Plan positions kept together from one source: a whole batch with ``"source"`` composition."""
@@ -107,6 +128,41 @@ class Mix:
                 "{epoch_size: N}) or mode='repeat' to read more of the others"
             )
         return None, warnings
+
+
+def _schedule(
+    spec: WeightSchedule | Mapping[str, Any] | None, names: list[str], mode: str, epoch_size: int | None
+) -> WeightSchedule | None:
+    """A schedule from its plain form: ``{by, interpolate, points: [{at, weights}, ...]}``, each
+    point's weights a list in source order or a mapping by source name (missing names: 0)."""
+    if spec is None:
+        return None
+    if mode != "proportion" or epoch_size is None:
+        raise ValueError(
+            "a mix schedule changes proportions within epochs of a fixed length: it needs "
+            f"mode='proportion' and epoch_size (got mode={mode!r}, epoch_size={epoch_size!r})"
+        )
+    if isinstance(spec, WeightSchedule):
+        schedule = spec
+    else:
+        unknown = set(spec) - {"by", "interpolate", "points"}
+        if unknown:
+            raise ValueError(f"schedule: unknown key(s) {sorted(unknown)} (allowed: by, interpolate, points)")
+        points = []
+        for n, point in enumerate(spec.get("points") or []):
+            at, weights = (point.get("at"), point.get("weights")) if isinstance(point, Mapping) else point
+            if isinstance(weights, Mapping):
+                extra = set(weights) - set(names)
+                if extra:
+                    raise ValueError(f"schedule.points[{n}]: unknown source(s) {sorted(extra)} (sources: {names})")
+                weights = [weights.get(name, 0.0) for name in names]
+            if not isinstance(at, (int, float)) or isinstance(at, bool) or weights is None:
+                raise ValueError(f"schedule.points[{n}]: expected {{at: <number>, weights: ...}}, got {point!r}")
+            points.append((at, weights))
+        schedule = WeightSchedule(points, by=spec.get("by", "epoch"), interpolate=spec.get("interpolate", "step"))
+    if schedule.sources != len(names):
+        raise ValueError(f"schedule: {schedule.sources} weights per point for {len(names)} sources {names}")
+    return schedule
 
 
 def mix(datasets: Sequence[Any], weights: Sequence[float] | None = None, **kwargs: Any) -> Mix:

@@ -172,6 +172,7 @@ def main(args) -> int:
 
     from ..loading.config import is_config_path
     from ..loading.dataloader import default_num_workers
+    from ..storage.remote.redact import redact_url
 
     path = str(args.path)
     if is_config_path(path):
@@ -187,7 +188,7 @@ def main(args) -> int:
     loader = mmloader.loader(stream, num_workers=workers, backend=backend)
     r = measure(loader, epochs=args.epochs)
     print(
-        f"{path}: {r['samples']} samples in {r['seconds']:.2f} s over {args.epochs} epoch(s), "
+        f"{redact_url(path)}: {r['samples']} samples in {r['seconds']:.2f} s over {args.epochs} epoch(s), "
         f"{backend} backend, {workers} workers, batch {args.batch_size}"
     )
     print(f"  throughput      {r['samples_per_s']:,.0f} samples/s, {r['mb_per_s']:,.1f} MB/s delivered")

@@ -20,6 +20,7 @@ def add_arguments(s) -> None:
 def run(args) -> int:
     """Index the shards and say where the index went (and what cannot be read at random)."""
     from ..storage import build_index, is_url
+    from ..storage.remote.redact import redact_url
 
     if is_url(args.dir):
         from ..storage.remote_write import build_index_remote
@@ -30,7 +31,7 @@ def run(args) -> int:
     comp = sum(1 for s in manifest["shards"] if s["compressed"])
     print(
         f"indexed {manifest['count']} samples in {len(manifest['shards'])} shards "
-        f"(fields: {', '.join(manifest['fields'])}) -> {(args.output or args.dir).rstrip('/')}/index.json"
+        f"(fields: {', '.join(manifest['fields'])}) -> {redact_url((args.output or args.dir).rstrip('/'))}/index.json"
     )
     if comp:
         print(

@@ -9,6 +9,7 @@ from ..errors import FormatError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..media.mediainfo import field_kind
 from ..storage import LMDBStore, Store, TarStore, open_store
+from ..storage.remote.redact import redact
 
 
 def human_bytes(n: float) -> str:
@@ -84,6 +85,13 @@ def format_name(store: Store) -> str:
 
 
 def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
+    """What ``mmloader inspect`` prints: where the dataset is, its format, counts, fields, shards,
+    its metadata and a preview, with no credential of a URL or of the environment.
+
+    Args:
+        path: a dataset (local or a URL) or an open store.
+        preview: samples to show.
+    """
     store, meta = open_with_metadata(path)
     lines = [
         f"path:    {getattr(store, 'url', store.path)}"
@@ -110,6 +118,7 @@ def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
     user = meta.get("metadata") or {}
     if user:
         text = json.dumps(user, ensure_ascii=False)
+        text = redact(text)  # a URL a user stored there shows no password (local paths stay)
         lines.append(f"metadata: {text[:200]}{'...' if len(text) > 200 else ''}")
     if preview and len(store):
         lines.append("preview:")
@@ -117,7 +126,7 @@ def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
             try:
                 rec = store.read(i)
             except Exception as e:
-                lines.append(f"  [{i}] unreadable: {e}")
+                lines.append(f"  [{i}] unreadable: {redact(str(e))}")
                 continue
             lines.append(f"  [{i}] key={rec['__key__']!r}")
             for f in meta["fields"]:

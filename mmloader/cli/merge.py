@@ -49,9 +49,11 @@ def run(args) -> int:
 
     from ..storage import is_url
     from ..storage.merge import find_parts, merge, merge_parts, parts_dir_for
+    from ..storage.remote.redact import redact, redact_url
 
     if not args.sources and is_url(args.dst):
-        raise ValueError(f"{args.dst}: name the local parts to merge (e.g. `mmloader merge out.parts/ {args.dst}`)")
+        dst = redact_url(args.dst)
+        raise ValueError(f"{dst}: name the local parts to merge (e.g. `mmloader merge out.parts/ {dst}`)")
     sources = args.sources or [str(parts_dir_for(args.dst))]
     if not args.sources and not Path(sources[0]).is_dir():
         raise FileNotFoundError(
@@ -62,7 +64,7 @@ def run(args) -> int:
         if args.keep_parts or args.verify:
             raise ValueError("--keep-parts/--verify apply to parts written by `convert --part I/N`")
         out = merge(sources, args.dst, format=args.format, overwrite=args.overwrite, progress=not args.quiet)
-        print(f"merged {len(sources)} datasets -> {out}")
+        print(redact(f"merged {len(sources)} datasets -> {out}"))
         return 0
     if args.format:
         raise ValueError("--format: parts are merged in the format they were converted to")
@@ -79,7 +81,11 @@ def run(args) -> int:
         if result.kept_shards or result.written_shards
         else ""
     )
-    print(f"merged {result.parts} parts -> {result.path}: {result.count} samples, {result.skipped} skipped{shards}")
+    print(
+        redact(
+            f"merged {result.parts} parts -> {result.path}: {result.count} samples, {result.skipped} skipped{shards}"
+        )
+    )
     if result.report:
         print(f"skipped samples and reasons: {result.report}")
     return 0

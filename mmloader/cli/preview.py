@@ -11,6 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..media.mediainfo import field_kind
 from ..storage import open_store
+from ..storage.remote.redact import redact
 
 THUMB = 160
 
@@ -134,8 +135,9 @@ def contact_sheet(dataset, indices: list[int], columns: int = 4) -> tuple[Image.
         try:
             sample = dataset[i]
         except Exception as e:
-            draw.text((x, y), f"[{i}] unreadable:\n{e}"[:200], fill="red", font=font)
-            text_lines.append(f"[{i}] unreadable: {e}")
+            why = redact(str(e))  # drawn and printed: no credential of a URL or the environment
+            draw.text((x, y), f"[{i}] unreadable:\n{why}"[:200], fill="red", font=font)
+            text_lines.append(f"[{i}] unreadable: {why}")
             continue
         image = _picture(dataset, sample)
         if image is not None:

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from ..errors import MMLoaderError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import LMDBStore, Store, TarStore, open_store
+from ..storage.remote.redact import redact
 from ..storage.remote_tar import RemoteTarStore
 from ..storage.tar_layout import sha256_file
 from ..storage.tar_stages import group_samples, tar_members
@@ -22,6 +23,9 @@ from ..storage.tar_stages import group_samples, tar_members
 
 @dataclass
 class Report:
+    """What :func:`verify` found: the dataset, the samples checked and each problem, as shown
+    (no credential of a URL or of the environment)."""
+
     path: str
     samples: int = 0
     problems: list[str] = dc_field(default_factory=list)
@@ -30,8 +34,11 @@ class Report:
     def ok(self) -> bool:
         return not self.problems
 
+    def __post_init__(self) -> None:
+        self.path = redact(str(self.path))
+
     def add(self, where: str, what: str) -> None:
-        self.problems.append(f"{where}: {what}")
+        self.problems.append(redact(f"{where}: {what}"))
 
     def summary(self) -> str:
         head = f"{self.path}: {self.samples} samples checked, "

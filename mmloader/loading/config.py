@@ -63,7 +63,7 @@ TOP_KEYS = {
     "bucket_window",
 }
 SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align"}
-MIX_KEYS = {"mode", "epoch_size"}
+MIX_KEYS = {"mode", "epoch_size", "schedule"}
 READER_KEYS = {
     "field",
     "path",
@@ -386,6 +386,7 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
                 epoch_size=mix_cfg.get("epoch_size"),
                 names=list(sources),
                 batch_composition=composition,
+                schedule=mix_cfg.get("schedule"),
             )
         except ValueError as e:
             raise ConfigError(f"mix: {e}") from None

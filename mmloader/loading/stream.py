@@ -22,7 +22,13 @@ from ..align.collate import Collate, collate
 from ..errors import PlanChangedError
 from ..planning import RangeList, worker_batches
 from ..planning.epoch import epoch_plan
-from ..planning.partition import batches_per_rank, planned_batches, unit_samples_per_rank
+from ..planning.partition import (
+    batches_per_rank,
+    planned_batches,
+    unit_samples_per_rank,
+    unrepeated_positions,
+    unrepeated_share,
+)
 from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
@@ -31,6 +37,7 @@ from .control import SharedControl
 log = logging.getLogger("mmloader")
 
 ON_CHANGE = ("error", "next_epoch", "continue")
+PADDING = ("repeat", "mask")
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -41,6 +48,11 @@ class Stream(torch.utils.data.IterableDataset):
       independent of world size and worker count.
     * Each rank gets an equal contiguous part, at sample granularity; padding
       (repeating from the plan's start) or ``drop_last`` keeps batch counts equal.
+      ``padding="mask"`` (evaluation): no sample is repeated; ranks' shares differ by at
+      most one sample, the last batches may be short, and every batch carries
+      ``__valid__`` (a bool per row; False only on the one padding row a rank needs when
+      its share has a batch fewer), so every rank still delivers the same number of batches
+      and distributed metrics over valid rows count each sample exactly once.
     * With ``batch_size``, workers build whole batches (use ``mmloader.loader``).
     * ``on_error="skip"`` replaces a bad sample with the next one in the plan
       (counted in :attr:`skipped` across workers, logged with its key), so batch
@@ -90,6 +102,7 @@ class Stream(torch.utils.data.IterableDataset):
         bucket_window: int = 64,
         group: Any = None,
         on_change: str = "error",
+        padding: str = "repeat",
     ):
         from ..align.mix import Mix
         from .distributed import data_parallel_group
@@ -127,6 +140,13 @@ class Stream(torch.utils.data.IterableDataset):
         if on_change not in ON_CHANGE:
             raise ValueError(f"on_change={on_change!r}: expected one of {', '.join(map(repr, ON_CHANGE))}")
         self.on_change = on_change
+        if padding not in PADDING:
+            raise ValueError(f"padding={padding!r}: expected one of {', '.join(map(repr, PADDING))}")
+        if padding == "mask" and drop_last:
+            raise ValueError("padding='mask' delivers every sample once; drop_last=True drops some: choose one")
+        if padding == "mask" and self.mix is not None and self.mix.unit(batch_size) > 1:
+            raise ValueError("padding='mask' splits ranks at sample granularity; batch_composition='source' cannot")
+        self.padding = padding
         self._identity: dict | None = None
         self._warned_empty = False
         self.control = SharedControl()
@@ -224,6 +244,7 @@ class Stream(torch.utils.data.IterableDataset):
                 "shuffle": bool(self.shuffle),
                 "block_size": int(self.block_size),
                 "window_blocks": int(self.window_blocks),
+                "padding": self.padding,
                 "bucket_by": bucket,
                 "bucket_window": int(self.bucket_window) if bucket is not None else None,
             }
@@ -265,7 +286,9 @@ class Stream(torch.utils.data.IterableDataset):
             return RangeList(r["ranges"])
         return RangeList([(0, len(plan))])
 
-    def _per_rank(self, plan, visit: RangeList, world: int) -> int:
+    def _per_rank(self, plan, visit: RangeList, world: int, rank: int = 0) -> int:
+        if self.padding == "mask":  # rows of this rank (shares differ by one at most)
+            return unrepeated_share(len(visit), world, rank, self.batch_size)[2]
         return unit_samples_per_rank(len(visit), plan.unit, world, self.batch_size, self.drop_last)
 
     def _layout(self, epoch: int | None = None):
@@ -274,7 +297,7 @@ class Stream(torch.utils.data.IterableDataset):
         e = self.epoch if epoch is None else epoch
         plan = self.plan(e)
         visit = self._visit(plan, e)
-        per_rank = self._per_rank(plan, visit, world)
+        per_rank = self._per_rank(plan, visit, world, rank)
         if per_rank == 0 and len(visit) and not self._warned_empty and torch.utils.data.get_worker_info() is None:
             self._warned_empty = True  # once per stream, in the training process
             warnings.warn(
@@ -295,7 +318,16 @@ class Stream(torch.utils.data.IterableDataset):
             "rank": rank,
             "samples_per_rank": per_rank,
             "batches_per_rank": batches_per_rank(per_rank, self.batch_size),
-            "padding": max(per_rank * world - len(visit), 0),
+            "padding": (
+                sum(
+                    rows - share
+                    for _s, share, rows in (
+                        unrepeated_share(len(visit), world, r, self.batch_size) for r in range(world)
+                    )
+                )
+                if self.padding == "mask"
+                else max(per_rank * world - len(visit), 0)
+            ),
         }
 
     def __len__(self) -> int:
@@ -318,7 +350,8 @@ class Stream(torch.utils.data.IterableDataset):
         epoch = (self.epoch + 1 if next_epoch is None else int(next_epoch)) if epoch_done else self.epoch
         _rank, world, plan, visit, per_rank = self._layout(epoch)
         if epoch_done:
-            visit, per_rank = RangeList([(0, len(plan))]), self._per_rank(plan, RangeList([(0, len(plan))]), world)
+            visit = RangeList([(0, len(plan))])
+            per_rank = self._per_rank(plan, visit, world, _rank)
         return progress_state(
             seed=self.seed,
             epoch=epoch,
@@ -331,6 +364,7 @@ class Stream(torch.utils.data.IterableDataset):
             drop_last=self.drop_last,
             steps=0 if epoch_done else self._steps_before + batches_seen,
             plan=self.identity(),
+            unrepeated=self.padding == "mask",
         )
 
     def check_resume(self, state: dict) -> list[tuple[int, int]]:
@@ -429,13 +463,37 @@ class Stream(torch.utils.data.IterableDataset):
         rank, world, plan, visit, per_rank = self._layout()
         epoch = self.epoch
         spans = worker_batches(per_rank, self.batch_size, workers, worker)
+        if self.padding == "mask":
+            yield from self._unrepeated_tasks(spans, visit, plan, rank, world, epoch, seed_globals)
+            return
         for positions, sources, indices in planned_batches(spans, visit, plan, rank, world, per_rank):
             seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
             yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals)
 
-    def _build(self, plan, positions, sources, indices, seed: int | Callable[[], int], seed_globals: bool) -> Any:
+    def _unrepeated_tasks(self, spans, visit: RangeList, plan, rank: int, world: int, epoch: int, seed_globals: bool):
+        start, share, _rows = unrepeated_share(len(visit), world, rank, self.batch_size)
+        for a, b in spans:
+            virtual, valid = unrepeated_positions(start, share, a, b)
+            positions = visit.take(virtual)
+            sources, indices = plan.lookup(positions)
+            seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0]))
+            yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals, valid)
+
+    def _build(
+        self,
+        plan,
+        positions,
+        sources,
+        indices,
+        seed: int | Callable[[], int],
+        seed_globals: bool,
+        valid: np.ndarray | None = None,
+    ) -> Any:
         enter_batch(seed, seed_globals)
-        return self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
+        out = self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
+        if valid is not None and isinstance(out, dict):  # padding="mask": which rows count
+            out["__valid__"] = torch.from_numpy(valid.copy()) if self.batch_size else bool(valid[0])
+        return out
 
 
 def _check_options(**options: Any) -> None:

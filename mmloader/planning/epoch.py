@@ -13,6 +13,7 @@ import numpy as np
 
 from .bucketing import BucketedOrder
 from .mixing import MixOrder, SingleOrder
+from .schedule import PhasedMixOrder, WeightSchedule, phase_quotas
 
 
 def epoch_plan(
@@ -73,10 +74,11 @@ def plan_from_identity(
         window_blocks=identity["window_blocks"],
     )
     mix, batch_size = identity.get("mix"), identity.get("batch_size")
-    plan: MixOrder | SingleOrder | BucketedOrder
+    plan: MixOrder | PhasedMixOrder | SingleOrder | BucketedOrder
     if mix:
         unit = batch_size if mix["composition"] == "source" and batch_size else 1
-        plan = MixOrder(sizes, np.asarray(mix["quotas"], dtype=np.int64), unit=unit, **opts)
+        schedule = WeightSchedule.from_dict(mix["schedule"]) if mix.get("schedule") else None
+        plan = mix_order(sizes, mix["quotas"], schedule, mix["epoch_size"], unit=unit, **opts)
     else:
         plan = SingleOrder(sizes[0], **opts)
     if identity.get("bucket_by") is not None:
@@ -84,3 +86,31 @@ def plan_from_identity(
             raise TypeError("plan_from_identity: this plan buckets by length; give lengths (and a batch size)")
         plan = BucketedOrder(plan, lengths, batch_size, identity["bucket_window"], seed, epoch)
     return plan
+
+
+def mix_order(
+    sizes: list[int],
+    quotas,
+    schedule: WeightSchedule | None,
+    epoch_size: int | None,
+    *,
+    unit: int = 1,
+    epoch: int,
+    **opts,
+) -> MixOrder | PhasedMixOrder:
+    """The mix's order of ``epoch``: fixed ``quotas``, or the phases of ``schedule``.
+
+    Args:
+        sizes: samples per source.
+        quotas: samples per source per epoch (fixed weights).
+        schedule: weights that change over the run (then ``epoch_size`` is the epoch's length).
+        epoch_size: the epoch's length in samples (with a schedule).
+        unit: plan positions kept together from one source.
+        epoch: the epoch.
+        opts: the order's seed, shuffle, block_size, window_blocks.
+    """
+    if schedule is not None:
+        if epoch_size is None:
+            raise ValueError("a mix schedule needs the epoch's length (mix epoch_size)")
+        return PhasedMixOrder(sizes, phase_quotas(schedule, epoch, epoch_size, unit), unit=unit, epoch=epoch, **opts)
+    return MixOrder(sizes, np.asarray(quotas, dtype=np.int64), unit=unit, epoch=epoch, **opts)

@@ -127,8 +127,10 @@ class MixOrder:
         window_blocks: int = 16,
         unit: int = 1,
         chunk: int = 1024,
+        stream: tuple[int, ...] = (),
     ):
         self.sizes = [int(s) for s in sizes]
+        self.stream = tuple(stream)  # distinguishes the interleavings of several phases of one epoch
         self.unit = int(unit)
         self.quota_units = np.asarray(quotas_, dtype=np.int64) // self.unit
         for s, (size, q) in enumerate(zip(self.sizes, self.quota_units)):
@@ -161,7 +163,7 @@ class MixOrder:
             counts = self._f[k + 1] - self._f[k]
             src = np.repeat(np.arange(len(counts)), counts)
             if self.shuffle:
-                epoch_rng(self.seed, self.epoch, 0x6D6978, k).shuffle(src)
+                epoch_rng(self.seed, self.epoch, 0x6D6978, *self.stream, k).shuffle(src)
             local = np.empty_like(src)
             for s in np.flatnonzero(counts):  # the j-th item of s in this chunk
                 sel = src == s
@@ -197,6 +199,19 @@ class MixOrder:
         return order
 
     def lookup(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        src, local = self.locate(positions)
+        return src, self.indices(src, local)
+
+    def indices(self, src: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Sample indices of the ``local``-th items of sources ``src`` in this epoch's quotas."""
+        idx = np.empty_like(local)
+        for s in np.unique(src):
+            sel = src == s
+            idx[sel] = self._source_indices(int(s), local[sel])
+        return idx
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, item of that source's quota) at each epoch position."""
         p = np.asarray(positions, dtype=np.int64)
         units, within = p // self.unit, p % self.unit
         k = np.searchsorted(self._cum, units, side="right") - 1
@@ -208,11 +223,7 @@ class MixOrder:
             i = units[sel] - self._cum[kk]
             src[sel] = s_chunk[i]
             local[sel] = l_chunk[i] * self.unit + within[sel]
-        idx = np.empty_like(p)
-        for s in np.unique(src):
-            sel = src == s
-            idx[sel] = self._source_indices(int(s), local[sel])
-        return src, idx
+        return src, local
 
 
 class SingleOrder:

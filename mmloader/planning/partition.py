@@ -195,3 +195,50 @@ def planned_batches(
             n = b - a
             yield positions[o : o + n], sources[o : o + n], indices[o : o + n]
             o += n
+
+
+def unrepeated_share(total: int, world: int, rank: int, batch_size: int | None) -> tuple[int, int, int]:
+    """``(start, share, rows)`` of ``rank`` when no sample is repeated (an evaluation pass):
+    ranks take contiguous shares differing by at most one sample, and every rank delivers
+    the same number of batches; a rank whose share needs one batch fewer ends with a batch of
+    one padding row (flagged not valid). Rows past ``share`` are that padding.
+
+    >>> [unrepeated_share(9, 2, r, 4) for r in (0, 1)]
+    [(0, 5, 5), (5, 4, 5)]
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world of {world}")
+    b = batch_size or 1
+    base, extra = divmod(int(total), int(world))
+    share = base + (rank < extra)
+    start = rank * base + min(rank, extra)
+    batches = -(-(base + (extra > 0)) // b)  # the largest share's batches: every rank's count
+    rows = share if -(-share // b) == batches else (batches - 1) * b + 1
+    return start, share, rows
+
+
+def unrepeated_positions(start: int, share: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Virtual visit positions of rows ``a:b`` of a rank's :func:`unrepeated_share`, and which are
+    real samples (the padding row repeats the rank's first sample, or the visit's first).
+
+    >>> [x.tolist() for x in unrepeated_positions(5, 4, 2, 5)]
+    [[7, 8, 5], [True, True, False]]
+    """
+    offsets = np.arange(a, b, dtype=np.int64)
+    valid = offsets < share
+    return np.where(valid, start + offsets, start if share else 0), valid
+
+
+def unrepeated_remaining(ranges: Iterable[Sequence[int]], world: int, consumed: int) -> list[tuple[int, int]]:
+    """Plan ranges not yet delivered after every rank of an unrepeated split
+    (:func:`unrepeated_share`) delivered ``consumed`` rows: the rest of each rank's share.
+
+    >>> unrepeated_remaining([(0, 9)], world=2, consumed=4)
+    [(4, 5)]
+    """
+    visit = RangeList(ranges)
+    out: list[tuple[int, int]] = []
+    for r in range(world):
+        start, share, _rows = unrepeated_share(len(visit), world, r, None)
+        out += visit.sub(start + min(consumed, share), start + share)
+    return _merge(out)

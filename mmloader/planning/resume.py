@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 
 from ..errors import PlanChangedError, ResumeError
-from .partition import remaining_ranges
+from .partition import remaining_ranges, unrepeated_remaining
 
 STATE_VERSION = 2
 #: States before the plan identity was recorded: resumed with a warning (nothing to check against).
@@ -34,10 +34,12 @@ def progress_state(
     drop_last: bool,
     steps: int | None = None,
     plan: dict | None = None,
+    unrepeated: bool = False,
 ) -> dict:
     """The state after every rank delivered ``consumed`` of its ``samples_per_rank`` samples.
 
     ``plan``: the identity of the plan (plain data, see :func:`plan_changes`), checked on resume.
+    ``unrepeated``: ranks split the visit without repeats (``Stream(padding="mask")``).
 
     ``steps``: batches (samples unbatched) each rank has delivered of this epoch in all,
     counting passes before a resume (default: those of ``consumed``): what a framework
@@ -60,6 +62,7 @@ def progress_state(
         "drop_last": bool(drop_last),
         "steps": int(consumed) // (batch_size or 1) if steps is None else int(steps),
         "plan": plan,
+        **({"unrepeated": True} if unrepeated else {}),
     }
 
 
@@ -160,6 +163,8 @@ def resume_ranges(
             f"the dataset changed since the state was saved: the epoch plan has {plan_len} "
             f"positions, the state {state['plan_len']}"
         )
+    if state.get("unrepeated"):
+        return unrepeated_remaining(state["ranges"], state["world"], state["consumed"])
     return remaining_ranges(
         state["ranges"],
         state["world"],
