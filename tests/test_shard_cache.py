@@ -1,5 +1,6 @@
 """The node-local shard cache (mmloader.storage.shard_cache) on real files: one download per
-file, nothing partial visible, bounded by its limit, and never deleting a file it did not write.
+file, nothing partial visible, bounded by its limit (locks and parts included: nothing grows with
+the files cached over time), and never deleting a file it did not write.
 (The cache under a RemoteTarStore over S3, across processes and kill -9, is in test_remote.py.)"""
 
 from __future__ import annotations
@@ -7,9 +8,12 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import threading
+import time
 
 import pytest
 
+from mmloader.storage import shard_cache
 from mmloader.storage.shard_cache import MARKER, ShardCache, parse_limit
 
 
@@ -127,3 +131,107 @@ def test_cache_limits_parse():
     for bad in ("lots", 0, -5, "0G"):
         with pytest.raises(ValueError, match="cache_limit"):
             parse_limit(bad)
+
+
+def _files(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_many_files_through_a_small_cache_leave_only_the_cached_files_and_the_marker(tmp_path):
+    """Issue #34: a lock file per file ever downloaded stayed behind, so the folder grew in
+    files forever; locks and parts now go with their downloads, and only what fits is kept."""
+    cache = ShardCache(tmp_path, "s3://b/ds", limit=10 << 10)
+    calls: list = []
+    for i in range(300):
+        assert cache.fetch(f"shards/s{i:04d}.tar", 1024, _writer(bytes([i % 256]) * 1024, calls)) is not None
+    finals, held = cache.usage()
+    assert len(calls) == 300 and held == 0 and cache.size() <= 10 << 10
+    assert _files(cache.dir) == sorted([MARKER, *(p.name for _m, _s, p in finals)]) and len(finals) == 10
+    assert _files(tmp_path) == [".mmloader-cache.lock", cache.dir.name]  # the cache-wide lock: one file
+
+
+def test_a_failed_download_leaves_no_lock_or_part(tmp_path):
+    cache = ShardCache(tmp_path, "s3://b/ds")
+
+    def broken(fd: int, progress) -> None:
+        raise ConnectionResetError("cut")
+
+    with pytest.raises(ConnectionResetError):
+        cache.fetch("a.tar", 100, broken)
+    assert _files(cache.dir) == [MARKER]
+
+
+def test_lock_files_of_dead_downloads_and_earlier_versions_are_removed_held_ones_kept(tmp_path):
+    cache = ShardCache(tmp_path, "s3://b/ds", limit=1000)
+    cache._ensure_dir()
+    for i in range(50):  # what earlier versions left: one lock file per file ever downloaded
+        (cache.dir / f".old{i}.tar.lock").touch()
+    (cache.dir / ".dead.tar.part-7-abc123").write_bytes(b"d" * 10)
+    (cache.dir / ".dead.tar.lock").touch()
+    fd = os.open(cache.dir / ".busy.tar.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live download in another process
+    (cache.dir / ".busy.tar.part-8-def456").write_bytes(b"b" * 20)
+    try:
+        assert cache.usage() == ([], 20)
+        assert _files(cache.dir) == sorted([MARKER, ".busy.tar.lock", ".busy.tar.part-8-def456"])
+    finally:
+        os.close(fd)
+
+
+def test_a_waiter_whose_lock_file_was_removed_locks_the_file_the_name_is_now(tmp_path, monkeypatch):
+    """The holder of a lock removes its file when done: a process that was waiting then holds a
+    lock on a removed file, which locks nothing, and must take the name's lock again."""
+    path = tmp_path / ".a.tar.lock"
+    real, calls = shard_cache._flock, []
+
+    def removed_while_waiting(fd: int, blocking: bool) -> bool:
+        calls.append(fd)
+        if len(calls) == 1:
+            os.unlink(path)  # as the holder does when its download ends
+        return real(fd, blocking)
+
+    monkeypatch.setattr(shard_cache, "_flock", removed_while_waiting)
+    fd = shard_cache._lock(path, blocking=True)
+    try:
+        assert len(calls) == 2 and os.fstat(fd).st_ino == os.stat(path).st_ino
+    finally:
+        shard_cache._unlock(path, fd)
+    assert not path.exists()
+
+
+def test_two_downloads_of_one_file_at_once_download_it_once_and_leave_no_lock(tmp_path):
+    cache = ShardCache(tmp_path, "s3://b/ds")
+    started, release = threading.Event(), threading.Event()
+    calls: list = []
+
+    def slow(fd: int, progress) -> None:
+        started.set()
+        assert release.wait(30)
+        _writer(b"x" * 100, calls)(fd, progress)
+
+    got: dict = {}
+    first = threading.Thread(target=lambda: got.setdefault("first", cache.fetch("a.tar", 100, slow)))
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=lambda: got.setdefault("second", cache.fetch("a.tar", 100, slow, wait=True)))
+    second.start()
+    _wait_for_a_blocked_flock(cache.dir / ".a.tar.lock")
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert got["first"] == got["second"] == cache.path("a.tar") and calls == [100]
+    assert _files(cache.dir) == [MARKER, "a.tar"]
+
+
+def _wait_for_a_blocked_flock(path, timeout: float = 30.0) -> None:
+    """Until the kernel lists a process waiting for the lock of ``path`` (``/proc/locks``: Linux)."""
+    if not os.path.exists("/proc/locks"):
+        return
+    ino = os.stat(path).st_ino
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/locks") as f:
+            if any("->" in line and f":{ino} " in line for line in f):
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"nobody waited for {path}")

@@ -5,7 +5,10 @@
 * **One download per file per node.** A download holds an exclusive ``flock`` on a hidden
   ``.NAME.lock``; a second process wanting the same file either waits for it (``wait=True``)
   or reads remotely meanwhile. The kernel drops a lock when its holder dies, SIGKILL included,
-  so no lock outlives its process.
+  so no lock outlives its process. The lock file lives as long as the download: its holder
+  removes it when done (a waiter that then holds a lock on the removed file sees that the name
+  is another file, or none, and takes the lock again), and the lock file of a killed download is
+  removed with its part.
 * **Nothing partial is ever visible.** A download goes into a hidden ``.NAME.part-PID-TOKEN``
   (allocated at its full size, so it counts against the limit from the start), is synced and
   renamed into place when complete. A part whose lock is free belongs to a dead process and is
@@ -15,7 +18,9 @@
   cached (the reader keeps reading remotely). Eviction only ever deletes files that this cache
   wrote: regular files inside ``mmloader-*`` folders that carry the cache's marker file, never
   anything else under ``cache_dir``. A file evicted while a reader has it open stays readable
-  through that reader's descriptor.
+  through that reader's descriptor. So the folder holds the cached files, its marker, and a
+  lock and a part per download in progress: nothing grows with the number of files cached over
+  time.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import time
 from pathlib import Path
 from typing import Callable
 
+from .remote.redact import redact_url
 from .sizes import parse_size
 
 try:
@@ -43,6 +50,8 @@ log = logging.getLogger("mmloader")
 
 MARKER = ".mmloader-cache"
 GLOBAL_LOCK = ".mmloader-cache.lock"
+#: A download in progress: ``.NAME.part-PID-TOKEN`` (see :meth:`ShardCache._reserve`).
+_PART = re.compile(r"\.(.+)\.part-\d+-[0-9a-f]+")
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "mmloader")
 
 
@@ -76,6 +85,47 @@ def _flock(fd: int, blocking: bool) -> bool:
         raise
 
 
+def _lock(path: Path, blocking: bool, create: bool = True) -> int | None:
+    """An open descriptor holding the exclusive lock of the file at ``path``; None when another
+    process holds it (``blocking=False``) or, without ``create``, when there is no such file.
+
+    Lock files are removed by their holders (:func:`_unlock`), so the lock taken may be on a file
+    that was removed, or replaced by another, while this process waited: then the name is tried
+    again. A descriptor returned is the lock of the file the name is now."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            return None
+        try:
+            if not _flock(fd, blocking):
+                os.close(fd)
+                return None
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        except BaseException:
+            os.close(fd)
+            raise
+        held = os.fstat(fd)
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # the holder before us removed it: the name is another file now, or none
+        if not create:
+            return None
+
+
+def _unlock(path: Path, fd: int) -> None:
+    """Remove the lock file at ``path`` whose lock ``fd`` holds, then release it: removed under
+    the lock, so no other process holds a lock on the file that name leads to (see :func:`_lock`)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
 class ShardCache:
     """Whole files of one dataset URL under ``cache_dir/mmloader-HASH/``.
 
@@ -101,7 +151,8 @@ class ShardCache:
         if not (self.dir / MARKER).is_file():
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = self.dir / f"{MARKER}.{os.getpid()}.{secrets.token_hex(3)}"
-            tmp.write_text(json.dumps({"url": self.url, "tag": self.tag}))
+            # what a person finds here: the dataset, never credentials of its URL or endpoint
+            tmp.write_text(json.dumps({"url": redact_url(self.url), "tag": redact_url(self.tag)}))
             os.replace(tmp, self.dir / MARKER)
 
     @staticmethod
@@ -110,6 +161,9 @@ class ShardCache:
 
     def path(self, name: str) -> Path:
         return self.dir / self.local_name(name)
+
+    def _lock_path(self, name: str) -> Path:
+        return self.dir / f".{self.local_name(name)}.lock"
 
     def lookup(self, name: str, size: int | None = None) -> Path | None:
         """The cached copy of ``name`` if there is one (of ``size`` bytes when given)."""
@@ -149,13 +203,15 @@ class ShardCache:
             self.touch(name, every=0)
             return hit
         self._ensure_dir()
-        lock_fd = os.open(self.dir / f".{self.local_name(name)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_path = self._lock_path(name)
+        lock_fd = _lock(lock_path, blocking=False)
+        if lock_fd is None:
+            if not wait:
+                self.refused = "busy"
+                return None
+            lock_fd = _lock(lock_path, blocking=True)  # another process downloads it: wait for that
+            assert lock_fd is not None  # a blocking lock that may create the file is always taken
         try:
-            if not _flock(lock_fd, blocking=False):
-                if not wait:
-                    self.refused = "busy"
-                    return None
-                _flock(lock_fd, blocking=True)  # another process downloads it: wait for that
             hit = self.lookup(name, size)
             if hit is not None:
                 self.touch(name, every=0)
@@ -186,10 +242,10 @@ class ShardCache:
                 except OSError:
                     pass
                 raise
-            log.info("cached %s/%s (%d bytes) in %s", self.url, name, size, final)
+            log.info("cached %s/%s (%d bytes) in %s", redact_url(self.url), name, size, final)
             return final
         finally:
-            os.close(lock_fd)  # closing drops the flock
+            _unlock(lock_path, lock_fd)  # the lock file goes with the download
 
     @contextlib.contextmanager
     def _global_lock(self):
@@ -211,7 +267,11 @@ class ShardCache:
                 used = sum(s for _m, s, _p in finals) + held
                 if size > self.limit:
                     log.info(
-                        "%s/%s (%d bytes) is larger than cache_limit=%d: not cached", self.url, name, size, self.limit
+                        "%s/%s (%d bytes) is larger than cache_limit=%d: not cached",
+                        redact_url(self.url),
+                        name,
+                        size,
+                        self.limit,
                     )
                     return None
                 for _mtime, fsize, p in sorted(finals):
@@ -237,7 +297,8 @@ class ShardCache:
 
     def usage(self) -> tuple[list[tuple[float, int, Path]], int]:
         """(cached files as (mtime, size, path), bytes held by live downloads) over the whole
-        ``cache_dir``; parts of dead downloads are removed on the way."""
+        ``cache_dir``; parts and lock files of dead downloads are removed on the way (lock files
+        that earlier versions left, one per file ever downloaded, too)."""
         finals: list[tuple[float, int, Path]] = []
         held = 0
         try:
@@ -255,8 +316,8 @@ class ShardCache:
                 if not e.name.startswith("."):
                     st = e.stat(follow_symlinks=False)
                     finals.append((st.st_mtime, st.st_size, Path(e.path)))
-                elif ".part-" in e.name:
-                    base = e.name[1:].split(".part-", 1)[0]
+                elif (part := _PART.fullmatch(e.name)) is not None:
+                    base = part.group(1)
                     if self._owner_alive(d, base):
                         held += e.stat(follow_symlinks=False).st_size
                     else:
@@ -264,21 +325,20 @@ class ShardCache:
                             os.unlink(e.path)
                         except OSError:
                             pass
+                elif e.name.endswith(".lock") and e.name != GLOBAL_LOCK:
+                    self._owner_alive(d, e.name[1 : -len(".lock")])  # removes it unless it is held
         return finals, held
 
     @staticmethod
     def _owner_alive(d: Path, base: str) -> bool:
-        """Whether some process holds the download lock of ``base`` (so its part is live)."""
-        try:
-            fd = os.open(d / f".{base}.lock", os.O_RDWR)
-        except FileNotFoundError:
-            return False
-        try:
-            if _flock(fd, blocking=False):
-                return False  # free: the part's writer is gone
-            return True
-        finally:
-            os.close(fd)
+        """Whether some process holds the download lock of ``base`` (so its part is live). A
+        free lock file belongs to no download: it is removed."""
+        path = d / f".{base}.lock"
+        fd = _lock(path, blocking=False, create=False)
+        if fd is None:
+            return path.exists()  # held by a live download (or gone: then no download runs)
+        _unlock(path, fd)
+        return False
 
     def size(self) -> int:
         """Bytes cached over the whole ``cache_dir`` (all datasets), downloads in progress included."""
