@@ -204,16 +204,27 @@ def _filtered(dataset: Any, expression: Expression, cache: Path | None, progress
         except (OSError, ValueError):
             pass  # unreadable: computed again below and written over
     columns = {name: column_reader(dataset, name) for name in expression.names}
+    present = dict.fromkeys(columns, False)  # a name no sample has is a typo, not a filter
     parts = []
     bar = _bar(n, f"filter {expression.text!r}", progress)
     for a in range(0, n, CHUNK):
         idx = np.arange(a, min(a + CHUNK, n), dtype=np.int64)
-        mask = expression.evaluate({name: read(idx) for name, read in columns.items()})
-        parts.append(idx[mask])
+        values = {name: read(idx) for name, read in columns.items()}
+        for name, v in values.items():
+            present[name] = present[name] or bool(_has_values(v))
+        parts.append(idx[expression.evaluate(values)])
         if bar is not None:
             bar.update(len(idx))
     if bar is not None:
         bar.close()
+    missing = [name for name, seen in present.items() if not seen]
+    if missing:
+        first = dataset[0] if n else {}
+        fields = {m: sorted(v) for m, v in first.items() if isinstance(v, dict)}
+        raise ValueError(
+            f"filter {expression.text!r}: no sample of {dataset!r} has {missing} "
+            f"(a misspelt field? the first sample's json fields: {fields})"
+        )
     kept = np.concatenate(parts) if parts else np.empty(0, np.int64)
     if cache is not None:
         _write_atomic(cache, kept)
@@ -286,6 +297,12 @@ def _json_docs(dataset: Any, modality: str, idx: np.ndarray) -> list:
                 f"filter: not valid JSON ({e})", key=dataset.key(i), field=modality, where=dataset._primary.store.path
             ) from None
     return docs
+
+
+def _has_values(column: np.ndarray) -> bool:
+    if column.dtype == object:
+        return any(v is not None for v in column)
+    return bool(np.isfinite(column).any())
 
 
 def _dig(doc: Any, path: list[str]) -> Any:

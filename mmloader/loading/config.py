@@ -10,9 +10,11 @@ A config is a YAML file or the equivalent dict::
       shapes:
         path: demo-out/shapes.lmdb
         weight: 0.7
+        filter: "meta.score >= 0.5 and image.width >= 32"   # optional: mmloader.select
         modalities:
           image: {field: jpg, size: 64}
           caption: {field: txt, path: demo-out/shapes, transform: "mypkg.text:Tokenizer"}
+          meta: {field: json}
       corpus:
         path: demo-out/corpus.txt    # a raw text file: one sample per line, field txt
         weight: 0.3
@@ -23,7 +25,10 @@ Relative paths are taken from ``root`` (default: the working directory). A
 ``path`` is an mmloader dataset (an LMDB directory, a shard directory or its
 ``index.json``, local or a URL such as ``s3://bucket/shards/``) or a text file (``.txt``: one sample per line, field ``txt``;
 ``index_path`` says where its line index goes, default beside the file). One
-source without ``mix`` is streamed as it is (no mix around it). Every error
+source without ``mix`` is streamed as it is (no mix around it). A source's
+``filter`` / ``keys`` / ``fraction`` / ``limit`` select its samples
+(:func:`mmloader.select`); ``mix.schedule`` changes the weights over the run
+(:class:`mmloader.Mix`). Every error
 names the config key at fault, and every option is checked when the config is
 read, not at the first batch.
 """
@@ -61,8 +66,12 @@ TOP_KEYS = {
     "align",
     "bucket_by",
     "bucket_window",
+    "on_change",
+    "padding",
 }
-SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align"}
+SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align", "filter", "keys", "fraction", "limit"}
+#: A source's selection (mmloader.select): config key -> select() option.
+SELECT_KEYS = {"filter": "where", "keys": "keys", "fraction": "fraction", "limit": "limit"}
 MIX_KEYS = {"mode", "epoch_size", "schedule"}
 READER_KEYS = {
     "field",
@@ -338,7 +347,24 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
             out[sname] = Zipped(readers, align=src.get("align", cfg.get("align", "strict")))
         except (AlignmentError, ValueError) as e:
             raise ConfigError(f"{where}: its modalities cannot be aligned: {e}") from None
+        out[sname] = _selection(out[sname], src, root, where)
     return out
+
+
+def _selection(dataset: Zipped, src: Mapping, root: Path, where: str) -> Zipped:
+    """The source's ``filter`` / ``keys`` / ``fraction`` / ``limit`` (:func:`mmloader.select`)."""
+    options = {SELECT_KEYS[k]: src[k] for k in SELECT_KEYS if src.get(k) is not None}
+    if not options:
+        return dataset
+    keys = options.get("keys")
+    if isinstance(keys, str) and not Path(keys).is_absolute():
+        options["keys"] = str(root / keys)  # a key file, relative to root as paths are
+    elif keys is not None and not isinstance(keys, (list, str)):
+        raise ConfigError(f"{where}.keys: expected a list of keys or a text file of keys, got {keys!r}")
+    try:
+        return dataset.select(**options)
+    except (ValueError, TypeError, MMLoaderError) as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _weights(cfg: Mapping) -> list[float]:
@@ -402,6 +428,8 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
             "on_error",
             "bucket_by",
             "bucket_window",
+            "on_change",
+            "padding",
         )
         if k in cfg
     }

@@ -36,6 +36,16 @@ MAX_DBS = 1024
 # process, and an environment must never be used across fork().
 _ENVS: dict[str, tuple[lmdb.Environment, dict]] = {}
 _ENVS_LOCK = threading.Lock()
+_ENV_FILES: dict[str, tuple[int, ...] | None] = {}  # path -> identity of the data.mdb mapped
+
+
+def _file_id(path: str) -> tuple[int, ...] | None:
+    """Device, inode, size and mtime: a file written anew differs (a freed inode may be reused)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _forget_inherited_envs() -> None:
@@ -111,11 +121,14 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
     opened inside a long-lived read transaction would stay private to it, and
     each thread reads through its own transaction.
     """
+    # A dataset written again under the same name (overwrite=True) is a new data.mdb: the
+    # environment mapped for the old file would go on serving the old bytes in this process.
+    file_id = _file_id(os.path.join(path, "data.mdb"))
     hit = _ENVS.get(path)
-    if hit is None:
+    if hit is None or _ENV_FILES.get(path) != file_id:
         with FORK_GATE.hold(), _ENVS_LOCK:
             hit = _ENVS.get(path)
-            if hit is None:
+            if hit is None or _ENV_FILES.get(path) != file_id:
                 if not os.path.isfile(os.path.join(path, "data.mdb")):
                     raise FormatError(f"{path} is not an LMDB environment (no data.mdb)")
                 try:
@@ -136,6 +149,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                     except lmdb.Error:
                         pass  # a plain key in the main database, not a sub-database
                 hit = _ENVS[path] = (env, dbs)
+                _ENV_FILES[path] = file_id
                 MapTrimmer.start(path, os.path.join(path, "data.mdb"), inside)
     return hit
 

@@ -1,0 +1,200 @@
+"""mmloader.select: filters on stored metadata (json fields, labels, image sizes, byte sizes), keys,
+fraction and limit; cached; through both backends, a config, mixes and resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from conftest import jpeg_bytes
+
+import mmloader
+from mmloader.align.where import Expression
+
+N = 60
+
+
+def _meta(i: int) -> dict:
+    return {"score": round(i / N, 4), "lang": "en" if i % 3 else "de", "nested": {"ok": i % 2 == 0}}
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("select") / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(N):
+            w.write(
+                {
+                    "__key__": f"k{i:03d}",
+                    "jpg": jpeg_bytes(i, size=(16 + 8 * (i % 4), 16)),
+                    "json": _meta(i),
+                    "cls": i % 5,
+                    "txt": "x" * (i % 10),
+                }
+            )
+    return path
+
+
+def _ds(path, **readers):
+    p = str(path)
+    return mmloader.zip(
+        image=mmloader.ImageReader(p, size=(16, 16)),
+        meta=mmloader.JSONReader(p),
+        label=mmloader.LabelReader(p),
+        caption=mmloader.TextReader(p),
+        **readers,
+    )
+
+
+def _expected(pred) -> list[str]:
+    return [f"k{i:03d}" for i in range(N) if pred(i)]
+
+
+CASES = {
+    "meta.score >= 0.5": lambda i: _meta(i)["score"] >= 0.5,
+    "score < 0.25 or lang == 'de'": lambda i: _meta(i)["score"] < 0.25 or i % 3 == 0,
+    "label in [1, 3]": lambda i: i % 5 in (1, 3),
+    "image.width >= 32": lambda i: 16 + 8 * (i % 4) >= 32,
+    "image.width == 16 and not (label == 0)": lambda i: i % 4 == 0 and i % 5 != 0,
+    "meta.nested.ok == True and caption.bytes > 4": lambda i: i % 2 == 0 and i % 10 > 4,
+    "lang not in ['en']": lambda i: i % 3 == 0,
+}
+
+
+@pytest.mark.parametrize("expr", CASES)
+def test_filter_keeps_exactly_the_samples_that_pass(path, expr, tmp_path):
+    sel = mmloader.select(_ds(path), expr, cache_dir=tmp_path)
+    assert list(sel.keys) == _expected(CASES[expr])
+    assert sel.report["select"] == {"samples": N, "where": len(_expected(CASES[expr]))}
+    assert [s["__key__"] for s in sel] == _expected(CASES[expr])  # samples read through the selection
+
+
+def test_filter_reads_no_image_pixels(path, tmp_path, monkeypatch):
+    from mmloader.readers import image as image_module
+
+    def forbidden(*a, **k):
+        raise AssertionError("an image was decoded while filtering")
+
+    monkeypatch.setattr(image_module.ImageReader, "decode", forbidden)
+    assert len(mmloader.select(_ds(path), "image.height == 16", cache_dir=tmp_path)) == N
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_selection_streams_every_selected_sample_once_on_both_backends(path, backend, tmp_path):
+    sel = mmloader.select(_ds(path), "meta.score >= 0.3 and label != 2", cache_dir=tmp_path)
+    want = _expected(lambda i: _meta(i)["score"] >= 0.3 and i % 5 != 2)
+    stream = mmloader.Stream(sel, batch_size=4, seed=1)
+    loader = mmloader.loader(stream, num_workers=2, backend=backend)
+    for _epoch in range(2):
+        keys = [k for b in loader for k in b["__key__"]]
+        pads = len(keys) - len(want)
+        assert sorted(set(keys)) == want and 0 <= pads < 4
+        assert all(k in want for k in keys)
+
+
+def test_keys_fraction_limit_and_stacking(path, tmp_path):
+    ds = _ds(path)
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("k005\nk001\n\nk040\n")
+    assert list(mmloader.select(ds, keys=keys_file).keys) == ["k001", "k005", "k040"]
+    half = mmloader.select(ds, fraction=0.5, seed=3)
+    assert len(half) == N // 2 and list(half.keys) == sorted(half.keys)
+    assert list(mmloader.select(ds, fraction=0.5, seed=3).keys) == list(half.keys)  # deterministic
+    assert list(mmloader.select(ds, fraction=0.5, seed=4).keys) != list(half.keys)
+    first = mmloader.select(ds, "label == 1", limit=3, cache_dir=tmp_path)
+    assert list(first.keys) == ["k001", "k006", "k011"]
+    stacked = mmloader.select(
+        mmloader.select(ds, "label == 1", cache_dir=tmp_path), "meta.score > 0.5", cache_dir=tmp_path
+    )
+    assert list(stacked.keys) == _expected(lambda i: i % 5 == 1 and _meta(i)["score"] > 0.5)
+    assert len(stacked.selection["steps"]) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"where": "nope > 1"}, "no sample .* has \\['nope'\\].*misspelt"),
+        ({"where": "width > 1"}, "'width' is ambiguous.*could be \\['image.width', 'meta.width'\\]"),
+        ({"where": "caption.width > 1"}, "TextReader"),
+        ({"where": "score >"}, "not an expression"),
+        ({"where": "__import__('os').system('x') == 0"}, "not a name"),
+        ({"where": "score > 2"}, "keeps no sample"),
+        ({"keys": ["k001", "zzz"]}, "1 of 2 keys are not samples.*zzz"),
+        ({"fraction": 0}, "fraction"),
+        ({"limit": 0}, "limit"),
+    ],
+)
+def test_bad_selections_say_what_is_wrong(path, kwargs, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        mmloader.select(_ds(path), cache_dir=tmp_path, **kwargs)
+
+
+def test_a_bad_json_value_is_named_by_key(tmp_path):
+    p = tmp_path / "bad.lmdb"
+    with mmloader.LMDBWriter(p) as w:
+        for i in range(5):
+            w.write({"__key__": f"b{i}", "json": b"{nope" if i == 3 else b'{"a": 1}'})
+    with pytest.raises(mmloader.DecodeError, match="b3"):
+        mmloader.select(mmloader.zip(meta=mmloader.JSONReader(str(p))), "a == 1", cache_dir=False)
+
+
+def test_filter_results_are_cached_by_filter_and_content(tmp_path, caplog):
+    p = tmp_path / "c.lmdb"
+
+    def write(scores):
+        with mmloader.LMDBWriter(p, overwrite=True) if p.exists() else mmloader.LMDBWriter(p) as w:
+            for i, s in enumerate(scores):
+                w.write({"__key__": f"c{i}", "json": {"s": s}})
+
+    cache = tmp_path / "cache"
+    write([0.1, 0.9, 0.8, 0.2])
+    ds = lambda: mmloader.zip(meta=mmloader.JSONReader(str(p)))  # noqa: E731
+    assert list(mmloader.select(ds(), "s > 0.5", cache_dir=cache).keys) == ["c1", "c2"]
+    files = list((cache / "selections").glob("*.npy"))
+    assert len(files) == 1
+    with caplog.at_level(logging.INFO, logger="mmloader"):
+        assert list(mmloader.select(ds(), "s > 0.5", cache_dir=cache).keys) == ["c1", "c2"]
+    assert "read from the cache" in caplog.text
+    mmloader.select(ds(), "s > 0.1", cache_dir=cache)  # another filter, another entry
+    assert len(list((cache / "selections").glob("*.npy"))) == 2
+    write([0.9, 0.1, 0.1, 0.9])  # same keys, other content: not the cached answer
+    assert list(mmloader.select(ds(), "s > 0.5", cache_dir=cache).keys) == ["c0", "c3"]
+    files[0].write_bytes(b"garbage")  # a damaged entry is computed again
+    assert len(mmloader.select(ds(), "s > 0.5", cache_dir=cache)) == 2
+
+
+def test_config_filter_limit_keys_per_source(path, tmp_path):
+    cfg = {
+        "batch_size": 4,
+        "sources": {
+            "good": {
+                "path": str(path),
+                "filter": "meta.score >= 0.5",
+                "modalities": {"caption": {"field": "txt"}, "meta": {"field": "json"}},
+            },
+            "few": {
+                "path": str(path),
+                "limit": 5,
+                "keys": ["k001", "k002", "k003"],
+                "modalities": {"caption": {"field": "txt"}},
+            },
+        },
+        "mix": {"mode": "repeat"},
+    }
+    stream = mmloader.from_config(cfg)
+    sizes = {r["name"]: r["size"] for r in stream.mix.summary()}
+    assert sizes == {"good": len(_expected(lambda i: _meta(i)["score"] >= 0.5)), "few": 3}
+    keys = [k for b in mmloader.loader(stream, num_workers=0) for k in b["__key__"]]
+    assert set(keys) == set(_expected(lambda i: _meta(i)["score"] >= 0.5)) | {"k001", "k002", "k003"}
+    with pytest.raises(mmloader.ConfigError, match="sources.good: filter 'meta.nope >= 1'"):
+        mmloader.from_config({**cfg, "sources": {"good": {**cfg["sources"]["good"], "filter": "meta.nope >= 1"}}})
+
+
+def test_expression_evaluates_column_wise_with_missing_values():
+    e = Expression("a >= 1 and b != 'x'")
+    cols = {"a": np.array([1.0, np.nan, 2.0]), "b": np.array(["y", "y", None], dtype=object)}
+    assert e.evaluate(cols).tolist() == [True, False, True]
+    assert Expression("b in ['y']").evaluate(cols).tolist() == [True, True, False]
+    assert json.dumps(e.names) == '["a", "b"]'
