@@ -103,7 +103,7 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         notes.append(f"not input: {len(other)} file(s) that are not images, e.g. {other[0]}")
     if empty:
         notes.append(f"class folder(s) without images (kept, so indices match): {', '.join(empty)}")
-    return items, {"layout": "imagefolder", "classes": classes, "source": str(root.resolve())}
+    return items, {"layout": "imagefolder", "classes": classes}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -252,7 +252,7 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         rest = {k: v for k, v in values.items() if k not in used and (keep is None or k in keep)}
         if rest:
             item.values["json"] = rest
-    meta = {"layout": "manifest", "source": str(path.resolve())}
+    meta: dict = {"layout": "manifest"}
     if classes:
         meta["classes"] = classes
     return items, meta

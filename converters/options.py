@@ -13,6 +13,25 @@ from mmloader.storage.tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 from .items import DEFAULT_MAX_FILE_BYTES, ON_ERROR_HELP, Options
 
+#: Options that change how a conversion runs, not what it writes: left out of the fingerprint
+#: and of the options a dataset records.
+RUN_OPTIONS = {
+    "src",
+    "dst",
+    "workers",
+    "quiet",
+    "overwrite",
+    "part",
+    "engine",
+    "parts",
+    "ray_address",
+    "retries",
+    "keep_parts",
+}
+#: Options that name local files: a dataset records a fingerprint of what they name, never the
+#: path (unless ``--record-source``).
+PATH_OPTIONS = {"tokenizer"}
+
 
 # -- option values -----------------------------------------------------------------------------
 def parse_part(text: str | None) -> tuple[int, int] | None:
@@ -168,6 +187,13 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         "is a bad sample; a field no sample has is a usage error)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace DST if it is an existing dataset")
+    p.add_argument(
+        "--record-source",
+        action="store_true",
+        help="also record the absolute path of SRC (and of files options name) in the dataset's "
+        "metadata (default: the layout, file counts, a fingerprint of the input and the options, "
+        "never a local path)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 

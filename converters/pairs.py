@@ -69,7 +69,7 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
     notes += walker.notes()
     if no_ext:
         notes.append(f"not input: {len(no_ext)} file(s) without an extension, e.g. {no_ext[0]}")
-    return items, {"layout": "pairs", "source": str(root.resolve())}
+    return items, {"layout": "pairs"}
 
 
 def parser() -> argparse.ArgumentParser:

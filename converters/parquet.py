@@ -57,6 +57,7 @@ from .common import (
     shard_alignment,
     write_samples,
 )
+from .provenance import describe_input
 
 EXAMPLES = (
     "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --workers 2",
@@ -455,13 +456,15 @@ class Plan:
             + ["json"]
         )
         check_required_fields(args.require, [], layout_fields)
-        self.metadata = {
-            "layout": "parquet",
-            "source": [str(Path(s).resolve()) for s in args.src],
-            "columns": self.cols.named(),
-        }
+        self.metadata: dict = {"layout": "parquet", "columns": self.cols.named()}
         if self.classes is not None:
             self.metadata["classes"] = self.classes
+        found = {
+            "files": len(self.tables),
+            "rows": sum(t.rows for t in readable),
+            "bytes": sum(t.size for t in self.tables),
+        }
+        self.metadata = describe_input(self.metadata, args, self.digest(), found)
 
     def _check_columns(self, readable: list[Table]) -> None:
         """A column option naming a column no file has (or none with a usable type) is a usage error."""

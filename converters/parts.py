@@ -17,10 +17,12 @@ from mmloader.errors import MMLoaderError
 from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import format_for
 from mmloader.storage.atomic import clean_stale_partials
+from mmloader.storage.remote.redact import redact
 from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
 
 from .items import ConversionError, Item, UsageError
-from .options import options_from, parse_part
+from .options import RUN_OPTIONS, options_from, parse_part
+from .provenance import describe_input
 from .reading import _load_safe, ordered_map
 from .sources import check_paths
 from .writing import Summary, check_required_fields, write_samples
@@ -52,6 +54,8 @@ def item_source(
             raise ConversionError(f"no samples found in {args.src}: looked for {looked_for}{left_out}")
         check_required_fields(args.require, items)
         digest = items_digest(items, args.src)
+        found = {"samples": len(items), "files": sum(len(it.files) for it in items)}
+        metadata = describe_input(metadata, args, digest, found)
 
         def convert(part: tuple[int, int] | None, dst: str) -> Summary:
             chosen = select(items, args.shuffle_seed, part, align=shard_alignment(args))
@@ -119,22 +123,6 @@ def select(items: list, shuffle_seed: int | None, part: tuple[int, int] | None, 
         a, b = part_bounds(len(items), part, align)
         items = items[a:b]
     return items
-
-
-#: Options that change how a conversion runs, not what it writes: left out of the fingerprint.
-RUN_OPTIONS = {
-    "src",
-    "dst",
-    "workers",
-    "quiet",
-    "overwrite",
-    "part",
-    "engine",
-    "parts",
-    "ray_address",
-    "retries",
-    "keep_parts",
-}
 
 
 def options_digest(layout: str, args: argparse.Namespace) -> str:
@@ -294,7 +282,7 @@ def _remove_part(record: dict) -> None:
 
 def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloader convert") -> int:
     """Run a conversion; print its summary, or a one-line error and exit status 1 (2 for an
-    option that cannot work)."""
+    option that cannot work), with no credential of a URL or of the environment."""
     try:
         summary = convert()
     except KeyboardInterrupt:
@@ -303,10 +291,10 @@ def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloade
     except BrokenPipeError:
         raise  # the caller's business (mmloader's CLI exits quietly)
     except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {redact(str(e))}", file=sys.stderr)
         return 2
     except (ConversionError, MMLoaderError, OSError, lmdb.Error) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {redact(str(e))}", file=sys.stderr)
         return 1
-    print(summary.text(dst))
+    print(redact(summary.text(dst)))  # DST may be a URL
     return 0

@@ -47,6 +47,7 @@ from .common import (
     shard_alignment,
     write_samples,
 )
+from .provenance import describe_input
 
 EXAMPLES = (
     "mmloader convert textlines corpus.txt corpus.lmdb --workers 2",
@@ -203,27 +204,31 @@ def prepare(args: argparse.Namespace, notes: list[str]):
     if size == 0:
         raise ConversionError(f"no samples found in {path}: the file is empty (looked for lines of text)")
 
-    def convert(part: tuple[int, int] | None, dst: str) -> Summary:
-        return _convert(args, notes, path, size, part, dst, tokenize)
-
-    digest = file_digest(path)
+    source_digest = file_digest(path)
+    meta: dict = {"layout": "textlines"}
+    digest = source_digest
     if tokenize is not None:  # other token ids are another output: parts must not mix them
-        digest += f"+tokenizer:{file_digest(Path(args.tokenizer))}:special={tokenize[1]}"
-    return digest, convert
-
-
-def _convert(
-    args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str, tokenize=None
-) -> Summary:
-    meta = {"layout": "textlines", "source": str(path.resolve())}
-    if tokenize is not None:
+        tokenizer_digest = file_digest(Path(args.tokenizer))
+        digest += f"+tokenizer:{tokenizer_digest}:special={tokenize[1]}"
         meta["tokenizer"] = {
-            "file": str(Path(args.tokenizer).resolve()),
+            "fingerprint": tokenizer_digest,  # the file itself only with --record-source
+            **({"file": str(Path(args.tokenizer).resolve())} if args.record_source else {}),
             "vocab_size": tokenize[0].get_vocab_size(),
             "special_tokens": tokenize[1],
             "field": "ids.npy",
             "dtype": "int32",
         }
+    meta = describe_input(meta, args, source_digest, {"files": 1, "bytes": size})
+
+    def convert(part: tuple[int, int] | None, dst: str) -> Summary:
+        return _convert(args, notes, path, size, part, dst, meta, tokenize)
+
+    return digest, convert
+
+
+def _convert(
+    args: argparse.Namespace, notes: list[str], path: Path, size: int, part, dst: str, meta: dict, tokenize=None
+) -> Summary:
     if args.shuffle_seed is not None:
         with tempfile.TemporaryDirectory() as tmp:
             index_path = os.path.join(tmp, "lines.npy")

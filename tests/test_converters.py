@@ -1152,3 +1152,89 @@ def test_labels_are_read_exactly():
         kind, value = label_kind(near)
         assert kind == "number" and not isinstance(value, int)
     assert label_kind("3.000") == ("number", 3) and label_kind("1e1") == ("number", 10)
+
+
+# -- what a dataset records about its input (issue #34) ---------------------------------------------
+def _every_byte(path: Path) -> bytes:
+    """Every file of a dataset (an LMDB environment or a shard directory), concatenated."""
+    return b"".join(p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file())
+
+
+def _raw_inputs(where: Path) -> dict[str, list[str]]:
+    """One small input per layout under ``where`` (a folder name a stranger must not learn)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs = write_pairs_folder(where / "pairs", 6, 16)
+    tree = where / "tree"
+    for i, jpg in enumerate(sorted(pairs.glob("*.jpg"))):
+        (tree / f"class{i % 2}").mkdir(parents=True, exist_ok=True)
+        (tree / f"class{i % 2}" / jpg.name).write_bytes(jpg.read_bytes())
+    (where / "rows.jsonl").write_text(
+        "".join(
+            json.dumps({"file": f"pairs/{p.name}", "caption": f"c{i}"}) + "\n"
+            for i, p in enumerate(sorted(pairs.glob("*.jpg")))
+        )
+    )
+    (where / "corpus.txt").write_text("".join(f"line number {i}\n" for i in range(20)))
+    train_tokenizer([f"line number {i}" for i in range(20)], where / "tokenizer.json")
+    pq.write_table(pa.table({"jpg": [p.read_bytes() for p in sorted(pairs.glob("*.jpg"))]}), where / "t.parquet")
+    return {
+        "pairs": [str(pairs)],
+        "imagefolder": [str(tree)],
+        "manifest": [str(where / "rows.jsonl"), "--image-column", "file", "--text-column", "caption"],
+        "textlines": [str(where / "corpus.txt"), "--tokenizer", str(where / "tokenizer.json")],
+        "parquet": [str(where / "t.parquet"), "--image-column", "jpg"],
+    }
+
+
+@pytest.mark.parametrize("suffix", ["", ".lmdb"])
+def test_no_converted_dataset_holds_a_local_path_and_record_source_keeps_it(tmp_path, suffix):
+    """Every layout's metadata said ``"source": "/abs/path/of/the/input"``, so a published dataset
+    told strangers where it was made. Now: the layout, what was found, a fingerprint and the options;
+    the path only with --record-source. No byte of the output names the input's folder."""
+    secret_home = tmp_path / "home-of-alice" / "private-raw"
+    for layout, args in _raw_inputs(secret_home).items():
+        out = tmp_path / f"{layout}{suffix}"
+        assert run(layout, args[0], out, *args[1:]) == 0, layout
+        assert b"home-of-alice" not in _every_byte(out) and str(tmp_path).encode() not in _every_byte(out), layout
+        meta = mmloader.open(out).metadata["metadata"]
+        assert meta["layout"] == layout and "source" not in meta, meta
+        assert len(meta["input"]["fingerprint"]) == 64 and meta["input"]["files"] >= 1, meta
+        assert meta["options"]["format"] == ("lmdb" if suffix else "tar") and "src" not in meta["options"]
+        assert not any("home-of-alice" in json.dumps(v) for v in meta.values())
+        kept = tmp_path / f"{layout}-kept{suffix}"
+        assert run(layout, args[0], kept, *args[1:], "--record-source") == 0, layout
+        recorded = mmloader.open(kept).metadata["metadata"]
+        assert recorded["source"] in (str(Path(args[0]).resolve()), [str(Path(args[0]).resolve())]), recorded
+        assert {k: v for k, v in recorded.items() if k not in ("source", "tokenizer")} == {
+            k: v for k, v in meta.items() if k != "tokenizer"
+        }
+    tokenizer = mmloader.open(tmp_path / f"textlines{suffix}").metadata["metadata"]["tokenizer"]
+    assert "file" not in tokenizer and len(tokenizer["fingerprint"]) == 64 and tokenizer["vocab_size"] > 0
+    kept = mmloader.open(tmp_path / f"textlines-kept{suffix}").metadata["metadata"]["tokenizer"]
+    assert kept["file"] == str((secret_home / "tokenizer.json").resolve())
+
+
+def test_the_same_input_in_another_folder_records_the_same_metadata(tmp_path, pairs_dir):
+    import shutil
+
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(pairs_dir, copy)
+    assert run("pairs", pairs_dir, tmp_path / "a", "--shard-size", "5") == 0
+    assert run("pairs", copy, tmp_path / "b", "--shard-size", "5", "--workers", "3") == 0
+    a, b = (mmloader.open(tmp_path / n).metadata["metadata"] for n in ("a", "b"))
+    assert a == b and a["input"] == {"samples": 12, "files": 40, "fingerprint": a["input"]["fingerprint"]}
+    assert a["options"]["shard_size"] == 5 and "workers" not in a["options"]
+    (copy / "a" / "0000.txt").unlink()  # another input: another fingerprint
+    assert run("pairs", copy, tmp_path / "c") == 0
+    assert mmloader.open(tmp_path / "c").metadata["metadata"]["input"]["fingerprint"] != a["input"]["fingerprint"]
+
+
+def test_inspect_shows_the_source_of_datasets_made_before_unchanged(tmp_path, capsys):
+    """Datasets converted by earlier versions hold ``source``: inspect reads and shows them as before."""
+    old = {"layout": "pairs", "source": "/home/alice/raw-clips"}
+    with mmloader.writer_for(tmp_path / "old.lmdb", metadata=old) as w:
+        w.write({"__key__": "0001", "txt": "a caption"})
+    assert cli(["inspect", str(tmp_path / "old.lmdb"), "-n", "0"]) == 0
+    assert 'metadata: {"layout": "pairs", "source": "/home/alice/raw-clips"}' in capsys.readouterr().out

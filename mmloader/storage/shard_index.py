@@ -135,7 +135,9 @@ def build_index(
     """Index tar shards written by any tool: manifest + offset indexes + key index.
 
     Shards are read sequentially once (compressed ones too). ``output`` defaults to
-    ``directory``; when it differs, the manifest refers to the shards by absolute path.
+    ``directory``, and then the manifest holds no local path (the folder may be published);
+    when it differs, the manifest refers to the shards, and to ``directory`` as
+    ``indexed_from``, by absolute path (an index of this machine's files).
 
     >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
     """
@@ -150,6 +152,8 @@ def build_index(
     builder = ShardIndexBuilder(out, unique_keys=False)
     for path in tqdm(files, desc="indexing shards", unit="shard", disable=not progress):
         index_shard(builder, path, path.name if out == src else str(path))
+    if out == src:
+        return builder.finish()
     return builder.finish(indexed_from=str(src))
 
 
