@@ -302,7 +302,7 @@ class Stream(torch.utils.data.IterableDataset):
             self._warned_empty = True  # once per stream, in the training process
             warnings.warn(
                 f"Stream(drop_last=True): {len(visit)} samples cannot fill one batch of "
-                f"{self.batch_size} on each of {world} ranks, so this epoch delivers nothing; "
+                f"{self.batch_size} on each of {world} ranks, so this pass delivers nothing; "
                 "use drop_last=False (pads by repeating samples) or a smaller batch_size",
                 stacklevel=3,
             )
