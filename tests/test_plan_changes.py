@@ -347,3 +347,42 @@ def test_a_batch_with_a_bad_sample_runs_each_transform_once(tmp_path, cache, cap
     stream = mmloader.Stream(ds, batch_size=4, on_error="skip", shuffle=False)
     delivered = sum(len(b["__key__"]) for b in mmloader.loader(stream, num_workers=0))
     assert delivered == 20 and len(calls) == 20  # one transform per delivered sample (was 25)
+
+
+def test_mmloader_plan_prints_the_selection_and_the_schedules_totals(data, tmp_path):
+    cfg = {
+        "batch_size": 10,
+        "mix": {
+            "epoch_size": 1000,
+            "schedule": {
+                "by": "samples",
+                "interpolate": "linear",
+                "points": [
+                    {"at": 0, "weights": {"web": 0.9, "hq": 0.1}},
+                    {"at": 2700, "weights": {"web": 0.9, "hq": 0.1}},
+                    {"at": 3000, "weights": {"web": 0.2, "hq": 0.8}},
+                ],
+            },
+        },
+        "sources": {
+            "web": {
+                "path": data["a"],
+                "filter": "meta.q < 8",
+                "modalities": {"t": {"field": "txt"}, "meta": {"field": "json"}},
+            },
+            "hq": {"path": data["b"], "modalities": {"t": {"field": "txt"}}},
+        },
+    }
+    (tmp_path / "exp.yaml").write_text(json.dumps(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "mmloader.cli", "plan", str(tmp_path / "exp.yaml"), "--world", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert "selection of web: 80 of 100 samples pass (where -> 80); filter 'meta.q < 8'" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    assert rows["0"] == ["900", "100"] and rows["1"] == ["900", "100"] and rows["3"] == ["200", "800"]
+    assert rows["2"] == ["795", "205"]  # 700 at 10%, then a ramp to 80% over the last 300
+    assert rows["total"] == ["2795", "1205"]

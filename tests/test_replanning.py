@@ -200,8 +200,11 @@ def test_phase_quotas_cover_the_epoch_and_follow_the_weights(epoch_size, unit):
     for epoch in (0, 1):
         q = phase_quotas(s, epoch, epoch_size, unit)
         assert q.sum() == epoch_size // unit * unit and (q % unit == 0).all()
-    late = phase_quotas(s, 0, epoch_size, unit)
-    assert late[-1, 1] > late[-1, 0]  # annealing into source 1 at the end of epoch 0
+    q = phase_quotas(s, 0, epoch_size, unit)
+    starts = np.concatenate([[0], np.cumsum(q.sum(axis=1))])[:-1]
+    ramp = q[starts >= 0.9 * epoch_size // unit * unit].sum(axis=0)
+    assert ramp[1] > 2 * ramp[0]  # annealing into source 1 over the last tenth of epoch 0
+    assert abs(q[starts < 0.9 * epoch_size].sum(axis=0)[0] - q[starts < 0.9 * epoch_size].sum() / 2) <= unit
     assert (phase_quotas(s, 1, epoch_size, unit)[:, 0] == 0).all()  # after the last point: its weights
 
 

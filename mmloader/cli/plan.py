@@ -6,8 +6,17 @@ import os
 from typing import Any, Mapping
 
 
-def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1, preview: int = 2) -> str:
+def describe_plan(
+    config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1, preview: int = 2, epochs: int | None = None
+) -> str:
     """The resolved plan of a config as text (what ``mmloader plan`` prints).
+
+    Args:
+        config: an experiment config (a file or a dict).
+        world: ranks.
+        workers: DataLoader workers per rank.
+        preview: samples shown per source.
+        epochs: epochs the schedule's totals cover (default: until its last point).
 
     >>> print(describe_plan("samples/configs/mixed.yaml", world=2))    # doctest: +SKIP
     """
@@ -43,6 +52,18 @@ def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: 
             f"  {row['name']:<16} {row['size']:>9} {row['per_epoch']:>10} {row['proportion']:>7.1%} "
             f"{row['repeats']:>8.2f}  {', '.join(ds.modalities)}"
         )
+    for name, ds in zip(names, datasets):
+        steps = getattr(ds, "report", {}).get("select")
+        if steps:
+            total = steps["samples"]
+            kept = ", ".join(f"{step} -> {n}" for step, n in steps.items() if step != "samples")
+            filters = [st["where"] for st in ds.selection["steps"] if st.get("where")]
+            lines.append(
+                f"  selection of {name}: {len(ds)} of {total} samples pass ({kept})"
+                + (f"; filter {' and then '.join(map(repr, filters))}" if filters else "")
+            )
+    if mix is not None and mix.schedule is not None:
+        lines += _schedule_lines(mix, bs, epochs)
     lines.append(
         f"world {world} x {workers} workers: {g['samples_per_rank']} samples per rank"
         + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
@@ -59,6 +80,25 @@ def describe_plan(config: str | os.PathLike | Mapping, world: int = 1, workers: 
                 except Exception as e:
                     lines.append(f"  {name}[{i}]: unreadable: {e}")
     return "\n".join(lines)
+
+
+def _schedule_lines(mix: Any, batch_size: int | None, epochs: int | None) -> list[str]:
+    """Per-source samples of each epoch under the mix's schedule, and the totals."""
+    schedule = mix.schedule
+    last = float(schedule.at[-1]) if schedule.by == "epoch" else float(schedule.at[-1]) / mix.epoch_size
+    shown = epochs if epochs is not None else min(int(last) + 1 + (last % 1 > 0), 50)
+    lines = [
+        f"schedule: weights by {schedule.by}, {schedule.interpolate}; samples per source and epoch:",
+        "  " + f"{'epoch':<7}" + "".join(f"{n:>12}" for n in mix.names),
+    ]
+    totals = [0] * len(mix.names)
+    for e in range(shown):
+        quotas = mix.epoch_quotas(e, batch_size)
+        totals = [t + q for t, q in zip(totals, quotas)]
+        lines.append("  " + f"{e:<7}" + "".join(f"{q:>12}" for q in quotas))
+    lines.append("  " + f"{'total':<7}" + "".join(f"{t:>12}" for t in totals))
+    lines.append(f"  (later epochs keep the last point's weights: {schedule.weights[-1].tolist()})")
+    return lines
 
 
 def _short(v: Any) -> str:
@@ -80,10 +120,16 @@ def add_arguments(s) -> None:
     s.add_argument("config", help="an experiment config (YAML, or JSON with 'sources')")
     s.add_argument("--world", type=int_at_least(1), default=1, help="ranks (default 1)")
     s.add_argument("--workers", type=int_at_least(0), default=1, help="workers per rank (default 1)")
+    s.add_argument(
+        "--epochs",
+        type=int_at_least(1),
+        default=None,
+        help="epochs a mix schedule's totals cover (default: all it sets)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (fetching a dataset on object storage)")
 
 
 def run(args) -> int:
     """Print the plan."""
-    print(describe_plan(args.config, world=args.world, workers=args.workers))
+    print(describe_plan(args.config, world=args.world, workers=args.workers, epochs=args.epochs))
     return 0

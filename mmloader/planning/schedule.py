@@ -97,9 +97,9 @@ class WeightSchedule:
         cuts = {0.0, 1.0}
         cuts.update(float(a - epoch) for a in at if epoch < a < epoch + 1)
         if self.interpolate == "linear":
-            for a, b in zip(at[:-1], at[1:]):  # pieces of the line inside this epoch
+            for i, (a, b) in enumerate(zip(at[:-1], at[1:])):  # pieces of the line inside this epoch
                 lo, hi = max(a, epoch), min(b, epoch + 1)
-                if hi > lo:
+                if hi > lo and not np.array_equal(self.weights[i], self.weights[i + 1]):  # a slope
                     steps = max(1, int(np.ceil((hi - lo) * LINEAR_STEPS)))
                     cuts.update(float(lo - epoch + (hi - lo) * k / steps) for k in range(steps + 1))
         edges = sorted(cuts)
@@ -120,7 +120,14 @@ def phase_quotas(schedule: WeightSchedule, epoch: int, epoch_size: int, unit: in
     [[5, 5]]
     """
     units = int(epoch_size) // int(unit)
-    rows = [apportion(n, w) * unit for n, w in schedule.phases(epoch, units, unit)]
+    rows = []
+    carry = np.zeros(schedule.sources)  # rounding left over from earlier phases: no drift over many
+    for n, w in schedule.phases(epoch, units, unit):
+        target = np.maximum(n * w / w.sum() + carry, 0.0)
+        target *= n / target.sum()
+        q = apportion(n, target)
+        carry = target - q
+        rows.append(q * unit)
     return np.array(rows, dtype=np.int64).reshape(-1, schedule.sources)
 
 
