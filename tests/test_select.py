@@ -198,3 +198,20 @@ def test_expression_evaluates_column_wise_with_missing_values():
     assert e.evaluate(cols).tolist() == [True, False, True]
     assert Expression("b in ['y']").evaluate(cols).tolist() == [True, True, False]
     assert json.dumps(e.names) == '["a", "b"]'
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_field_values_match_read_many_with_absent_values(tmp_path, fmt):
+    path = tmp_path / f"sparse.{fmt}"
+    with mmloader.writer_for(path, fmt, **({"shard_size": 3} if fmt == "tar" else {})) as w:
+        for i in range(10):
+            w.write({"__key__": f"s{i}", "a": b"x" * i, **({"b": f"{i}".encode()} if i % 3 else {})})
+    store = mmloader.open(path)
+    for indices in ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [2, 3, 4], [9, 0, 5], [4], []):
+        for field in ("a", "b"):
+            want = store.read_many(indices, [field])[1][field]
+            assert [None if v is None else bytes(v) for v in store.field_values(indices, field)] == [
+                None if v is None else bytes(v) for v in want
+            ]
+    with pytest.raises(IndexError):
+        store.field_values([8, 9, 10], "a")

@@ -31,6 +31,7 @@ log = logging.getLogger("mmloader")
 
 CHUNK = 16384  # rows read per store call while filtering
 IMAGE_SIZES = ("width", "height")
+_NUMBERS = {int, float, type(None)}  # json values compared as numbers (bool and str are not)
 
 
 def select(
@@ -209,7 +210,8 @@ def _filtered(dataset: Any, expression: Expression, cache: Path | None, progress
     bar = _bar(n, f"filter {expression.text!r}", progress)
     for a in range(0, n, CHUNK):
         idx = np.arange(a, min(a + CHUNK, n), dtype=np.int64)
-        values = {name: read(idx) for name, read in columns.items()}
+        chunk = _Chunk(dataset, idx)  # each modality read (and json parsed) once for all its names
+        values = {name: read(chunk) for name, read in columns.items()}
         for name, v in values.items():
             present[name] = present[name] or bool(_has_values(v))
         parts.append(idx[expression.evaluate(values)])
@@ -231,8 +233,27 @@ def _filtered(dataset: Any, expression: Expression, cache: Path | None, progress
     return kept
 
 
-def column_reader(dataset: Any, name: str) -> Callable[[np.ndarray], np.ndarray]:
-    """A function ``indices -> values`` for a name of a filter expression (see :func:`select`).
+class _Chunk:
+    """Rows of a dataset being filtered, with what was read of them (once per modality)."""
+
+    def __init__(self, dataset: Any, idx: np.ndarray):
+        self.dataset, self.idx = dataset, idx
+        self._values: dict[str, list] = {}
+        self._docs: dict[str, list] = {}
+
+    def values(self, modality: str) -> list:
+        if modality not in self._values:
+            self._values[modality] = self.dataset.stored_values(self.idx, modality)
+        return self._values[modality]
+
+    def docs(self, modality: str) -> list:
+        if modality not in self._docs:
+            self._docs[modality] = _json_docs(self.dataset, modality, self.idx, self.values(modality))
+        return self._docs[modality]
+
+
+def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
+    """A function ``chunk -> values`` for a name of a filter expression (see :func:`select`).
 
     Raises:
         ValueError: the name reads nothing of this dataset (the message lists what it could read).
@@ -250,17 +271,17 @@ def column_reader(dataset: Any, name: str) -> Callable[[np.ndarray], np.ndarray]
         )
     reader = readers[head]
     if rest == ["bytes"]:
-        return lambda idx: np.asarray(dataset.lengths(idx, head), dtype=np.float64)
+        return lambda chunk: np.asarray(dataset.lengths(chunk.idx, head), dtype=np.float64)
     if isinstance(reader, ImageReader) and len(rest) == 1 and rest[0] in IMAGE_SIZES:
         axis = IMAGE_SIZES.index(rest[0])
-        return lambda idx: _image_sizes(dataset, head, idx)[:, axis]
+        return lambda chunk: _image_sizes(dataset, head, chunk.idx, chunk.values(head))[:, axis]
     if isinstance(reader, JSONReader):
-        return lambda idx: _as_column([_dig(doc, rest) for doc in _json_docs(dataset, head, idx)])
+        return lambda chunk: _as_column(_dig(chunk.docs(head), rest))
     if isinstance(reader, LabelReader) and not rest:
-        return lambda idx: _as_column([_label(v) for v in dataset.stored_values(idx, head)])
+        return lambda chunk: _labels(chunk.values(head))
     if isinstance(reader, TextReader) and not rest:
-        return lambda idx: _as_column(
-            [None if v is None else bytes(v).decode("utf-8", "replace") for v in dataset.stored_values(idx, head)]
+        return lambda chunk: _as_column(
+            [None if v is None else bytes(v).decode("utf-8", "replace") for v in chunk.values(head)]
         )
     what = {ImageReader: "width, height, bytes", JSONReader: "json fields, bytes"}.get(type(reader), "bytes")
     raise ValueError(f"filter: {name!r}: modality {head!r} ({type(reader).__name__}) gives {what}")
@@ -282,11 +303,11 @@ def _kinds(readers: dict) -> str:
     return ", ".join(f"{m}: {type(r).__name__}" for m, r in readers.items())
 
 
-def _json_docs(dataset: Any, modality: str, idx: np.ndarray) -> list:
-    values = dataset.stored_values(idx, modality)
+def _json_docs(dataset: Any, modality: str, idx: np.ndarray, values: list) -> list:
     try:  # one parse for the chunk: the json module's C loop, not a Python call per sample
-        return json.loads(b"[" + b",".join(b"null" if v is None else bytes(v) for v in values) + b"]")
-    except ValueError:
+        joined = b",".join(values if None not in values else [b"null" if v is None else v for v in values])
+        return json.loads(b"[" + joined + b"]")
+    except (ValueError, TypeError):
         pass
     docs = []
     for i, v in zip(idx.tolist(), values):
@@ -305,35 +326,41 @@ def _has_values(column: np.ndarray) -> bool:
     return bool(np.isfinite(column).any())
 
 
-def _dig(doc: Any, path: list[str]) -> Any:
+def _dig(docs: list, path: list[str]) -> list:
+    """The value at ``path`` in each document (None where a level is missing)."""
     for part in path:
-        if not isinstance(doc, dict):
-            return None
-        doc = doc.get(part)
-    return doc
+        docs = [d.get(part) if type(d) is dict else None for d in docs]
+    return docs
 
 
-def _label(value: Any) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(bytes(value).decode("ascii").strip())
-    except ValueError:
-        return None
+def _labels(values: list) -> np.ndarray:
+    """ASCII integer labels as float (NaN where absent or not an integer)."""
+    if None not in values:
+        try:  # numpy parses the byte strings in C
+            return np.array(values, dtype=np.bytes_).astype(np.int64).astype(np.float64)
+        except ValueError:
+            pass
+    out = np.full(len(values), np.nan)
+    for j, v in enumerate(values):
+        try:
+            out[j] = int(bytes(v).decode("ascii").strip())
+        except (TypeError, ValueError):
+            pass
+    return out
 
 
 def _as_column(values: list) -> np.ndarray:
     """Numbers (and missing values) as float with NaN; anything else as objects with None."""
-    if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
-        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    if set(map(type, values)) <= _NUMBERS:  # the common case (a C loop): numbers and None
+        return np.array(values, dtype=np.float64)  # None -> NaN
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
 
 
-def _image_sizes(dataset: Any, modality: str, idx: np.ndarray) -> np.ndarray:
+def _image_sizes(dataset: Any, modality: str, idx: np.ndarray, values: list) -> np.ndarray:
     out = np.full((len(idx), 2), np.nan)
-    for j, (i, data) in enumerate(zip(idx.tolist(), dataset.stored_values(idx, modality))):
+    for j, (i, data) in enumerate(zip(idx.tolist(), values)):
         if data is None:
             continue
         try:

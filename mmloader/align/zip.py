@@ -274,11 +274,11 @@ class Zipped(torch.utils.data.Dataset):
         """The stored (encoded) bytes of ``modality`` for each sample, nothing decoded: what
         filters on metadata read (:func:`mmloader.select`)."""
         reader = self.readers[modality]
-        pos = self._rows_in(reader, indices)
-        _keys, raw = reader.store.read_many(pos.tolist(), reader.fields)
-        if len(reader.fields) == 1:
-            return raw[reader.field]
-        return [next((raw[f][j] for f in reader.fields if raw[f][j] is not None), None) for j in range(len(pos))]
+        pos = self._rows_in(reader, indices).tolist()
+        columns = [reader.store.field_values(pos, f) for f in reader.fields]
+        if len(columns) == 1:
+            return columns[0]
+        return [next((c[j] for c in columns if c[j] is not None), None) for j in range(len(pos))]
 
     def _rows_in(self, reader: Reader, indices: Sequence[int]) -> np.ndarray:
         """Rows of ``reader``'s store holding samples ``indices`` of this dataset."""

@@ -78,6 +78,11 @@ class Store:
     def key(self, index: int) -> str:
         raise NotImplementedError
 
+    def field_values(self, indices: Sequence[int], field: str) -> list:
+        """One field's stored bytes for each of ``indices`` (None where absent), without the
+        keys: what filters over a whole column read (stores may do it faster than ``read_many``)."""
+        return self.read_many(indices, [field])[1][field]
+
     def index_of(self, key: str) -> int | None:
         raise NotImplementedError
 

@@ -10,6 +10,7 @@ Layout (all values are the field's bytes exactly as given; nothing is pickled):
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -272,6 +273,32 @@ class LMDBStore(Store):
             keys = [get(k, None, keys_db).decode("utf-8") for k in ks]
             columns = {f: [vget(k, None, db) for k in ks] for f, db in zip(fields, dbs)}
         return keys, columns
+
+    def field_values(self, indices: Sequence[int], field: str) -> list:
+        """A run of consecutive indices is read with one cursor walk (no key table, no lookup per
+        value: ~0.1 us a value instead of ~1); any other list value by value."""
+        a = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(a)
+        run = n > 0 and a[0] >= 0 and a[-1] < len(self) and bool((np.diff(a) == 1).all())
+        idx = a.tolist() if run else self._check_indices(a.tolist())
+        db, txn, pack = self._db(field.encode()), self._handles(), INDEX_KEY.pack
+        maybe_trim(n)
+        with FORK_GATE.hold():
+            if not run:
+                return [txn.get(pack(i), None, db) for i in idx]
+            with txn.cursor(db=db) as cur:
+                if cur.set_key(pack(idx[0])):  # every value there (the usual case): n in a row
+                    values = list(itertools.islice(cur.iternext(keys=False, values=True), n))
+                    if len(values) == n and cur.key() == pack(idx[-1]):
+                        return values
+                out: list = [None] * n  # some absent: place each by its key
+                stop = pack(idx[0] + n)
+                if cur.set_range(pack(idx[0])):
+                    for key, value in cur:
+                        if key >= stop:
+                            break
+                        out[INDEX_KEY.unpack(key)[0] - idx[0]] = value
+        return out
 
     def field_size(self, index: int, field: str) -> int:
         return int(self.field_sizes([self._check_index(index)], field)[0])
