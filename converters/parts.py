@@ -293,7 +293,9 @@ def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloade
     except UsageError as e:
         print(f"{prog}: error: {redact(str(e))}", file=sys.stderr)
         return 2
-    except (ConversionError, MMLoaderError, OSError, lmdb.Error) as e:
+    except (ConversionError, MMLoaderError, OSError, lmdb.Error, ValueError) as e:
+        # ValueError: a DST that cannot work (a URL with a query, or with credentials), as the
+        # other commands report it: one line, no traceback
         print(f"{prog}: error: {redact(str(e))}", file=sys.stderr)
         return 1
     print(redact(summary.text(dst)))  # DST may be a URL

@@ -1,7 +1,8 @@
 """Real servers on 127.0.0.1 for the object-storage tests, started and stopped by the tests.
 
 * :class:`MotoS3`: moto's server mode (``ThreadedMotoServer``, a real S3 HTTP API), with a bucket.
-* :class:`RangeServer`: a standard-library HTTP server over a folder that honours ``Range``.
+* :class:`RangeServer`: a standard-library HTTP server over a folder that honours ``Range``,
+  optionally behind an ``Authorization`` header it requires (Basic or Bearer).
 * :class:`FaultProxy`: an HTTP proxy in front of either, injecting latency, 5xx bursts, connection
   resets, truncated bodies and hung requests, and that can be killed and restarted on its port.
 
@@ -79,11 +80,30 @@ class MotoS3:
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    required: str | None = None  # the Authorization header every request must carry
+    seen: list  # the Authorization headers received (None where there was none)
 
     def log_message(self, *args) -> None:
         pass
 
+    def _refused(self) -> bool:
+        got = self.headers.get("Authorization")
+        self.seen.append(got)
+        if self.required is None or got == self.required:
+            return False
+        # a careless server: its answer echoes the credentials it was sent
+        body = f"401 Unauthorized: {got!r} is not accepted for {self.path}".encode()
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="test"')
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        return True
+
     def send_head(self):
+        if self._refused():
+            return None
         path = self.translate_path(self.path)
         if not os.path.isfile(path):
             self.send_error(404)
@@ -134,13 +154,21 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 
 class RangeServer:
-    """A static HTTP server over ``root`` on 127.0.0.1 that honours ``Range``."""
+    """A static HTTP server over ``root`` on 127.0.0.1 that honours ``Range``. With
+    ``authorization`` (an ``Authorization`` header value, e.g. ``"Basic dTpw"``), a request
+    without exactly that header is answered 401, the answer echoing the header it got; ``seen``
+    lists the ``Authorization`` headers of every request."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, authorization: str | None = None):
         root = str(root)
+        self.seen: list = []
+        seen = self.seen
 
         class Handler(_RangeHandler):
+            required = authorization
+
             def __init__(self, *a, **kw):
+                self.seen = seen
                 super().__init__(*a, directory=root, **kw)
 
         self.httpd = _Server(("127.0.0.1", 0), Handler)
@@ -158,7 +186,11 @@ class FaultProxy:
     """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream`` (``host:port``) with faults to order.
 
     ``latency`` seconds are added to every request. ``fail(n, status)`` answers the next ``n``
-    requests with ``status`` (503 SlowDown by default); ``reset(n)`` closes the next ``n``
+    requests with ``status`` (503 SlowDown by default); ``refuse(status, methods)`` answers every
+    request of those methods so until ``refuse(None)``; with ``echo=True`` either answer's body
+    echoes the request's credentials (its ``Authorization`` and ``x-amz-security-token``
+    headers), in its message as a careless server does, and in a ``<CanonicalRequest>`` as S3's
+    SignatureDoesNotMatch answers do; ``reset(n)`` closes the next ``n``
     connections with a TCP reset before answering; ``truncate(n)`` sends the next ``n`` bodies
     half-way and closes; ``hang(n)`` holds the next ``n`` requests without answering until
     :meth:`stop`. :meth:`stop` kills the server (its port refuses connections); :meth:`start`
@@ -173,20 +205,28 @@ class FaultProxy:
         self.faults: list[str] = []
         self.requests = 0
         self.ranges: list[tuple[str, str | None]] = []
+        self.refusing: tuple[int, frozenset, bool] | None = None
         self._hung = threading.Event()
         self._open: set = set()
         self.port = port
         self.start()
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def _next_fault(self) -> str | None:
+    def _next_fault(self, method: str) -> str | None:
         with self.lock:
             self.requests += 1
+            if self.refusing is not None and method in self.refusing[1]:
+                status, _methods, echo = self.refusing
+                return f"status:{status}:{'echo' if echo else ''}"
             return self.faults.pop(0) if self.faults else None
 
-    def fail(self, n: int = 1, status: int = 503) -> None:
+    def fail(self, n: int = 1, status: int = 503, echo: bool = False) -> None:
         with self.lock:
-            self.faults += [f"status:{status}"] * n
+            self.faults += [f"status:{status}:{'echo' if echo else ''}"] * n
+
+    def refuse(self, status: int | None, methods=("GET", "HEAD", "PUT", "POST", "DELETE"), echo: bool = False) -> None:
+        with self.lock:
+            self.refusing = None if status is None else (status, frozenset(methods), echo)
 
     def reset(self, n: int = 1) -> None:
         with self.lock:
@@ -222,8 +262,26 @@ class FaultProxy:
                 except OSError:
                     pass
 
+            def _error_body(self, status: int, echo: bool) -> bytes:
+                if not echo:
+                    return (
+                        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                        b"<Message>Please reduce your request rate.</Message></Error>"
+                    )
+                from xml.sax.saxutils import escape
+
+                auth = self.headers.get("Authorization") or ""
+                token = self.headers.get("x-amz-security-token") or ""
+                code = "SignatureDoesNotMatch" if status == 403 else "InternalError"
+                canonical = f"{self.command}\n{self.path}\nauthorization:{auth}\nx-amz-security-token:{token}"
+                return (
+                    f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                    f"<Message>refused {escape(token)} {escape(auth)}</Message>"
+                    f"<CanonicalRequest>{escape(canonical)}</CanonicalRequest></Error>"
+                ).encode()
+
             def _forward(self) -> None:
-                fault = proxy._next_fault()
+                fault = proxy._next_fault(self.command)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 if proxy.latency:
@@ -238,16 +296,15 @@ class FaultProxy:
                     self.close_connection = True
                     return
                 if fault and fault.startswith("status:"):
-                    status = int(fault.split(":")[1])
-                    payload = (
-                        b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                        b"<Message>Please reduce your request rate.</Message></Error>"
-                    )
+                    _, status_text, echo = fault.split(":")
+                    status = int(status_text)
+                    payload = self._error_body(status, echo == "echo")
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
-                    self.wfile.write(payload)
+                    if self.command != "HEAD":  # a HEAD answer has no body (the connection is kept)
+                        self.wfile.write(payload)
                     return
                 with proxy.lock:
                     proxy.ranges.append((self.path, self.headers.get("Range")))

@@ -85,7 +85,11 @@ def open_url(
 
         lmdb_options = {k: options.pop(k) for k in ("progress", "retry_deadline", "request_timeout") if k in options}
         if options:
-            raise TypeError(f"{url}: options {sorted(options)} apply to shard directories, not to LMDB datasets")
+            from .remote.redact import redact_url
+
+            raise TypeError(
+                f"{redact_url(url)}: options {sorted(options)} apply to shard directories, not to LMDB datasets"
+            )
         return open_remote_lmdb(
             url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, **lmdb_options
         )

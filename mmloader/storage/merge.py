@@ -139,7 +139,7 @@ def _merge_stores(
                 parts, local, format=fmt, progress=progress, shard_size=shard_size, shard_bytes=shard_bytes
             )
             upload_existing(local, str(dst), overwrite=overwrite, progress=progress)
-            result.path = str(dst)  # type: ignore[assignment]
+            result.path = Location(str(dst)).url  # type: ignore[assignment]  # as shown: no credentials
             return result
     stores = [open_store(p) for p in parts]
     if any(is_url(p) and s.format == "tar" for p, s in zip(parts, stores)):  # e.g. a .json manifest URL

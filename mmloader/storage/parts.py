@@ -169,11 +169,12 @@ def check_remote_sources(sources: Sequence[str | os.PathLike]) -> None:
     storage are read through their cached copy."""
     from . import format_for
     from .remote import is_url
+    from .remote.redact import redact_url
 
     for src in sources:
         if not is_url(src):
             continue
-        url = str(src)
+        url = redact_url(str(src))  # named in messages: no credentials
         last = url.rstrip("/").rsplit("/", 1)[-1]
         if last.endswith(".parts") or _PART_NAME.fullmatch(last.removesuffix(".lmdb").removesuffix(".json")):
             raise PartError(

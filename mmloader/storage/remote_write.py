@@ -326,7 +326,8 @@ def build_index_remote(
     location = Location(url, storage_options or {})
     if output is not None and Location(output).url != location.url:
         raise ValueError(
-            f"--output {output}: an index of shards on object storage is written beside them ({location.url})"
+            f"--output {Location(output).url}: an index of shards on object storage is written beside them "
+            f"({location.url})"
         )
     objects = sorted((n, size) for n, size in location.list() if n.endswith(suffixes) and "/" not in n)
     if not objects:

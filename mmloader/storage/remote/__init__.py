@@ -19,19 +19,28 @@ workers forked after opening a dataset still get obstore for the data.
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``GOOGLE_APPLICATION_CREDENTIALS``,
 ``AZURE_STORAGE_ACCOUNT_NAME``, ...) or ``storage_options``, and are re-resolved: a client is
 rebuilt when those variables change and after an authentication error, and the clients refresh
-temporary credentials themselves.
+temporary credentials themselves. An ``http(s)://user:password@host/`` URL's credentials become
+an ``Authorization: Basic`` header (``storage_options["default_headers"]``, which every client
+sends) and leave the URL; other schemes refuse credentials in the URL.
+
+**What is shown.** Every message, log line, progress bar and ``repr`` names a URL without its
+credentials, and no secret of ``storage_options`` or the environment: :mod:`.redact` holds the
+one rule (:func:`redact_url`, :func:`redact`), :class:`_Deadline` applies it to what it raises and
+logs, and a filter on the ``mmloader`` logger to every record.
 
 **Retries.** Timeouts, connection errors and resets, 5xx, 408/429/503 and short bodies are
 retried with exponential backoff and full jitter until ``retry_deadline`` seconds have passed
 without success; then :class:`RemoteUnavailableError` names the URL and the last error. A
-missing object is :class:`FileNotFoundError` at once, other 4xx answers are not retried; a
-missing bucket, an invalid bucket name or refused access is a :class:`RemoteError` at once that
-names what the server said (``no such bucket 'b' (the server says NoSuchBucket: ...)``).
+missing object is :class:`FileNotFoundError` at once, other 4xx answers are not retried (401 and
+403 after one rebuild of the client: rotated credentials are read again); a missing bucket, an
+invalid bucket name or refused access is a :class:`RemoteError` at once that names what the server
+said (``no such bucket 'b' (the server says NoSuchBucket: ...)``), and so is a host name that does
+not resolve (``the host name 'h' does not resolve``).
 
 
-**Where things live.** :mod:`.urls` (URL helpers), :mod:`.errors`, :mod:`.retry` (the policy,
-which failures are retried, deadlines), :mod:`.runtime` (which client a process may use, the
-event loop, background threads), :mod:`.location` (:class:`Location`), :mod:`.client` (the
+**Where things live.** :mod:`.urls` (URL helpers), :mod:`.redact` (what is shown),
+:mod:`.errors`, :mod:`.retry` (the policy, which failures are retried, deadlines),
+:mod:`.runtime` (which client a process may use, the event loop, background threads), :mod:`.location` (:class:`Location`), :mod:`.client` (the
 :class:`Client` protocol every client implements), one module per client
 (:mod:`.obstore_client`, :mod:`.simple_client`, :mod:`.fsspec_client`), :mod:`.sigv4` (S3
 signing for the standard-library client) and :mod:`.ranges` (coalescing, length checks). This
@@ -41,11 +50,20 @@ module re-exports their names: ``from mmloader.storage.remote import Location`` 
 from __future__ import annotations
 
 from .client import _CLIENT_OPTION_KEYS, Client, _Client
-from .errors import LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody, _HTTPStatus
+from .errors import (
+    HostNotFound,
+    LongBody,
+    ObjectChangedError,
+    RemoteError,
+    RemoteUnavailableError,
+    ShortBody,
+    _HTTPStatus,
+)
 from .fsspec_client import _FsspecClient
 from .location import CREDENTIAL_ENV, Location
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .ranges import _check_length, coalesce
+from .redact import redact, redact_text, redact_url, scrub, secret_values
 from .retry import (
     _OBSTORE_PERMANENT,
     S3_REFUSALS,
@@ -56,6 +74,7 @@ from .retry import (
     server_refusal,
     short_message,
     transient,
+    unresolved_host,
 )
 from .runtime import (
     _background,
@@ -70,11 +89,12 @@ from .runtime import (
 )
 from .sigv4 import _botocore_credentials, sigv4_headers, static_s3_credentials
 from .simple_client import _SimpleClient
-from .urls import SCHEMES, check_url, is_url, join, parent_and_name, scheme_of
+from .urls import SCHEMES, check_url, is_url, join, parent_and_name, scheme_of, split_userinfo
 
 __all__ = [
     "CREDENTIAL_ENV",
     "Client",
+    "HostNotFound",
     "Location",
     "LongBody",
     "ObjectChangedError",
@@ -94,11 +114,18 @@ __all__ = [
     "obstore_started_here",
     "obstore_usable",
     "parent_and_name",
+    "redact",
+    "redact_text",
+    "redact_url",
     "run",
     "scheme_of",
+    "scrub",
+    "secret_values",
     "server_refusal",
     "short_message",
     "sigv4_headers",
+    "split_userinfo",
     "static_s3_credentials",
     "transient",
+    "unresolved_host",
 ]

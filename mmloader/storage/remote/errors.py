@@ -27,6 +27,15 @@ class ShortBody(OSError):
     """A response had fewer bytes than asked for (a body cut short in transit)."""
 
 
+class HostNotFound(OSError):
+    """The host name of a request does not resolve (DNS answered that there is no such host):
+    the URL or endpoint is wrong, and no retry cures it. ``host`` names it."""
+
+    def __init__(self, host: str, detail: str = ""):
+        super().__init__(f"the host name {host!r} does not resolve" + (f" ({detail})" if detail else ""))
+        self.host, self.detail = host, detail
+
+
 class _HTTPStatus(OSError):
     """A non-success HTTP answer of the standard-library client; ``body`` (its first 4 KiB) is
     kept so that :func:`~.retry.server_refusal` can read the S3 error code in it."""

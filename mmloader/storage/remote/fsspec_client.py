@@ -55,6 +55,9 @@ class _FsspecClient(_Client):
                 "read_timeout": location.policy.request_timeout,
                 "retries": {"max_attempts": 1},
             }
+        headers = opts.get("default_headers")
+        if location.scheme == "http" and headers:
+            kwargs["headers"] = dict(headers)  # sent with every request, as obstore does
         for k in list(opts):
             if k in _CLIENT_OPTION_KEYS:
                 opts.pop(k)

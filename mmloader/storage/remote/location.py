@@ -1,8 +1,10 @@
 """A folder on object storage (:class:`Location`): the one object the stores hold. It pickles
-without a client or credentials and builds, per process, the client that process may use."""
+without a client or credentials from the environment and builds, per process, the client that
+process may use."""
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 from dataclasses import dataclass, field
@@ -12,10 +14,11 @@ from .client import Client
 from .errors import ObjectChangedError, RemoteError
 from .fsspec_client import _FsspecClient
 from .obstore_client import _ObstoreClient
+from .redact import redact_url
 from .retry import Policy
 from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
 from .simple_client import _SimpleClient
-from .urls import check_url, join, scheme_of
+from .urls import check_url, join, scheme_of, split_userinfo
 
 #: Environment variables whose change means "build the client again" (rotated credentials).
 CREDENTIAL_ENV = (
@@ -38,10 +41,18 @@ CREDENTIAL_ENV = (
 @dataclass
 class Location:
     """A folder on object storage: ``url`` plus ``storage_options`` (client settings such as
-    ``endpoint``, ``region``, ``access_key_id``, ``skip_signature``, ``allow_http``).
+    ``endpoint``, ``region``, ``access_key_id``, ``skip_signature``, ``allow_http``,
+    ``default_headers``).
+
+    The credentials of an ``http(s)://user:password@host/`` URL are taken out of it: they become
+    the ``Authorization: Basic`` header every client sends (``storage_options["default_headers"]``),
+    and ``url`` — what every message, cache key and ``repr`` shows — holds none. Other schemes
+    take credentials from ``storage_options`` or the environment, never from the URL (refused).
 
     >>> loc = Location("s3://bucket/ds/"); loc.url, loc.scheme
     ('s3://bucket/ds', 's3')
+    >>> loc = Location("https://alice:pa55@host/ds"); loc.url, loc.storage_options
+    ('https://host/ds', {'default_headers': {'Authorization': 'Basic YWxpY2U6cGE1NQ=='}})
     """
 
     url: str
@@ -51,12 +62,59 @@ class Location:
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
         self.scheme = scheme_of(self.url)
-        check_url(self.url, self.scheme)
         self.storage_options = dict(self.storage_options or {})
+        self._take_userinfo()
+        check_url(self.url, self.scheme)
+        self._check_endpoint()
         self._clients: dict[str, tuple[int, tuple, Any]] = {}
         self._lock = threading.Lock()
         #: name -> ETag this location's reads must match (see :meth:`pin`).
         self.pins: dict[str, str] = {}
+
+    def _take_userinfo(self) -> None:
+        """An HTTP URL's ``user:password@`` into an ``Authorization: Basic`` header; refused
+        elsewhere (S3, GCS and Azure credentials are not URL userinfo). Azure's
+        ``container@account`` form, which holds no password, is a name and stays."""
+        bare, user, password = split_userinfo(self.url)
+        if user is None or (self.scheme == "az" and password is None):
+            return
+        shown = redact_url(self.url)
+        if self.scheme != "http":
+            raise ValueError(
+                f"{shown}: {self.scheme}:// URLs cannot hold credentials: give them as storage_options "
+                "(e.g. access_key_id and secret_access_key) or in the environment (AWS_ACCESS_KEY_ID, ...)"
+            )
+        headers = dict(self.storage_options.get("default_headers") or {})
+        if any(str(k).lower() == "authorization" for k in headers):
+            raise ValueError(
+                f"{shown}: credentials both in the URL and in storage_options['default_headers']"
+                "['Authorization']: give them once"
+            )
+        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+        self.storage_options["default_headers"] = headers
+        self.url = bare
+
+    def _check_endpoint(self) -> None:
+        """A port that is no number, or an endpoint holding credentials, fails here, naming it
+        (redacted), not as a request retried until the deadline."""
+        from urllib.parse import urlsplit
+
+        endpoint = self.storage_options.get("endpoint") or self.storage_options.get("endpoint_url")
+        for what, url in (("URL", self.url), ("endpoint", endpoint)):
+            if not isinstance(url, str) or "://" not in url:
+                continue
+            if split_userinfo(url)[1] is not None and what == "endpoint":
+                raise ValueError(
+                    f"endpoint {redact_url(url)}: an endpoint cannot hold credentials: give them as "
+                    "storage_options (access_key_id, secret_access_key) or in the environment"
+                )
+            if what == "URL" and self.scheme != "http":
+                continue  # s3://bucket, gs://bucket: no port
+            try:
+                urlsplit(url).port  # noqa: B018  (parsing the port is the check)
+            except ValueError as e:
+                raise ValueError(f"{what} {redact_url(url)}: invalid port ({e})") from None
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "storage_options": self.storage_options, "policy": self.policy, "pins": self.pins}

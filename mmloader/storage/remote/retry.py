@@ -1,6 +1,7 @@
 """The retry policy: which failures are retried (:func:`transient`), which are named at once
-(:func:`server_refusal`: a missing bucket, refused access), and the per-request bookkeeping of
-backoff and deadline (:class:`_Deadline`)."""
+(:func:`server_refusal`: a missing bucket, refused access; :func:`unresolved_host`: a host name
+that does not resolve), and the per-request bookkeeping of backoff and deadline
+(:class:`_Deadline`), whose messages and log lines go through :func:`~.redact.redact`."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import logging
 import os
 import random
 import re
+import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
+from urllib.parse import urlsplit
 
-from .errors import LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
+from .errors import HostNotFound, LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
+from .redact import redact, redact_url
 
 log = logging.getLogger("mmloader")
 
@@ -82,6 +86,8 @@ def transient(e: BaseException) -> bool:
         return False
     if isinstance(e, ShortBody):
         return True
+    if unresolved_host(e) is not None:
+        return False
     if type(e).__module__.startswith("obstore") and type(e).__name__ in _OBSTORE_PERMANENT:
         return False
     status = _status(e)
@@ -147,6 +153,63 @@ def server_refusal(e: BaseException) -> str | None:
     return f"{what} (the server says {code}" + (f": {detail.strip()})" if detail else ")")
 
 
+#: How obstore (reqwest) and aiohttp word a host name that does not resolve; "Temporary failure
+#: in name resolution" (EAI_AGAIN: the resolver did not answer) is retried like any other
+#: connection error.
+_DNS_FAILURE = re.compile(
+    r"failed to lookup address information|Name or service not known|nodename nor servname|No address associated",
+    re.I,
+)
+_EAI_AGAIN = getattr(socket, "EAI_AGAIN", -3)
+
+
+def unresolved_host(e: BaseException, url: str = "") -> str | None:
+    """The host name whose lookup failed for good inside ``e`` (the error itself, its causes, or
+    the text obstore and aiohttp give), or None when the failure was not that one. The host is
+    taken from the error where it says it, else from the first URL in its text, else from
+    ``url``; ``"?"`` when none says it.
+
+    Args:
+        e: a failed request's error.
+        url: the URL the request went to (its host, when the error names none).
+
+    >>> unresolved_host(socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "http://nohost.invalid/x")
+    'nohost.invalid'
+    >>> unresolved_host(socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")) is None
+    True
+    """
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(seen) < 8 and cur not in seen:
+        seen.append(cur)
+        if isinstance(cur, HostNotFound):
+            return cur.host
+        if isinstance(cur, socket.gaierror):
+            return _host_in(str(e), url) if cur.errno != _EAI_AGAIN else None
+        os_error = getattr(cur, "os_error", None)  # aiohttp's ClientConnectorError keeps the gaierror there
+        if isinstance(os_error, socket.gaierror):
+            if os_error.errno == _EAI_AGAIN:
+                return None
+            host = getattr(cur, "host", None)
+            return str(host) if host else _host_in(str(cur), url)
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    text = str(e)
+    if "Temporary failure in name resolution" in text or not _DNS_FAILURE.search(text):
+        return None
+    return _host_in(text, url)
+
+
+def _host_in(text: str, url: str) -> str:
+    for candidate in (*re.findall(r"[a-z][a-z0-9+.-]*://[^\s'\",)]+", text, re.I), url):
+        try:
+            host = urlsplit(candidate).hostname
+        except ValueError:
+            continue
+        if host:
+            return host
+    return "?"
+
+
 def _auth_error(e: BaseException) -> bool:
     return isinstance(e, PermissionError) or _status(e) in (401, 403)
 
@@ -158,19 +221,38 @@ def short_message(e: BaseException) -> str:
 
 
 class _Rebuildable(Protocol):
-    """What the retry bookkeeping needs of a location: building its clients again."""
+    """What the retry bookkeeping needs of a location: building its clients again, and its
+    settings (whose secrets its messages must not show)."""
+
+    storage_options: dict
 
     def rebuild(self) -> None: ...
 
 
 class _Deadline:
-    """Retry bookkeeping for one request: backoff, a deadline, one rebuild after an auth error."""
+    """Retry bookkeeping for one request: backoff, a deadline, one rebuild after an auth error.
+    Every message it raises or logs is redacted (:func:`~.redact.redact`), and an error whose own
+    text held a credential is not chained to what it raises (a traceback would print it)."""
 
     def __init__(self, policy: Policy, url: str, what: str):
-        self.policy, self.url, self.what = policy, url, what
+        self.policy, self.url, self.what = policy, redact_url(url), what
         self.start = time.monotonic()
         self.attempt = 0
         self.rebuilt = False
+
+    @staticmethod
+    def _shown(text: str, location: _Rebuildable) -> str:
+        options: Mapping | None = getattr(location, "storage_options", None)
+        return redact(text, options)
+
+    def _fail(self, cls: type[Exception], text: str, cause: BaseException | None, location: _Rebuildable):
+        """``cls`` with the message ``URL: text`` redacted, chained to ``cause`` unless the cause's
+        text held a credential (then to nothing)."""
+        error = cls(self._shown(f"{self.url}: {text}", location))
+        if cause is not None and self._shown(str(cause), location) != str(cause):
+            cause = None
+        error.__cause__, error.__suppress_context__ = cause, True
+        return error
 
     def next_delay(self, e: BaseException, location: _Rebuildable) -> float:
         """Seconds to wait before trying again, or raise the error for good."""
@@ -180,7 +262,17 @@ class _Deadline:
             return 0.0
         refusal = server_refusal(e)
         if refusal is not None:  # a missing bucket is not a missing object, and no retry cures it
-            raise RemoteError(f"{self.url}: {self.what} failed: {refusal}") from None
+            raise self._fail(RemoteError, f"{self.what} failed: {refusal}", None, location)
+        host = unresolved_host(e, self.url)
+        if host is not None:  # a wrong URL or endpoint: waiting does not make the name exist
+            detail = e.detail if isinstance(e, HostNotFound) else short_message(e)
+            raise self._fail(
+                RemoteError,
+                f"{self.what} failed: the host name {host!r} does not resolve; check the URL "
+                f"or the endpoint ({detail})",
+                None,
+                location,
+            )
         if isinstance(e, FileNotFoundError):
             raise FileNotFoundError(f"{self.url}: no such object") from None
         if isinstance(e, ObjectChangedError):
@@ -197,24 +289,29 @@ class _Deadline:
                 "it was truncated or replaced since it was indexed"
             ) from None
         if type(e).__name__ == "NotSupportedError" and "range" in str(e).lower():
-            raise RemoteError(
-                f"{self.url}: the server does not support ranged reads (HTTP Range), which "
-                "reading samples in place needs"
-            ) from e
+            raise self._fail(
+                RemoteError,
+                "the server does not support ranged reads (HTTP Range), which reading samples in place needs",
+                e,
+                location,
+            )
         if not transient(e):
-            raise RemoteError(f"{self.url}: {self.what} failed: {short_message(e)}") from e
+            raise self._fail(RemoteError, f"{self.what} failed: {short_message(e)}", e, location)
         elapsed = time.monotonic() - self.start
         if elapsed >= self.policy.retry_deadline:
-            raise RemoteUnavailableError(
-                f"{self.url}: {self.what} kept failing for {elapsed:.0f} s ({self.attempt + 1} attempts; "
-                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}"
-            ) from e
+            raise self._fail(
+                RemoteUnavailableError,
+                f"{self.what} kept failing for {elapsed:.0f} s ({self.attempt + 1} attempts; "
+                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}",
+                e,
+                location,
+            )
         if self.attempt == 0 or self.attempt % 10 == 0:
             log.warning(
                 "%s: %s failed (%s); retrying for up to %.0f s more",
                 self.url,
                 self.what,
-                short_message(e),
+                self._shown(short_message(e), location),
                 self.policy.retry_deadline - elapsed,
             )
         delay = min(self.policy.delay(self.attempt), max(self.policy.retry_deadline - elapsed, 0.0))

@@ -4,17 +4,23 @@ milliseconds and survives fork(); listing and writing go through a full client."
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from typing import Literal, cast
 
 from .client import Client, LocationLike, _Client
-from .errors import ObjectChangedError, _HTTPStatus
+from .errors import HostNotFound, ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
 from .obstore_client import _ObstoreClient
 from .ranges import _check_length
 from .retry import server_refusal
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
+
+
+def _host_port(netloc: str) -> str:
+    """``host:port`` of a URL's authority, without userinfo (never sent as a host name)."""
+    return netloc.rpartition("@")[2]
 
 
 class _SimpleClient(_Client):
@@ -29,10 +35,13 @@ class _SimpleClient(_Client):
         self._quote = quote
         self._local = threading.local()
         opts = location.storage_options
+        # what obstore sends with every request too (an Authorization header: a bearer token, or
+        # the Basic credentials of an http://user:password@host/ URL)
+        self.headers = dict(opts.get("default_headers") or {})
         self.creds: tuple[str, str, str | None] | Literal[True] | None
         if location.scheme == "http":
             parts = urlsplit(location.url)
-            self.secure, self.host = parts.scheme == "https", parts.netloc
+            self.secure, self.host = parts.scheme == "https", _host_port(parts.netloc)
             self.prefix = parts.path.rstrip("/")
             self.creds = True
         else:
@@ -49,7 +58,7 @@ class _SimpleClient(_Client):
             )
             if endpoint:
                 parts = urlsplit(endpoint)
-                self.secure, self.host = parts.scheme == "https", parts.netloc
+                self.secure, self.host = parts.scheme == "https", _host_port(parts.netloc)
                 self.bucket_path = parts.path.rstrip("/") + "/" + bucket
                 self.prefix = self.bucket_path + ("/" + prefix if prefix else "")
             else:
@@ -83,7 +92,7 @@ class _SimpleClient(_Client):
         canonical_query = "&".join(
             f"{self._quote(k, safe='-_.~')}={self._quote(v, safe='-_.~')}" for k, v in sorted((query or {}).items())
         )
-        hdrs = dict(headers or {})
+        hdrs = {**self.headers, **(headers or {})}
         if self.location.scheme == "s3" and self.creds is not True:
             # not None: an s3 location gets this client only with credentials (see usable)
             creds = cast("tuple[str, str, str | None]", self.creds)
@@ -101,6 +110,12 @@ class _SimpleClient(_Client):
                 self._local.conn = None
                 import http.client
 
+                if isinstance(e, socket.gaierror) and e.errno != socket.EAI_AGAIN:
+                    # no such host (EAI_AGAIN, a resolver that did not answer, is retried)
+                    from urllib.parse import urlsplit
+
+                    host = urlsplit(f"//{self.host}").hostname or self.host
+                    raise HostNotFound(host, f"gaierror: {e}") from None
                 if attempt or not isinstance(
                     e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
                 ):

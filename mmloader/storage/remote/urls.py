@@ -1,9 +1,13 @@
-"""Dataset URLs: which strings are URLs, their canonical scheme, joining and splitting names."""
+"""Dataset URLs: which strings are URLs, their canonical scheme, their userinfo, joining and
+splitting names."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import unquote
+
+from .redact import redact_url
 
 SCHEMES = {
     "s3": "s3",
@@ -30,11 +34,13 @@ def check_url(url: str, scheme: str | None = None) -> None:
     ValueError: s3://b/ds?x: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only
     """
     scheme = scheme or scheme_of(url)
-    if "?" in url or "#" in url:
-        raise ValueError(f"{url}: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only")
+    if "?" in url or "#" in url:  # the message shows no signature or token the query held
+        raise ValueError(
+            f"{redact_url(url)}: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only"
+        )
     if scheme != "http" and "%" in url:
         raise ValueError(
-            f"{url}: percent-escapes are not supported in {scheme}:// dataset URLs; write the key as "
+            f"{redact_url(url)}: percent-escapes are not supported in {scheme}:// dataset URLs; write the key as "
             "it is (spaces and other characters are fine)"
         )
 
@@ -56,8 +62,33 @@ def scheme_of(url: str) -> str:
     """
     m = _URL.match(url)
     if not m or m.group(1).lower() not in SCHEMES:
-        raise ValueError(f"{url}: unsupported URL scheme (supported: s3://, gs://, az://, http://, https://)")
+        raise ValueError(
+            f"{redact_url(url)}: unsupported URL scheme (supported: s3://, gs://, az://, http://, https://)"
+        )
     return SCHEMES[m.group(1).lower()]
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """(``url`` without its userinfo, the user, the password), the userinfo's percent-escapes
+    decoded; ``(url, None, None)`` when it has none. The userinfo is what precedes the last ``@``
+    of the authority (the part before the first ``/``, ``?`` or ``#``), so an ``@`` in a key is
+    not one.
+
+    Args:
+        url: a ``scheme://`` URL.
+
+    >>> split_userinfo("https://al%40ice:pa55@host:8080/ds/a@b")
+    ('https://host:8080/ds/a@b', 'al@ice', 'pa55')
+    >>> split_userinfo("https://token@host/ds"), split_userinfo("s3://bucket/k@y")
+    (('https://host/ds', 'token', None), ('s3://bucket/k@y', None, None))
+    """
+    scheme, sep, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if not sep or "@" not in authority:
+        return url, None, None
+    userinfo, _, host = authority.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    return f"{scheme}://{host}{rest[len(authority) :]}", unquote(user), unquote(password) if colon else None
 
 
 def join(url: str, *names: str) -> str:
