@@ -68,9 +68,10 @@ def describe_input(
         fingerprint: the digest of the input listing (the one ``--part`` compares).
         found: counts of what the listing holds.
     """
-    out = dict(metadata)
+    out = {k: v for k, v in metadata.items() if k == "layout"}
+    if getattr(args, "record_source", False):  # next to the layout, as earlier versions had it
+        out["source"] = source_paths(args)
+    out.update({k: v for k, v in metadata.items() if k != "layout"})
     out["input"] = {**found, "fingerprint": fingerprint}
     out["options"] = recorded_options(args)
-    if getattr(args, "record_source", False):
-        out["source"] = source_paths(args)
     return out
