@@ -83,8 +83,8 @@ def test_filter_reads_no_image_pixels(path, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_selection_streams_every_selected_sample_once_on_both_backends(path, backend, tmp_path):
-    sel = mmloader.select(_ds(path), "meta.score >= 0.3 and label != 2", cache_dir=tmp_path)
-    want = _expected(lambda i: _meta(i)["score"] >= 0.3 and i % 5 != 2)
+    sel = mmloader.select(_ds(path), "meta.score >= 0.3 and label != 2 and image.width >= 24", cache_dir=tmp_path)
+    want = _expected(lambda i: _meta(i)["score"] >= 0.3 and i % 5 != 2 and 16 + 8 * (i % 4) >= 24)
     stream = mmloader.Stream(sel, batch_size=4, seed=1)
     loader = mmloader.loader(stream, num_workers=2, backend=backend)
     for _epoch in range(2):
