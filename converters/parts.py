@@ -17,7 +17,7 @@ from mmloader.errors import MMLoaderError
 from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import format_for
 from mmloader.storage.atomic import clean_stale_partials
-from mmloader.storage.remote.redact import redact
+from mmloader.storage.remote.redaction import redact
 from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
 
 from .items import ConversionError, Item, UsageError

@@ -25,7 +25,7 @@ from remote_servers import FaultProxy, RangeServer, own_cache, s3  # noqa: F401 
 
 import mmloader
 from mmloader.storage import remote, shard_cache
-from mmloader.storage.remote import RemoteError, RemoteUnavailableError, location, ranges, sigv4, urls
+from mmloader.storage.remote import RemoteError, RemoteUnavailableError, location, ranges, redaction, retry, sigv4, urls
 from mmloader.storage.remote_tar import RemoteTarStore
 
 pytest.importorskip("moto.server")
@@ -562,7 +562,7 @@ def test_wrong_bytes_are_never_passed_on_and_missing_objects_fail_at_once(data, 
 
 
 def test_url_helpers_and_cache_limits_docstrings():
-    for module in (urls, location, sigv4, ranges, shard_cache):
+    for module in (urls, location, sigv4, ranges, shard_cache, redaction, retry):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 

@@ -94,7 +94,7 @@ def secret_env(monkeypatch, s3):
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENVIRONMENT")
-    monkeypatch.delenv("MMLOADER_REMOTE_CLIENT", raising=False)
+    monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", "")  # the default client
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ def test_the_api_with_a_password_url_shows_it_nowhere_read_repr_checkpoint_cache
             assert_clean(p.read_bytes(), f"the cache's {p.name}")
 
 
-def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, tmp_path, caplog):
+def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG, logger="mmloader")
     host = site["shown"].removesuffix("/ds")
     cases = [
@@ -301,7 +301,7 @@ def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, tmp_path, 
         (f"https://host/ds?sig={BEARER}", {}, ValueError, "cannot hold '?'"),
     ]
     for client in ("", "simple", "fsspec"):
-        os.environ["MMLOADER_REMOTE_CLIENT"] = client  # restored by secret_env
+        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
         for url, options, error, message in cases:
             started = time.monotonic()
             with pytest.raises(error, match=message) as e:
@@ -311,7 +311,7 @@ def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, tmp_path, 
     assert_clean(caplog.text, "the log")
     # the right token works through every client
     for client in ("", "simple", "fsspec"):
-        os.environ["MMLOADER_REMOTE_CLIENT"] = client
+        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
         store = mmloader.open(
             site["bearer"], storage_options={"default_headers": {"Authorization": f"Bearer {BEARER}"}}
         )
@@ -320,12 +320,14 @@ def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, tmp_path, 
 
 
 @pytest.mark.parametrize("status", [403, 500])
-def test_storage_options_secrets_stay_out_of_errors_and_logs_of_an_echoing_server(site, proxy, status, caplog):
+def test_storage_options_secrets_stay_out_of_errors_and_logs_of_an_echoing_server(
+    site, proxy, status, caplog, monkeypatch
+):
     caplog.set_level(logging.DEBUG, logger="mmloader")
     options = {**OPTIONS, "endpoint": proxy.url}
     proxy.refuse(status, echo=True)
     for client in ("", "simple"):
-        os.environ["MMLOADER_REMOTE_CLIENT"] = client
+        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
         with pytest.raises(RemoteError, match="secure-ds/index.json: GET") as e:
             mmloader.open(site["s3"], storage_options=options, retry_deadline=1)
         assert_clean(shown(e.value), f"the error of a {status} ({client or 'default'} client)")

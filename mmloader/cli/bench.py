@@ -172,7 +172,7 @@ def main(args) -> int:
 
     from ..loading.config import is_config_path
     from ..loading.dataloader import default_num_workers
-    from ..storage.remote.redact import redact_url
+    from ..storage.remote.redaction import redact_url
 
     path = str(args.path)
     if is_config_path(path):

@@ -20,7 +20,7 @@ def add_arguments(s) -> None:
 def run(args) -> int:
     """Index the shards and say where the index went (and what cannot be read at random)."""
     from ..storage import build_index, is_url
-    from ..storage.remote.redact import redact_url
+    from ..storage.remote.redaction import redact_url
 
     if is_url(args.dir):
         from ..storage.remote_write import build_index_remote

@@ -9,7 +9,7 @@ from ..errors import FormatError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..media.mediainfo import field_kind
 from ..storage import LMDBStore, Store, TarStore, open_store
-from ..storage.remote.redact import redact
+from ..storage.remote.redaction import redact
 
 
 def human_bytes(n: float) -> str:

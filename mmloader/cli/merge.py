@@ -49,7 +49,7 @@ def run(args) -> int:
 
     from ..storage import is_url
     from ..storage.merge import find_parts, merge, merge_parts, parts_dir_for
-    from ..storage.remote.redact import redact, redact_url
+    from ..storage.remote.redaction import redact, redact_url
 
     if not args.sources and is_url(args.dst):
         dst = redact_url(args.dst)

@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..media.mediainfo import field_kind
 from ..storage import open_store
-from ..storage.remote.redact import redact
+from ..storage.remote.redaction import redact
 
 THUMB = 160
 

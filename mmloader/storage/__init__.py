@@ -85,7 +85,7 @@ def open_url(
 
         lmdb_options = {k: options.pop(k) for k in ("progress", "retry_deadline", "request_timeout") if k in options}
         if options:
-            from .remote.redact import redact_url
+            from .remote.redaction import redact_url
 
             raise TypeError(
                 f"{redact_url(url)}: options {sorted(options)} apply to shard directories, not to LMDB datasets"

@@ -169,7 +169,7 @@ def check_remote_sources(sources: Sequence[str | os.PathLike]) -> None:
     storage are read through their cached copy."""
     from . import format_for
     from .remote import is_url
-    from .remote.redact import redact_url
+    from .remote.redaction import redact_url
 
     for src in sources:
         if not is_url(src):

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .remote.redact import redact_url
+from .remote.redaction import redact_text, redact_url
 from .sizes import parse_size
 
 try:
@@ -152,7 +152,7 @@ class ShardCache:
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = self.dir / f"{MARKER}.{os.getpid()}.{secrets.token_hex(3)}"
             # what a person finds here: the dataset, never credentials of its URL or endpoint
-            tmp.write_text(json.dumps({"url": redact_url(self.url), "tag": redact_url(self.tag)}))
+            tmp.write_text(json.dumps({"url": redact_url(self.url), "tag": redact_text(self.tag)}))
             os.replace(tmp, self.dir / MARKER)
 
     @staticmethod

@@ -24,7 +24,7 @@ an ``Authorization: Basic`` header (``storage_options["default_headers"]``, whic
 sends) and leave the URL; other schemes refuse credentials in the URL.
 
 **What is shown.** Every message, log line, progress bar and ``repr`` names a URL without its
-credentials, and no secret of ``storage_options`` or the environment: :mod:`.redact` holds the
+credentials, and no secret of ``storage_options`` or the environment: :mod:`.redaction` holds the
 one rule (:func:`redact_url`, :func:`redact`), :class:`_Deadline` applies it to what it raises and
 logs, and a filter on the ``mmloader`` logger to every record.
 
@@ -38,7 +38,7 @@ said (``no such bucket 'b' (the server says NoSuchBucket: ...)``), and so is a h
 not resolve (``the host name 'h' does not resolve``).
 
 
-**Where things live.** :mod:`.urls` (URL helpers), :mod:`.redact` (what is shown),
+**Where things live.** :mod:`.urls` (URL helpers), :mod:`.redaction` (what is shown),
 :mod:`.errors`, :mod:`.retry` (the policy, which failures are retried, deadlines),
 :mod:`.runtime` (which client a process may use, the event loop, background threads), :mod:`.location` (:class:`Location`), :mod:`.client` (the
 :class:`Client` protocol every client implements), one module per client
@@ -63,7 +63,7 @@ from .fsspec_client import _FsspecClient
 from .location import CREDENTIAL_ENV, Location
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .ranges import _check_length, coalesce
-from .redact import redact, redact_text, redact_url, scrub, secret_values
+from .redaction import redact, redact_text, redact_url, scrub, secret_values
 from .retry import (
     _OBSTORE_PERMANENT,
     S3_REFUSALS,

@@ -14,7 +14,7 @@ from .client import Client
 from .errors import ObjectChangedError, RemoteError
 from .fsspec_client import _FsspecClient
 from .obstore_client import _ObstoreClient
-from .redact import redact_url
+from .redaction import redact_url
 from .retry import Policy
 from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
 from .simple_client import _SimpleClient

@@ -14,9 +14,9 @@ raises or stores.
   ``storage_options`` (keys, tokens, SAS, passwords, ``Authorization`` headers) and the
   environment's (``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AZURE_STORAGE_ACCOUNT_KEY``,
   ``AZURE_STORAGE_SAS_TOKEN``, the account key of ``AZURE_STORAGE_CONNECTION_STRING``,
-  ``GOOGLE_APPLICATION_CREDENTIALS``, ``HF_TOKEN``, any ``*_TOKEN``, ``*_SECRET``,
-  ``*_PASSWORD``, ``*_KEY``) — replaced wherever they appear in a message, e.g. a server's
-  error body that echoes a request.
+  ``GOOGLE_SERVICE_ACCOUNT_KEY``, ``HF_TOKEN``, any ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``,
+  ``*_KEY``, ``*_CREDENTIALS`` that is not the path of a file) — replaced wherever they appear
+  in a message, e.g. a server's error body that echoes a request.
 * :func:`redact`: all of the above, the one call for a message; :data:`LOG_FILTER` applies it to
   every record of the ``mmloader`` logger.
 
@@ -83,14 +83,14 @@ SECRET_ENV = (
     "AZURE_STORAGE_SAS_KEY",
     "AZURE_STORAGE_CONNECTION_STRING",
     "AZURE_CLIENT_SECRET",
-    "GOOGLE_APPLICATION_CREDENTIALS",
     "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_CREDENTIALS",
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
 )
 _ENV_WORDS = re.compile(r"(?:TOKEN|SECRET|PASSWORD|PASSWD|_KEY|CREDENTIALS?|CONNECTION_STRING)$")
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}\\]+")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}|\\]+")  # "|" is no URL character
 _AZURE_SCHEMES = {"az", "azure", "abfs", "abfss"}
 _AUTH_HEADER = re.compile(r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:([\w-]+)\s+)?([^\s\"',;()<>\[\]{}]+)")
 _BEARER = re.compile(r"\bBearer\s+[A-Za-z0-9._~+/-]+=*")
@@ -211,7 +211,8 @@ def secret_values(storage_options: Mapping | None = None, environ: Mapping[str, 
     """The credentials to scrub from messages: the secret ``storage_options`` (by name: keys,
     tokens, SAS, passwords, credentials; ``Authorization``-like ``default_headers``) and the
     environment's (:data:`SECRET_ENV`, and any variable named ``*_TOKEN``, ``*_SECRET``,
-    ``*_PASSWORD``, ``*_KEY``, ``*_CREDENTIALS``), each at least :data:`MIN_SECRET_LENGTH` long.
+    ``*_PASSWORD``, ``*_KEY``, ``*_CREDENTIALS``, unless its value is the path of a file), each
+    at least :data:`MIN_SECRET_LENGTH` long.
 
     Args:
         storage_options: the client settings of a location (None: only the environment's).
@@ -227,7 +228,9 @@ def secret_values(storage_options: Mapping | None = None, environ: Mapping[str, 
         elif _secret_name(str(name)):
             found.update(_pieces(value))
     for name, value in environ.items():
-        if name in SECRET_ENV or _ENV_WORDS.search(name):
+        # a variable naming a credentials file (GOOGLE_APPLICATION_CREDENTIALS) shows its path:
+        # the file's content is the secret, and an error about the file needs the path
+        if (name in SECRET_ENV or _ENV_WORDS.search(name)) and not (os.path.isabs(value) and os.path.isfile(value)):
             found.update(_pieces(value))
     return {s for s in found if len(s) >= MIN_SECRET_LENGTH}
 

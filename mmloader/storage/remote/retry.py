@@ -1,7 +1,7 @@
 """The retry policy: which failures are retried (:func:`transient`), which are named at once
 (:func:`server_refusal`: a missing bucket, refused access; :func:`unresolved_host`: a host name
 that does not resolve), and the per-request bookkeeping of backoff and deadline
-(:class:`_Deadline`), whose messages and log lines go through :func:`~.redact.redact`."""
+(:class:`_Deadline`), whose messages and log lines go through :func:`~.redaction.redact`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Protocol
 from urllib.parse import urlsplit
 
 from .errors import HostNotFound, LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
-from .redact import redact, redact_url
+from .redaction import redact, redact_url
 
 log = logging.getLogger("mmloader")
 
@@ -231,7 +231,7 @@ class _Rebuildable(Protocol):
 
 class _Deadline:
     """Retry bookkeeping for one request: backoff, a deadline, one rebuild after an auth error.
-    Every message it raises or logs is redacted (:func:`~.redact.redact`), and an error whose own
+    Every message it raises or logs is redacted (:func:`~.redaction.redact`), and an error whose own
     text held a credential is not chained to what it raises (a traceback would print it)."""
 
     def __init__(self, policy: Policy, url: str, what: str):

@@ -7,7 +7,7 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from .redact import redact_url
+from .redaction import redact_url
 
 SCHEMES = {
     "s3": "s3",
