@@ -233,6 +233,10 @@ def test_cache_stays_under_its_limit_over_3_epochs_and_deletes_only_cached_files
     assert (cache_dir / "mine" / "notes.tar").read_bytes() == b"x" * 5000
     assert (cache_dir / "big-user-file.bin").stat().st_size == limit
     assert not list(cache.dir.glob(".*.part-*"))
+    # nothing but the cached shards and the marker: no lock file per shard ever cached (#34)
+    assert sorted(p.name for p in cache.dir.iterdir()) == sorted(
+        [shard_cache.MARKER, *(p.name for _m, _s, p in finals)]
+    )
 
 
 _SHARE = textwrap.dedent("""
