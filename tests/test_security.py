@@ -342,7 +342,7 @@ def test_storage_options_secrets_stay_out_of_errors_and_logs_of_an_echoing_serve
 
 def test_a_writer_whose_uploads_fail_shows_and_leaves_no_storage_option_secret(s3, proxy, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG, logger="mmloader")
-    monkeypatch.setenv("MMLOADER_RETRY_DEADLINE", "1")  # writers take theirs from the environment
+    monkeypatch.setenv("MMLOADER_RETRY_DEADLINE", "0.3")  # writers take theirs from the environment
     options = {**OPTIONS, "endpoint": proxy.url}
     proxy.refuse(500, methods=("PUT",), echo=True)
     url = f"s3://{s3.bucket}/failed-api"
