@@ -58,7 +58,9 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 def _failure(command: str, e: BaseException) -> int:
-    text = str(e) or type(e).__name__
+    from ..storage.remote.redaction import redact
+
+    text = redact(str(e) or type(e).__name__)
     print(f"mmloader {command}: error: {text}", file=sys.stderr)
     return 1
 

@@ -21,6 +21,7 @@ def describe_plan(
     >>> print(describe_plan("samples/configs/mixed.yaml", world=2))    # doctest: +SKIP
     """
     from ..loading.config import from_config  # (torch)
+    from ..storage.remote.redaction import redact
 
     stream = from_config(config)
     stream.set_world(0, world)
@@ -78,7 +79,7 @@ def describe_plan(
                     desc = ", ".join(f"{k}={_short(v)}" for k, v in s.items() if k != "__key__")
                     lines.append(f"  {name}[{s['__key__']}]: {desc}")
                 except Exception as e:
-                    lines.append(f"  {name}[{i}]: unreadable: {e}")
+                    lines.append(f"  {name}[{i}]: unreadable: {redact(str(e))}")
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldErro
 from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
 from ..readers.registry import KINDS
 from ..storage import is_url, open_store
+from ..storage.remote.redaction import redact_url
 from ..storage.textlines import TextLinesStore
 from .stream import Stream
 
@@ -219,9 +220,11 @@ def _modalities(spec: Any, where: str) -> list[tuple[str, dict]]:
 def _open(path: str, root: Path, where: str, index_path: str | None = None):
     if is_url(path):  # a dataset on object storage: credentials and cache from the environment
         if path.rstrip("/").lower().endswith(TEXT_SUFFIXES):
-            raise ConfigError(f"{where}: {path}: text-file sources are read from local files; copy it first")
+            raise ConfigError(
+                f"{where}: {redact_url(path)}: text-file sources are read from local files; copy it first"
+            )
         if index_path is not None:
-            raise ConfigError(f"{where}: index_path applies to text files, not to {path}")
+            raise ConfigError(f"{where}: index_path applies to text files, not to {redact_url(path)}")
         try:
             return open_store(path)
         except (MMLoaderError, OSError, ValueError) as e:
