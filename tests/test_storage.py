@@ -807,3 +807,16 @@ def _lmdb_map_address(data_file: str) -> int:
                 a, b = (int(x, 16) for x in parts[0].split("-"))
                 spans.append((b - a, a))
     return max(spans)[1]
+
+
+def test_a_dataset_written_again_in_this_process_is_read_anew(tmp_path):
+    """An LMDB environment is opened once per process; a dataset written again under the same
+    path (overwrite=True) must not go on being served from the old file's map."""
+    path = tmp_path / "again.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "k0", "txt": "old"})
+    assert mmloader.open(path)[0]["txt"] == b"old"
+    with mmloader.LMDBWriter(path, overwrite=True) as w:
+        w.write({"__key__": "k0", "txt": "new value"})
+    store = mmloader.open(path)
+    assert store[0]["txt"] == b"new value" and store.metadata["field_bytes"]["txt"] == 9

@@ -41,12 +41,14 @@ _ENV_FILES: dict[str, tuple[int, ...] | None] = {}  # path -> identity of the da
 
 
 def _file_id(path: str) -> tuple[int, ...] | None:
-    """Device, inode, size and mtime: a file written anew differs (a freed inode may be reused)."""
+    """Device and inode: a dataset written again is a new file (its inode cannot be the old one's
+    while the old environment holds that file open); a file changed in place is the same file,
+    and the map already shows its new bytes."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_dev, st.st_ino
 
 
 def _forget_inherited_envs() -> None:
