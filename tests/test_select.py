@@ -17,7 +17,7 @@ N = 60
 
 
 def _meta(i: int) -> dict:
-    return {"score": round(i / N, 4), "lang": "en" if i % 3 else "de", "nested": {"ok": i % 2 == 0}}
+    return {"score": round(i / N, 4), "lang": "en" if i % 3 else "de", "nested": {"ok": i % 2 == 0}, "width": 1}
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +92,15 @@ def test_a_selection_streams_every_selected_sample_once_on_both_backends(path, b
         pads = len(keys) - len(want)
         assert sorted(set(keys)) == want and 0 <= pads < 4
         assert all(k in want for k in keys)
+
+
+def test_a_bare_name_means_the_one_modality_that_has_it(path, tmp_path):
+    p = str(path)
+    no_json = mmloader.zip(image=mmloader.ImageReader(p), label=mmloader.LabelReader(p))
+    assert list(mmloader.select(no_json, "width >= 32 and label == 1", cache_dir=False).keys) == _expected(
+        lambda i: 16 + 8 * (i % 4) >= 32 and i % 5 == 1
+    )
+    assert len(mmloader.select(_ds(path), "lang == 'de'", cache_dir=False)) == 20  # the json's field
 
 
 def test_keys_fraction_limit_and_stacking(path, tmp_path):
@@ -215,3 +224,28 @@ def test_field_values_match_read_many_with_absent_values(tmp_path, fmt):
             ]
     with pytest.raises(IndexError):
         store.field_values([8, 9, 10], "a")
+
+
+def test_mmloader_inspect_counts_what_a_filter_keeps(path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmloader.cli",
+            "inspect",
+            str(path),
+            "-n",
+            "0",
+            "--filter",
+            "json.score >= 0.5 and jpg.width >= 24",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    kept = len(_expected(lambda i: _meta(i)["score"] >= 0.5 and 16 + 8 * (i % 4) >= 24))
+    assert f"filter:  'json.score >= 0.5 and jpg.width >= 24' keeps {kept} of {N} samples" in out

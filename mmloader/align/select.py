@@ -261,7 +261,7 @@ def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
     readers = dataset.readers
     head, *rest = name.split(".")
     if head not in readers:
-        candidates = _bare_candidates(readers, name)
+        candidates = _bare_candidates(dataset, name)
         if len(candidates) == 1:
             return column_reader(dataset, candidates[0])
         raise ValueError(
@@ -287,16 +287,27 @@ def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
     raise ValueError(f"filter: {name!r}: modality {head!r} ({type(reader).__name__}) gives {what}")
 
 
-def _bare_candidates(readers: dict, name: str) -> list[str]:
-    out = []
+def _bare_candidates(dataset: Any, name: str) -> list[str]:
+    """What a name without a modality could mean: a json field (of the json modalities whose first
+    sample has it, else of every json modality), an image's width/height, the label."""
+    readers = dataset.readers
+    others, json_mods = [], []
     for mod, r in readers.items():
         if isinstance(r, JSONReader):
-            out.append(f"{mod}.{name}")
+            json_mods.append(mod)
         elif isinstance(r, ImageReader) and name in IMAGE_SIZES:
-            out.append(f"{mod}.{name}")
+            others.append(f"{mod}.{name}")
         elif isinstance(r, LabelReader) and name == "label":
-            out.append(mod)
-    return out
+            others.append(mod)
+    head = name.split(".")[0]
+    having = [
+        m
+        for m in json_mods
+        if len(dataset)
+        and head in (_json_docs(dataset, m, np.arange(1), dataset.stored_values(np.arange(1), m))[0] or {})
+    ]
+    json_candidates = having if having or others else json_mods
+    return sorted([*(f"{m}.{name}" for m in json_candidates), *others])
 
 
 def _kinds(readers: dict) -> str:

@@ -135,9 +135,39 @@ def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
     return "\n".join(lines)
 
 
+def count_passing(path: str | os.PathLike | Store, where: str) -> str:
+    """One line: how many samples pass the filter ``where`` (:func:`mmloader.select`), each field
+    that every sample has read as the modality of its name (``json.clip_score``, ``jpg.width``,
+    ``cls``; ``.`` in a field's name becomes ``_``).
+
+    Args:
+        path: a dataset (local or a URL) or an open store.
+        where: a filter expression.
+    """
+    from ..align.select import select  # (torch)
+    from ..align.zip import Zipped
+    from ..readers import reader_for
+    from ..readers.registry import is_pickle_field
+
+    store, meta = open_with_metadata(path)
+    counts = meta["field_counts"]
+    fields = [f for f in meta["fields"] if counts.get(f) == len(store) and not is_pickle_field(f)]
+    readers = {f.replace(".", "_"): reader_for(store, f) for f in fields}
+    if not readers:
+        raise ValueError(f"no field of {redact(str(store.path))} is in every sample: nothing to filter on")
+    kept = select(Zipped(readers), where)
+    share = len(kept) / max(len(store), 1)
+    return f"filter:  {where!r} keeps {len(kept)} of {len(store)} samples ({share:.1%})"
+
+
 # -- the subcommand ------------------------------------------------------------------------------
 HELP = "format, counts, fields, shards and a preview of a dataset"
-EXAMPLES = ["mmloader inspect out.lmdb", "mmloader inspect shards/ -n 0", "mmloader inspect s3://bucket/shards/"]
+EXAMPLES = [
+    "mmloader inspect out.lmdb",
+    "mmloader inspect shards/ -n 0",
+    "mmloader inspect s3://bucket/shards/",
+    "mmloader inspect out.lmdb -n 0 --filter 'json.clip_score >= 0.28'",
+]
 
 
 def add_arguments(s) -> None:
@@ -148,9 +178,16 @@ def add_arguments(s) -> None:
         "path", help="a dataset: NAME.lmdb or a shard directory, local or a URL (s3://, gs://, az://, https://)"
     )
     s.add_argument("-n", "--preview", type=int_at_least(0), default=3, help="samples to preview (default 3)")
+    s.add_argument(
+        "--filter",
+        metavar="EXPR",
+        help='also count the samples that pass a filter, e.g. "json.clip_score >= 0.28 and jpg.width >= 256"',
+    )
 
 
 def run(args) -> int:
     """Print the dataset's description."""
     print(describe(args.path, preview=args.preview))
+    if args.filter:
+        print(count_passing(args.path, args.filter))
     return 0
