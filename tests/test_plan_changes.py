@@ -385,4 +385,99 @@ def test_mmloader_plan_prints_the_selection_and_the_schedules_totals(data, tmp_p
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
     assert rows["0"] == ["900", "100"] and rows["1"] == ["900", "100"] and rows["3"] == ["200", "800"]
     assert rows["2"] == ["795", "205"]  # 700 at 10%, then a ramp to 80% over the last 300
-    assert rows["total"] == ["2795", "1205"]
+    assert rows["total"][:2] == ["2795", "1205"] and "epochs from 4 keep the last point's weights" in out
+
+
+def test_a_dataset_with_the_same_keys_and_other_content_is_another_dataset(tmp_path):
+    def write(path, word):
+        with mmloader.LMDBWriter(path) as w:
+            for i in range(40):
+                w.write({"__key__": f"{i:04d}", "txt": f"{word} {i}"})  # converters number keys alike
+        return str(path)
+
+    one, other = write(tmp_path / "one.lmdb", "cat"), write(tmp_path / "two.lmdb", "dog")
+    _keys_before, state = _first(mmloader.Stream(_zip(one), batch_size=4), 3)
+    with pytest.raises(PlanChangedError, match="other samples, same count"):
+        mmloader.Stream(_zip(other), batch_size=4).resume(state)
+    mmloader.Stream(_zip(one), batch_size=4).resume(state)  # the same dataset, opened again: fine
+
+
+def test_a_dataset_that_cannot_be_identified_resumes_with_a_warning():
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return {"__key__": str(i), "x": i * i}
+
+    _keys_before, state = _first(mmloader.Stream(Squares(), batch_size=4), 2)
+    with pytest.warns(UserWarning, match=r"\['dataset'\] cannot be identified"):
+        mmloader.Stream(Squares(), batch_size=4).resume(state)
+
+
+def test_continue_twice_within_one_epoch_never_repeats(data):
+    ds = _zip(data["a"])
+    delivered = []
+    state = None
+    for batch_size, stop in ((10, 3), (7, 2), (5, None)):
+        stream = mmloader.Stream(ds, batch_size=batch_size, seed=1, on_change="continue")
+        loader = mmloader.loader(stream, num_workers=0)
+        if state is not None:
+            loader.load_state_dict(state)
+        it = iter(loader)
+        batches = list(it) if stop is None else [next(it) for _ in range(stop)]
+        delivered += _keys(batches)
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert sorted(delivered) == [f"a{i:03d}" for i in range(100)]  # every sample once, over 3 plans
+
+
+def test_continue_from_one_source_to_a_mix_recognises_the_source(data):
+    single = {"batch_size": 10, "sources": {"a": {"path": data["a"], "modalities": {"t": {"field": "txt"}}}}}
+    first, state = _first(mmloader.from_config(single), 5)
+    two = {
+        **single,
+        "on_change": "continue",
+        "mix": {"mode": "repeat"},
+        "sources": {**single["sources"], "c": {"path": data["c"], "modalities": {"t": {"field": "txt"}}}},
+    }
+    loader = mmloader.loader(mmloader.from_config(two), num_workers=0)
+    loader.load_state_dict(state)
+    rest = [(s, k) for b in loader for s, k in zip(b["__source__"], b["__key__"])]
+    assert not {k for s, k in rest if s == "a"} & set(first)  # 'dataset' then is 'a' now
+    assert {k for s, k in rest if s == "a"} | set(first) == {f"a{i:03d}" for i in range(100)}
+    assert len({k for s, k in rest if s == "c"}) == 100
+
+
+def test_continue_into_single_source_batches_keeps_them_single_source(data):
+    def stream(composition, on_change="error"):
+        m = mmloader.mix(
+            [_zip(data["a"]), _zip(data["b"])],
+            [0.5, 0.5],
+            names=["a", "b"],
+            epoch_size=100,
+            batch_composition=composition,
+        )
+        return mmloader.Stream(m, batch_size=10, on_change=on_change)
+
+    first = mmloader.loader(stream("sample"), num_workers=0)
+    it = iter(first)
+    before = [(s, k) for b in (next(it), next(it)) for s, k in zip(b["__source__"], b["__key__"])]
+    resumed = mmloader.loader(stream("source", "continue"), num_workers=0)
+    resumed.load_state_dict(first.state_dict())
+    batches = list(resumed)
+    assert batches and all(len(set(b["__source__"])) == 1 for b in batches)
+    rest = [(s, k) for b in batches for s, k in zip(b["__source__"], b["__key__"])]
+    assert not set(before) & set(rest) and len(set(rest)) == len(rest)
+
+
+def test_another_bucketing_function_is_a_plan_change(data):
+    ds = _zip(data["a"])
+    _keys_before, state = _first(mmloader.Stream(ds, batch_size=10, bucket_by=lambda i: i % 7), 2)
+    with pytest.raises(PlanChangedError, match="bucket_by"):
+        mmloader.Stream(ds, batch_size=10, bucket_by=lambda i: i % 5).resume(state)
+
+
+def test_a_schedule_and_weights_together_are_refused(data):
+    schedule = {"points": [{"at": 0, "weights": [1, 1]}]}
+    with pytest.raises(ValueError, match="not both"):
+        _mix(data, [0.5, 0.5], schedule=schedule)

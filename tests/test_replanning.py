@@ -13,16 +13,24 @@ from mmloader.errors import PlanChangedError, ResumeError
 from mmloader.planning import RangeList
 from mmloader.planning.mixing import MixOrder
 from mmloader.planning.partition import (
+    rank_positions,
     remaining_ranges,
     samples_per_rank,
     unrepeated_positions,
     unrepeated_remaining,
     unrepeated_share,
 )
-from mmloader.planning.replan import delivered_positions, kept_ranges
+from mmloader.planning.replan import delivered_positions, kept_ranges, whole_units
 from mmloader.planning.resume import check_state, plan_changes, progress_state
 from mmloader.planning.schedule import PhasedMixOrder, WeightSchedule, phase_quotas
 
+SUBSET = {
+    "base": "fb",
+    "steps": [
+        {"where": "a > 1", "keys": None, "fraction": None, "limit": None, "seed": 0},
+        {"where": None, "keys": None, "fraction": None, "limit": 90, "seed": 0},
+    ],
+}
 IDENTITY = {
     "sources": [{"name": "a", "size": 100, "fingerprint": "fa"}, {"name": "b", "size": 100, "fingerprint": "fb"}],
     "mix": {"names": ["a", "b"], "weights": [0.5, 0.5], "mode": "proportion", "epoch_size": 100, "quotas": [50, 50]},
@@ -56,10 +64,11 @@ def _with(**changes):
             ["source 'c' added"],
         ),
         (
-            _with(
-                sources=[IDENTITY["sources"][0], {"name": "b", "size": 90, "fingerprint": "fb2", "subset": {"s": 1}}]
-            ),
-            ["source 'b': selection none -> {'s': 1}", "source 'b': 100 samples -> 90"],
+            _with(sources=[IDENTITY["sources"][0], {"name": "b", "size": 90, "fingerprint": "fb2", "subset": SUBSET}]),
+            [
+                "source 'b': selection none (all samples) -> (where 'a > 1', then limit 90)",
+                "source 'b': 100 samples -> 90",
+            ],
         ),
         (_with(sources=IDENTITY["sources"][::-1]), ["sources reordered: ['a', 'b'] -> ['b', 'a']"]),
         (dict(IDENTITY), []),
@@ -86,8 +95,10 @@ def test_a_state_of_another_plan_raises_listing_the_changes():
     with pytest.raises(PlanChangedError) as e:
         check_state(state, seed=0, plan=_with(batch_size=3))
     assert e.value.changes == ["batch_size: 10 -> 3"] and "on_change" in str(e.value)
-    with pytest.raises(ResumeError, match="seed"):
-        check_state(state, seed=1, plan=IDENTITY)
+    with pytest.raises(PlanChangedError, match="seed: 0 -> 1"):  # a plan change like any other
+        check_state({**state, "plan": {**IDENTITY, "seed": 0}}, seed=1, plan={**IDENTITY, "seed": 1})
+    with pytest.raises(ResumeError, match="seed"):  # a state without a plan identity
+        check_state({**state, "plan": None}, seed=1, plan=IDENTITY)
     with pytest.raises(ResumeError, match="version"):
         check_state({**state, "version": 99}, seed=0, plan=IDENTITY)
 
@@ -135,12 +146,31 @@ def test_kept_ranges_takes_out_each_delivered_sample_as_often_as_delivered(seed)
 def test_delivered_positions_are_what_the_ranks_delivered(total, world, batch):
     per = samples_per_rank(total, world, batch)
     for consumed in range(0, per + 1, batch):
-        got = delivered_positions([[0, total]], world, per, consumed)
         rest = remaining_ranges([(0, total)], world, per, consumed, keep_padding=False)
-        seen = set(got.tolist())
-        assert seen | {p for a, b in rest for p in range(a, b)} == set(range(total))
-        assert not seen & {p for a, b in rest for p in range(a, b)}
-        assert len(got) == consumed * world
+        got = set(delivered_positions(total, rest).tolist())
+        seen = set()
+        for rank in range(world):
+            seen |= set(rank_positions(total, world, rank, per, 0, consumed).tolist())
+        assert got == seen  # what the ranks delivered, padding repeats once each
+        # a visit that had left samples out already (an earlier change): those count as delivered
+        half = total // 2
+        per2 = samples_per_rank(half, world, batch)
+        rest2 = remaining_ranges([(0, half)], world, per2, min(consumed, per2), keep_padding=False)
+        assert set(delivered_positions(total, rest2).tolist()) >= set(range(half, total))
+
+
+@pytest.mark.parametrize("plan_len,unit", [(12, 4), (16, 4), (10, 1), (24, 8)])
+def test_whole_units_keeps_only_runs_kept_whole(plan_len, unit):
+    rng = np.random.default_rng(plan_len)
+    for _ in range(20):
+        kept = sorted(set(rng.integers(0, plan_len, plan_len).tolist()))
+        out = whole_units([(p, p + 1) for p in kept], plan_len, unit)
+        positions = {p for a, b in out for p in range(a, b)}
+        assert positions <= set(kept)
+        if unit > 1:
+            for u in range(plan_len // unit):
+                block = set(range(u * unit, (u + 1) * unit))
+                assert (block <= positions) == (block <= set(kept))
 
 
 # -- evaluation: no repeats ----------------------------------------------------------------

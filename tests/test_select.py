@@ -249,3 +249,57 @@ def test_mmloader_inspect_counts_what_a_filter_keeps(path):
     ).stdout
     kept = len(_expected(lambda i: _meta(i)["score"] >= 0.5 and 16 + 8 * (i % 4) >= 24))
     assert f"filter:  'json.score >= 0.5 and jpg.width >= 24' keeps {kept} of {N} samples" in out
+
+
+def _json_store(path, docs, **extra):
+    with mmloader.LMDBWriter(path) as w:
+        for i, doc in enumerate(docs):
+            w.write(
+                {"__key__": f"j{i:04d}", "json": doc if isinstance(doc, bytes) else json.dumps(doc).encode(), **extra}
+            )
+    return mmloader.zip(m=mmloader.JSONReader(str(path)))
+
+
+def test_values_compare_exactly_and_missing_values_consistently(tmp_path):
+    big = 2**60
+    ds = _json_store(tmp_path / "v.lmdb", [{"id": big + i, "q": i % 3, "s": "x" if i == 0 else None} for i in range(6)])
+    keys = lambda expr: [int(k[1:]) for k in mmloader.select(ds, expr, cache_dir=False).keys]  # noqa: E731
+    assert keys(f"m.id == {big + 3}") == [3] and keys(f"m.id > {big + 3}") == [4, 5]  # not rounded to float
+    assert keys("m.q in [2]") == [2, 5] and keys("m.q == 2") == [2, 5]
+    with pytest.raises(ValueError, match="keeps no sample"):
+        keys("m.q in ['2']")  # a string is not the number 2
+    with pytest.raises(ValueError, match="keeps no sample"):
+        keys("m.q == True")
+    assert keys("m.s == None") == [1, 2, 3, 4, 5] and keys("m.s != None") == [0]
+    assert keys("m.s in ['x', None]") == list(range(6))
+    # the same answers when the column holds only numbers and missing values
+    nums = _json_store(tmp_path / "n.lmdb", [{"s": 1.5} if i == 0 else {} for i in range(6)])
+    got = [int(k[1:]) for k in mmloader.select(nums, "m.s != None", cache_dir=False).keys]
+    assert got == [0] and len(mmloader.select(nums, "m.s in [None]", cache_dir=False)) == 5
+    with pytest.raises(ValueError, match="compares no field"):
+        mmloader.select(ds, "1 < 2")
+
+
+def test_corrupt_json_values_never_shift_their_neighbours(tmp_path):
+    """Two corrupt values that would balance each other in one joined array parse."""
+    docs = [b'{"s": 0.1}', b'{"s": 0.2}, {"s": 0.95}', b'{"s": 0.3}', b'{"s": 0.4', b'"t": 1}', b'{"s": 0.99}']
+    with pytest.raises(mmloader.DecodeError, match="j0001"):
+        mmloader.select(_json_store(tmp_path / "c.lmdb", docs), "m.s >= 0.9", cache_dir=False)
+
+
+def test_the_cache_tells_apart_fields_readers_and_rewritten_files(tmp_path):
+    p = tmp_path / "two.lmdb"
+    with mmloader.LMDBWriter(p) as w:
+        for i in range(10):
+            w.write({"__key__": f"t{i}", "json": {"score": i / 10}, "alt.json": {"score": 1 - i / 10}})
+    cache = tmp_path / "cache"
+    first = mmloader.zip(m=mmloader.JSONReader(str(p)))
+    other = mmloader.zip(m=mmloader.JSONReader(str(p), field="alt.json"))
+    assert list(mmloader.select(first, "m.score >= 0.8", cache_dir=cache).keys) == ["t8", "t9"]
+    assert list(mmloader.select(other, "m.score >= 0.8", cache_dir=cache).keys) == ["t0", "t1", "t2"]
+    text = tmp_path / "lines.txt"
+    text.write_text("".join("short\n" if i < 10 else "other line\n" for i in range(20)))
+    lines = lambda: mmloader.zip(t=mmloader.TextLinesReader(str(text)))  # noqa: E731
+    assert len(mmloader.select(lines(), "t == 'short'", cache_dir=cache)) == 10
+    text.write_text("".join("short\n" if i < 3 else "other line\n" for i in range(20)))  # same line count
+    assert len(mmloader.select(lines(), "t == 'short'", cache_dir=cache)) == 3

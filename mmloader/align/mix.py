@@ -49,6 +49,8 @@ class Mix:
         self.sizes = [len(d) for d in self.datasets]
         self.weights = list(weights) if weights is not None else [1.0] * len(self.datasets)
         self.mode, self.composition, self.epoch_size = mode, batch_composition, epoch_size
+        if schedule is not None and weights is not None:
+            raise ValueError("mix(): give weights or a schedule (whose points hold the weights), not both")
         self.schedule = _schedule(schedule, self.names, mode, epoch_size)
         first = self.schedule.weights_at(0).tolist() if self.schedule is not None else self.weights
         if self.schedule is not None and weights is None:

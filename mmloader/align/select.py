@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import os
+from json.scanner import make_scanner
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -78,14 +79,16 @@ def select(
     if not hasattr(dataset, "stored_values"):
         raise TypeError(f"select() takes a zipped dataset (mmloader.zip), got {type(dataset).__name__}")
     expression = Expression(where) if where is not None else None
-    if fraction is not None and (isinstance(fraction, bool) or not 0 < float(fraction) <= 1):
+    if fraction is not None and (
+        isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < float(fraction) <= 1
+    ):
         raise ValueError(f"fraction={fraction!r}: expected a number in (0, 1]")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1):
         raise ValueError(f"limit={limit!r}: expected a whole number >= 1")
     wanted = _key_list(keys)
     spec: dict[str, Any] = {
         "where": expression.text if expression is not None else None,
-        "keys": {"count": len(wanted), "digest": digest(*wanted)} if wanted is not None else None,
+        "keys": {"count": len(set(wanted)), "digest": digest(*sorted(set(wanted)))} if wanted is not None else None,
         "fraction": float(fraction) if fraction is not None else None,
         "limit": int(limit) if limit is not None else None,
         "seed": int(seed),
@@ -261,7 +264,7 @@ def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
     readers = dataset.readers
     head, *rest = name.split(".")
     if head not in readers:
-        candidates = _bare_candidates(dataset, name)
+        candidates = _bare_candidates(readers, name)
         if len(candidates) == 1:
             return column_reader(dataset, candidates[0])
         raise ValueError(
@@ -287,48 +290,56 @@ def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
     raise ValueError(f"filter: {name!r}: modality {head!r} ({type(reader).__name__}) gives {what}")
 
 
-def _bare_candidates(dataset: Any, name: str) -> list[str]:
-    """What a name without a modality could mean: a json field (of the json modalities whose first
-    sample has it, else of every json modality), an image's width/height, the label."""
-    readers = dataset.readers
-    others, json_mods = [], []
+def _bare_candidates(readers: dict, name: str) -> list[str]:
+    """What a name without a modality could mean: a field of any json modality (its documents
+    may hold any field), an image's width/height, the label. More than one is an error."""
+    out = []
     for mod, r in readers.items():
         if isinstance(r, JSONReader):
-            json_mods.append(mod)
+            out.append(f"{mod}.{name}")
         elif isinstance(r, ImageReader) and name in IMAGE_SIZES:
-            others.append(f"{mod}.{name}")
+            out.append(f"{mod}.{name}")
         elif isinstance(r, LabelReader) and name == "label":
-            others.append(mod)
-    head = name.split(".")[0]
-    having = [
-        m
-        for m in json_mods
-        if len(dataset)
-        and head in (_json_docs(dataset, m, np.arange(1), dataset.stored_values(np.arange(1), m))[0] or {})
-    ]
-    json_candidates = having if having or others else json_mods
-    return sorted([*(f"{m}.{name}" for m in json_candidates), *others])
+            out.append(mod)
+    return sorted(out)
 
 
 def _kinds(readers: dict) -> str:
     return ", ".join(f"{m}: {type(r).__name__}" for m, r in readers.items())
 
 
+_SCAN = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # the C scanner: (value, end) of a document
+
+
+def _one_document(value: Any) -> Any:
+    """A stored value parsed as exactly one JSON document (anything else raises ValueError)."""
+    if value is None:
+        return None
+    text = value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else bytes(value).decode("utf-8")
+    try:
+        doc, end = _SCAN(text, 0)
+    except StopIteration:  # not a document at position 0 (leading space, or garbage)
+        return json.loads(text)
+    if end != len(text) and text[end:].strip():
+        raise ValueError(f"extra data after the document at character {end}")
+    return doc
+
+
 def _json_docs(dataset: Any, modality: str, idx: np.ndarray, values: list) -> list:
-    try:  # one parse for the chunk: the json module's C loop, not a Python call per sample
-        joined = b",".join(values if None not in values else [b"null" if v is None else v for v in values])
-        return json.loads(b"[" + joined + b"]")
-    except (ValueError, TypeError):
+    """Each value parsed on its own (a chunk joined into one array would let two corrupt values
+    balance each other and shift their neighbours' documents)."""
+    try:
+        return list(map(_one_document, values))
+    except (ValueError, UnicodeDecodeError):
         pass
-    docs = []
-    for i, v in zip(idx.tolist(), values):
+    for i, v in zip(idx.tolist(), values):  # find the culprit, to name it
         try:
-            docs.append(None if v is None else json.loads(bytes(v)))
-        except ValueError as e:
+            _one_document(v)
+        except (ValueError, UnicodeDecodeError) as e:
             raise DecodeError(
                 f"filter: not valid JSON ({e})", key=dataset.key(i), field=modality, where=dataset._primary.store.path
             ) from None
-    return docs
+    raise AssertionError("unreachable: a value failed once and not again")
 
 
 def _has_values(column: np.ndarray) -> bool:
@@ -363,7 +374,9 @@ def _labels(values: list) -> np.ndarray:
 def _as_column(values: list) -> np.ndarray:
     """Numbers (and missing values) as float with NaN; anything else as objects with None."""
     if set(map(type, values)) <= _NUMBERS:  # the common case (a C loop): numbers and None
-        return np.array(values, dtype=np.float64)  # None -> NaN
+        column = np.array(values, dtype=np.float64)  # None -> NaN
+        if not (np.abs(column) >= 2**53).any():  # beyond, float64 is not exact: compared as Python ints
+            return column
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
@@ -397,15 +410,41 @@ def _cache_file(dataset: Any, where: str | None, cache_dir: str | os.PathLike | 
         root = Path(os.environ.get("MMLOADER_CACHE_DIR") or Path.home() / ".cache" / "mmloader")
     else:
         root = Path(cache_dir)
-    stores = {id(r.store): r.store for r in dataset.readers.values()}.values()
-    content = [json.dumps(_content(s.metadata), sort_keys=True, default=str) for s in stores]
-    return root / "selections" / f"{digest(dataset.fingerprint(), where, *content)}.npy"
+    return root / "selections" / f"{digest(content_id(dataset), where)}.npy"
+
+
+def content_id(dataset: Any) -> str:
+    """A digest of what a filter over ``dataset`` reads: which rows, which field each modality
+    reads with which reader, and each store's content (counts, byte totals, checksums, and the
+    identity of its local files: a dataset written again is another file)."""
+    parts = [dataset.fingerprint()]
+    for name, reader in sorted(dataset.readers.items()):
+        parts.append(f"{name}={type(reader).__qualname__}:{';'.join(reader.fields)}")
+        store = reader.store
+        parts.append(json.dumps(_content(store.metadata), sort_keys=True, default=str))
+        parts.append(_file_stamp(getattr(store, "path", None)))
+    return digest(*parts)
 
 
 def _content(meta: dict) -> dict:
     """What identifies a store's content (its checksums and counts), not where it is."""
     keep = ("format", "count", "field_counts", "field_bytes", "field_crc32", "created")
     return {k: meta.get(k) for k in keep}
+
+
+def _file_stamp(path: Any) -> str:
+    """Device, inode, size and modification time of a local store's main file ('' for a URL)."""
+    if not isinstance(path, (str, os.PathLike)) or "://" in str(path):
+        return ""
+    p = Path(path)
+    for candidate in (p / "data.mdb", p / "index.json", p):
+        try:
+            st = candidate.stat()
+        except OSError:
+            continue
+        if candidate.is_file():
+            return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    return ""
 
 
 def _write_atomic(path: Path, array: np.ndarray) -> None:

@@ -35,8 +35,9 @@ class Expression:
     [False, True, False]
 
     Args:
-        text: the expression. A sample whose value is missing (``None``, NaN) fails every
-            comparison with it except ``!=`` and ``not in``.
+        text: the expression. A sample whose value is missing fails every comparison with it
+            except ``!=`` and ``not in``; ``== None`` / ``!= None`` test for it, and ``None`` in a
+            list matches it. Numbers compare with numbers only (``q in ['2']`` keeps no ``q == 2``).
     """
 
     def __init__(self, text: str):
@@ -49,7 +50,10 @@ class Expression:
             raise ValueError(f"filter {self.text!r}: not an expression ({e.msg} at column {e.offset})") from None
         self._names: set[str] = set()
         self._check(tree)
+        if not self._names:
+            raise ValueError(f"filter {self.text!r}: compares no field (name one, e.g. meta.score >= 0.5)")
         self._tree = tree
+        self.text = ast.unparse(tree)  # one spelling: "a<1" and "a < 1" are the same filter
 
     @property
     def names(self) -> list[str]:
@@ -145,14 +149,47 @@ def _dotted(node: ast.AST) -> str | None:
 
 def _compare(op: ast.cmpop, left: Any, right: Any) -> np.ndarray:
     if isinstance(op, (ast.In, ast.NotIn)):
-        values = np.asarray(left, dtype=object) if not isinstance(left, np.ndarray) else left
-        hit = np.isin(values, np.asarray(right, dtype=values.dtype if values.dtype != object else object))
+        hit = _member(left, right)
         return ~hit if isinstance(op, ast.NotIn) else hit
+    if right is None or left is None:  # == None / != None: whether the value is missing
+        column = left if right is None else right
+        missing = _missing(column)
+        if isinstance(op, ast.Eq):
+            return missing
+        if isinstance(op, ast.NotEq):
+            return ~missing
+        return np.zeros(len(missing), dtype=bool)  # an order with None: never
     fn = _COMPARE[type(op)]
     with np.errstate(invalid="ignore"):
         if _is_object(left) or _is_object(right):
             return _object_compare(fn, left, right)
+        if isinstance(left, (str, bool)) or isinstance(right, (str, bool)):  # numbers vs a string/bool: never equal
+            column = left if isinstance(right, (str, bool)) else right
+            return np.full(len(column), fn is operator.ne, dtype=bool)
         return np.asarray(fn(left, right), dtype=bool)
+
+
+def _missing(column: Any) -> np.ndarray:
+    if not isinstance(column, np.ndarray):
+        raise ValueError("a comparison with None needs a field on one side")
+    if column.dtype == object:
+        return np.array([v is None for v in column], dtype=bool)
+    return np.isnan(column)
+
+
+def _member(column: np.ndarray, values: list) -> np.ndarray:
+    """Rows whose value is one of ``values`` (``None`` there: a missing value); numbers match
+    numbers, strings strings."""
+    out = _missing(column) if any(v is None for v in values) else np.zeros(len(column), dtype=bool)
+    wanted = [v for v in values if v is not None]
+    if column.dtype != object:
+        numbers = [v for v in wanted if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return out | (np.isin(column, np.asarray(numbers, dtype=np.float64)) if numbers else False)
+    keyed = {(type(v) is str, v) for v in wanted if isinstance(v, (str, int, float))}
+    return out | np.array(
+        [v is not None and isinstance(v, (str, int, float)) and (type(v) is str, v) in keyed for v in column],
+        dtype=bool,
+    )
 
 
 def _is_object(v: Any) -> bool:

@@ -127,11 +127,13 @@ class Zipped(torch.utils.data.Dataset):
         return len(self.positions) if self.positions is not None else len(self._primary)
 
     def fingerprint(self) -> str:
-        """A digest of the samples this dataset holds: the primary store's key sequence and,
-        for a selection (``align="inner"``, :meth:`select`), exactly which rows it keeps."""
-        from .identity import digest
+        """A digest of the samples this dataset holds: the primary store's key sequence and
+        content (its per-field counts, byte totals and checksums, or a sample of its records
+        where it keeps no checksums) and, for a selection (``align="inner"``, :meth:`select`),
+        exactly which rows it keeps. Where the dataset is stored is not part of it."""
+        from .identity import digest, store_content
 
-        base = self._primary.keys.fingerprint()
+        base = digest(self._primary.keys.fingerprint(), store_content(self._primary.store))
         return base if self.positions is None else digest(base, self.positions)
 
     @property

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import numpy as np
+
 
 def describe_plan(
     config: str | os.PathLike | Mapping, world: int = 1, workers: int = 1, preview: int = 2, epochs: int | None = None
@@ -83,22 +85,34 @@ def describe_plan(
     return "\n".join(lines)
 
 
+SHOWN_EPOCHS = 40  # rows of a schedule's table; a longer one shows its start and its end
+
+
 def _schedule_lines(mix: Any, batch_size: int | None, epochs: int | None) -> list[str]:
-    """Per-source samples of each epoch under the mix's schedule, and the totals."""
-    schedule = mix.schedule
+    """Per-source samples of each epoch under the mix's schedule, and the totals over the
+    epochs it covers (``epochs``, default: up to the epoch holding its last point)."""
+    from ..planning.schedule import phase_quotas
+
+    schedule, unit = mix.schedule, mix.unit(batch_size)
     last = float(schedule.at[-1]) if schedule.by == "epoch" else float(schedule.at[-1]) / mix.epoch_size
-    shown = epochs if epochs is not None else min(int(last) + 1 + (last % 1 > 0), 50)
+    covered = epochs if epochs is not None else int(last) + 1
     lines = [
         f"schedule: weights by {schedule.by}, {schedule.interpolate}; samples per source and epoch:",
         "  " + f"{'epoch':<7}" + "".join(f"{n:>12}" for n in mix.names),
     ]
-    totals = [0] * len(mix.names)
-    for e in range(shown):
-        quotas = mix.epoch_quotas(e, batch_size)
-        totals = [t + q for t, q in zip(totals, quotas)]
-        lines.append("  " + f"{e:<7}" + "".join(f"{q:>12}" for q in quotas))
-    lines.append("  " + f"{'total':<7}" + "".join(f"{t:>12}" for t in totals))
-    lines.append(f"  (later epochs keep the last point's weights: {schedule.weights[-1].tolist()})")
+    totals = np.zeros(len(mix.names), dtype=np.int64)
+    for e in range(covered):
+        quotas = phase_quotas(schedule, e, mix.epoch_size, unit).sum(axis=0)
+        totals += quotas
+        if covered <= SHOWN_EPOCHS or e < SHOWN_EPOCHS // 2 or e >= covered - SHOWN_EPOCHS // 4:
+            lines.append("  " + f"{e:<7}" + "".join(f"{int(q):>12}" for q in quotas))
+        elif e == SHOWN_EPOCHS // 2:
+            lines.append(f"  ...    ({covered - SHOWN_EPOCHS // 2 - SHOWN_EPOCHS // 4} epochs not shown)")
+    lines.append("  " + f"{'total':<7}" + "".join(f"{int(t):>12}" for t in totals) + f"   (epochs 0-{covered - 1})")
+    if covered > last:
+        lines.append(f"  (epochs from {covered} keep the last point's weights: {schedule.weights[-1].tolist()})")
+    else:
+        lines.append(f"  (the schedule goes on to epoch {last:g}: --epochs covers more)")
     return lines
 
 

@@ -395,7 +395,15 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
     """
     cfg = {**load_config(config), **overrides}
     sources = build_sources(cfg)
-    weights = _weights(cfg)
+    weights: list[float] | None = _weights(cfg)
+    if isinstance(cfg.get("mix"), Mapping) and cfg["mix"].get("schedule") is not None:
+        weighted = [name for name, src in cfg["sources"].items() if "weight" in src]
+        if weighted:
+            raise ConfigError(
+                f"sources.{weighted[0]}.weight: with mix.schedule the weights are the schedule's points; "
+                "remove the sources' weight keys"
+            )
+        weights = None
     mix_cfg = cfg.get("mix")
     if mix_cfg is not None and not isinstance(mix_cfg, Mapping):
         raise ConfigError(f"mix: expected a mapping such as {{mode: proportion, epoch_size: 1000}}, got {mix_cfg!r}")

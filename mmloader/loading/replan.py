@@ -2,17 +2,20 @@
 
 The old plan is rebuilt from the identity the state records
 (:func:`mmloader.planning.epoch.plan_from_identity`) and the samples it had delivered are
-found there; the new plan's epoch is then visited without those samples
-(:func:`mmloader.planning.replan.kept_ranges`). A source is the same source in both plans
-when it has the same name and holds the same samples, or another selection of the same
-dataset (rebuilt from the selection the state records). What that means:
+found there — everything of that epoch the state does not leave to visit, so samples left
+out by an earlier change of the same epoch count as delivered too; the new plan's epoch is
+then visited without those samples (:func:`mmloader.planning.replan.kept_ranges`). A source
+of the old plan is a source of the new one when it has the same name, or else the same
+fingerprint (a one-source run that becomes a mix), and holds the same samples or another
+selection of the same dataset (rebuilt from the selection the state records). What that means:
 
 * no sample is delivered twice in the epoch (beyond the repeats the new plan itself has,
   upsampling);
 * every sample of the new plan's epoch that was not yet delivered is delivered once, so the
-  epoch's length is what was delivered plus what is left;
-* samples of a removed source, or of a dataset replaced by another, are simply not there
-  any more; a new source joins for the rest of the epoch.
+  epoch's length is what was delivered plus what is left; with single-source batches
+  (``batch_composition="source"``) a batch that was partly delivered is left out whole;
+* samples of a removed source, or of a dataset that changed (rewritten, grown), are another
+  source's: those delivered before may come again; a new source joins for the rest of the epoch.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import numpy as np
 from ..align.select import reselect
 from ..errors import ResumeError
 from ..planning.epoch import plan_from_identity
-from ..planning.replan import delivered_positions, kept_ranges, sample_ids
+from ..planning.partition import remaining_ranges, unrepeated_remaining
+from ..planning.replan import delivered_positions, kept_ranges, sample_ids, whole_units
 
 
 def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
@@ -44,19 +48,26 @@ def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
         raise ResumeError("on_change='continue' needs a state that records its plan (saved by mmloader >= 0.2)")
     epoch = int(state["epoch"])
     now = stream.identity()
-    slot_of = {s["name"]: j for j, s in enumerate(now["sources"])}
-    old_plan = plan_from_identity(old, seed=stream.seed, epoch=epoch, lengths=_old_lengths(stream, old, slot_of))
-    positions = delivered_positions(state["ranges"], state["world"], state["samples_per_rank"], state["consumed"])
-    if len(positions) and positions.max() >= len(old_plan):
-        raise ResumeError(f"the state does not fit its own plan: position {positions.max()} of {len(old_plan)}")
+    match = match_sources(old["sources"], now["sources"])
+    old_plan = plan_from_identity(
+        old, seed=int(old.get("seed", state["seed"])), epoch=epoch, lengths=_old_lengths(stream, old, match)
+    )
+    if state.get("unrepeated"):
+        left = unrepeated_remaining(state["ranges"], state["world"], state["consumed"])
+    else:
+        left = remaining_ranges(
+            state["ranges"], state["world"], state["samples_per_rank"], state["consumed"], keep_padding=False
+        )
+    if any(b > len(old_plan) for _a, b in left):
+        raise ResumeError(f"the state does not fit its own plan ({len(old_plan)} positions)")
+    positions = delivered_positions(len(old_plan), left)
     src, idx = old_plan.lookup(positions)
     slots, rows = [], []
     for s in np.unique(src).tolist():
-        entry = old["sources"][s]
-        j = slot_of.get(entry["name"])
+        j = match.get(s)
         if j is None:
             continue  # a source removed: its samples are not in the new plan
-        r = _old_rows(stream.datasets[j], now["sources"][j], entry, idx[src == s])
+        r = _old_rows(stream.datasets[j], now["sources"][j], old["sources"][s], idx[src == s])
         if r is not None:  # None: another dataset under that name
             slots.append(np.full(len(r), j, dtype=np.int64))
             rows.append(r)
@@ -67,7 +78,31 @@ def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
     for j in np.unique(nsrc).tolist():
         sel = nsrc == j
         nrows[sel] = _rows(stream.datasets[j], nidx[sel])
-    return kept_ranges(sample_ids(nsrc, nrows), delivered)
+    return whole_units(kept_ranges(sample_ids(nsrc, nrows), delivered), len(new_plan), new_plan.unit)
+
+
+def match_sources(old: list[dict], new: list[dict]) -> dict[int, int]:
+    """Old source -> new source: by name, then (for those left) by the samples they hold.
+
+    >>> match_sources([{"name": "dataset", "fingerprint": "f"}], [{"name": "a", "fingerprint": "f"}])
+    {0: 0}
+    """
+    names = {s["name"]: j for j, s in enumerate(new)}
+    out = {i: names[s["name"]] for i, s in enumerate(old) if s["name"] in names}
+    free = [j for j in range(len(new)) if j not in out.values()]
+    for i, s in enumerate(old):
+        if i in out:
+            continue
+        same = [j for j in free if _base(new[j]) == _base(s) and _base(s) is not None]
+        if len(same) == 1:
+            out[i] = same[0]
+            free.remove(same[0])
+    return out
+
+
+def _base(source: dict) -> str | None:
+    """The fingerprint of the unselected dataset a source reads."""
+    return (source.get("subset") or {}).get("base") or source.get("fingerprint")
 
 
 def _rows(dataset: Any, indices: np.ndarray) -> np.ndarray:
@@ -79,16 +114,15 @@ def _rows(dataset: Any, indices: np.ndarray) -> np.ndarray:
 def _old_rows(dataset: Any, now: dict, old: dict, indices: np.ndarray) -> np.ndarray | None:
     """Rows (as :func:`_rows`) of the old plan's samples ``indices`` of a source, or None when
     the old source was another dataset."""
-    if old["fingerprint"] == now["fingerprint"]:
+    if old["fingerprint"] is not None and old["fingerprint"] == now["fingerprint"]:
         return _rows(dataset, indices)
-    old_sel, now_base = old.get("subset"), (now.get("subset") or {}).get("base", now["fingerprint"])
-    if old_sel is None:
-        if old["fingerprint"] != now_base:
-            return None
-        base = getattr(dataset, "_unselected", None) or dataset  # the old plan read the whole dataset
-        return _rows(base, indices)
-    if old_sel["base"] != now_base:
+    if old["fingerprint"] is None and now["fingerprint"] is None and old["size"] == now["size"]:
+        return _rows(dataset, indices)  # a dataset that cannot be identified: taken for the same (warned)
+    old_sel = old.get("subset")
+    if _base(old) is None or _base(old) != _base(now):
         return None
+    if old_sel is None:  # the old plan read the whole dataset
+        return _rows(getattr(dataset, "_unselected", None) or dataset, indices)
     positions = reselect(dataset, old_sel)
     if positions is None:
         raise ResumeError(
@@ -98,24 +132,34 @@ def _old_rows(dataset: Any, now: dict, old: dict, indices: np.ndarray) -> np.nda
     return positions[indices]
 
 
-def _old_lengths(stream: Any, old: dict, slot_of: dict[str, int]):
+def _old_lengths(stream: Any, old: dict, match: dict[int, int]):
     """Sample lengths of the old plan's sources, when it bucketed: only where they are unchanged."""
-    if old.get("bucket_by") is None:
+    bucket = old.get("bucket_by")
+    if bucket is None:
         return None
-    now = stream.identity()
-    if old["bucket_by"] != now["bucket_by"] or stream.bucket_by is None:
-        raise ResumeError("on_change='continue': the saved plan bucketed by another length; use 'next_epoch'")
-    mapping = np.full(len(old["sources"]), -1, dtype=np.int64)
     for s, entry in enumerate(old["sources"]):
-        j = slot_of.get(entry["name"])
-        if j is None or now["sources"][j]["fingerprint"] != entry["fingerprint"]:
+        j = match.get(s)
+        if j is None or stream.identity()["sources"][j]["fingerprint"] != entry["fingerprint"]:
             raise ResumeError(
                 f"on_change='continue': the saved plan is bucketed and source {entry['name']!r} changed, "
                 "so its order cannot be rebuilt; use on_change='next_epoch'"
             )
-        mapping[s] = j
+    slot = np.array([match[s] for s in range(len(old["sources"]))], dtype=np.int64)
+    modality = bucket.get("modality")
+    if modality is not None:
 
-    def lengths(sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        return stream._lengths(mapping[sources], indices)
+        def by_modality(sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(indices), dtype=np.int64)
+            for s in np.unique(sources).tolist():
+                ds, sel = stream.datasets[slot[s]], sources == s
+                if modality in getattr(ds, "readers", {}):
+                    out[sel] = ds.lengths(indices[sel].tolist(), modality)
+            return out
 
-    return lengths
+        return by_modality
+    if stream.identity().get("bucket_by") != bucket:
+        raise ResumeError(
+            "on_change='continue': the saved plan bucketed by a function this stream does not have "
+            f"({bucket['callable']}); use on_change='next_epoch'"
+        )
+    return lambda sources, indices: stream._lengths(slot[sources], indices)

@@ -233,10 +233,18 @@ class Stream(torch.utils.data.IterableDataset):
                 if getattr(ds, "selection", None) is not None:
                     entry["subset"] = ds.selection
                 sources.append(entry)
-            bucket = self.bucket_by
-            if bucket is not None and not isinstance(bucket, str):
-                bucket = callable_name(bucket)  # the same function by name (its code is not compared)
+            bucket: dict | None = None
+            if isinstance(self.bucket_by, str):  # a modality: which fields give its lengths
+                fields = {
+                    ";".join(ds.readers[self.bucket_by].fields)
+                    for ds in self.datasets
+                    if self.bucket_by in getattr(ds, "readers", {})
+                }
+                bucket = {"modality": self.bucket_by, "fields": sorted(fields)}
+            elif self.bucket_by is not None:
+                bucket = {"callable": callable_name(self.bucket_by)}
             self._identity = {
+                "seed": self.seed,
                 "sources": sources,
                 "mix": self.mix.identity() if self.mix is not None else None,
                 "batch_size": self.batch_size,

@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .partition import RangeList, rank_positions
 
+def delivered_positions(plan_len: int, remaining: list) -> np.ndarray:
+    """Positions of a plan of ``plan_len`` that are not in the ``remaining`` ranges of its epoch:
+    what was delivered (by this run, and by every run before it in this epoch: a visit that
+    already left out samples delivered earlier counts them as delivered too).
 
-def delivered_positions(ranges: list, world: int, per_rank: int, consumed: int) -> np.ndarray:
-    """Plan positions the ranks had delivered after each consumed ``consumed`` of its ``per_rank``
-    samples of the visit ``ranges`` (padding repeats included: those samples were delivered too).
-
-    >>> delivered_positions([[0, 10]], world=2, per_rank=5, consumed=2).tolist()
+    >>> delivered_positions(10, [(2, 5), (7, 10)]).tolist()
     [0, 1, 5, 6]
     """
-    visit = RangeList(ranges)
-    consumed = min(max(int(consumed), 0), int(per_rank))
-    parts = [rank_positions(len(visit), world, r, per_rank, 0, consumed) for r in range(world)]
-    flat = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    return visit.take(flat) if len(visit) else flat
+    left = np.zeros(int(plan_len), dtype=bool)
+    for a, b in remaining:
+        left[int(a) : int(b)] = True
+    return np.flatnonzero(~left)
 
 
 def kept_ranges(plan_ids: np.ndarray, delivered_ids: np.ndarray) -> list[tuple[int, int]]:
@@ -61,3 +59,25 @@ def kept_ranges(plan_ids: np.ndarray, delivered_ids: np.ndarray) -> list[tuple[i
 def sample_ids(slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """One integer per (source slot, row): the ids :func:`kept_ranges` compares."""
     return np.asarray(slots, dtype=np.int64) * (1 << 40) + np.asarray(rows, dtype=np.int64)
+
+
+def whole_units(ranges: list[tuple[int, int]], plan_len: int, unit: int) -> list[tuple[int, int]]:
+    """The ranges cut back to the runs of ``unit`` positions they hold whole (a plan of
+    single-source batches keeps its batches single-source; a run partly delivered is left out).
+
+    >>> whole_units([(0, 3), (5, 12)], 12, 4)
+    [(8, 12)]
+    """
+    if unit <= 1:
+        return ranges
+    kept = np.zeros(int(plan_len), dtype=bool)
+    for a, b in ranges:
+        kept[a:b] = True
+    units = kept[: len(kept) // unit * unit].reshape(-1, unit).all(axis=1)
+    out: list[tuple[int, int]] = []
+    for u in np.flatnonzero(units).tolist():
+        if out and out[-1][1] == u * unit:
+            out[-1] = (out[-1][0], (u + 1) * unit)
+        else:
+            out.append((u * unit, (u + 1) * unit))
+    return out

@@ -85,8 +85,8 @@ def plan_changes(saved: dict | None, current: dict | None) -> list[str]:
     out += [f"source {n!r} added" for n in new if n not in old]
     for name in (n for n in old if n in new):
         a, b = old[name], new[name]
-        if a.get("subset") != b.get("subset"):
-            out.append(f"source {name!r}: selection {_show(a.get('subset'))} -> {_show(b.get('subset'))}")
+        if _steps(a.get("subset")) != _steps(b.get("subset")):
+            out.append(f"source {name!r}: selection {_selection(a.get('subset'))} -> {_selection(b.get('subset'))}")
         if a["size"] != b["size"]:
             out.append(f"source {name!r}: {a['size']} samples -> {b['size']}")
         elif a["fingerprint"] != b["fingerprint"]:
@@ -111,6 +111,27 @@ def _show(value) -> str:
     return "none" if value is None else repr(value)
 
 
+def _steps(selection: dict | None) -> list:
+    return (selection or {}).get("steps", [])
+
+
+def _selection(selection: dict | None) -> str:
+    """A selection as a person reads it: ``where 'a > 1', then limit 10``."""
+    parts = []
+    for step in _steps(selection):
+        said = []
+        if step.get("where"):
+            said.append(f"where {step['where']!r}")
+        if step.get("keys"):
+            said.append(f"{step['keys']['count']} keys")
+        if step.get("fraction") is not None:
+            said.append(f"fraction {step['fraction']} (seed {step.get('seed', 0)})")
+        if step.get("limit") is not None:
+            said.append(f"limit {step['limit']}")
+        parts.append(" ".join(said) or "all")
+    return "(" + ", then ".join(parts) + ")" if parts else "none (all samples)"
+
+
 def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
     """Raise unless ``state`` is a state of this plan: the version, the seed, then the plan
     identity (:class:`mmloader.errors.PlanChangedError` listing what changed).
@@ -131,8 +152,15 @@ def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
         )
     elif version != STATE_VERSION:
         raise ResumeError(f"unknown stream state version {version!r}")
-    if state["seed"] != seed:
+    if state["seed"] != seed and not state.get("plan"):  # (with a plan identity: one of its changes)
         raise ResumeError(f"state was saved with seed {state['seed']}, this stream has seed {seed}")
+    unknown = [s["name"] for s in (plan or {}).get("sources", []) if s.get("fingerprint") is None]
+    if unknown and state.get("plan"):
+        warnings.warn(
+            f"source(s) {unknown} cannot be identified (a dataset without fingerprint()): resumed without "
+            "checking that they hold the same samples as when the state was saved",
+            stacklevel=3,
+        )
     changes = plan_changes(state.get("plan"), plan)
     if changes:
         raise PlanChangedError(
