@@ -380,10 +380,11 @@ class Stream(torch.utils.data.IterableDataset):
         :class:`mmloader.errors.ResumeError` if it does not fit this stream
         (:class:`mmloader.errors.PlanChangedError` for another plan, unless ``on_change``
         says what to do: then the ranges that choice visits, empty for ``"next_epoch"``)."""
-        return self._resume_target(state)[1] or []
+        return self._resume_target(state, report=False)[1] or []
 
-    def _resume_target(self, state: dict) -> tuple[int, list[tuple[int, int]] | None, int]:
-        """(epoch, plan ranges to visit or None for the epoch from its start, steps done before)."""
+    def _resume_target(self, state: dict, report: bool = True) -> tuple[int, list[tuple[int, int]] | None, int]:
+        """(epoch, plan ranges to visit or None for the epoch from its start, steps done before);
+        ``report``: log what a changed plan makes the resume do (once, when it is applied)."""
         _rank, world = self._where()
         steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
         try:
@@ -397,7 +398,7 @@ class Stream(torch.utils.data.IterableDataset):
             what = "; ".join(changed.changes)
             if self.on_change == "next_epoch":
                 epoch = int(state["epoch"]) + (1 if state["consumed"] else 0)
-                log.warning(
+                (log.warning if report else log.debug)(
                     "resume: the plan changed (%s); on_change='next_epoch': the rest of epoch %d is "
                     "not delivered, the new plan starts at epoch %d",
                     what,
@@ -408,7 +409,7 @@ class Stream(torch.utils.data.IterableDataset):
             from .replan import continue_ranges
 
             ranges = continue_ranges(self, state)
-            log.warning(
+            (log.warning if report else log.debug)(
                 "resume: the plan changed (%s); on_change='continue': epoch %d goes on under the new "
                 "plan with %d samples not yet delivered",
                 what,
