@@ -235,3 +235,25 @@ def _wait_for_a_blocked_flock(path, timeout: float = 30.0) -> None:
                 return
         time.sleep(0.005)
     raise AssertionError(f"nobody waited for {path}")
+
+
+def test_without_a_limit_a_download_removes_the_parts_and_locks_of_killed_downloads(tmp_path):
+    """Without cache_limit nothing scanned the cache: a killed download's lock and its part, of
+    the shard's full size, stayed through every later download of other files."""
+    cache = ShardCache(tmp_path, "s3://b/ds")
+    cache._ensure_dir()
+    (cache.dir / ".dead.tar.part-7-abc123").write_bytes(b"d" * 10)
+    (cache.dir / ".dead.tar.lock").touch()
+    fd = os.open(cache.dir / ".busy.tar.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live download in another process
+    (cache.dir / ".busy.tar.part-8-def456").write_bytes(b"b" * 20)
+    try:
+        assert cache.fetch("a.tar", 100, _writer(b"a" * 100, [])) == cache.path("a.tar")
+        assert _files(cache.dir) == sorted([MARKER, "a.tar", ".busy.tar.lock", ".busy.tar.part-8-def456"])
+        (cache.dir / ".dead2.tar.lock").touch()  # killed since: swept at most once a minute per cache
+        cache.fetch("b.tar", 100, _writer(b"b" * 100, []))
+        assert ".dead2.tar.lock" in _files(cache.dir)
+        assert ShardCache(tmp_path, "s3://b/ds").fetch("c.tar", 1, _writer(b"c", [])) is not None  # a new one sweeps
+        assert ".dead2.tar.lock" not in _files(cache.dir)
+    finally:
+        os.close(fd)

@@ -12,7 +12,8 @@
 * **Nothing partial is ever visible.** A download goes into a hidden ``.NAME.part-PID-TOKEN``
   (allocated at its full size, so it counts against the limit from the start), is synced and
   renamed into place when complete. A part whose lock is free belongs to a dead process and is
-  removed.
+  removed: by the scan before each download under a ``cache_limit``, and without a limit by the
+  first download of each cache object (and one a minute after).
 * **Bounded.** Before a download, least-recently-used cached files are evicted until the new one
   fits under ``cache_limit`` bytes (counting files being downloaded); if it cannot fit, it is not
   cached (the reader keeps reading remotely). Eviction only ever deletes files that this cache
@@ -139,6 +140,7 @@ class ShardCache:
         digest = hashlib.sha256(f"{url}\0{tag}".encode()).hexdigest()[:16]
         self.dir = self.root / f"mmloader-{digest}"
         self._touched: dict[str, float] = {}
+        self._swept: float | None = None  # when this object last swept its folder (see _sweep)
         self.refused = ""  # why the last fetch returned None: "busy" (another download) or "full"
 
     def __getstate__(self) -> dict:
@@ -203,6 +205,8 @@ class ShardCache:
             self.touch(name, every=0)
             return hit
         self._ensure_dir()
+        if self.limit is None:  # with a limit, each download scans the whole cache first
+            self._sweep()
         lock_path = self._lock_path(name)
         lock_fd = _lock(lock_path, blocking=False)
         if lock_fd is None:
@@ -306,11 +310,22 @@ class ShardCache:
         except OSError:
             return finals, held
         for d in dirs:
+            found, in_progress = self._scan(d)
+            finals += found
+            held += in_progress
+        return finals, held
+
+    def _scan(self, d: Path) -> tuple[list[tuple[float, int, Path]], int]:
+        """(cached files, bytes held by live downloads) of one dataset's folder ``d``; the parts
+        and lock files of dead downloads are removed on the way."""
+        finals: list[tuple[float, int, Path]] = []
+        held = 0
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            return finals, held
+        for e in entries:
             try:
-                entries = list(os.scandir(d))
-            except OSError:
-                continue
-            for e in entries:
                 if not e.is_file(follow_symlinks=False):
                     continue
                 if not e.name.startswith("."):
@@ -321,13 +336,28 @@ class ShardCache:
                     if self._owner_alive(d, base):
                         held += e.stat(follow_symlinks=False).st_size
                     else:
-                        try:
-                            os.unlink(e.path)
-                        except OSError:
-                            pass
+                        os.unlink(e.path)
                 elif e.name.endswith(".lock") and e.name != GLOBAL_LOCK:
                     self._owner_alive(d, e.name[1 : -len(".lock")])  # removes it unless it is held
+            except OSError:  # gone meanwhile (renamed into place, evicted, removed by another scan)
+                continue
         return finals, held
+
+    #: Without a limit (no scan before each download), a dataset's folder is swept of dead
+    #: downloads' parts and locks at most this often per cache object (seconds).
+    SWEEP_EVERY = 60.0
+
+    def _sweep(self) -> None:
+        """Without ``cache_limit`` nothing scans the cache before a download; so the first
+        download of this cache object, and one every :data:`SWEEP_EVERY` seconds after, removes
+        the part and lock files of killed downloads from this dataset's folder (one directory
+        listing; a lock is tried only for the hidden files, a handful)."""
+        now = time.monotonic()
+        if self._swept is not None and now - self._swept < self.SWEEP_EVERY:
+            return
+        self._swept = now
+        with self._global_lock():
+            self._scan(self.dir)
 
     @staticmethod
     def _owner_alive(d: Path, base: str) -> bool:
