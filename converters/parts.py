@@ -298,5 +298,9 @@ def report_errors(convert: Callable[[], Summary], dst: str, prog: str = "mmloade
         # other commands report it: one line, no traceback
         print(f"{prog}: error: {redact(str(e))}", file=sys.stderr)
         return 1
+    except Exception as e:  # e.g. a client library's own error: one line too, named by its type
+        first = (str(e).strip() or type(e).__name__).splitlines()[0]
+        print(f"{prog}: error: {redact(f'{type(e).__name__}: {first}')}", file=sys.stderr)
+        return 1
     print(redact(summary.text(dst)))  # DST may be a URL
     return 0

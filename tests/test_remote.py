@@ -734,3 +734,41 @@ def test_http_versions_are_pinned_when_opened_so_workers_agree(data, tmp_path):
             worker_copy.read_many([first], ["txt"])
     finally:
         server.stop()
+
+
+def test_an_upper_case_scheme_reads_and_a_request_that_cannot_be_built_fails_at_once(data, s3):
+    """``HTTP://`` opened (the standard-library client) but obstore was not told to allow plain
+    HTTP for it: every data read failed with a "builder error", retried until the deadline."""
+    from mmloader.storage.remote.obstore_client import _ObstoreClient
+
+    local = mmloader.open(data["local"]["tar"])
+    http = data["http"]["tar"].replace("http://", "HTTP://")
+    for url in (http, data["s3"]["tar"].replace("s3://", "S3://")):
+        store = mmloader.open(url, readahead=False, retry_deadline=60)
+        assert store.url == url.rstrip("/").replace("HTTP://", "http://").replace("S3://", "s3://")
+        assert store.read_many([0, 7], ["txt"]) == local.read_many([0, 7], ["txt"])
+        assert (
+            _ObstoreClient(remote.Location(url)).get("index.json") == (data["local"]["tar"] / "index.json").read_bytes()
+        )
+    started = time.monotonic()
+    client = _ObstoreClient(
+        remote.Location(data["http"]["tar"], {"allow_http": False}, remote.Policy(retry_deadline=60))
+    )
+    with pytest.raises(RemoteError, match="builder error"):
+        client.get("index.json")
+    assert time.monotonic() - started < 10
+
+
+def test_opening_a_dataset_whose_endpoint_does_not_answer_takes_one_deadline():
+    """The listing was retried until the deadline, its failure set aside, and the manifest's GET
+    retried until it again: twice ``retry_deadline``."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nobody listens there once closed
+    options = {"endpoint": f"http://127.0.0.1:{port}", "access_key_id": "AKID", "secret_access_key": "testing1"}
+    started = time.monotonic()
+    with pytest.raises(RemoteUnavailableError, match="kept failing"):
+        mmloader.open("s3://bucket/ds", storage_options=options, retry_deadline=2)
+    assert time.monotonic() - started < 3.0

@@ -139,3 +139,28 @@ def test_reads_through_each_client_over_plain_http(kind, tmp_path):
             client.get("nothing.bin")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+def test_every_client_sends_the_headers_option_and_unknown_options_are_refused(kind, tmp_path):
+    """``storage_options={"headers": ...}`` (fsspec's spelling) was sent only by fsspec, and a
+    key no client reads was ignored without a word by obstore and the standard-library client."""
+    if kind == "fsspec":
+        pytest.importorskip("aiohttp")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "x.bin").write_bytes(b"payload")
+    server = RangeServer(tmp_path, authorization="Bearer the-right-token")
+    try:
+        url = f"{server.url}/ds"
+        client = CLIENTS[kind](Location(url, {"headers": {"Authorization": "Bearer the-right-token"}}))
+        assert client.get("x.bin") == b"payload" and server.seen[-1] == "Bearer the-right-token"
+    finally:
+        server.stop()
+    with pytest.raises(
+        ValueError, match=r"unknown storage_options \['heders'\] .*accepted: .*default_headers, headers"
+    ):
+        Location(url, {"heders": {"Authorization": "Bearer x"}})
+    with pytest.raises(ValueError, match="given twice"):
+        Location(url, {"headers": {"authorization": "Bearer x"}, "default_headers": {"Authorization": "Bearer y"}})
+    with pytest.raises(ValueError, match=r"unknown storage_options \['anon'\] for s3:// URLs"):
+        Location("s3://bucket/ds", {"anon": True})

@@ -83,9 +83,27 @@ def assert_clean(data: str | bytes, where: str) -> None:
         raise AssertionError(f"{where} shows {found}: ...{context}...")
 
 
+#: Where the errors of HTTP libraries keep a request or an answer (aiohttp's request_info holds
+#: the request's headers).
+CARRIERS = ("request_info", "headers", "response", "request", "body", "history", "os_error", "args")
+
+
 def shown(e: BaseException) -> str:
-    """What a user sees of an error: its message and the whole traceback, causes included."""
-    return f"{e}\n" + "".join(traceback.format_exception(e))
+    """Everything a user, a traceback or a debugger reaches of an error: its message, the whole
+    printed traceback, and the ``str`` and ``repr`` of every error chained to it, by
+    ``__cause__`` or ``__context__`` (suppressed or not), with the attributes in which client
+    libraries keep requests and answers (:data:`CARRIERS`)."""
+    parts = [str(e), "".join(traceback.format_exception(e))]
+    todo, seen = [e], []
+    while todo:
+        cur = todo.pop()
+        if any(cur is x for x in seen):
+            continue
+        seen.append(cur)
+        parts += [str(cur), repr(cur)]
+        parts += [repr(getattr(cur, name, None)) for name in CARRIERS]
+        todo += [c for c in (cur.__cause__, cur.__context__) if c is not None]
+    return "\n".join(parts)
 
 
 @pytest.fixture(autouse=True)
@@ -175,11 +193,12 @@ def test_the_cli_against_a_server_echoing_credentials_shows_none(site, proxy, tm
     the 500 every retry line, print neither."""
     proxy.refuse(status, echo=True)
     code, out, _ = run_cli("inspect", site["s3"], cwd=tmp_path, env={"AWS_ENDPOINT_URL": proxy.url})
-    assert code == 1 and "s3://mmloader-test/secure-ds/index.json: GET failed" in out, out
-    if status == 403:
+    if status == 403:  # the listing is refused (the open goes on without it), then the manifest
+        assert code == 1 and "s3://mmloader-test/secure-ds/index.json: GET failed" in out, out
         assert "access denied (the secret key does not match the access key ID)" in out, out
-    else:
-        assert "retrying for up to" in out and "kept failing" in out, out
+    else:  # the listing fails for the whole deadline: the open ends there (one deadline, not two)
+        assert code == 1 and "s3://mmloader-test/secure-ds: LIST kept failing" in out, out
+        assert "retrying for up to" in out, out
 
 
 def test_a_failed_and_a_refused_conversion_to_s3_show_and_upload_no_credential(s3, proxy, tmp_path):
@@ -328,7 +347,7 @@ def test_storage_options_secrets_stay_out_of_errors_and_logs_of_an_echoing_serve
     proxy.refuse(status, echo=True)
     for client in ("", "simple"):
         monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
-        with pytest.raises(RemoteError, match="secure-ds/index.json: GET") as e:
+        with pytest.raises(RemoteError, match="secure-ds/index.json: GET" if status == 403 else "secure-ds: LIST") as e:
             mmloader.open(site["s3"], storage_options=options, retry_deadline=1)
         assert_clean(shown(e.value), f"the error of a {status} ({client or 'default'} client)")
     if status == 500:
@@ -391,3 +410,186 @@ def test_one_redaction_rule_for_urls_messages_and_log_records(caplog):
     caplog.set_level(logging.INFO, logger="mmloader")
     logging.getLogger("mmloader").info("fetched %s with %s", f"https://{USER}:{PASSWORD}@h/ds", ENV["HF_TOKEN"])
     assert caplog.records[-1].getMessage() == "fetched https://alice:***@h/ds with ***"
+
+
+# -- after the adversarial review of #34 -------------------------------------------------------------------------
+def test_a_password_holding_a_raw_slash_question_mark_or_hash_is_redacted_and_refused_at_once(tmp_path):
+    """``/``, ``?`` and ``#`` end a URL's host part: the password was taken for a host, a port, a
+    path or a query, and printed whole (in "invalid port" and "cannot hold '?'" errors)."""
+    for sep in "/?#":
+        url = f"http://{USER}:ab{sep}{PASSWORD}@127.0.0.1:9/ds"
+        assert redact_url(url) == f"http://{USER}:***@127.0.0.1:9/ds"
+        assert redact(f"opening {url} failed") == f"opening http://{USER}:***@127.0.0.1:9/ds failed"
+        for make in (mmloader.open, lambda u: mmloader.TextReader(u, "txt"), mmloader.writer_for):
+            with pytest.raises(ValueError, match="percent-encode it") as e:
+                make(url)
+            assert_clean(shown(e.value), f"the error for a password holding {sep!r}")
+    with pytest.raises(ValueError, match="cannot hold credentials") as e:  # an AWS secret key holds '/'
+        mmloader.open(f"s3://AKIDINURL:ab/{OPTIONS['secret_access_key']}@bucket/ds")
+    assert_clean(shown(e.value), "the error for an s3:// URL holding a secret with '/'")
+    assert redact_url("s3://bucket/k@y/ds") == "s3://bucket/k@y/ds"  # an "@" in a key is no userinfo
+    assert redact_url("https://h:8080/u/bob@example.com/ds") == "https://h:8080/u/bob@example.com/ds"
+    code, out, _ = run_cli("inspect", f"http://{USER}:ab/{PASSWORD}@127.0.0.1:9/ds", cwd=tmp_path)
+    assert code == 1 and "percent-encode it" in out and len(out.splitlines()) == 1, out
+
+
+def test_free_text_redaction_finds_passwords_holding_spaces_quotes_brackets_and_bars(tmp_path):
+    """A URL in a message went to its first space, quote, bracket or '|': a password holding one
+    of them was left whole (``mmloader preview DS -o "http://alice:pa'ss@..."``)."""
+    for password in (f"pa ss{PASSWORD}", f"pa'ss{PASSWORD}", f"pa(ss{PASSWORD}", f"pa|ss{PASSWORD}"):
+        for text in (f"failed on http://{USER}:{password}@host.example/ds: boom", f'"http://{USER}:{password}@h:9/x"'):
+            assert PASSWORD not in redact(text), text
+        assert redact(f"failed on http://{USER}:{password}@host.example/ds: boom") == (
+            f"failed on http://{USER}:***@host.example/ds: boom"
+        )
+    for untouched in (  # and nothing around a URL is eaten
+        "see http://host, then mail bob@example.com",
+        "copy http://host/a to user@example.com failed",
+        "(http://h/x) and 'http://h2/y'; then s3://b/k@y/z.",
+        "endpoint http://127.0.0.1:9000|s3://b/ds",
+    ):
+        assert redact(untouched) == untouched
+    ds = write_dataset(tmp_path / "ds", 4, "tar")
+    code, out, _ = run_cli("preview", str(ds), "-o", f"http://{USER}:pa'ss{PASSWORD}@127.0.0.1:9/p.png", cwd=tmp_path)
+    assert code == 1 and f"http://{USER}:***@127.0.0.1:9/p.png" in out, out
+
+
+def test_redacting_again_changes_nothing(tmp_path):
+    """The CLI redacts what the library redacted already: the second pass ate the ':' after
+    ``token=***``."""
+    messages = [
+        "http://127.0.0.1:9/ds?token=abc: a dataset URL cannot hold '?'",
+        f"GET http://{USER}:{PASSWORD}@h/x (Authorization: Bearer {BEARER}), said {ENV['HF_TOKEN']}.",
+        f"failed on http://{USER}:pa ss{PASSWORD}@host/ds: boom",
+        "https://b.s3.amazonaws.com/k?X-Amz-Signature=abc&X-Amz-Date=1; https://tok3n@h/ds",
+        "<Error><CanonicalRequest>GET /x</CanonicalRequest></Error> Authorization: Basic dTpw",
+    ]
+    for message in messages:
+        once = redact(message)
+        assert redact(once) == once and redact_url(redact_url(message)) == redact_url(message), message
+    assert redact(messages[0]) == "http://127.0.0.1:9/ds?token=***: a dataset URL cannot hold '?'"
+    code, out, _ = run_cli("inspect", "http://127.0.0.1:9/ds?token=abcdefgh", cwd=tmp_path)
+    assert code == 1 and "http://127.0.0.1:9/ds?token=***: a dataset URL cannot hold" in out, out
+
+
+def test_a_url_with_one_slash_is_named_redacted_and_told_apart_from_a_url(tmp_path):
+    with pytest.raises(FileNotFoundError, match="a URL takes two") as e:
+        mmloader.open(f"http:/{USER}:{PASSWORD}@127.0.0.1:9/ds")
+    assert_clean(shown(e.value), "the error for a URL with one slash")
+
+
+@pytest.mark.parametrize("status", [403, 404, 500])
+def test_no_client_chains_an_error_that_keeps_the_request_or_a_credential(site, status):
+    """An error of ours was chained to the client library's (``__cause__``), or kept it as its
+    suppressed ``__context__``: aiohttp's ``request_info`` holds the request's Authorization
+    header, and obstore's and our errors quote a server's answer echoing it. Every client,
+    against a server whose error answers echo the credentials they were sent."""
+    from mmloader.storage.remote import Policy
+    from mmloader.storage.remote.fsspec_client import _FsspecClient
+    from mmloader.storage.remote.obstore_client import _ObstoreClient
+    from mmloader.storage.remote.simple_client import _SimpleClient
+
+    pytest.importorskip("aiohttp")
+    proxy = FaultProxy(f"127.0.0.1:{site['server'].port}")
+    proxy.refuse(status, echo=True)
+    try:
+        host = proxy.url.removeprefix("http://")
+        locations = [
+            (f"http://{USER}:{PASSWORD}@{host}/ds", {}),
+            (f"{proxy.url}/ds", {"default_headers": {"Authorization": f"Bearer {BEARER}"}}),
+        ]
+        for url, options in locations:
+            for cls in (_ObstoreClient, _SimpleClient, _FsspecClient):
+                client = cls(remote.Location(url, options, Policy(retry_deadline=0.3)))
+                with pytest.raises((RemoteError, FileNotFoundError)) as e:
+                    client.get("index.json")
+                assert_clean(shown(e.value), f"the error of {cls.__name__} for HTTP {status}")
+                assert e.value.__context__ is None, cls.__name__
+    finally:
+        proxy.stop()
+
+
+def _profile(tmp_path: Path, monkeypatch) -> dict[str, str]:
+    """An AWS profile in a shared credentials file, and no credentials in the environment."""
+    creds = {
+        "aws_access_key_id": "AKIDPROFILEKEY",
+        "aws_secret_access_key": "profile-SECRET-access-key-1234",
+        "aws_session_token": "profile-SESSION-token-5678",
+    }
+    (tmp_path / "credentials").write_text("[dev]\n" + "".join(f"{k} = {v}\n" for k, v in creds.items()))
+    (tmp_path / "config").write_text("[profile dev]\nregion = us-east-1\n")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "dev")
+    return creds
+
+
+def test_credentials_of_an_aws_profile_read_through_obstore_and_are_never_shown(
+    site, s3, proxy, tmp_path, monkeypatch, caplog
+):
+    """obstore reads no AWS profile (every data read went to the instance metadata service and
+    failed), and what botocore resolved from one was unknown to the scrubber: a server echoing
+    the session token had it printed in the error, the log and the CLI's line."""
+    pytest.importorskip("botocore")
+    from mmloader.storage.remote.obstore_client import _ObstoreClient
+    from mmloader.storage.remote.simple_client import _SimpleClient
+
+    caplog.set_level(logging.DEBUG, logger="mmloader")
+    creds = _profile(tmp_path, monkeypatch)
+    manifest = (site["local"] / "index.json").read_bytes()
+    for cls in (_ObstoreClient, _SimpleClient):
+        assert cls(remote.Location(site["s3"])).get("index.json") == manifest, cls.__name__
+    store = mmloader.open(site["s3"])
+    assert store[3] == mmloader.open(site["local"])[3]
+    secrets = [creds["aws_secret_access_key"], creds["aws_session_token"]]
+    assert set(secrets) <= secret_values()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    proxy.refuse(403, echo=True)
+    for cls in (_ObstoreClient, _SimpleClient):
+        with pytest.raises(RemoteError, match="access denied") as e:
+            cls(remote.Location(site["s3"])).get("index.json")
+        assert not [x for x in secrets if x in shown(e.value)], shown(e.value)
+    code, out, _ = run_cli("inspect", site["s3"], cwd=tmp_path)
+    assert code == 1 and "access denied" in out and not [x for x in secrets if x in out], out
+    assert not [x for x in secrets if x in caplog.text]
+
+
+def test_an_endpoint_in_the_environment_is_checked_like_one_in_storage_options(s3, monkeypatch, tmp_path):
+    """AWS_ENDPOINT_URL holding a password was used (obstore) or dropped (the standard-library
+    client), and one whose port is no number was retried until the deadline."""
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.setenv(var, f"http://minio:{PASSWORD}@127.0.0.1:{s3.port}")
+        for make in (mmloader.open, mmloader.writer_for):
+            with pytest.raises(ValueError, match=f"\\({var}\\): an endpoint cannot hold credentials") as e:
+                make("s3://bucket/ds")
+            assert_clean(shown(e.value), f"the error for {var} holding a password")
+        monkeypatch.setenv(var, "http://127.0.0.1:90x")
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="invalid port"):
+            mmloader.open("s3://bucket/ds", retry_deadline=60)
+        assert time.monotonic() - started < 5
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    location = remote.Location("s3://bucket/ds")  # checked again when the environment changes
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://minio:{PASSWORD}@127.0.0.1:{s3.port}")
+    with pytest.raises(ValueError, match="cannot hold credentials") as e:
+        location.get("index.json")
+    assert_clean(shown(e.value), "the error after the environment changed")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:90x")
+    code, out, seconds = run_cli("inspect", "s3://bucket/ds", cwd=tmp_path, env={"MMLOADER_RETRY_DEADLINE": "60"})
+    assert code == 1 and "invalid port" in out and seconds < 20, out
+
+
+def test_a_client_that_cannot_be_set_up_is_one_redacted_line_in_the_cli(tmp_path, monkeypatch):
+    """obstore's error building a client (a service account key it cannot read) escaped the CLI
+    as a raw traceback of 50 lines."""
+    key = '{"type": "service_account", "private_key_id": "' + BEARER + '"}'
+    code, out, _ = run_cli("inspect", "gs://bucket/ds", cwd=tmp_path, env={"GOOGLE_SERVICE_ACCOUNT_KEY": key})
+    assert code == 1 and "Traceback" not in out and len(out.splitlines()) == 1, out
+    assert out.startswith("mmloader inspect: error: gs://bucket/ds: cannot set up the obstore client: "), out
+    monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_KEY", key)
+    with pytest.raises(RemoteError, match="cannot set up the obstore client") as e:
+        remote.Location("gs://bucket/ds").client("data").get("index.json")
+    assert_clean(shown(e.value), "the error setting up a client")

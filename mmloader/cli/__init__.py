@@ -3,7 +3,9 @@
 Exit status, the same for every subcommand (argparse's conventions): 0 on success and for
 ``--help``; 2 for a usage error (an unknown or missing option, a bad option value, an
 unknown layout); 1 for a failure (a missing or unreadable dataset or source, bad data,
-``verify`` finding problems). Errors are one line on stderr, never a traceback.
+``verify`` finding problems). Errors are one line on stderr, never a traceback, and show no
+credential (:func:`~mmloader.storage.remote.redaction.redact`); an error of an unexpected kind
+is named by its type (``MMLOADER_TRACEBACK=1`` prints its traceback too, redacted likewise).
 """
 
 from __future__ import annotations
@@ -57,11 +59,21 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     return action.choices[name]
 
 
-def _failure(command: str, e: BaseException) -> int:
+def _failure(command: str, e: BaseException, expected: bool = True) -> int:
+    """Exit status 1 after a line on stderr saying what failed, redacted. An error of a kind the
+    commands expect (a missing dataset, bad data, an option that cannot work) is its message; any
+    other is its type and the first line of its message."""
     from ..storage.remote.redaction import redact
 
-    text = redact(str(e) or type(e).__name__)
-    print(f"mmloader {command}: error: {text}", file=sys.stderr)
+    text = str(e).strip() or type(e).__name__
+    if not expected:
+        text = f"{type(e).__name__}: {text.splitlines()[0]}"
+    prefix = f"mmloader {command}: " if command else "mmloader: "
+    if os.environ.get("MMLOADER_TRACEBACK"):
+        import traceback
+
+        print(redact("".join(traceback.format_exception(e))), file=sys.stderr, end="")
+    print(f"{prefix}error: {redact(text)}", file=sys.stderr)
     return 1
 
 
@@ -88,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # whatever failed (a client library's own error too): one line, redacted
+        command = argv[0] if argv and not argv[0].startswith("-") else ""
+        return _failure(command, e, expected=isinstance(e, (MMLoaderError, OSError, ValueError)))
 
 
 def _run(argv: list[str]) -> int:
@@ -108,6 +123,8 @@ def _run(argv: list[str]) -> int:
         raise
     except (MMLoaderError, OSError, lmdb.Error, ValueError) as e:
         return _failure(args.command, e)
+    except Exception as e:  # e.g. a client library's own error: named by its type, one line
+        return _failure(args.command, e, expected=False)
 
 
 from .. import _submodules_on_access  # noqa: E402

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ..errors import FormatError
@@ -30,6 +31,10 @@ __all__ = [
 ]
 
 
+#: A URL scheme followed by a single slash: a typo, or a URL that went through pathlib.Path.
+_HALF_URL = re.compile(r"(?i)(s3a?|gcs?|az|azure|abfss?|https?):/(?!/)")
+
+
 def open_store(path: str | os.PathLike | Store, **options) -> Store:
     """Open an LMDB dataset or a shard directory (or its ``index.json``); nothing is read yet.
 
@@ -45,6 +50,16 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         return open_url(str(path), **options)
     p = Path(path)
     if not p.exists():
+        half = _HALF_URL.match(os.fspath(path))
+        if half:  # "http:/host/ds", or a URL made a Path (which merges "//" into "/")
+            from .remote.redaction import redact_url
+
+            url = f"{half.group(1)}://{os.fspath(path)[half.end() :].lstrip('/')}"
+            raise FileNotFoundError(
+                f"dataset {redact_url(url).replace('://', ':/', 1)} does not exist: with one slash after "
+                f"'{half.group(1)}:' it is a local path; a URL takes two ({redact_url(url)}), and is given as a "
+                "string (a pathlib.Path merges the two slashes)"
+            )
         raise FileNotFoundError(f"dataset {p} does not exist")
     if p.is_dir() and (p / "data.mdb").is_file():
         return LMDBStore(p)

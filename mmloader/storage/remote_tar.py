@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import FormatError, RandomAccessError
 from .read_ahead import ReadAhead
-from .remote import Location, Policy, RemoteError, coalesce, join
+from .remote import Location, Policy, RemoteError, RemoteUnavailableError, coalesce, join
 from .shard_cache import DEFAULT_CACHE_DIR, ShardCache, parse_limit
 from .shard_index import MANIFEST
 from .tar_layout import sha256_file
@@ -198,6 +198,10 @@ class RemoteTarStore(TarStore):
             # or the read fails with ObjectChangedError — never a mixture of two datasets.
             try:
                 versions = self.location.versions()
+            except RemoteUnavailableError:
+                # no answer for the whole retry_deadline: asking for the manifest now would wait
+                # as long again (an open takes one deadline at most)
+                raise
             except (FileNotFoundError, RemoteError, OSError) as e:
                 log.debug("%s: no listing (%s); versions are pinned as objects are first read", self.url, e)
                 versions = {}

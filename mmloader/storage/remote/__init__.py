@@ -19,9 +19,14 @@ workers forked after opening a dataset still get obstore for the data.
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``GOOGLE_APPLICATION_CREDENTIALS``,
 ``AZURE_STORAGE_ACCOUNT_NAME``, ...) or ``storage_options``, and are re-resolved: a client is
 rebuilt when those variables change and after an authentication error, and the clients refresh
-temporary credentials themselves. An ``http(s)://user:password@host/`` URL's credentials become
-an ``Authorization: Basic`` header (``storage_options["default_headers"]``, which every client
-sends) and leave the URL; other schemes refuse credentials in the URL.
+temporary credentials themselves. S3 credentials of an AWS profile, which obstore does not read,
+are resolved by botocore and given to it (:func:`~.sigv4.profile_credentials`). An
+``http(s)://user:password@host/`` URL's credentials become an ``Authorization: Basic`` header
+(``storage_options["default_headers"]``, which every client sends, as it sends
+``storage_options["headers"]``) and leave the URL; other schemes refuse credentials in the URL,
+and every scheme refuses ``storage_options`` no client reads. The endpoint is checked wherever
+it is given (``storage_options``, ``AWS_ENDPOINT_URL``): credentials in it, or a port that is no
+number, are refused at once.
 
 **What is shown.** Every message, log line, progress bar and ``repr`` names a URL without its
 credentials, and no secret of ``storage_options`` or the environment: :mod:`.redaction` holds the
@@ -63,7 +68,7 @@ from .fsspec_client import _FsspecClient
 from .location import CREDENTIAL_ENV, Location
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .ranges import _check_length, coalesce
-from .redaction import redact, redact_text, redact_url, scrub, secret_values
+from .redaction import redact, redact_text, redact_url, remember_secrets, scrub, secret_values, userinfo_end
 from .retry import (
     _OBSTORE_PERMANENT,
     S3_REFUSALS,
@@ -89,7 +94,18 @@ from .runtime import (
 )
 from .sigv4 import _botocore_credentials, sigv4_headers, static_s3_credentials
 from .simple_client import _SimpleClient
-from .urls import SCHEMES, check_url, is_url, join, parent_and_name, scheme_of, split_userinfo
+from .urls import (
+    SCHEMES,
+    check_endpoint,
+    check_url,
+    endpoint_of,
+    is_url,
+    join,
+    lower_scheme,
+    parent_and_name,
+    scheme_of,
+    split_userinfo,
+)
 
 __all__ = [
     "CREDENTIAL_ENV",
@@ -104,12 +120,15 @@ __all__ = [
     "S3_REFUSALS",
     "SCHEMES",
     "ShortBody",
+    "check_endpoint",
     "check_url",
     "coalesce",
+    "endpoint_of",
     "event_loop",
     "fsspec_usable",
     "is_url",
     "join",
+    "lower_scheme",
     "obstore_inherited",
     "obstore_started_here",
     "obstore_usable",
@@ -117,6 +136,7 @@ __all__ = [
     "redact",
     "redact_text",
     "redact_url",
+    "remember_secrets",
     "run",
     "scheme_of",
     "scrub",
@@ -128,4 +148,5 @@ __all__ = [
     "static_s3_credentials",
     "transient",
     "unresolved_host",
+    "userinfo_end",
 ]

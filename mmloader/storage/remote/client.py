@@ -134,8 +134,12 @@ class _Client:
             try:
                 return fn()
             except Exception as e:
-                rebuilt = deadline.rebuilt
-                delay = deadline.next_delay(e, self.location)
-                if deadline.rebuilt and not rebuilt:
-                    self._rebuild()
-                time.sleep(delay)
+                failed = e
+            # here, not in the except block: what next_delay raises would have the client's
+            # error, which may hold the request's headers, as its __context__
+            rebuilt = deadline.rebuilt
+            delay = deadline.next_delay(failed, self.location)
+            del failed
+            if deadline.rebuilt and not rebuilt:
+                self._rebuild()
+            time.sleep(delay)

@@ -12,7 +12,8 @@ from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .errors import ShortBody
 from .retry import _Deadline
 from .runtime import _background
-from .urls import join
+from .sigv4 import _botocore_credentials
+from .urls import endpoint_of, join
 
 
 class _FsspecClient(_Client):
@@ -32,11 +33,8 @@ class _FsspecClient(_Client):
         kwargs: dict[str, Any] = {"skip_instance_cache": True}
         if location.scheme == "s3":
             client_kwargs = {}
-            endpoint = (
-                opts.pop("endpoint", None)
-                or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL")
-            )
+            endpoint, _where = endpoint_of("s3", opts)
+            opts.pop("endpoint", None)
             if endpoint:
                 kwargs["endpoint_url"] = endpoint
             region = opts.pop("region", None) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -49,13 +47,15 @@ class _FsspecClient(_Client):
                 kwargs["token"] = opts.pop("session_token")
             if str(opts.pop("skip_signature", "")).lower() in ("true", "1"):
                 kwargs["anon"] = True
+            elif "key" not in kwargs and not os.environ.get("AWS_ACCESS_KEY_ID"):
+                _botocore_credentials()  # s3fs resolves the same ones: what it finds is scrubbed from messages
             kwargs["client_kwargs"] = client_kwargs
             kwargs["config_kwargs"] = {
                 "connect_timeout": location.policy.connect_timeout,
                 "read_timeout": location.policy.request_timeout,
                 "retries": {"max_attempts": 1},
             }
-        headers = opts.get("default_headers")
+        headers = opts.get("default_headers")  # storage_options["headers"] joined it (Location)
         if location.scheme == "http" and headers:
             kwargs["headers"] = dict(headers)  # sent with every request, as obstore does
         for k in list(opts):

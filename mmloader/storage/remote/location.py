@@ -8,17 +8,18 @@ import base64
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from .client import Client
+from ...errors import MMLoaderError
+from .client import _CLIENT_OPTION_KEYS, Client
 from .errors import ObjectChangedError, RemoteError
 from .fsspec_client import _FsspecClient
-from .obstore_client import _ObstoreClient
-from .redaction import redact_url
-from .retry import Policy
+from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
+from .redaction import redact, redact_url
+from .retry import Policy, short_message
 from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
 from .simple_client import _SimpleClient
-from .urls import check_url, join, scheme_of, split_userinfo
+from .urls import check_endpoint, check_url, endpoint_of, join, lower_scheme, scheme_of, split_userinfo
 
 #: Environment variables whose change means "build the client again" (rotated credentials).
 CREDENTIAL_ENV = (
@@ -60,11 +61,12 @@ class Location:
     policy: Policy = field(default_factory=Policy.from_env)
 
     def __post_init__(self) -> None:
-        self.url = self.url.rstrip("/")
+        self.url = lower_scheme(self.url.rstrip("/"))
         self.scheme = scheme_of(self.url)
         self.storage_options = dict(self.storage_options or {})
         self._take_userinfo()
         check_url(self.url, self.scheme)
+        self._check_options()
         self._check_endpoint()
         self._clients: dict[str, tuple[int, tuple, Any]] = {}
         self._lock = threading.Lock()
@@ -95,26 +97,51 @@ class Location:
         self.storage_options["default_headers"] = headers
         self.url = bare
 
+    def _check_options(self) -> None:
+        """``storage_options`` every client takes, or a ValueError listing them: obstore's
+        settings for the scheme (:data:`~.obstore_client._OBSTORE_CONFIG_KEYS`), the client
+        settings (:data:`~.client._CLIENT_OPTION_KEYS`), and ``headers`` (fsspec's spelling),
+        which joins ``default_headers``: every client sends those with every request. A key no
+        client reads (``heders``) would otherwise be ignored by some client, silently."""
+        opts = self.storage_options
+        accepted = _OBSTORE_CONFIG_KEYS[self.scheme] | _CLIENT_OPTION_KEYS | {"headers"}
+        unknown = sorted(str(k) for k in opts if k not in accepted)
+        if unknown:
+            raise ValueError(
+                f"{redact_url(self.url)}: unknown storage_options {unknown} for {self.scheme}:// URLs "
+                f"(accepted: {', '.join(sorted(accepted))})"
+            )
+        for key in ("headers", "default_headers"):
+            if key in opts and not isinstance(opts[key], Mapping):
+                raise ValueError(
+                    f"{redact_url(self.url)}: storage_options[{key!r}] is a {type(opts[key]).__name__}: "
+                    "expected a mapping of header names to values"
+                )
+        if "headers" in opts:
+            headers = dict(opts.get("default_headers") or {})
+            for name, value in opts.pop("headers").items():
+                if any(str(name).lower() == str(other).lower() for other in headers):
+                    raise ValueError(
+                        f"{redact_url(self.url)}: the header {name!r} is given twice (storage_options['headers'], "
+                        "and ['default_headers'] or the URL's credentials): give it once"
+                    )
+                headers[name] = value
+            opts["default_headers"] = headers
+
     def _check_endpoint(self) -> None:
         """A port that is no number, or an endpoint holding credentials, fails here, naming it
-        (redacted), not as a request retried until the deadline."""
+        (redacted), not as a request retried until the deadline: the URL's port, and the
+        endpoint's wherever it was given (``storage_options`` or, for S3, ``AWS_ENDPOINT_URL``)."""
         from urllib.parse import urlsplit
 
-        endpoint = self.storage_options.get("endpoint") or self.storage_options.get("endpoint_url")
-        for what, url in (("URL", self.url), ("endpoint", endpoint)):
-            if not isinstance(url, str) or "://" not in url:
-                continue
-            if split_userinfo(url)[1] is not None and what == "endpoint":
-                raise ValueError(
-                    f"endpoint {redact_url(url)}: an endpoint cannot hold credentials: give them as "
-                    "storage_options (access_key_id, secret_access_key) or in the environment"
-                )
-            if what == "URL" and self.scheme != "http":
-                continue  # s3://bucket, gs://bucket: no port
+        if self.scheme == "http":  # s3://bucket, gs://bucket: no port
             try:
-                urlsplit(url).port  # noqa: B018  (parsing the port is the check)
+                urlsplit(self.url).port  # noqa: B018  (parsing the port is the check)
             except ValueError as e:
-                raise ValueError(f"{what} {redact_url(url)}: invalid port ({e})") from None
+                raise ValueError(f"URL {redact_url(self.url)}: invalid port ({e})") from None
+        endpoint, where = endpoint_of(self.scheme, self.storage_options)
+        if endpoint:
+            check_endpoint(endpoint, where)
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "storage_options": self.storage_options, "policy": self.policy, "pins": self.pins}
@@ -145,11 +172,7 @@ class Location:
 
     def identity(self) -> str:
         """The URL plus the endpoint that serves it: two endpoints may hold the same bucket name."""
-        opts = self.storage_options
-        endpoint = opts.get("endpoint") or opts.get("endpoint_url") or ""
-        if not endpoint and self.scheme == "s3":
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-        return f"{self.url}|{endpoint}"
+        return f"{self.url}|{endpoint_of(self.scheme, self.storage_options)[0] or ''}"
 
     def versions(self, purpose: str = "meta") -> dict[str, str]:
         """name -> ETag of every object under this folder, from listings (empty where the store
@@ -202,14 +225,32 @@ class Location:
             with self._lock:
                 hit = self._clients.get(kind)
                 if hit is None or hit[0] != pid or hit[1] != env:
-                    kinds: dict[str, Callable[[Location], Client]] = {
-                        "obstore": _ObstoreClient,
-                        "simple": _SimpleClient,
-                        "fsspec": _FsspecClient,
-                    }
-                    made = kinds[kind](self)
-                    hit = self._clients[kind] = (pid, env, made)
+                    if hit is None or hit[1] != env:
+                        self._check_endpoint()  # AWS_ENDPOINT_URL may have changed since
+                    hit = self._clients[kind] = (pid, env, self._build(kind))
         return hit[2]
+
+    def _build(self, kind: str) -> Client:
+        """A new client of ``kind``. A client that cannot be built (obstore refusing a credential
+        file, an option of the wrong type) is an error naming the URL, redacted, raised outside
+        the ``except`` block: the library's error, which may quote the credential, is chained to
+        nothing."""
+        kinds: dict[str, Callable[[Location], Client]] = {
+            "obstore": _ObstoreClient,
+            "simple": _SimpleClient,
+            "fsspec": _FsspecClient,
+        }
+        try:
+            return kinds[kind](self)
+        except MMLoaderError:
+            raise
+        except Exception as e:
+            failed: tuple[type[Exception], str] = (
+                ValueError if isinstance(e, (ValueError, TypeError)) else RemoteError,
+                short_message(e),
+            )
+        cls, detail = failed
+        raise cls(redact(f"{self.url}: cannot set up the {kind} client: {detail}", self.storage_options))
 
     # -- requests (each retried under the policy) --------------------------------------------------
     def get(self, name: str, purpose: str = "data") -> bytes:

@@ -12,6 +12,8 @@ from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .ranges import _check_length
 from .retry import _Deadline
 from .runtime import _mark_obstore, event_loop, run
+from .sigv4 import profile_credentials
+from .urls import endpoint_of
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
@@ -82,17 +84,17 @@ class _ObstoreClient(_Client):
                 client_options[k] = f"{client_options[k]}s"
         url = location.url
         if location.scheme == "s3":
-            endpoint = (
-                opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            )
-            if endpoint and endpoint.startswith("http://"):
+            endpoint, _where = endpoint_of("s3", opts)
+            if endpoint and endpoint.lower().startswith("http://"):
                 client_options.setdefault("allow_http", True)
             if endpoint and "virtual_hosted_style_request" not in opts:
                 opts["virtual_hosted_style_request"] = False
             if not (opts.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
                 opts["region"] = "us-east-1"
+            # obstore reads no AWS profile: credentials botocore finds there are given to it
+            opts.update(profile_credentials(opts))
         elif location.scheme == "http":
-            if url.startswith("http://"):
+            if url.lower().startswith("http://"):
                 client_options.setdefault("allow_http", True)
         retry: RetryConfig = {"max_retries": 0}  # mmloader retries (backoff + deadline) around every request
         if location.scheme == "http":
@@ -126,10 +128,14 @@ class _ObstoreClient(_Client):
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # classified: retried, or raised naming the URL
-                rebuilt = deadline.rebuilt
-                delay = deadline.next_delay(e, self.location)
-                if deadline.rebuilt and not rebuilt:
-                    self._rebuild()
+                failed = e
+            # outside the except block: what next_delay raises has no __context__ (obstore's
+            # error may quote a server's answer echoing the request's credentials)
+            rebuilt = deadline.rebuilt
+            delay = deadline.next_delay(failed, self.location)
+            del failed
+            if deadline.rebuilt and not rebuilt:
+                self._rebuild()
             await asyncio.sleep(delay)
 
     def _options(self, name: str, **options) -> dict:

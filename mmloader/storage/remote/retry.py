@@ -88,8 +88,12 @@ def transient(e: BaseException) -> bool:
         return True
     if unresolved_host(e) is not None:
         return False
-    if type(e).__module__.startswith("obstore") and type(e).__name__ in _OBSTORE_PERMANENT:
-        return False
+    if type(e).__module__.startswith("obstore") and (
+        type(e).__name__ in _OBSTORE_PERMANENT or "builder error" in str(e)
+    ):
+        return False  # a request that cannot be built (its URL or a header) is built the same again
+    if type(e).__name__ == "InvalidURL" and type(e).__module__ == "http.client":
+        return False  # a port that is no number
     status = _status(e)
     if status is not None:
         return (status >= 500 and status not in (501, 505)) or status in (408, 429)
@@ -229,10 +233,19 @@ class _Rebuildable(Protocol):
     def rebuild(self) -> None: ...
 
 
+#: Attributes in which the errors of HTTP libraries keep the request or the answer (aiohttp's
+#: ``request_info`` holds the request's headers and its ``_conn_key`` a proxy's credentials,
+#: botocore's ``response`` the answer, ours ``body``): an error with any of them is never
+#: chained to what mmloader raises.
+_CARRIERS = ("request_info", "headers", "response", "request", "body", "history", "_conn_key")
+
+
 class _Deadline:
     """Retry bookkeeping for one request: backoff, a deadline, one rebuild after an auth error.
-    Every message it raises or logs is redacted (:func:`~.redaction.redact`), and an error whose own
-    text held a credential is not chained to what it raises (a traceback would print it)."""
+    Every message it raises or logs is redacted (:func:`~.redaction.redact`). What it raises is
+    chained (``__cause__``) only to an error that shows no credential however it is looked at
+    (:meth:`_chainable`), and the clients call :meth:`next_delay` outside their ``except``
+    blocks, so that ``__context__`` holds nothing either."""
 
     def __init__(self, policy: Policy, url: str, what: str):
         self.policy, self.url, self.what = policy, redact_url(url), what
@@ -245,17 +258,39 @@ class _Deadline:
         options: Mapping | None = getattr(location, "storage_options", None)
         return redact(text, options)
 
+    @classmethod
+    def _chainable(cls, cause: BaseException, location: _Rebuildable) -> bool:
+        """Whether ``cause`` may be chained to an error mmloader raises: neither it nor an error
+        it is chained to keeps a request or an answer (:data:`_CARRIERS`: headers, bodies), and
+        none's text or ``repr`` changes when redacted."""
+        todo: list[BaseException] = [cause]
+        seen: list[BaseException] = []
+        while todo and len(seen) < 16:
+            cur = todo.pop()
+            if any(cur is s for s in seen):
+                continue
+            seen.append(cur)
+            if any(getattr(cur, name, None) is not None for name in _CARRIERS):
+                return False
+            for text in (str(cur), repr(cur)):
+                if cls._shown(text, location) != text:
+                    return False
+            todo += [c for c in (cur.__cause__, cur.__context__) if c is not None]
+        return not todo
+
     def _fail(self, cls: type[Exception], text: str, cause: BaseException | None, location: _Rebuildable):
-        """``cls`` with the message ``URL: text`` redacted, chained to ``cause`` unless the cause's
-        text held a credential (then to nothing)."""
+        """``cls`` with the message ``URL: text`` redacted, chained to ``cause`` where that shows
+        no credential (:meth:`_chainable`), else to nothing."""
         error = cls(self._shown(f"{self.url}: {text}", location))
-        if cause is not None and self._shown(str(cause), location) != str(cause):
+        if cause is not None and not self._chainable(cause, location):
             cause = None
-        error.__cause__, error.__suppress_context__ = cause, True
+        error.__cause__, error.__context__, error.__suppress_context__ = cause, None, True
         return error
 
     def next_delay(self, e: BaseException, location: _Rebuildable) -> float:
-        """Seconds to wait before trying again, or raise the error for good."""
+        """Seconds to wait before trying again, or raise the error for good. Called outside the
+        ``except`` block that caught ``e`` (what is raised inside one has ``e`` as its
+        ``__context__``, whatever it says)."""
         if _auth_error(e) and not self.rebuilt:
             self.rebuilt = True
             location.rebuild()  # credentials may have rotated: resolve them again

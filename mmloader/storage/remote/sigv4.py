@@ -21,25 +21,75 @@ def static_s3_credentials(options: dict) -> tuple[str, str, str | None] | None |
     return _botocore_credentials()
 
 
-_BOTO: tuple[float, Any] = (0.0, None)
+#: What botocore's answer depends on: a change of any of these asks it again at once.
+_BOTO_ENV = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+)
+_BOTO: tuple[float, tuple, Any] = (0.0, (), None)
+#: How botocore found credentials that obstore finds by itself (the environment, an instance's
+#: or a container's role, web identity); from anywhere else (a profile in the shared files, SSO,
+#: a credential process, an assumed role) obstore is given them (:func:`profile_credentials`).
+OBSTORE_RESOLVES = frozenset({"env", "iam-role", "container-role", "assume-role-with-web-identity"})
 
 
-def _botocore_credentials() -> tuple[str, str, str | None] | None:
-    """Credentials from botocore's chain (profiles, SSO, instance or container roles) when it is
-    installed; asked again every 5 minutes (temporary credentials expire)."""
+def _botocore_resolved() -> tuple[str, str, str | None, str] | None:
+    """(key, secret, token, how found) from botocore's chain (profiles, SSO, instance or container
+    roles) when it is installed; asked again every 5 minutes (temporary credentials expire) and
+    whenever the variables botocore reads change. What it finds is scrubbed from every message
+    (:func:`~.redaction.remember_secrets`)."""
     global _BOTO
-    if time.monotonic() - _BOTO[0] < 300:
-        return _BOTO[1]
+    env = tuple(os.environ.get(k) for k in _BOTO_ENV)
+    if time.monotonic() - _BOTO[0] < 300 and _BOTO[1] == env:
+        return _BOTO[2]
     try:
         import botocore.session
 
         creds = botocore.session.get_session().get_credentials()
         frozen = creds.get_frozen_credentials() if creds is not None else None
-        value = (frozen.access_key, frozen.secret_key, frozen.token) if frozen and frozen.access_key else None
+        value = (
+            (frozen.access_key, frozen.secret_key, frozen.token, str(getattr(creds, "method", "") or ""))
+            if frozen and frozen.access_key and frozen.secret_key
+            else None
+        )
     except Exception:  # not installed, or no credentials anywhere
         value = None
-    _BOTO = (time.monotonic(), value)
+    if value is not None:
+        from .redaction import remember_secrets
+
+        remember_secrets(*value[:3])
+    _BOTO = (time.monotonic(), env, value)
     return value
+
+
+def _botocore_credentials() -> tuple[str, str, str | None] | None:
+    """(key, secret, token) from botocore's chain (see :func:`_botocore_resolved`), or None."""
+    found = _botocore_resolved()
+    return found[:3] if found is not None else None
+
+
+def profile_credentials(options: dict) -> dict[str, str]:
+    """S3 settings for obstore, which reads no AWS profile: the credentials botocore resolves
+    from a profile (``AWS_PROFILE``, the shared credentials and config files, SSO, a credential
+    process, an assumed role) as ``access_key_id``, ``secret_access_key`` and ``session_token``;
+    empty where ``options`` or the environment give credentials, requests are unsigned, or
+    botocore found them where obstore looks too (:data:`OBSTORE_RESOLVES`)."""
+    if str(options.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", ""))).lower() in ("true", "1"):
+        return {}
+    if options.get("access_key_id") or options.get("secret_access_key") or os.environ.get("AWS_ACCESS_KEY_ID"):
+        return {}
+    found = _botocore_resolved()
+    if found is None or found[3] in OBSTORE_RESOLVES:
+        return {}
+    key, secret, token, _how = found
+    return {"access_key_id": key, "secret_access_key": secret, **({"session_token": token} if token else {})}
 
 
 def sigv4_headers(

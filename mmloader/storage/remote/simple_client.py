@@ -16,6 +16,7 @@ from .ranges import _check_length
 from .retry import server_refusal
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
+from .urls import endpoint_of
 
 
 def _host_port(netloc: str) -> str:
@@ -53,9 +54,7 @@ class _SimpleClient(_Client):
                 or os.environ.get("AWS_DEFAULT_REGION")
                 or "us-east-1"
             )
-            endpoint = (
-                opts.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            )
+            endpoint, _where = endpoint_of("s3", opts)
             if endpoint:
                 parts = urlsplit(endpoint)
                 self.secure, self.host = parts.scheme == "https", _host_port(parts.netloc)
