@@ -25,7 +25,7 @@ from ..errors import DecodeError
 from ..media.imageinfo import probe
 from ..readers.basic import JSONReader, LabelReader, TextReader
 from ..readers.image import ImageReader
-from .identity import digest
+from .identity import digest, store_content
 from .where import Expression
 
 log = logging.getLogger("mmloader")
@@ -421,15 +421,10 @@ def content_id(dataset: Any) -> str:
     for name, reader in sorted(dataset.readers.items()):
         parts.append(f"{name}={type(reader).__qualname__}:{';'.join(reader.fields)}")
         store = reader.store
-        parts.append(json.dumps(_content(store.metadata), sort_keys=True, default=str))
+        parts.append(store_content(store))
+        parts.append(f"{store.metadata.get('format')}@{store.metadata.get('created')}")  # written when
         parts.append(_file_stamp(getattr(store, "path", None)))
     return digest(*parts)
-
-
-def _content(meta: dict) -> dict:
-    """What identifies a store's content (its checksums and counts), not where it is."""
-    keep = ("format", "count", "field_counts", "field_bytes", "field_crc32", "created")
-    return {k: meta.get(k) for k in keep}
 
 
 def _file_stamp(path: Any) -> str:
