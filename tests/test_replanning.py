@@ -78,19 +78,24 @@ def test_plan_changes_names_what_changed(current, expected):
     assert plan_changes(IDENTITY, current) == expected
 
 
-def test_a_state_of_another_plan_raises_listing_the_changes():
-    state = progress_state(
+def _state(plan_len: int, consumed: int, batch_size: int, plan: dict | None = None) -> dict:
+    """One rank's state ``consumed`` samples into epoch 0 of a plan of ``plan_len``."""
+    return progress_state(
         seed=0,
         epoch=0,
         world=1,
-        plan_len=100,
-        ranges=[[0, 100]],
-        samples_per_rank=100,
-        consumed=50,
-        batch_size=10,
+        plan_len=plan_len,
+        ranges=[[0, plan_len]],
+        samples_per_rank=plan_len,
+        consumed=consumed,
+        batch_size=batch_size,
         drop_last=False,
-        plan=IDENTITY,
+        plan=plan,
     )
+
+
+def test_a_state_of_another_plan_raises_listing_the_changes():
+    state = _state(plan_len=100, consumed=50, batch_size=10, plan=IDENTITY)
     check_state(state, seed=0, plan=IDENTITY)  # the same plan passes
     with pytest.raises(PlanChangedError) as e:
         check_state(state, seed=0, plan=_with(batch_size=3))
@@ -104,20 +109,7 @@ def test_a_state_of_another_plan_raises_listing_the_changes():
 
 
 def test_an_old_state_without_a_plan_is_resumed_with_a_warning():
-    state = {
-        **progress_state(
-            seed=0,
-            epoch=0,
-            world=1,
-            plan_len=10,
-            ranges=[[0, 10]],
-            samples_per_rank=10,
-            consumed=2,
-            batch_size=2,
-            drop_last=False,
-        ),
-        "version": 1,
-    }
+    state = {**_state(plan_len=10, consumed=2, batch_size=2), "version": 1}
     state.pop("plan")
     with pytest.warns(UserWarning, match="records no plan identity"):
         check_state(state, seed=0, plan=IDENTITY)

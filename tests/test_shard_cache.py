@@ -5,6 +5,7 @@ the files cached over time), and never deleting a file it did not write.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pickle
@@ -161,21 +162,29 @@ def test_a_failed_download_leaves_no_lock_or_part(tmp_path):
     assert _files(cache.dir) == [MARKER]
 
 
-def test_lock_files_of_dead_downloads_and_earlier_versions_are_removed_held_ones_kept(tmp_path):
-    cache = ShardCache(tmp_path, "s3://b/ds", limit=1000)
-    cache._ensure_dir()
-    for i in range(50):  # what earlier versions left: one lock file per file ever downloaded
-        (cache.dir / f".old{i}.tar.lock").touch()
+@contextlib.contextmanager
+def _dead_and_busy_downloads(cache: ShardCache):
+    """In the cache's folder: the files a killed download left (a part and a free lock), and a
+    download under way in another process (its lock held for the block, and its part)."""
     (cache.dir / ".dead.tar.part-7-abc123").write_bytes(b"d" * 10)
     (cache.dir / ".dead.tar.lock").touch()
     fd = os.open(cache.dir / ".busy.tar.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a live download in another process
     (cache.dir / ".busy.tar.part-8-def456").write_bytes(b"b" * 20)
     try:
-        assert cache.usage() == ([], 20)
-        assert _files(cache.dir) == sorted([MARKER, ".busy.tar.lock", ".busy.tar.part-8-def456"])
+        yield
     finally:
         os.close(fd)
+
+
+def test_lock_files_of_dead_downloads_and_earlier_versions_are_removed_held_ones_kept(tmp_path):
+    cache = ShardCache(tmp_path, "s3://b/ds", limit=1000)
+    cache._ensure_dir()
+    for i in range(50):  # what earlier versions left: one lock file per file ever downloaded
+        (cache.dir / f".old{i}.tar.lock").touch()
+    with _dead_and_busy_downloads(cache):
+        assert cache.usage() == ([], 20)
+        assert _files(cache.dir) == sorted([MARKER, ".busy.tar.lock", ".busy.tar.part-8-def456"])
 
 
 def test_a_waiter_whose_lock_file_was_removed_locks_the_file_the_name_is_now(tmp_path, monkeypatch):
@@ -242,12 +251,7 @@ def test_without_a_limit_a_download_removes_the_parts_and_locks_of_killed_downlo
     the shard's full size, stayed through every later download of other files."""
     cache = ShardCache(tmp_path, "s3://b/ds")
     cache._ensure_dir()
-    (cache.dir / ".dead.tar.part-7-abc123").write_bytes(b"d" * 10)
-    (cache.dir / ".dead.tar.lock").touch()
-    fd = os.open(cache.dir / ".busy.tar.lock", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # a live download in another process
-    (cache.dir / ".busy.tar.part-8-def456").write_bytes(b"b" * 20)
-    try:
+    with _dead_and_busy_downloads(cache):
         assert cache.fetch("a.tar", 100, _writer(b"a" * 100, [])) == cache.path("a.tar")
         assert _files(cache.dir) == sorted([MARKER, "a.tar", ".busy.tar.lock", ".busy.tar.part-8-def456"])
         (cache.dir / ".dead2.tar.lock").touch()  # killed since: swept at most once a minute per cache
@@ -255,5 +259,3 @@ def test_without_a_limit_a_download_removes_the_parts_and_locks_of_killed_downlo
         assert ".dead2.tar.lock" in _files(cache.dir)
         assert ShardCache(tmp_path, "s3://b/ds").fetch("c.tar", 1, _writer(b"c", [])) is not None  # a new one sweeps
         assert ".dead2.tar.lock" not in _files(cache.dir)
-    finally:
-        os.close(fd)
