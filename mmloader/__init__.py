@@ -38,6 +38,7 @@ _LAZY = {
     "SampleCache": (".readers.cache", "SampleCache"),
     "Reader": (".readers", "Reader"),
     "ImageReader": (".readers", "ImageReader"),
+    "Crop": (".readers.augment", "Crop"),
     "TextReader": (".readers", "TextReader"),
     "LabelReader": (".readers", "LabelReader"),
     "JSONReader": (".readers", "JSONReader"),

@@ -197,8 +197,8 @@ class Zipped(torch.utils.data.Dataset):
             if self.cache is not None:
                 value = fresh_copy(value)
             reader = self.readers.get(name)
-            if reader is not None and reader.transform is not None:
-                value = reader.transform(value)
+            if reader is not None:
+                value = reader.apply_transform(value)
             t = self.transforms.get(name)
             sample[name] = t(value) if t is not None else value
         return sample
@@ -257,7 +257,7 @@ class Zipped(torch.utils.data.Dataset):
                     columns[name] = reader.from_column(column, keys, share_memory=share_memory)
         for name, reader in self.readers.items():
             if reader.transform is not None:
-                columns[name] = [reader.transform(v) for v in columns[name]]
+                columns[name] = [reader.transform(v) for v in per_sample(columns[name])]
             t = self.transforms.get(name)
             if t is not None:
                 columns[name] = [t(v) for v in per_sample(columns[name])]

@@ -84,6 +84,12 @@ READER_KEYS = {
     "size",
     "max_pixels",
     "transform",
+    # fused image augmentation (ImageReader): crop: {random: 224} or {center: 224}, flip: 0.5,
+    # normalize: imagenet | [mean, std], dtype: float32
+    "crop",
+    "flip",
+    "normalize",
+    "dtype",
     "allow_pickle",
     "tokenizer",
     "add_special_tokens",

@@ -156,7 +156,11 @@ class Reader:
 
     def from_record(self, record: dict) -> Any:
         """Decode this reader's field of a record returned by ``store.read``, then ``transform``."""
-        value = self.decode_record(record)
+        return self.apply_transform(self.decode_record(record))
+
+    def apply_transform(self, value: Any) -> Any:
+        """A decoded value -> the sample's value (``transform``, if any). What a sample cache
+        and per-sample reads run after :meth:`decode_record`."""
         return self.transform(value) if self.transform is not None else value
 
     def decode_record(self, record: dict) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any, Callable, cast
@@ -11,9 +12,14 @@ import torch
 from ..errors import DecodeError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
+from .augment import Augment, Crop, augment_column, augment_image, native_augment, split_transform
+from .augment.fused import CHANNELS
 from .base import Reader, accepts_views, as_bytes
-from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of
+from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of, per_sample
 from .image_decode import DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into, probe
+from .seeding import rng
+
+log = logging.getLogger("mmloader")
 
 OUTPUTS = ("tensor", "pil", "raw")
 
@@ -27,6 +33,12 @@ class ImageReader(Reader):
     grayscale, CMYK, palette and alpha images are converted as asked. ``size``
     (torchvision ``Resize`` semantics) decodes large JPEGs at reduced DCT scale
     first, then resizes. ``decode=`` takes a callable, as on every reader.
+
+    Augmentation runs fused, in C, once per batch where it can (decode, crop, resize and flip
+    into the batch tensor, then one dtype conversion and normalisation for the whole batch):
+    give a torchvision ``Compose`` as ``transform=`` (its recognised prefix is fused, the rest
+    runs per sample after it; see :mod:`mmloader.readers.augment.recognise`), or the native
+    options ``crop=``, ``flip=``, ``normalize=``, ``dtype=``.
 
     Without ``field``, the store's image fields are read as alternatives (``"jpg;png"``:
     each sample decodes whichever it has), so a dataset that mixes formats needs no option.
@@ -50,8 +62,29 @@ class ImageReader(Reader):
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         transform: Callable[[Any], Any] | None = None,
         decode: Any = None,
+        crop: Crop | dict | None = None,
+        flip: float = 0.0,
+        normalize: Any = None,
+        dtype: torch.dtype | str | None = None,
         **kwargs,
     ):
+        """
+        Args:
+            source: the dataset (path, URL or open store).
+            field: the image field; None reads every image field the dataset has, as alternatives.
+            output: ``"tensor"``, ``"pil"`` or ``"raw"``.
+            mode: ``"RGB"``, ``"L"``, ``"RGBA"`` or ``"unchanged"``.
+            size: resize (torchvision ``Resize``: an int sets the shorter side, or (h, w)).
+            max_pixels: refuse images with more pixels than this (decompression bombs).
+            transform: run on each decoded image; a torchvision pipeline is fused where it can be.
+            decode: a callable bytes -> value replacing the built-in decoder.
+            crop: :meth:`mmloader.Crop.random` / :meth:`mmloader.Crop.center`, or
+                ``{"random": 224}`` / ``{"center": 224}`` (a centre crop follows ``size=``).
+            flip: horizontal flip probability.
+            normalize: ``"imagenet"``, ``(mean, std)`` or ``{"mean": ..., "std": ...}`` in [0, 1]
+                units: pixels become float32 ``(x / 255 - mean) / std``.
+            dtype: output dtype (``"float32"``, ``"bfloat16"``...): pixels scaled to [0, 1].
+        """
         if isinstance(decode, str):  # the old spelling of output=
             warnings.warn(
                 f"ImageReader(decode={decode!r}) is now ImageReader(output={decode!r}); "
@@ -74,6 +107,45 @@ class ImageReader(Reader):
             raise ValueError(f"max_pixels={max_pixels!r}: expected a positive int or None")
         super().__init__(source, field, transform=transform, decode=decode, **kwargs)
         self.output, self.mode, self.size, self.max_pixels = output, mode, size, max_pixels
+        #: The fused augmentation (from the native options or the recognised part of
+        #: ``transform``), or None. ``transform`` then holds only what runs after it.
+        self.augment: Augment | None = None
+        if crop is not None or flip or normalize is not None or dtype is not None:
+            if output != "tensor" or mode == "unchanged" or decode is not None:
+                raise ValueError(
+                    "crop=, flip=, normalize= and dtype= decode images to tensors of one mode: "
+                    f"not with output={output!r}, mode={mode!r}{' or decode=' if decode is not None else ''} "
+                    "(for raw bytes, mmloader.GPUDecode crops, flips and normalises on the GPU)"
+                )
+            self.augment = native_augment(size, crop, flip, normalize, dtype)
+        elif transform is not None and output != "raw" and mode != "unchanged" and decode is None:
+            split = split_transform(transform, output, size)
+            if split.augment is not None:
+                self.augment, self.transform = split.augment, split.rest
+                log.info(
+                    "ImageReader(%r, field=%r): fused %s%s",
+                    self.store.path,
+                    self._field,
+                    " + ".join(split.fused),
+                    f"; per sample in Python after it: {' + '.join(split.remaining)}" if split.remaining else "",
+                )
+        if (
+            self.augment is not None
+            and self.augment.mean is not None
+            and len(self.augment.mean)
+            not in (
+                1,
+                CHANNELS[mode],
+            )
+        ):
+            raise ValueError(
+                f"normalize: {len(self.augment.mean)} means and stds for {CHANNELS[mode]}-channel {mode} images"
+            )
+
+    @property
+    def _decode_size(self) -> int | tuple[int, int] | None:
+        """The size images are decoded at: the fused augmentation does its own resizing."""
+        return None if self.augment is not None else self.size
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]
@@ -94,6 +166,9 @@ class ImageReader(Reader):
         )
 
     def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
+        if self.augment is not None:
+            column = self._augmented_column(datas, keys, share_memory)
+            return column if self.transform is None else [self.transform(v) for v in per_sample(column)]
         plain = self.plain_column(datas)
         if self.output == "tensor" and plain:
             try:
@@ -112,6 +187,34 @@ class ImageReader(Reader):
         offsets = offsets_of(present)
         return Packed(concat_bytes(present, offsets.tolist(), share_memory), torch.from_numpy(offsets))
 
+    def decoded_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
+        """The batch decoded and, with a fused augmentation, augmented; before ``transform``."""
+        if self.augment is not None:
+            return self._augmented_column(datas, keys, share_memory=False)
+        return super().decoded_column(datas, keys)
+
+    def _augmented_column(self, datas: list[bytes | None], keys: list[str], share_memory: bool) -> Any:
+        """Decode and augment a batch in one fused step; a problem sends the batch sample by
+        sample, where the error names its key."""
+        assert self.augment is not None
+        generator = rng().numpy
+        if not self.gzipped and self.decodes_builtin() and self.all_present_within_limit(datas):
+            try:
+                return augment_column(
+                    cast("list[bytes]", datas), self.augment, self.mode, self.max_pixels, generator, share_memory
+                )
+            except Exception:
+                pass  # redo sample by sample: the error must name its key
+        decoded = super().decoded_column(as_bytes(datas), keys)
+        return [augment_image(image, self.augment, generator) for image in decoded]
+
+    def apply_transform(self, value: Any) -> Any:
+        """A decoded image -> the sample's value: the fused augmentation (per sample here: a
+        cached dataset, a sample read by index), then ``transform``."""
+        if self.augment is not None:
+            value = augment_image(value, self.augment, rng().numpy)
+        return super().apply_transform(value)
+
     def _decode_into_batch(self, datas: list[bytes], share_memory: bool = False) -> Any:
         """Decode straight into one batch tensor when every image has one size: no stack copy.
 
@@ -120,7 +223,7 @@ class ImageReader(Reader):
         transpose (measured here: +60 us per 256-px image instead of +130 us); it is also
         the layout convolutions on GPUs prefer. ``.contiguous()`` gives plain NCHW.
         """
-        if self.mode == "unchanged" or isinstance(self.size, int):
+        if self.mode == "unchanged" or isinstance(self.size, int):  # never with an augment (from_column)
             return None
         infos = [probe(d) for d in datas]
         shapes = {(i.width, i.height) for i in infos}
@@ -146,5 +249,5 @@ class ImageReader(Reader):
                 raise DecodeError("empty image field (0 bytes)")
             return torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if self.output == "pil":
-            return decode_to_pil(data, self.mode, self.size, self.max_pixels)
-        return decode_to_tensor(data, self.mode, self.size, self.max_pixels)
+            return decode_to_pil(data, self.mode, self._decode_size, self.max_pixels)
+        return decode_to_tensor(data, self.mode, self._decode_size, self.max_pixels)

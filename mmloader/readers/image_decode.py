@@ -41,11 +41,16 @@ MODES = ("RGB", "L", "RGBA", "unchanged")
 
 
 def target_hw(size: int | tuple[int, int], height: int, width: int) -> tuple[int, int]:
-    """torchvision ``Resize`` semantics: an int sets the shorter side, a pair is (h, w)."""
+    """torchvision ``Resize`` semantics: an int sets the shorter side (the longer one truncated,
+    as torchvision computes it), a pair is (h, w).
+
+    >>> target_hw(224, 375, 500), target_hw(224, 500, 333)
+    ((224, 298), (336, 224))
+    """
     if isinstance(size, int):
-        if height <= width:
-            return size, max(1, round(width * size / height))
-        return max(1, round(height * size / width)), size
+        if width <= height:
+            return max(1, int(size * height / width)), size
+        return size, max(1, int(size * width / height))
     return int(size[0]), int(size[1])
 
 

@@ -1,0 +1,503 @@
+"""Fused augmentation: torchvision's distributions, torchvision's pixels, the pipelines users
+write recognised, and the same crops on every backend and after a resume."""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as v1
+import torchvision.transforms.v2 as v2
+from conftest import jpeg_bytes
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+import mmloader
+from mmloader.errors import DecodeError
+from mmloader.readers.augment import Augment, Crop, augment_column, augment_image, native_augment, split_transform
+from mmloader.readers.augment.fused import draw
+from mmloader.readers.augment.params import center_boxes, flips, random_resized_boxes
+from mmloader.readers.image_decode import decode_to_tensor
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+N_DRAWS = 10_000
+
+
+def photo_jpeg(seed: int, width: int, height: int) -> bytes:
+    """A JPEG with a photo's detail: smooth regions a quarter, a sixteenth and a sixty-fourth of
+    the image across, and a little grain (what a photo at any resolution has; finer synthetic
+    texture makes a reduced-scale decode differ more)."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for cells in (4, 16, 64):
+        coarse = rng.integers(0, 255, (cells, cells, 3), dtype=np.uint8)
+        layers.append(np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.float64))
+    mixed = 0.55 * layers[0] + 0.3 * layers[1] + 0.15 * layers[2] + rng.normal(0, 2, (height, width, 3))
+    pixels = np.clip(mixed, 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """The two-sample Kolmogorov-Smirnov statistic (largest gap between the empirical CDFs)."""
+    grid = np.sort(np.concatenate([a, b]))
+    cdf_a = np.searchsorted(np.sort(a), grid, side="right") / len(a)
+    cdf_b = np.searchsorted(np.sort(b), grid, side="right") / len(b)
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+#: The KS statistic two samples of N_DRAWS from one distribution stay under with probability 0.999.
+KS_CRITICAL = 1.95 * math.sqrt(2 / N_DRAWS)
+
+
+def torchvision_boxes(height: int, width: int, scale, ratio) -> np.ndarray:
+    torch.manual_seed(0)
+    image = torch.empty((1, height, width))
+    return np.array([v1.RandomResizedCrop.get_params(image, list(scale), list(ratio)) for _ in range(N_DRAWS)])
+
+
+def box_statistics(boxes: np.ndarray, height: int, width: int) -> dict[str, np.ndarray]:
+    top, left, h, w = boxes.T
+    return {
+        "area": h * w / (height * width),
+        "log_aspect": np.log(w / h),
+        # the position as a fraction of the room the box has (uniform over the positions that fit)
+        "top": (top + 0.5) / (height - h + 1),
+        "left": (left + 0.5) / (width - w + 1),
+    }
+
+
+# -- params: torchvision's distributions ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "height, width, scale, ratio",
+    [
+        (256, 256, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (375, 500, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (480, 320, (0.35, 1.0), (0.5, 2.0)),
+        (64, 900, (0.08, 1.0), (3 / 4, 4 / 3)),  # so wide that most draws fall back to a centred crop
+    ],
+)
+def test_random_resized_crops_are_drawn_from_torchvisions_distribution(height, width, scale, ratio):
+    ours = random_resized_boxes(
+        np.full(N_DRAWS, height), np.full(N_DRAWS, width), scale, ratio, np.random.default_rng(7)
+    )
+    theirs = torchvision_boxes(height, width, scale, ratio)
+    top, left, h, w = ours.T
+    assert (top >= 0).all() and (left >= 0).all() and (h >= 1).all() and (w >= 1).all()
+    assert (top + h <= height).all() and (left + w <= width).all()
+    ours_stats, theirs_stats = box_statistics(ours, height, width), box_statistics(theirs, height, width)
+    for name in ours_stats:
+        d = ks_statistic(ours_stats[name], theirs_stats[name])
+        assert d < KS_CRITICAL, f"{name}: KS statistic {d:.4f} >= {KS_CRITICAL:.4f} against torchvision"
+    # the centred fallback (whole side kept) as often as torchvision takes it
+    fallback = lambda b: np.mean((b[:, 2] == height) | (b[:, 3] == width))  # noqa: E731
+    assert abs(fallback(ours) - fallback(theirs)) < 4 * math.sqrt(0.25 / N_DRAWS) + 1e-9
+
+
+def test_the_distribution_check_catches_a_wrong_sampler():
+    """The KS check above has power: an aspect ratio drawn uniformly (not log-uniformly) fails it."""
+    rng = np.random.default_rng(3)
+    area = rng.uniform(0.08, 1.0, N_DRAWS) * 256 * 256
+    aspect = rng.uniform(3 / 4, 4 / 3, N_DRAWS)  # torchvision draws log(aspect) uniformly
+    wrong = np.stack([np.zeros(N_DRAWS), np.zeros(N_DRAWS), np.sqrt(area / aspect), np.sqrt(area * aspect)], 1)
+    theirs = torchvision_boxes(256, 256, (0.08, 1.0), (3 / 4, 4 / 3))
+    d = ks_statistic(box_statistics(wrong, 256, 256)["log_aspect"], box_statistics(theirs, 256, 256)["log_aspect"])
+    assert d > KS_CRITICAL
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_flips_at_the_stated_probability(p):
+    drawn = flips(N_DRAWS, p, np.random.default_rng(11))
+    assert abs(drawn.mean() - p) <= 4 * math.sqrt(p * (1 - p) / N_DRAWS)
+
+
+def test_center_boxes_cut_what_torchvision_center_crop_cuts():
+    """Every image size against every crop size up to 12 px, including crops larger than the image (padded)."""
+    for h in range(1, 13):
+        for w in range(1, 13):
+            image = torch.arange(1, h * w * 3 + 1, dtype=torch.int64).reshape(3, h, w).to(torch.uint8) | 1
+            for ch in range(1, 13):
+                for cw in (1, 5, 12):
+                    box = center_boxes(np.array([h]), np.array([w]), (ch, cw))[0]
+                    aug = Augment(crop=Crop.center((ch, cw)))
+                    got = augment_image(image, aug, np.random.default_rng(0))
+                    assert torch.equal(got, F.center_crop(image, [ch, cw])), (h, w, ch, cw, box)
+
+
+def test_draws_depend_only_on_the_generator():
+    aug = Augment(crop=Crop.random(32), flip=0.5)
+    sizes = [(48, 64), (100, 80), (30, 30)] * 20
+    a = draw(aug, sizes, np.random.default_rng(5))
+    b = draw(aug, sizes, np.random.default_rng(5))
+    c = draw(aug, sizes, np.random.default_rng(6))
+    assert np.array_equal(a.boxes, b.boxes) and a.flips == b.flips
+    assert not np.array_equal(a.boxes, c.boxes)
+
+
+# -- fused pixels: torchvision's, for the same box ----------------------------------------------
+def reference(data: bytes, aug: Augment, box, flip: bool, resized) -> torch.Tensor:
+    """torchvision applying the drawn crop box (and flip) to mmloader's plainly decoded image."""
+    image = decode_to_tensor(data)
+    interpolation = {"bilinear": F.InterpolationMode.BILINEAR, "bicubic": F.InterpolationMode.BICUBIC}[
+        aug.interpolation
+    ]
+    if aug.crop is not None and aug.crop.kind == "random":
+        top, left, h, w = (int(v) for v in box)
+        image = F.resized_crop(image, top, left, h, w, list(aug.crop.size), interpolation, antialias=aug.antialias)
+    else:
+        if resized is not None:
+            image = F.resize(image, list(resized), interpolation, antialias=aug.antialias)
+        if aug.crop is not None:
+            image = F.center_crop(image, list(aug.crop.size))
+    if flip:
+        image = F.horizontal_flip(image)
+    if aug.float_output:
+        image = F.to_dtype(image, torch.float32, scale=aug.scale)
+        if aug.mean is not None:
+            image = F.normalize(image, list(aug.mean), list(aug.std or ()))
+    return image
+
+
+SIZES = [(256, 256), (320, 240), (200, 300), (640, 480), (1024, 700)]
+
+
+@pytest.mark.parametrize(
+    "aug",
+    [
+        Augment(crop=Crop.random(224), flip=0.5, dtype=torch.float32, mean=MEAN, std=STD),
+        Augment(crop=Crop.random((96, 128), scale=(0.5, 1.0)), flip=0.5, interpolation="bicubic"),
+        Augment(resize=256, crop=Crop.center(224), dtype=torch.float32, mean=MEAN, std=STD),
+        Augment(resize=(120, 90), flip=1.0, dtype=torch.float32, scale=False),
+    ],
+    ids=["rrc-normalize", "rrc-bicubic-uint8", "resize-centercrop", "resize-pair-unscaled"],
+)
+def test_fused_pixels_equal_torchvision_for_the_same_box(aug):
+    """At full decode scale the pixels are torchvision's exactly (floats to rounding); a crop
+    decoded at a reduced DCT scale (twice the output or more) is within a few levels."""
+    datas = [photo_jpeg(i, w, h) for i, (w, h) in enumerate(SIZES * 4)]
+    batch = augment_column(datas, aug, "RGB", None, np.random.default_rng(1))
+    got = batch.tensor if hasattr(batch, "tensor") else torch.stack(batch)
+    drawn = draw(aug, [(h, w) for w, h in SIZES * 4], np.random.default_rng(1))
+    unit: torch.Tensor | float = 1.0  # float differences in pixel levels
+    if aug.float_output and aug.scale:
+        unit = 255 * (torch.tensor(aug.std).view(3, 1, 1) if aug.mean is not None else 1)
+    reduced = 0
+    for i, data in enumerate(datas):
+        box = drawn.boxes[i] if drawn.boxes is not None else None
+        want = reference(data, aug, box, drawn.flips[i], drawn.resized[i])
+        diff = ((got[i].to(torch.float64) - want.to(torch.float64)) * unit).abs()  # in pixel levels
+        (w, h) = (SIZES * 4)[i]
+        dct = aug.crop is not None and aug.crop.kind == "random" and box[2] >= 2 * aug.crop.size[0]
+        dct = dct and box[3] >= 2 * aug.crop.size[1]
+        if not dct and not (drawn.resized[i] and h >= 2 * drawn.resized[i][0] and w >= 2 * drawn.resized[i][1]):
+            assert float(diff.max()) < 1e-3, f"image {i} ({w}x{h}): max diff {float(diff.max())} levels"
+        else:  # decoded at 1/2, 1/4 or 1/8 scale
+            reduced += 1
+            assert float(diff.mean()) < 4.0, f"image {i} ({w}x{h}): mean diff {float(diff.mean())} levels"
+    if aug.resize == 256 or (aug.crop and aug.crop.kind == "random" and aug.crop.size[0] < 100):
+        assert reduced, "no image took the reduced-scale path"
+
+
+def test_batch_and_per_sample_paths_agree_given_the_same_draws():
+    aug = Augment(crop=Crop.random(64), flip=0.5, dtype=torch.float32, mean=MEAN, std=STD)
+    data = photo_jpeg(0, 120, 90)
+    batch = augment_column([data], aug, "RGB", None, np.random.default_rng(4)).tensor[0]
+    single = augment_image(decode_to_tensor(data), aug, np.random.default_rng(4))
+    assert torch.allclose(batch, single, atol=1e-5)
+
+
+def test_grayscale_and_rgba_modes():
+    data = photo_jpeg(2, 80, 60)
+    for mode, channels in (("L", 1), ("RGBA", 4)):
+        aug = Augment(crop=Crop.random(32), dtype=torch.float32, mean=(0.5,), std=(0.25,))
+        out = augment_column([data, data], aug, mode, None, np.random.default_rng(0)).tensor
+        assert out.shape == (2, channels, 32, 32) and out.dtype == torch.float32
+
+
+def test_a_shorter_side_resize_gives_one_tensor_per_image():
+    datas = [photo_jpeg(0, 80, 60), photo_jpeg(1, 60, 80)]
+    out = augment_column(datas, Augment(resize=30, dtype=torch.float32), "RGB", None, np.random.default_rng(0))
+    assert [tuple(t.shape) for t in out] == [(3, 30, 40), (3, 40, 30)]
+
+
+# -- recognising torchvision pipelines ------------------------------------------------------------
+TRAIN_V2 = v2.Compose(
+    [
+        v2.ToImage(),
+        v2.RandomResizedCrop(224, antialias=True),
+        v2.RandomHorizontalFlip(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize(MEAN, STD),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    "transform, output, fused, remaining",
+    [
+        (TRAIN_V2, "tensor", ["ToImage", "RandomResizedCrop", "RandomHorizontalFlip", "ToDtype", "Normalize"], []),
+        (
+            v1.Compose([v1.RandomResizedCrop(224), v1.RandomHorizontalFlip(), v1.ToTensor(), v1.Normalize(MEAN, STD)]),
+            "pil",
+            ["RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"],
+            [],
+        ),
+        (  # v1 ToTensor raises on a tensor: it stays, to raise as it would
+            v1.Compose([v1.RandomResizedCrop(224), v1.ToTensor()]),
+            "tensor",
+            ["RandomResizedCrop"],
+            ["ToTensor"],
+        ),
+        (
+            v2.Compose([v2.Resize(256), v2.CenterCrop(224), v2.ToDtype(torch.float32, scale=True)]),
+            "tensor",
+            ["Resize", "CenterCrop", "ToDtype"],
+            [],
+        ),
+        (
+            v2.Compose([v2.RandomResizedCrop(224), v2.ColorJitter(0.4), v2.ToDtype(torch.float32, scale=True)]),
+            "tensor",
+            ["RandomResizedCrop"],
+            ["ColorJitter", "ToDtype"],
+        ),
+        (v2.Compose([v2.RandomResizedCrop(224), v2.RandomResizedCrop(112)]), "tensor", ["RandomResizedCrop"], None),
+        (v2.Compose([v2.ColorJitter(0.4), v2.RandomResizedCrop(224)]), "tensor", [], None),  # nothing fused
+        (v2.Compose([v2.RandomResizedCrop(224)]), "pil", [], None),  # a PIL image stays one
+        (v2.Compose([v2.Resize(256, max_size=300)]), "tensor", [], None),
+        (v2.Compose([v2.RandomResizedCrop(224, interpolation=v2.InterpolationMode.LANCZOS)]), "tensor", [], None),
+        (v2.RandomResizedCrop(224), "tensor", ["RandomResizedCrop"], []),
+        (v2.Compose([v2.Compose([v2.RandomResizedCrop(224)]), v2.RandomHorizontalFlip(0.3)]), "tensor", None, []),
+        (v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.RandomResizedCrop(224)]), "tensor", ["ToDtype"], None),
+    ],
+)
+def test_split_transform_recognises_the_prefix_it_can_fuse(transform, output, fused, remaining):
+    split = split_transform(transform, output)
+    if fused == []:
+        assert split.augment is None and split.rest is transform
+        return
+    if fused is not None:
+        assert split.fused == fused
+    if remaining is not None:
+        assert split.remaining == remaining
+    assert split.augment is not None
+    assert (split.rest is None) == (not split.remaining)
+
+
+def test_a_subclass_of_a_recognised_transform_is_left_alone():
+    class MyCrop(v2.RandomResizedCrop):
+        pass
+
+    assert split_transform(v2.Compose([MyCrop(224)]), "tensor").augment is None
+
+
+def test_recognised_parameters_are_the_pipelines_own():
+    split = split_transform(
+        v2.Compose(
+            [
+                v2.RandomResizedCrop((192, 160), scale=(0.3, 0.9), ratio=(0.5, 2.0), antialias=False),
+                v2.RandomHorizontalFlip(0.25),
+                v2.ToDtype(torch.bfloat16, scale=False),
+                v2.Normalize([100.0], [50.0]),
+            ]
+        ),
+        "tensor",
+    )
+    assert split.augment == Augment(
+        crop=Crop.random((192, 160), (0.3, 0.9), (0.5, 2.0)),
+        antialias=False,
+        flip=0.25,
+        dtype=torch.bfloat16,
+        scale=False,
+        mean=(100.0,),
+        std=(50.0,),
+    )
+
+
+@pytest.mark.parametrize(
+    "transform, output",
+    [
+        (v2.Compose([v2.Resize(64), v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]), "tensor"),
+        (v2.Compose([v2.ToImage(), v2.Resize((40, 56)), v2.RandomHorizontalFlip(1.0), v2.ToDtype(torch.float32, scale=True)]), "tensor"),
+        (v1.Compose([v1.Resize(64), v1.CenterCrop(48), v1.ToTensor(), v1.Normalize(MEAN, STD)]), "pil"),
+        (v2.Compose([v2.RandomResizedCrop(48, scale=(1, 1), ratio=(1, 1)), v2.RandomHorizontalFlip(0.0)]), "tensor"),
+    ],
+    ids=["v2-eval", "v2-pair-flip", "v1-eval-pil", "v2-deterministic-rrc"],
+)
+def test_a_fused_pipeline_gives_what_the_pipeline_itself_gives(tmp_path, transform, output):
+    """Deterministic pipelines (or random ones made deterministic) through the reader, fused,
+    against the user's own transform on the same decoded image (PIL input: Pillow's resampling,
+    a few levels apart)."""
+    path = tmp_path / "ds.lmdb"
+    with mmloader.writer_for(path, "lmdb") as w:
+        for i in range(6):
+            w.write({"__key__": f"k{i}", "jpg": photo_jpeg(i, 96 + 8 * i, 72)})
+    fused = mmloader.ImageReader(path, "jpg", output=output, transform=transform)
+    assert fused.augment is not None and fused.transform is None
+    plain = mmloader.ImageReader(path, "jpg", output=output)
+    stream = mmloader.Stream(mmloader.zip(image=fused), batch_size=6, shuffle=False)
+    batch = next(iter(mmloader.loader(stream, num_workers=0)))
+    for i in range(6):
+        want = transform(plain[i])
+        diff = (batch["image"][i].to(torch.float64) - want.to(torch.float64)).abs()
+        scale = 255 * 0.229 if want.is_floating_point() else 1  # in pixel levels
+        if output == "pil":
+            assert float(diff.mean()) * scale < 1.5, i
+        else:
+            assert float(diff.max()) * scale < 1e-3, i
+
+
+# -- the reader, the stream and the loaders -------------------------------------------------------
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    path = tmp_path_factory.mktemp("aug") / "photos.lmdb"
+    with mmloader.writer_for(path, "lmdb") as w:
+        for i in range(40):
+            w.write({"__key__": f"p{i:03d}", "jpg": photo_jpeg(i, 64 + (i % 3) * 16, 64), "cls": i % 5})
+    return path
+
+
+def _stream(path, transform=None, batch_size=8, **reader):
+    return mmloader.Stream(
+        mmloader.zip(
+            image=mmloader.ImageReader(path, "jpg", transform=transform, **reader),
+            label=mmloader.LabelReader(path, "cls"),
+        ),
+        batch_size=batch_size,
+        seed=3,
+    )
+
+
+def _epoch(loader) -> list[tuple[list[str], torch.Tensor]]:
+    return [(list(b["__key__"]), b["image"].clone()) for b in loader]
+
+
+def test_the_reader_logs_what_it_fused(photos, caplog):
+    with caplog.at_level(logging.INFO, logger="mmloader"):
+        mmloader.ImageReader(photos, "jpg", transform=v2.Compose([v2.RandomResizedCrop(32), v2.ColorJitter(0.2)]))
+    assert "fused RandomResizedCrop; per sample in Python after it: ColorJitter" in caplog.text
+
+
+def test_same_seed_same_crops_on_both_backends_and_any_worker_count(photos):
+    aug = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])
+    runs = {}
+    for backend, workers in (("thread", 1), ("thread", 2), ("process", 1), ("process", 2)):
+        loader = mmloader.loader(_stream(photos, aug), num_workers=workers, backend=backend)
+        runs[backend, workers] = _epoch(loader)
+    first = runs["thread", 1]
+    assert first[0][1].shape == (8, 3, 32, 32) and first[0][1].dtype == torch.float32
+    for key, run in runs.items():
+        assert [k for k, _ in run] == [k for k, _ in first], key
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(run, first)), key
+
+
+def test_each_epoch_draws_new_crops_and_a_resume_draws_the_same(photos):
+    aug = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip()])
+    loader = mmloader.loader(_stream(photos, aug), num_workers=2)
+    loader.set_epoch(0)
+    epoch0 = _epoch(loader)
+    loader.set_epoch(1)
+    epoch1 = _epoch(loader)
+    by_key0 = {k: img for keys, imgs in epoch0 for k, img in zip(keys, imgs)}
+    by_key1 = {k: img for keys, imgs in epoch1 for k, img in zip(keys, imgs)}
+    assert sum(torch.equal(by_key0[k], by_key1[k]) for k in by_key0) < 4
+    loader.set_epoch(0)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    del it
+    resumed = mmloader.loader(_stream(photos, aug), num_workers=1, backend="process")
+    resumed.load_state_dict(state)
+    rest = _epoch(resumed)
+    assert [k for k, _ in rest] == [k for k, _ in epoch0[2:]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, epoch0[2:]))
+
+
+def test_a_fully_fused_pipeline_runs_on_threads_and_a_partly_fused_one_in_processes(photos):
+    fused = _stream(photos, TRAIN_V2)
+    partly = _stream(photos, v2.Compose([v2.RandomResizedCrop(32), v2.ColorJitter(0.3)]))
+    assert fused.datasets[0].python_work() == []
+    assert partly.datasets[0].python_work() == ["a transform on 'image'"]
+    batch = next(iter(mmloader.loader(partly, num_workers=1)))
+    assert batch["image"].shape == (8, 3, 32, 32) and batch["image"].dtype == torch.uint8
+
+
+def test_a_corrupt_image_in_a_fused_batch_is_named(tmp_path):
+    path = tmp_path / "bad.lmdb"
+    good = photo_jpeg(0, 64, 64)
+    with mmloader.writer_for(path, "lmdb") as w:
+        for i in range(8):
+            w.write({"__key__": f"k{i}", "jpg": good if i != 5 else good[: len(good) // 2]})
+    stream = mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(path, "jpg", transform=TRAIN_V2)), batch_size=8)
+    with pytest.raises(DecodeError, match="k5"):
+        next(iter(mmloader.loader(stream, num_workers=0)))
+
+
+def test_per_sample_reads_and_a_cached_dataset_are_augmented_too(photos):
+    reader = mmloader.ImageReader(photos, "jpg", transform=TRAIN_V2)
+    assert reader[0].shape == (3, 224, 224) and reader[0].dtype == torch.float32
+    cache = mmloader.SampleCache(max_bytes=64 << 20)
+    cached = mmloader.zip(image=reader, cache=cache)
+    a = cached.get_batch([0, 1])["image"]
+    b = cached.get_batch([0, 1])["image"]
+    assert cache.hits == 2  # the second batch came from the cache: decoded pixels kept, crops drawn again
+    assert a[0].shape == (3, 224, 224) and not torch.equal(a[0], b[0])
+
+
+def test_native_options(photos):
+    stream = _stream(photos, None, crop=mmloader.Crop.random(40, scale=(0.5, 1)), flip=0.5, normalize="imagenet")
+    batch = next(iter(mmloader.loader(stream, num_workers=1)))
+    assert batch["image"].shape == (8, 3, 40, 40) and batch["image"].dtype == torch.float32
+    assert float(batch["image"].mean()) < 1.5 and float(batch["image"].min()) < 0  # normalised
+    evaluation = _stream(photos, None, size=48, crop={"center": 40}, dtype="bfloat16")
+    batch = next(iter(mmloader.loader(evaluation, num_workers=1)))
+    assert batch["image"].shape == (8, 3, 40, 40) and batch["image"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"crop": {"random": 32}, "size": 64}, "size=64 with a random crop"),
+        ({"crop": {"middle": 32}}, "expected {random: SIZE"),
+        ({"crop": {"random": 32, "scale": [0.9, 0.1]}}, "scale="),
+        ({"flip": 1.5}, "flip=1.5"),
+        ({"normalize": "cifar"}, "normalize='cifar'"),
+        ({"normalize": ([0.5, 0.5], [0.5, 0.5])}, "2 means and stds for 3-channel RGB"),
+        ({"dtype": "int8"}, "dtype='int8'"),
+        ({"crop": {"center": 32}, "output": "raw"}, "GPUDecode"),
+    ],
+)
+def test_bad_native_options_are_refused_clearly(photos, options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[").replace("{", r"\{")):
+        mmloader.ImageReader(photos, "jpg", **options)
+
+
+def test_native_augment_spellings():
+    assert native_augment(None, {"random": 64, "scale": [0.2, 1]}, 0.5, "imagenet", None) == Augment(
+        crop=Crop.random(64, (0.2, 1.0)), flip=0.5, dtype=torch.float32, mean=MEAN, std=STD
+    )
+    assert native_augment(256, Crop.center(224), 0, {"mean": [0.5] * 3, "std": [0.5] * 3}, "float16") == Augment(
+        resize=256, crop=Crop.center(224), dtype=torch.float16, mean=(0.5,) * 3, std=(0.5,) * 3
+    )
+
+
+def test_config_keys(photos, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"""
+batch_size: 8
+sources:
+  photos:
+    path: {photos}
+    modalities:
+      image: {{field: jpg, crop: {{random: 48, scale: [0.3, 1.0]}}, flip: 0.5, normalize: imagenet}}
+      label: {{field: cls}}
+"""
+    )
+    stream = mmloader.from_config(config)
+    batch = next(iter(mmloader.loader(stream, num_workers=1)))
+    assert batch["image"].shape == (8, 3, 48, 48) and batch["image"].dtype == torch.float32
