@@ -501,3 +501,10 @@ sources:
     stream = mmloader.from_config(config)
     batch = next(iter(mmloader.loader(stream, num_workers=1)))
     assert batch["image"].shape == (8, 3, 48, 48) and batch["image"].dtype == torch.float32
+
+
+def test_the_thread_backend_leaves_the_training_threads_torch_threads_alone(photos):
+    before = torch.get_num_threads()
+    for _ in mmloader.loader(_stream(photos, TRAIN_V2), num_workers=2, backend="thread"):
+        pass
+    assert torch.get_num_threads() == before

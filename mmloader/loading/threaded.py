@@ -122,6 +122,11 @@ class _Run:
                 self.ready.notify()
 
     def _produce(self) -> None:
+        # One intra-op thread for this producer (the setting is per thread: the training loop's
+        # own keeps its threads), as DataLoader workers do: producers already run side by side,
+        # and torch ops in them that fork OpenMP teams of their own only fight for the cores
+        # (measured: fused augmentation 2,272 -> 2,554 images/s with two producers on 2 cores).
+        torch.set_num_threads(1)
         while True:
             with self.room:
                 while True:
