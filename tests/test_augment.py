@@ -12,7 +12,6 @@ import pytest
 import torch
 import torchvision.transforms as v1
 import torchvision.transforms.v2 as v2
-from conftest import jpeg_bytes
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
@@ -21,6 +20,7 @@ from mmloader.errors import DecodeError
 from mmloader.readers.augment import Augment, Crop, augment_column, augment_image, native_augment, split_transform
 from mmloader.readers.augment.fused import draw
 from mmloader.readers.augment.params import center_boxes, flips, random_resized_boxes
+from mmloader.readers.columns import Stacked
 from mmloader.readers.image_decode import decode_to_tensor
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -321,8 +321,18 @@ def test_recognised_parameters_are_the_pipelines_own():
 @pytest.mark.parametrize(
     "transform, output",
     [
-        (v2.Compose([v2.Resize(64), v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]), "tensor"),
-        (v2.Compose([v2.ToImage(), v2.Resize((40, 56)), v2.RandomHorizontalFlip(1.0), v2.ToDtype(torch.float32, scale=True)]), "tensor"),
+        (
+            v2.Compose(
+                [v2.Resize(64), v2.CenterCrop(48), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+            ),
+            "tensor",
+        ),
+        (
+            v2.Compose(
+                [v2.ToImage(), v2.Resize((40, 56)), v2.RandomHorizontalFlip(1.0), v2.ToDtype(torch.float32, scale=True)]
+            ),
+            "tensor",
+        ),
         (v1.Compose([v1.Resize(64), v1.CenterCrop(48), v1.ToTensor(), v1.Normalize(MEAN, STD)]), "pil"),
         (v2.Compose([v2.RandomResizedCrop(48, scale=(1, 1), ratio=(1, 1)), v2.RandomHorizontalFlip(0.0)]), "tensor"),
     ],
@@ -508,3 +518,16 @@ def test_the_thread_backend_leaves_the_training_threads_torch_threads_alone(phot
     for _ in mmloader.loader(_stream(photos, TRAIN_V2), num_workers=2, backend="thread"):
         pass
     assert torch.get_num_threads() == before
+
+
+def test_a_pipeline_given_to_zip_is_fused_into_a_copy_of_the_reader(photos):
+    reader = mmloader.ImageReader(photos, "jpg")
+    ds = mmloader.zip(image=reader, transforms={"image": v2.Compose([v2.RandomResizedCrop(32), v2.ColorJitter(0.2)])})
+    assert reader.augment is None  # the caller's reader is untouched
+    assert ds.readers["image"].augment is not None and [
+        type(t).__name__ for t in ds.transforms["image"].transforms
+    ] == ["ColorJitter"]
+    fully = mmloader.zip(image=reader, transforms={"image": TRAIN_V2})
+    assert fully.transforms == {} and fully.python_work() == []
+    column = fully.get_batch([0, 1, 2])["image"]
+    assert isinstance(column, Stacked) and column.tensor.shape == (3, 3, 224, 224)

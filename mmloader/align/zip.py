@@ -51,6 +51,12 @@ class Zipped(torch.utils.data.Dataset):
         unknown = set(self.transforms) - set(self.readers)
         if unknown:
             raise ValueError(f"zip(): transforms for unknown modalities {sorted(unknown)}")
+        for name in list(self.transforms):  # what a reader can run itself (an image pipeline) moves there
+            self.readers[name], rest = self.readers[name].fuse(self.transforms[name])
+            if rest is None:
+                del self.transforms[name]
+            else:
+                self.transforms[name] = rest
         self.cache = cache
         # Group readers by store: one store.read() per store per sample.
         groups: dict[tuple[str, str], list[str]] = {}

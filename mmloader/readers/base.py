@@ -158,6 +158,14 @@ class Reader:
         """Decode this reader's field of a record returned by ``store.read``, then ``transform``."""
         return self.apply_transform(self.decode_record(record))
 
+    def fuse(self, transform: Callable[[Any], Any]) -> tuple["Reader", Callable[[Any], Any] | None]:
+        """This reader with as much of ``transform`` (run after it) as it can run itself, and the rest.
+
+        The default runs nothing itself: ``(self, transform)``. :class:`ImageReader` takes a
+        torchvision pipeline's crop, flip and normalisation (``zip(transforms=...)`` calls this).
+        """
+        return self, transform
+
     def apply_transform(self, value: Any) -> Any:
         """A decoded value -> the sample's value (``transform``, if any). What a sample cache
         and per-sample reads run after :meth:`decode_record`."""

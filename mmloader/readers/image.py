@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
@@ -122,13 +123,7 @@ class ImageReader(Reader):
             split = split_transform(transform, output, size)
             if split.augment is not None:
                 self.augment, self.transform = split.augment, split.rest
-                log.info(
-                    "ImageReader(%r, field=%r): fused %s%s",
-                    self.store.path,
-                    self._field,
-                    " + ".join(split.fused),
-                    f"; per sample in Python after it: {' + '.join(split.remaining)}" if split.remaining else "",
-                )
+                self._log_fused(split)
         if (
             self.augment is not None
             and self.augment.mean is not None
@@ -141,6 +136,31 @@ class ImageReader(Reader):
             raise ValueError(
                 f"normalize: {len(self.augment.mean)} means and stds for {CHANNELS[mode]}-channel {mode} images"
             )
+
+    def fuse(self, transform: Callable[[Any], Any]) -> tuple[Reader, Callable[[Any], Any] | None]:
+        """A copy of this reader running the recognised prefix of ``transform`` (see
+        :mod:`mmloader.readers.augment.recognise`), and the rest; this reader itself when it
+        already transforms or augments, or nothing is recognised."""
+        if self.augment is not None or self.transform is not None or self.output == "raw":
+            return self, transform
+        if self.mode == "unchanged" or not self.decodes_builtin():
+            return self, transform
+        split = split_transform(transform, self.output, self.size)
+        if split.augment is None:
+            return self, transform
+        fused = copy.copy(self)
+        fused.augment = split.augment
+        self._log_fused(split)
+        return fused, split.rest
+
+    def _log_fused(self, split: Any) -> None:
+        log.info(
+            "ImageReader(%r%s): fused %s%s",
+            self.store.path,
+            "" if self._field is None else f", {self._field!r}",
+            " + ".join(split.fused),
+            f"; per sample in Python after it: {' + '.join(split.remaining)}" if split.remaining else "",
+        )
 
     @property
     def _decode_size(self) -> int | tuple[int, int] | None:
