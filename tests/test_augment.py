@@ -18,7 +18,7 @@ from torchvision.transforms.v2 import functional as F
 import mmloader
 from mmloader.errors import DecodeError
 from mmloader.readers.augment import Augment, Crop, augment_column, augment_image, native_augment, split_transform
-from mmloader.readers.augment.fused import draw
+from mmloader.readers.augment.fused import DCT_MARGIN, draw
 from mmloader.readers.augment.params import center_boxes, flips, random_resized_boxes
 from mmloader.readers.columns import Stacked
 from mmloader.readers.image_decode import decode_to_tensor
@@ -28,16 +28,25 @@ N_DRAWS = 10_000
 
 
 def photo_jpeg(seed: int, width: int, height: int) -> bytes:
-    """A JPEG with a photo's detail: smooth regions a quarter, a sixteenth and a sixty-fourth of
-    the image across, and a little grain (what a photo at any resolution has; finer synthetic
-    texture makes a reduced-scale decode differ more)."""
+    """A JPEG with a photo's detail: smooth regions of several sizes, objects with hard edges,
+    grain (compresses like a photo, not like noise)."""
+    from PIL import ImageDraw, ImageFilter
+
     rng = np.random.default_rng(seed)
     layers = []
     for cells in (4, 16, 64):
         coarse = rng.integers(0, 255, (cells, cells, 3), dtype=np.uint8)
         layers.append(np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), dtype=np.float64))
-    mixed = 0.55 * layers[0] + 0.3 * layers[1] + 0.15 * layers[2] + rng.normal(0, 2, (height, width, 3))
-    pixels = np.clip(mixed, 0, 255).astype(np.uint8)
+    mixed = 0.55 * layers[0] + 0.3 * layers[1] + 0.15 * layers[2]
+    im = Image.fromarray(np.clip(mixed, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(im)
+    for _ in range(int(rng.integers(4, 9))):
+        x0, y0 = int(rng.integers(0, width - 8)), int(rng.integers(0, height - 8))
+        w, h = int(rng.integers(6, width // 2)), int(rng.integers(6, height // 2))
+        fill = tuple(int(c) for c in rng.integers(0, 255, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)([x0, y0, x0 + w, y0 + h], fill=fill)
+    pixels = np.asarray(im.filter(ImageFilter.GaussianBlur(0.8)), dtype=np.float64)
+    pixels = np.clip(pixels + rng.normal(0, 7.5, pixels.shape), 0, 255).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, "JPEG", quality=90)
     return buf.getvalue()
@@ -163,7 +172,7 @@ def reference(data: bytes, aug: Augment, box, flip: bool, resized) -> torch.Tens
     return image
 
 
-SIZES = [(256, 256), (320, 240), (200, 300), (640, 480), (1024, 700)]
+SIZES = [(256, 256), (320, 240), (200, 300), (640, 480), (1024, 700), (2400, 1800)]
 
 
 @pytest.mark.parametrize(
@@ -192,13 +201,20 @@ def test_fused_pixels_equal_torchvision_for_the_same_box(aug):
         want = reference(data, aug, box, drawn.flips[i], drawn.resized[i])
         diff = ((got[i].to(torch.float64) - want.to(torch.float64)) * unit).abs()  # in pixel levels
         (w, h) = (SIZES * 4)[i]
-        dct = aug.crop is not None and aug.crop.kind == "random" and box[2] >= 2 * aug.crop.size[0]
-        dct = dct and box[3] >= 2 * aug.crop.size[1]
-        if not dct and not (drawn.resized[i] and h >= 2 * drawn.resized[i][0] and w >= 2 * drawn.resized[i][1]):
+        region, target = (
+            ((box[2], box[3]), aug.crop.size)
+            if box is not None and aug.crop.kind == "random"
+            else (
+                (h, w),
+                drawn.resized[i],
+            )
+        )
+        m = 2 * DCT_MARGIN
+        if target is None or region[0] < m * target[0] or region[1] < m * target[1]:
             assert float(diff.max()) < 1e-3, f"image {i} ({w}x{h}): max diff {float(diff.max())} levels"
-        else:  # decoded at 1/2, 1/4 or 1/8 scale
+        else:  # decoded at 1/2, 1/4 or 1/8 scale, still at least DCT_MARGIN x the output
             reduced += 1
-            assert float(diff.mean()) < 4.0, f"image {i} ({w}x{h}): mean diff {float(diff.mean())} levels"
+            assert float(diff.mean()) < 3.0, f"image {i} ({w}x{h}): mean diff {float(diff.mean())} levels"
     if aug.resize == 256 or (aug.crop and aug.crop.kind == "random" and aug.crop.size[0] < 100):
         assert reduced, "no image took the reduced-scale path"
 
@@ -514,10 +530,18 @@ sources:
 
 
 def test_the_thread_backend_leaves_the_training_threads_torch_threads_alone(photos):
+    """Checked from a thread started after the loader ran: torch's count is process-wide for
+    threads that read it first then (a producer's set_num_threads(1) once leaked there)."""
+    import threading
+
     before = torch.get_num_threads()
     for _ in mmloader.loader(_stream(photos, TRAIN_V2), num_workers=2, backend="thread"):
         pass
-    assert torch.get_num_threads() == before
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert seen == [before] and torch.get_num_threads() == before
 
 
 def test_a_pipeline_given_to_zip_is_fused_into_a_copy_of_the_reader(photos):
@@ -525,9 +549,116 @@ def test_a_pipeline_given_to_zip_is_fused_into_a_copy_of_the_reader(photos):
     ds = mmloader.zip(image=reader, transforms={"image": v2.Compose([v2.RandomResizedCrop(32), v2.ColorJitter(0.2)])})
     assert reader.augment is None  # the caller's reader is untouched
     assert ds.readers["image"].augment is not None and [
-        type(t).__name__ for t in ds.transforms["image"].transforms
+        type(t).__name__ for t in ds.transforms["image"].rest.transforms
     ] == ["ColorJitter"]
     fully = mmloader.zip(image=reader, transforms={"image": TRAIN_V2})
     assert fully.transforms == {} and fully.python_work() == []
     column = fully.get_batch([0, 1, 2])["image"]
     assert isinstance(column, Stacked) and column.tensor.shape == (3, 3, 224, 224)
+
+
+def test_the_rest_gets_what_the_prefix_hands_on(photos):
+    """After a fused ToImage the rest gets a tv_tensors.Image (type-dispatched steps keep their
+    meaning), contiguous CHW."""
+    from torchvision import tv_tensors
+
+    seen = []
+
+    def look(image):
+        seen.append((type(image), image.is_contiguous()))
+        return image
+
+    dispatched = v2.Compose(
+        [
+            v2.ToImage(),
+            v2.RandomResizedCrop(32),
+            v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
+        ]
+    )
+    reader = mmloader.ImageReader(photos, "jpg", transform=dispatched)
+    assert reader.augment is not None
+    batch = next(iter(mmloader.loader(mmloader.Stream(mmloader.zip(image=reader), batch_size=4), num_workers=0)))
+    assert batch["image"].dtype == torch.float32 and float(batch["image"].max()) <= 1.0  # as unfused
+    plain = mmloader.ImageReader(photos, "jpg", transform=v2.Compose([v2.RandomResizedCrop(32), v2.Lambda(look)]))
+    next(iter(mmloader.loader(mmloader.Stream(mmloader.zip(image=plain), batch_size=4), num_workers=0)))
+    assert seen and all(kind is torch.Tensor and contiguous for kind, contiguous in seen)
+
+
+def test_a_flip_before_a_centre_crop_is_not_reordered():
+    split = split_transform(v2.Compose([v2.RandomHorizontalFlip(), v2.Resize(64), v2.CenterCrop(48)]), "tensor")
+    assert split.fused == ["RandomHorizontalFlip", "Resize"] and split.remaining == ["CenterCrop"]
+
+
+def test_sixteen_bit_pngs_go_through_the_users_own_steps(tmp_path):
+    rng = np.random.default_rng(0)
+    deep = (rng.integers(0, 65535, (40, 50, 3)) // 256 * 256).astype(np.uint16)
+    path = tmp_path / "deep.lmdb"
+    with mmloader.writer_for(path, "lmdb") as w:
+        for i in range(4):
+            buf = io.BytesIO()
+            Image.fromarray(deep[..., 0]).save(buf, "PNG")  # uint16: a 16-bit grayscale PNG
+            w.write({"__key__": f"k{i}", "png": buf.getvalue()})
+    evaluation = v2.Compose([v2.Resize(32), v2.CenterCrop(24), v2.ToDtype(torch.float32, scale=True)])
+    plain = mmloader.ImageReader(path, "png", mode="L")
+    if plain[0].dtype == torch.uint8:
+        pytest.skip("this torchvision decodes 16-bit PNGs to uint8")
+    fused = mmloader.ImageReader(path, "png", mode="L", transform=evaluation)
+    batch = next(iter(mmloader.loader(mmloader.Stream(mmloader.zip(image=fused), batch_size=4), num_workers=0)))
+    want = torch.stack([evaluation(plain[i]) for i in range(4)])
+    assert torch.allclose(batch["image"], want, atol=1e-6)
+    native = mmloader.ImageReader(path, "png", mode="L", size=32, crop={"center": 24}, dtype="float32")
+    got = next(iter(mmloader.loader(mmloader.Stream(mmloader.zip(image=native), batch_size=4), num_workers=0)))
+    assert float((got["image"] - want).abs().max()) < 2 / 255  # scaled to 8 bits first
+
+
+def test_a_cache_keeps_images_at_the_resize_not_at_full_size(tmp_path):
+    path = tmp_path / "big.lmdb"
+    with mmloader.writer_for(path, "lmdb") as w:
+        w.write({"__key__": "a", "jpg": photo_jpeg(0, 640, 480)})
+    reader = mmloader.ImageReader(path, "jpg", size=64, crop={"center": 48}, dtype="float32")
+    cache = mmloader.SampleCache(max_bytes=64 << 20)
+    ds = mmloader.zip(image=reader, cache=cache)
+    assert ds[0]["image"].shape == (3, 48, 48)
+    assert cache.bytes < 64 * 86 * 3 * 2  # the 64-px image, not the 640-px one
+
+
+def test_flip_true_is_refused_not_taken_for_always(photos):
+    with pytest.raises(ValueError, match="flip=True: expected a probability"):
+        mmloader.ImageReader(photos, "jpg", flip=True)
+    with pytest.raises(ValueError, match="crop size=224.0"):
+        mmloader.ImageReader(photos, "jpg", crop={"random": 224.0})
+
+
+def test_a_normalize_for_other_channels_stays_the_users(photos):
+    pipeline = v2.Compose([v2.RandomResizedCrop(32), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    grey = mmloader.ImageReader(photos, "jpg", mode="L", transform=pipeline)
+    assert grey.augment is None and grey.transform is pipeline  # torchvision raises, per sample, as before
+    ds = mmloader.zip(image=mmloader.ImageReader(photos, "jpg", mode="L"), transforms={"image": pipeline})
+    assert ds.readers["image"].augment is None
+
+
+def test_pool_buffers_are_never_reused_while_held_and_let_go_after_a_pass(photos):
+    from mmloader.readers.columns import _POOL
+
+    loader = mmloader.loader(_stream(photos, TRAIN_V2, batch_size=32), num_workers=2, backend="thread")
+    held = [b["image"] for b in loader]  # every batch of the pass kept (views of pooled blocks)
+    copies = [t.clone() for t in held]
+    for _ in loader:  # a second pass builds into free blocks only
+        pass
+    assert all(torch.equal(a, b) for a, b in zip(held, copies))
+    del held
+    for _ in loader:
+        pass
+    assert _POOL.nbytes <= 2 * 32 * 224 * 224 * 3 * 4  # at most the last batch's block (and one spare) kept
+
+
+def test_preview_shows_stored_images_with_the_new_keys(photos, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"sources:\n  photos:\n    path: {photos}\n    modalities:\n"
+        "      image: {field: jpg, crop: {random: 48}, flip: 0.5, normalize: imagenet}\n"
+    )
+    from mmloader.loading.config import build_sources, load_config
+
+    sources = build_sources(load_config(config), pil_images=True)
+    assert sources["photos"].readers["image"].output == "pil"

@@ -299,7 +299,8 @@ def _reader(store, name: str, opts: dict, where: str, pil_images: bool, siblings
         raise ConfigError(f"{where}.output: applies to image modalities; {field!r} is not an image field")
     if pil_images and (kind == "image" or ext in IMAGE_EXTENSIONS):
         opts["output"] = "pil"
-        opts.pop("transform", None)
+        for key in ("transform", "crop", "flip", "normalize", "dtype"):  # previews show the images as stored
+            opts.pop(key, None)
     if video is not None:
         if kind == "timestamps":
             if opts:

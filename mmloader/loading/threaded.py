@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..readers.columns import release_pool
 from .resumable import Resumable
 from .stream import Stream
 
@@ -122,11 +123,9 @@ class _Run:
                 self.ready.notify()
 
     def _produce(self) -> None:
-        # One intra-op thread for this producer (the setting is per thread: the training loop's
-        # own keeps its threads), as DataLoader workers do: producers already run side by side,
-        # and torch ops in them that fork OpenMP teams of their own only fight for the cores
-        # (measured: fused augmentation 2,272 -> 2,554 images/s with two producers on 2 cores).
-        torch.set_num_threads(1)
+        # No torch.set_num_threads(1) here, although DataLoader workers do it: in a thread it also
+        # changes torch's process-wide count, which the training thread and every thread started
+        # later then read on their first parallel op (tested).
         while True:
             with self.room:
                 while True:
@@ -160,6 +159,7 @@ class _Run:
                 j += 1
         finally:
             self.stop()
+            release_pool()  # the pass's spare batch buffers: kept no longer than the pass
 
     def stop(self, timeout: float = 5.0, _now: Callable[[], float] = time.monotonic) -> None:
         """Let the producers finish the batch they are building, and wait for them (``timeout``

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import sys
 import threading
 from typing import Callable, Iterable, NamedTuple, Sized
 
@@ -83,21 +82,29 @@ class BufferPool:
     the loop drops it. Blocks over glibc's 32 MB mmap limit (a batch of 64 float32 224-px
     images is 38.5 MB) go back to the kernel then, and the next batch pays a page fault
     per 4 KB page on first touch: measured 16 ms a batch here, 250 us an image, about as
-    much as decoding it. The pool keeps the memory instead: each block is a numpy array
-    that every tensor (and view) made from it refers to, so a refcount of the pool's own
-    references alone means nothing can see it, and it is reused.
+    much as decoding it. The pool keeps the memory instead. Every tensor handed out is a
+    view of one base tensor per block, so they all share its storage, and the storage's use
+    count (torch's own reference count, which Python's reference counting does not affect)
+    says whether anything but the pool still refers to it: a tensor, a view, a numpy array
+    made from one (it holds the tensor), a DLPack capsule.
 
     Args:
         keep: blocks kept per size (enough for the batches in flight: prefetched ones, the
             one the loop holds, the one it just dropped).
         sizes: distinct block sizes kept (the oldest size's blocks are let go first).
         min_bytes: smaller tensors are plain allocations (glibc reuses those itself).
+        max_bytes: the most the pool keeps in all.
     """
 
-    def __init__(self, keep: int = 8, sizes: int = 4, min_bytes: int = 4 << 20):
-        self.keep, self.sizes, self.min_bytes = keep, sizes, min_bytes
-        self._blocks: dict[int, list[np.ndarray]] = {}
+    def __init__(self, keep: int = 8, sizes: int = 4, min_bytes: int = 4 << 20, max_bytes: int = 1 << 30):
+        self.keep, self.sizes, self.min_bytes, self.max_bytes = keep, sizes, min_bytes, max_bytes
+        self._blocks: dict[int, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool holds (blocks in use included)."""
+        return sum(n * len(b) for n, b in self._blocks.items())
 
     def tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` and ``dtype``."""
@@ -109,23 +116,35 @@ class BufferPool:
             self._blocks[nbytes] = blocks  # most recently used size last
             while len(self._blocks) > self.sizes:
                 del self._blocks[next(iter(self._blocks))]
-            for block in blocks:
-                # references: the list, this loop's variable, getrefcount's argument; any tensor
-                # or view made from the block adds one (it holds the buffer it was made from)
-                if sys.getrefcount(block) == 3:
-                    return torch.frombuffer(block, dtype=dtype).view(shape)
-            block = np.empty(nbytes, dtype=np.uint8)
-            if len(blocks) < self.keep:
-                blocks.append(block)
-            return torch.frombuffer(block, dtype=dtype).view(shape)
+            for base in blocks:
+                if _free(base):
+                    return base.view(dtype).view(shape)
+            base = torch.empty(nbytes, dtype=torch.uint8)
+            if len(blocks) < self.keep and self.nbytes + nbytes <= self.max_bytes:
+                blocks.append(base)
+            return base.view(dtype).view(shape)
+
+    def release(self) -> None:
+        """Let go of the blocks nothing uses (those in use are freed with their last tensor)."""
+        with self._lock:
+            for nbytes in list(self._blocks):
+                self._blocks[nbytes] = [b for b in self._blocks[nbytes] if not _free(b)]
+                if not self._blocks[nbytes]:
+                    del self._blocks[nbytes]
+
+
+def _free(base: torch.Tensor) -> bool:
+    # The storage's references: ``base`` itself, and the Python storage object made for the
+    # call; every tensor or view handed out adds one.
+    return torch._C._storage_Use_Count(base.untyped_storage()._cdata) <= 2
 
 
 _POOL = BufferPool()
 
 
-def scratch(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """A working tensor for building a batch, from the pool (never the ring's shared slot)."""
-    return _POOL.tensor(shape, dtype)
+def release_pool() -> None:
+    """Let go of the pooled batch buffers nothing uses (the thread backend, after each pass)."""
+    _POOL.release()
 
 
 def concat_bytes(datas: list, bounds: list[int], share_memory: bool = False) -> torch.Tensor:

@@ -9,11 +9,12 @@ import warnings
 from typing import Any, Callable, cast
 
 import torch
+from torchvision.transforms.v2.functional import to_dtype
 
 from ..errors import DecodeError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import Store
-from .augment import Augment, Crop, augment_column, augment_image, native_augment, split_transform
+from .augment import Augment, Crop, Split, augment_column, augment_image, native_augment, split_transform
 from .augment.fused import CHANNELS
 from .base import Reader, accepts_views, as_bytes
 from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of, per_sample
@@ -111,6 +112,7 @@ class ImageReader(Reader):
         #: The fused augmentation (from the native options or the recognised part of
         #: ``transform``), or None. ``transform`` then holds only what runs after it.
         self.augment: Augment | None = None
+        self._prefix: Callable[[Any], Any] | None = None  # the user's own fused steps (16-bit images)
         if crop is not None or flip or normalize is not None or dtype is not None:
             if output != "tensor" or mode == "unchanged" or decode is not None:
                 raise ValueError(
@@ -119,23 +121,25 @@ class ImageReader(Reader):
                     "(for raw bytes, mmloader.GPUDecode crops, flips and normalises on the GPU)"
                 )
             self.augment = native_augment(size, crop, flip, normalize, dtype)
+            if self.augment.mean is not None and not self._takes_channels(self.augment):
+                raise ValueError(
+                    f"normalize: {len(self.augment.mean)} means and stds for {CHANNELS[mode]}-channel {mode} images"
+                )
         elif transform is not None and output != "raw" and mode != "unchanged" and decode is None:
-            split = split_transform(transform, output, size)
-            if split.augment is not None:
-                self.augment, self.transform = split.augment, split.rest
-                self._log_fused(split)
-        if (
-            self.augment is not None
-            and self.augment.mean is not None
-            and len(self.augment.mean)
-            not in (
-                1,
-                CHANNELS[mode],
-            )
-        ):
-            raise ValueError(
-                f"normalize: {len(self.augment.mean)} means and stds for {CHANNELS[mode]}-channel {mode} images"
-            )
+            self._take(split_transform(transform, output, size))
+
+    def _takes_channels(self, augment: Augment) -> bool:
+        return augment.mean is None or len(augment.mean) in (1, CHANNELS[self.mode])
+
+    def _take(self, split: Split) -> bool:
+        """Run ``split``'s fused prefix here and its rest after it, if the prefix fits this reader
+        (a Normalize for another channel count stays the user's, to fail as it would)."""
+        if split.augment is None or not self._takes_channels(split.augment):
+            return False
+        self.augment, self._prefix = split.augment, split.prefix
+        self.transform = AfterFused(split.rest, split.as_image) if split.rest is not None else None
+        self._log_fused(split)
+        return True
 
     def fuse(self, transform: Callable[[Any], Any]) -> tuple[Reader, Callable[[Any], Any] | None]:
         """A copy of this reader running the recognised prefix of ``transform`` (see
@@ -145,13 +149,11 @@ class ImageReader(Reader):
             return self, transform
         if self.mode == "unchanged" or not self.decodes_builtin():
             return self, transform
-        split = split_transform(transform, self.output, self.size)
-        if split.augment is None:
-            return self, transform
         fused = copy.copy(self)
-        fused.augment = split.augment
-        self._log_fused(split)
-        return fused, split.rest
+        if not fused._take(split_transform(transform, self.output, self.size)):
+            return self, transform
+        rest, fused.transform = fused.transform, None  # zip runs the rest, as its transform
+        return fused, rest
 
     def _log_fused(self, split: Any) -> None:
         log.info(
@@ -164,8 +166,9 @@ class ImageReader(Reader):
 
     @property
     def _decode_size(self) -> int | tuple[int, int] | None:
-        """The size images are decoded at: the fused augmentation does its own resizing."""
-        return None if self.augment is not None else self.size
+        """The size a sample decodes at on its own (a cache keeps that): the fused augmentation's
+        resize, which it then finds done (a random crop needs the whole image)."""
+        return self.augment.resize if self.augment is not None else self.size
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]
@@ -226,13 +229,23 @@ class ImageReader(Reader):
             except Exception:
                 pass  # redo sample by sample: the error must name its key
         decoded = super().decoded_column(as_bytes(datas), keys)
-        return [augment_image(image, self.augment, generator) for image in decoded]
+        return [self._augment_one(image, generator) for image in decoded]
+
+    def _augment_one(self, image: Any, generator: Any) -> Any:
+        """One decoded image augmented. Pixels that are not uint8 (a 16-bit PNG) go through the
+        user's own fused steps, unfused; with the native options, scaled to uint8 first."""
+        assert self.augment is not None
+        if isinstance(image, torch.Tensor) and image.dtype != torch.uint8:
+            if self._prefix is not None:
+                return self._prefix(image)
+            image = to_dtype(image, torch.uint8, scale=True)
+        return augment_image(image, self.augment, generator)
 
     def apply_transform(self, value: Any) -> Any:
         """A decoded image -> the sample's value: the fused augmentation (per sample here: a
         cached dataset, a sample read by index), then ``transform``."""
         if self.augment is not None:
-            value = augment_image(value, self.augment, rng().numpy)
+            value = self._augment_one(value, rng().numpy)
         return super().apply_transform(value)
 
     def _decode_into_batch(self, datas: list[bytes], share_memory: bool = False) -> Any:
@@ -271,3 +284,34 @@ class ImageReader(Reader):
         if self.output == "pil":
             return decode_to_pil(data, self.mode, self._decode_size, self.max_pixels)
         return decode_to_tensor(data, self.mode, self._decode_size, self.max_pixels)
+
+
+class AfterFused:
+    """The steps of a pipeline after its fused prefix, given each image as the prefix would
+    have handed it on: a contiguous CHW tensor (a view of the batch otherwise), a
+    ``tv_tensors.Image`` where the prefix ended with ``ToImage``.
+
+    Args:
+        rest: the remaining steps (the user's own objects).
+        as_image: wrap each image as a ``tv_tensors.Image`` first.
+    """
+
+    def __init__(self, rest: Callable[[Any], Any], as_image: bool):
+        self.rest, self.as_image = rest, as_image
+
+    def __call__(self, image: Any) -> Any:
+        if isinstance(image, torch.Tensor):
+            image = image.contiguous()
+            if self.as_image:
+                from torchvision import tv_tensors
+
+                image = tv_tensors.Image(image)
+        return self.rest(image)
+
+    def __getattr__(self, name: str) -> Any:  # the rest's attributes (``.transforms`` of a Compose)
+        if name in ("rest", "as_image") or name.startswith("__"):  # unpickling: not there yet
+            raise AttributeError(name)
+        return getattr(self.rest, name)
+
+    def __repr__(self) -> str:
+        return repr(self.rest)

@@ -7,7 +7,8 @@ after it stay the user's Python, run per sample on what the fused prefix produce
 
 * ``RandomResizedCrop`` (bilinear, bicubic or nearest; any ``scale``, ``ratio``, ``antialias``)
 * ``Resize`` (without ``max_size``), then optionally ``CenterCrop``; ``CenterCrop`` alone
-* ``RandomHorizontalFlip``
+* ``RandomHorizontalFlip`` (not before a ``CenterCrop``: a centred box with an odd margin is
+  not symmetric; before a random-resized crop it gives the same distribution, as torchvision)
 * ``ToImage``, ``PILToTensor``, ``ToPureTensor``, v1 ``ToTensor`` (type conversions)
 * ``ToDtype`` (a float dtype, ``scale=`` either way), ``ConvertImageDtype``, then ``Normalize``
 
@@ -34,12 +35,17 @@ class Split:
         augment: the fused prefix, or None when nothing is fused.
         rest: what still runs per sample after it (the user's classes), or None.
         fused: the names of the fused steps; ``remaining``: those of the rest.
+        prefix: the user's own fused steps as one callable (for an image the fused path cannot
+            take, such as a 16-bit PNG: it runs them, unfused).
+        as_image: the prefix ends in a ``tv_tensors.Image`` (v2 ``ToImage``), which the rest is given.
     """
 
     augment: Augment | None
     rest: Callable[[Any], Any] | None
     fused: list[str]
     remaining: list[str]
+    prefix: Callable[[Any], Any] | None = None
+    as_image: bool = False
 
 
 def _steps(transform: Any) -> tuple[list[Any], type | None]:
@@ -73,6 +79,7 @@ class _State:
         self.dtype: torch.dtype | None = None
         self.scale = True
         self.mean = self.std = None
+        self.as_image = False  # a tv_tensors.Image (v2 ToImage), not a plain tensor
 
     @property
     def geometry_open(self) -> bool:
@@ -104,7 +111,9 @@ class _State:
             self.interpolation, self.antialias = mode, bool(t.antialias) or self.pil
             return True
         if kind in (v2.CenterCrop, v1.CenterCrop):
-            if not self.geometry_open:
+            # after a flip, no: a centred box with an odd margin is not symmetric (the flip
+            # would have to come first, and the fused path flips last)
+            if not self.geometry_open or self.flip:
                 return False
             self.crop = Crop.center(tuple(t.size) if not isinstance(t.size, int) else t.size)
             return True
@@ -116,14 +125,21 @@ class _State:
         if kind in (v2.ToImage, v1.PILToTensor, v2.PILToTensor):
             if kind is v1.PILToTensor and not self.pil:  # v1 raises on a tensor: leave it to do so
                 return False
+            if kind is v2.ToImage:
+                self.as_image = True
+            elif self.pil:
+                self.as_image = False  # a plain tensor from a PIL image; a tensor passes through
             self.pil = False
             return True
         if kind is v2.ToPureTensor:
-            return not self.pil
+            if self.pil:
+                return False
+            self.as_image = False
+            return True
         if kind is v1.ToTensor:  # PIL -> float in [0, 1]; on a tensor it raises: leave it to do so
             if not self.pil or self.dtype is not None:
                 return False
-            self.pil, self.dtype, self.scale = False, torch.float32, True
+            self.pil, self.dtype, self.scale, self.as_image = False, torch.float32, True, False
             return True
         if kind in (v2.ToDtype, v2.ConvertImageDtype, v1.ConvertImageDtype):
             dtype = t.dtype
@@ -200,5 +216,6 @@ def split_transform(transform: Any, output: str, size: Any = None) -> Split:
     rest: Callable[[Any], Any] | None = None
     if rest_steps:
         rest = compose(rest_steps) if compose is not None else rest_steps[0]
+    prefix = compose(steps[:taken]) if compose is not None else steps[0]
     names = [type(t).__name__ for t in steps]
-    return Split(augment, rest, names[:taken], names[taken:])
+    return Split(augment, rest, names[:taken], names[taken:], prefix, state.as_image)

@@ -22,6 +22,8 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 def pair(size: int | Sequence[int], what: str) -> tuple[int, int]:
     """``size`` as (h, w): an int (or a 1-element sequence) is a square."""
+    if not isinstance(size, (int, list, tuple)):
+        raise ValueError(f"{what}={size!r}: expected a positive int or (height, width)")
     sizes = (size,) if isinstance(size, int) else tuple(size)
     if len(sizes) == 1:
         sizes = sizes * 2
@@ -109,8 +111,9 @@ class Crop:
         return f"RandomResizedCrop({size}, scale={_short(self.scale)}, ratio={_short(self.ratio)})"
 
 
-def _size_value(value: Any) -> int | tuple[int, ...]:
-    return value if isinstance(value, int) else tuple(value)
+def _size_value(value: Any) -> Any:
+    """A size as given, sequences as tuples (:func:`pair` says what is wrong with the rest)."""
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def _short(values: Sequence[float]) -> str:
@@ -215,6 +218,8 @@ def native_augment(
             units, or None; implies ``dtype="float32"`` unless given.
         dtype: ``"float32"``, ``"bfloat16"``, ``"float16"``, a torch dtype, or None (uint8).
     """
+    if isinstance(flip, bool) or not isinstance(flip, (int, float)):
+        raise ValueError(f"flip={flip!r}: expected a probability such as 0.5 (1.0 flips every image)")
     parsed = Crop.parse(crop)
     if parsed is not None and parsed.kind == "random" and size is not None:
         raise ValueError(
