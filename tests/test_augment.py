@@ -662,3 +662,21 @@ def test_preview_shows_stored_images_with_the_new_keys(photos, tmp_path):
 
     sources = build_sources(load_config(config), pil_images=True)
     assert sources["photos"].readers["image"].output == "pil"
+
+
+def test_producer_threads_run_torch_ops_on_one_thread(photos):
+    """As DataLoader worker processes do; the training thread keeps its own count (above)."""
+    from mmloader.loading.threaded import _omp_set_num_threads
+
+    if _omp_set_num_threads() is None:
+        pytest.skip("no OpenMP runtime in this torch")
+    seen = set()
+
+    def record(data):
+        seen.add(torch.get_num_threads())
+        return len(data)
+
+    ds = mmloader.zip(image=mmloader.Reader(photos, "jpg", decode=record))
+    for _ in mmloader.loader(mmloader.Stream(ds, batch_size=8), num_workers=2, backend="thread"):
+        pass
+    assert seen == {1}
