@@ -759,6 +759,25 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def _rows(names, workload, results, failures, worker_uss: bool) -> list[str]:
+    """A table's rows: samples/s, first batch, peak PSS (and worker USS) medians, or the failure."""
+    rows = []
+    for name in names:
+        runs = results.get((name, workload))
+        if runs:
+            cells = [
+                f"{_median(runs, 'samples_per_s'):,.0f}",
+                f"{_median(runs, 'first_batch_s') * 1000:,.0f}",
+                f"{_median(runs, 'peak_pss_mb'):,.0f}",
+            ]
+            if worker_uss:
+                cells.append(f"{_median(runs, 'peak_worker_uss_mb'):,.0f}")
+            rows.append(f"| {name} | {' | '.join(cells)} |")
+        elif (name, workload) in failures:
+            rows.append(f"| {name} | failed: {failures[(name, workload)]} |{' |' * (3 if worker_uss else 2)}")
+    return rows
+
+
 def write_augmented(args, info, results, failures) -> None:
     """The augmented workload's section of RESULTS.md, with the issue's goals marked."""
     import torch
@@ -795,15 +814,7 @@ def write_augmented(args, info, results, failures) -> None:
         "| --- | ---: | ---: | ---: |",
     ]
     rate = {n: _median(r, "samples_per_s") for (n, w), r in results.items() if w == AUGMENTED}
-    for name in AUGMENTED_CONTENDERS:
-        runs = results.get((name, AUGMENTED))
-        if runs:
-            lines.append(
-                f"| {name} | {rate[name]:,.0f} | {_median(runs, 'first_batch_s') * 1000:,.0f} | "
-                f"{_median(runs, 'peak_pss_mb'):,.0f} |"
-            )
-        elif (name, AUGMENTED) in failures:
-            lines.append(f"| {name} | failed: {failures[(name, AUGMENTED)]} | | |")
+    lines += _rows(AUGMENTED_CONTENDERS, AUGMENTED, results, failures, worker_uss=False)
     default = rate.get("mmloader-lmdb-auto")
     torchvision_peers = {n: v for n, v in rate.items() if not n.startswith("mmloader") and n not in PEER_PYTHON}
     fused_peers = {n: v for n, v in rate.items() if n in PEER_PYTHON}
@@ -881,15 +892,7 @@ def write_results(args, info, results, failures, lim) -> None:
             "| contender | samples/s | first batch (ms) | peak PSS of the tree (MB) | peak worker USS (MB) |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
-        for name in CONTENDERS:
-            runs = results.get((name, workload))
-            if runs:
-                lines.append(
-                    f"| {name} | {_median(runs, 'samples_per_s'):,.0f} | {_median(runs, 'first_batch_s') * 1000:,.0f} | "
-                    f"{_median(runs, 'peak_pss_mb'):,.0f} | {_median(runs, 'peak_worker_uss_mb'):,.0f} |"
-                )
-            elif (name, workload) in failures:
-                lines.append(f"| {name} | failed: {failures[(name, workload)]} | | | |")
+        lines += _rows(CONTENDERS, workload, results, failures, worker_uss=True)
         ours = {
             n: _median(r, "samples_per_s")
             for (n, w), r in results.items()
