@@ -140,7 +140,9 @@ class _Run:
                     self.room.wait()
             self._build(*claim)
 
-    def batches(self) -> Iterator[Any]:
+    def batches(self, _release: Callable[[], None] = release_pool) -> Iterator[Any]:
+        # (_release bound here: a pass left open runs this finally at interpreter exit, when
+        # module globals are already gone)
         for t in self.threads:
             t.start()
         try:
@@ -160,7 +162,10 @@ class _Run:
                 j += 1
         finally:
             self.stop()
-            release_pool()  # the pass's spare batch buffers: kept no longer than the pass
+            try:
+                _release()  # the pass's spare batch buffers: kept no longer than the pass
+            except Exception:  # at interpreter exit the pool's module may be gone already
+                pass
 
     def stop(self, timeout: float = 5.0, _now: Callable[[], float] = time.monotonic) -> None:
         """Let the producers finish the batch they are building, and wait for them (``timeout``
