@@ -78,7 +78,8 @@ class _State:
         self.flip = 0.0
         self.dtype: torch.dtype | None = None
         self.scale = True
-        self.mean = self.std = None
+        self.mean: tuple[float, ...] | None = None
+        self.std: tuple[float, ...] | None = None
         self.as_image = False  # a tv_tensors.Image (v2 ToImage), not a plain tensor
 
     @property

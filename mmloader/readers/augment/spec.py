@@ -226,7 +226,8 @@ def native_augment(
             f"size={size!r} with a random crop: the crop's size is the output size "
             "(a random-resized crop resizes its own box); drop size="
         )
-    mean = std = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
     if normalize is not None:
         if normalize == "imagenet":
             mean, std = IMAGENET_MEAN, IMAGENET_STD
