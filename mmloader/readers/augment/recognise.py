@@ -212,7 +212,7 @@ def split_transform(transform: Any, output: str, size: Any = None) -> Split:
     except ValueError:
         return nothing
     rest_steps = steps[taken:]
-    if augment.empty and augment.resize is None and rest_steps:
+    if augment.empty and rest_steps:
         return nothing  # only type conversions before user steps: nothing to gain
     rest: Callable[[Any], Any] | None = None
     if rest_steps:

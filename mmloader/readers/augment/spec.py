@@ -175,15 +175,6 @@ class Augment:
     def float_output(self) -> bool:
         return self.dtype is not None and self.dtype.is_floating_point
 
-    @property
-    def fixed_size(self) -> tuple[int, int] | None:
-        """The output (h, w) when every image gets it, else None (a shorter-side resize only)."""
-        if self.crop is not None:
-            return self.crop.size
-        if self.resize is not None and not isinstance(self.resize, int):
-            return self.resize
-        return None
-
     def describe(self) -> str:
         """The steps, in torchvision's vocabulary (for the log line saying what was fused)."""
         steps = []
