@@ -22,6 +22,7 @@ from .errors import (
     ConfigError,
     DecodeError,
     FormatError,
+    LiveSourceError,
     MMLoaderError,
     PlanChangedError,
     RandomAccessError,
@@ -64,6 +65,10 @@ _LAZY = {
     "from_config": (".loading.config", "from_config"),
     "GPUDecode": (".loading.gpu", "GPUDecode"),
     "rng": (".readers.seeding", "rng"),
+    "live": (".live_sources.source", "live"),
+    "LiveSource": (".live_sources.source", "LiveSource"),
+    "LiveStream": (".live_sources.stream", "LiveStream"),
+    "from_queue": (".live_sources.queue", "from_queue"),
 }
 
 # Modules that moved into the layer packages: their old import paths keep working.
@@ -182,5 +187,6 @@ __all__ = [
     "ConfigError",
     "ResumeError",
     "PlanChangedError",
+    "LiveSourceError",
     *(name for name in _LAZY if name not in ("zip", "readers")),
 ]

@@ -73,3 +73,8 @@ class PlanChangedError(ResumeError):
     def __init__(self, message: str, changes: list[str]):
         super().__init__(message)
         self.changes = changes
+
+
+class LiveSourceError(MMLoaderError):
+    """A live source (:func:`mmloader.live`) failed: its iterable raised, it stalled past its
+    timeout (``on_stall="raise"``), its producer process died, or another rank's source failed."""

@@ -18,7 +18,7 @@ LAYERS = {
     1: ["storage"],
     2: ["readers"],
     3: ["align"],
-    4: ["loading"],
+    4: ["loading", "live_sources"],
     5: ["frameworks"],
     6: ["cli", "__init__"],
 }

@@ -167,6 +167,75 @@ def _schedule(
     return schedule
 
 
-def mix(datasets: Sequence[Any], weights: Sequence[float] | None = None, **kwargs: Any) -> Mix:
-    """See :class:`Mix`."""
+class LiveMix:
+    """Stored datasets and one live source (:func:`mmloader.live`) in one stream: what
+    :func:`mix` makes when one of its datasets is live. The weights are shares: the live
+    source's share of each batch (``batch_composition="sample"``) or of the steps (``"source"``);
+    the stored part is planned as a stream of its own (exactly once per epoch, resumable).
+
+    Args:
+        datasets: the stored datasets and the live source, in any order.
+        weights: one per dataset (default equal); normalised to shares.
+        names: one per dataset (default ``source0``, ``source1``...; the live source's own name).
+        batch_composition: ``"sample"`` (every batch holds ``round(batch_size * share)`` live
+            samples) or ``"source"`` (whole batches alternate, in proportion).
+        **stored: other :class:`Mix` options for the stored datasets when there are several.
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        weights: Sequence[float] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        batch_composition: str = "sample",
+        **stored: Any,
+    ):
+        live = [i for i, d in enumerate(datasets) if getattr(d, "is_live_source", False)]
+        if len(live) != 1:
+            raise ValueError(
+                f"mix() takes one live source, got {len(live)}: several live sources are one factory "
+                "that interleaves them"
+            )
+        if batch_composition not in ("sample", "source"):
+            raise ValueError(f"batch_composition={batch_composition!r}: expected 'sample' or 'source'")
+        mode = stored.pop("mode", "proportion")
+        if mode != "proportion" or stored.get("schedule") is not None:
+            raise ValueError(
+                "mix() with a live source takes its weights as shares (mode='proportion', no schedule): "
+                "a live source has no size to repeat or count"
+            )
+        if len(datasets) < 2:
+            raise ValueError("mix() of a live source alone: stream the source itself (mmloader.Stream(source, ...))")
+        w = [float(x) for x in (weights if weights is not None else [1.0] * len(datasets))]
+        if len(w) != len(datasets) or any(x < 0 for x in w) or sum(w) <= 0:
+            raise ValueError(f"mix(): weights {list(w)} for {len(datasets)} datasets: one non-negative weight each")
+        i = live[0]
+        self.live = datasets[i]
+        self.share = w[i] / sum(w)
+        if not 0 < self.share < 1:
+            raise ValueError(f"mix(): the live source's share is {self.share:g}: give it and the stored data weight")
+        all_names = (
+            list(names)
+            if names
+            else [getattr(d, "name", None) if j == i else f"source{j}" for j, d in enumerate(datasets)]
+        )
+        self.live_name = str(all_names[i])
+        self.names: list[str] = [str(n) for j, n in enumerate(all_names) if j != i]
+        stored_sets = [d for j, d in enumerate(datasets) if j != i]
+        stored_weights = [x for j, x in enumerate(w) if j != i]
+        self.stored: Any = (
+            stored_sets[0] if len(stored_sets) == 1 else Mix(stored_sets, stored_weights, names=self.names, **stored)
+        )
+        self.composition = batch_composition
+
+    def identity(self) -> dict:
+        """The mix as recorded in a resume state (plain data)."""
+        return {"live": self.live_name, "share": self.share, "composition": self.composition, "stored": self.names}
+
+
+def mix(datasets: Sequence[Any], weights: Sequence[float] | None = None, **kwargs: Any) -> Mix | LiveMix:
+    """See :class:`Mix` (and :class:`LiveMix`, made when one of ``datasets`` is a live source)."""
+    if any(getattr(d, "is_live_source", False) for d in datasets):
+        return LiveMix(datasets, weights, **kwargs)
     return Mix(datasets, weights, **kwargs)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch.utils.data
 
-from ..align.collate import Collate, collate, merge_columns, packing_also
+from ..align.collate import Collate, collate, merge_columns, packing_also, sample_columns
 from ..errors import MMLoaderError, SampleError
 from .control import SharedControl
 
@@ -42,6 +42,7 @@ class BatchBuilder:
         on_error: str,
         max_consecutive_errors: int,
         control: SharedControl,
+        packed_also: Sequence[str] = (),
     ):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(map(repr, ON_ERROR))}")
@@ -50,7 +51,11 @@ class BatchBuilder:
         # Packing is declared by the readers that deliver encoded bytes (ImageReader(output="raw")),
         # never guessed from a tensor's dtype; a user's collate_fn gets it around each call, so a
         # Collate (or mmloader.collate) inside it packs them too, and their object is used as given.
-        pack = tuple(dict.fromkeys(name for d in self.datasets for name in getattr(d, "packed_modalities", [])))
+        pack = tuple(
+            dict.fromkeys(
+                [*(name for d in self.datasets for name in getattr(d, "packed_modalities", [])), *packed_also]
+            )
+        )
         if collate_fn is collate:
             collate_fn, pack = Collate(pack=pack), ()
         self.collate_fn, self._pack = collate_fn, pack
@@ -72,6 +77,33 @@ class BatchBuilder:
         samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
         if not batched:
             return samples[0]
+        return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
+
+    def build_with_rows(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray, rows: list) -> Any:
+        """A batch of the planned samples (none: an empty plan part) followed by ``rows``, samples
+        already decoded elsewhere (a live source's), collated together as one batch."""
+        if self._columns is not None:
+            columns = None
+            if len(indices) == 0:
+                columns = {}
+            else:
+                try:
+                    columns = self._batch_columns(sources, indices)
+                except SampleError:
+                    pass  # the per-sample path below reports (or skips) the culprit by key
+            if columns is not None:
+                n = len(indices)
+                if not rows:
+                    merged = columns
+                elif not n:
+                    merged = sample_columns(rows)
+                else:
+                    merged = merge_columns(
+                        [(range(n), columns), (range(n, n + len(rows)), sample_columns(rows))], n + len(rows)
+                    )
+                return self._collate(self._columns, merged)
+        samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
+        samples += rows
         return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
 
     def _collate(self, fn: Callable[[Any], Any], arg: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, cast
 import torch
 import torch.utils.data
 
+from ..live_sources.stream import LiveStream
 from .distributed import available_cpus, local_world_size
 from .resumable import Resumable
 from .ring import BatchRing
@@ -83,7 +84,7 @@ class Loader(Resumable):
 
     def __init__(
         self,
-        stream: Stream,
+        stream: Stream | LiveStream,
         num_workers: int | None = None,
         *,
         pin_memory: bool | None = None,
@@ -92,9 +93,17 @@ class Loader(Resumable):
         ring: bool = True,
         **kwargs: Any,
     ):
-        if not isinstance(stream, Stream):
+        if not isinstance(stream, (Stream, LiveStream)):
             raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
         workers = default_num_workers() if num_workers is None else num_workers
+        if isinstance(stream, LiveStream):
+            # Each pass's readers start from the positions the training process delivered up to,
+            # which workers started for an earlier pass would not know.
+            if persistent_workers:
+                raise ValueError(
+                    "a live stream starts its readers afresh each pass: persistent_workers=True does not apply"
+                )
+            persistent_workers = False
         if persistent_workers is None:
             persistent_workers = workers > 0
         if pin_memory is None:
@@ -138,7 +147,10 @@ class Loader(Resumable):
         # Persistent workers reuse one iterator, which remembers the length of the pass it was
         # made for; a resumed (shorter) pass must not make later full passes look too long.
         if hasattr(iterator, "_IterableDataset_len_called"):
-            cast(Any, iterator)._IterableDataset_len_called = len(self.stream)  # torch's stubs: None
+            try:
+                cast(Any, iterator)._IterableDataset_len_called = len(self.stream)  # torch's stubs: None
+            except TypeError:  # a live stream without a bound
+                cast(Any, iterator)._IterableDataset_len_called = None
         return self._stop_workers_on_error(self._received(iterator), iterator)
 
     def _received(self, iterator: Iterator[Any]) -> Iterator[Any]:
@@ -170,12 +182,13 @@ class Loader(Resumable):
             # an error raised in the loop's own code): stop its workers, unless a newer pass already
             # uses them (persistent workers, an old iterator closed late).
             if self._active is this_pass:
-                self._shutdown()
+                self._shutdown(workers)
             raise
         except BaseException:
             # A worker died or raised: stop the others now. Left running, they stay registered
             # with the DataLoader's SIGCHLD handler, which would raise later in unrelated code.
-            self._shutdown()
+            # (Workers that are not persistent belong to this pass's iterator, not the DataLoader.)
+            self._shutdown(workers)
             raise
 
     def _dead_workers(self, wait_s: float = 2.0) -> list[str]:
@@ -194,7 +207,13 @@ class Loader(Resumable):
                 return dead
             time.sleep(0.05)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, this_pass: Any = None) -> None:
+        """Stop the persistent workers (and ``this_pass``'s, an iterator of workers that are not)."""
+        shutdown = getattr(this_pass, "_shutdown_workers", None)
+        if shutdown is not None and not getattr(this_pass, "_shutdown", True):
+            shutdown()
+            if _join_index_feeders is not None:
+                _join_index_feeders(this_pass)
         dataloader: Any = self.__dict__.get("dataloader")
         if getattr(dataloader, "_iterator", None) is not None:
             workers = list(getattr(dataloader._iterator, "_workers", []))
@@ -247,7 +266,7 @@ def _as_is(batch: Any) -> Any:
 class _RingStream(torch.utils.data.IterableDataset):
     """What the DataLoader's workers iterate: the stream's batches, each built into a ring slot."""
 
-    def __init__(self, stream: Stream, ring: BatchRing):
+    def __init__(self, stream: Stream | LiveStream, ring: BatchRing):
         self.stream, self.ring = stream, ring
 
     def __len__(self) -> int:
@@ -262,7 +281,7 @@ class _RingStream(torch.utils.data.IterableDataset):
             yield self.ring.send(build, info.id)
 
 
-def choose_backend(stream: Stream) -> tuple[str, str]:
+def choose_backend(stream: Stream | LiveStream) -> tuple[str, str]:
     """(backend, why) for ``backend="auto"``: threads unless user Python runs per sample."""
     work = stream.python_work()
     if work:
@@ -271,7 +290,7 @@ def choose_backend(stream: Stream) -> tuple[str, str]:
 
 
 def loader(
-    stream: Stream, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
+    stream: Stream | LiveStream, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
 ) -> Loader | ThreadLoader:
     """A loader for ``stream``: workers from the CPUs per local rank, pinned memory with CUDA,
     the same batches in the same order on either backend, ``state_dict``/``load_state_dict``.
@@ -284,7 +303,7 @@ def loader(
 
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
-    if not isinstance(stream, Stream):
+    if not isinstance(stream, (Stream, LiveStream)):
         raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .stream import Stream
+
+if TYPE_CHECKING:
+    from ..live_sources.stream import LiveStream
 
 
 class EpochSampler:
@@ -93,7 +96,7 @@ class Resumable:
     so resuming from it never replays the finished epoch.
     """
 
-    stream: Stream
+    stream: Stream | LiveStream
     batches_seen = 0
     epoch_done = False
     _passes = 0
@@ -168,7 +171,7 @@ class Resumable:
         self._begin_pass()
         token = self._active = object()
         try:
-            yield from self._counted(self._batches(), token)
+            yield from self._counted(self.stream.deliver(self._batches()), token)
         finally:
             if self._active is token:  # (an old pass closed late must not end a newer one)
                 self._active = None

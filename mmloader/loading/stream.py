@@ -37,6 +37,10 @@ from .control import SharedControl
 log = logging.getLogger("mmloader")
 
 ON_CHANGE = ("error", "next_epoch", "continue")
+
+#: The registry of other kinds of stream: ``(accepts(dataset) -> bool, stream class)``, tried in
+#: order by ``Stream(dataset, ...)``. :mod:`mmloader.live_sources` registers live sources here.
+STREAM_KINDS: list[tuple[Callable[[Any], bool], Callable[..., Any]]] = []
 PADDING = ("repeat", "mask")
 
 
@@ -83,6 +87,15 @@ class Stream(torch.utils.data.IterableDataset):
     >>> for epoch in range(10):                             # doctest: +SKIP
     ...     for batch in loader: ...                        # epochs 0, 1, 2 ... in new orders
     """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # Another kind of dataset (a live source, which streams by steps) makes its own kind of
+        # stream from the same call; the loaders take it as they take a Stream.
+        if cls is Stream:
+            for accepts, kind in STREAM_KINDS:
+                if accepts(dataset):
+                    return kind(dataset, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -469,24 +482,35 @@ class Stream(torch.utils.data.IterableDataset):
         when user Python runs in the batch: nothing else draws from them (built-in randomness
         uses :func:`mmloader.rng`), and reseeding costs ~1 us a sample of a raw batch's ~8."""
         seed_globals = seed_globals and bool(self.python_work())
+        for plan, positions, sources, indices, seed, valid in self.planned(worker, workers):
+            yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals, valid)
+
+    def planned(self, worker: int = 0, workers: int = 1) -> Iterator[tuple]:
+        """What each batch (or sample) of worker ``worker`` of ``workers`` is, in order, before it
+        is built: ``(plan, positions, sources, indices, seed, valid)``; ``seed`` an int or a
+        callable computing it, ``valid`` the rows that count (``padding="mask"``) or None."""
         rank, world, plan, visit, per_rank = self._layout()
         epoch = self.epoch
         spans = worker_batches(per_rank, self.batch_size, workers, worker)
         if self.padding == "mask":
-            yield from self._unrepeated_tasks(spans, visit, plan, rank, world, epoch, seed_globals)
+            start, share, _rows = unrepeated_share(len(visit), world, rank, self.batch_size)
+            for a, b in spans:
+                virtual, valid = unrepeated_positions(start, share, a, b)
+                positions = visit.take(virtual)
+                sources, indices = plan.lookup(positions)
+                first: Callable[[], int] | int = functools.partial(
+                    batch_seed, self.seed, epoch, rank, int(positions[0])
+                )
+                yield plan, positions, sources, indices, first, valid
             return
         for positions, sources, indices in planned_batches(spans, visit, plan, rank, world, per_rank):
             seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
-            yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals)
+            yield plan, positions, sources, indices, seed, None
 
-    def _unrepeated_tasks(self, spans, visit: RangeList, plan, rank: int, world: int, epoch: int, seed_globals: bool):
-        start, share, _rows = unrepeated_share(len(visit), world, rank, self.batch_size)
-        for a, b in spans:
-            virtual, valid = unrepeated_positions(start, share, a, b)
-            positions = visit.take(virtual)
-            sources, indices = plan.lookup(positions)
-            seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0]))
-            yield functools.partial(self._build, plan, positions, sources, indices, seed, seed_globals, valid)
+    def deliver(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches a loader's pass hands to training, from what its backend built (here: all
+        of them; a live stream agrees with the other ranks on each, see :mod:`mmloader.live_sources`)."""
+        return batches
 
     def _build(
         self,

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..live_sources.stream import LiveStream
 from ..readers.columns import release_pool
 from .resumable import Resumable
 from .stream import Stream
@@ -45,13 +46,13 @@ class ThreadLoader(Resumable):
 
     def __init__(
         self,
-        stream: Stream,
+        stream: Stream | LiveStream,
         num_workers: int = 2,
         prefetch_factor: int = 2,
         pin_memory: bool = False,
         producers: int | None = None,
     ):
-        if not isinstance(stream, Stream):
+        if not isinstance(stream, (Stream, LiveStream)):
             raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
         self.stream = stream
         self.num_workers = max(1, num_workers)
@@ -246,4 +247,6 @@ def _pin(batch: Any) -> Any:
         return {k: _pin(v) for k, v in batch.items()}
     if isinstance(batch, list):
         return [_pin(v) for v in batch]
+    if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
+        return tuple(_pin(v) for v in batch)
     return batch

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, cast
 from ..errors import DecodeError, SampleError, SizeLimitError
 from ..storage import Store, open_store
 from ..storage.base import KeysView
+from ..storage.detached import DetachedStore
 
 #: Refuse fields larger than this (bytes, after .gz decompression) unless raised per reader.
 DEFAULT_MAX_FIELD_BYTES = 256 << 20
@@ -68,14 +69,15 @@ class Reader:
 
     def __init__(
         self,
-        source: str | os.PathLike | Store,
+        source: str | os.PathLike | Store | None,
         field: str | None = None,
         *,
         decode: Callable[[bytes], Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
         max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
     ):
-        self.store = open_store(source)
+        # None: no store, the reader decodes values handed to it (a live source's samples)
+        self.store = open_store(source) if source is not None else DetachedStore()
         if field is None and not (
             self.default_field or self.field_extensions or type(self)._default_field is not Reader._default_field
         ):

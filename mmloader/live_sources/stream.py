@@ -1,0 +1,563 @@
+"""``Stream(live_source, steps=...)``: a live source (alone or mixed with stored data) streamed
+to one rank's loader, with the guarantees of a stored stream where they can hold.
+
+* **Steps, not epochs.** A pass ("epoch") is ``steps`` batches; with a stored part, the
+  stored epoch (capped at ``steps``). Without ``steps`` and without a stored part a pass runs
+  until the source ends.
+* **All ranks end together.** Before each batch the ranks agree (one ``all_reduce`` of an
+  integer, :mod:`mmloader.live_sources.agree`) that each has one; when a rank's source ends or stalls
+  past its timeout, every rank ends the pass at the same batch; when one fails, every rank raises.
+* **Readers.** Each DataLoader worker (thread backend: each rank) reads its own slice
+  ``factory(rank, world, worker, workers)``; batches record which slice and step they are, so
+  the loader only delivers an unbroken run of steps.
+* **Checkpoints.** A slice whose iterable has ``state_dict()`` is resumed exactly: the state
+  after the last sample of the last delivered batch is kept per slice, saved in
+  ``state_dict()`` and handed back (``load_state_dict``) to the slice's next iterable, at a
+  resume and at every new pass. Any other source restarts from its own position (a queue,
+  a server): at-least-once at best, said in one log line at a resume.
+* **Mixed with stored data**: the stored part is a :class:`mmloader.Stream` of its own, planned
+  exactly once per epoch and resumed by arithmetic as ever.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from ..align.collate import collate
+from ..align.mix import LiveMix
+from ..errors import LiveSourceError, PlanChangedError, ResumeError, SampleError
+from ..loading.building import BatchBuilder
+from ..loading.control import SharedControl
+from ..loading.distributed import data_parallel_group
+from ..loading.stream import Stream
+from ..readers.seeding import batch_seed, enter_batch
+from .agree import ENDED, FAILED, READY, agree
+from .fetch import Fetcher, checkpointable
+from .source import LiveSource
+
+log = logging.getLogger("mmloader")
+
+STATE_KIND = "mmloader.live/1"
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class LiveStream(torch.utils.data.IterableDataset):
+    """A live source streamed by steps; made by ``mmloader.Stream(source_or_mix, ...)``.
+
+    Args:
+        source: a :func:`mmloader.live` source, or a :func:`mmloader.mix` of one with stored datasets.
+        batch_size: samples per batch (required).
+        shuffle, seed, drop_last: as for :class:`mmloader.Stream` (the stored part's plan and the
+            batches' seeds); ``drop_last`` also drops a short last batch when a source ends.
+        steps: batches per pass (per epoch); None: a stored part's epoch, or until the source ends.
+        collate_fn, on_error, max_consecutive_errors, seed_workers, group: as for
+            :class:`mmloader.Stream`; ``on_error="skip"`` replaces a bad live sample with the
+            source's next one.
+        on_change: ``"error"`` or ``"next_epoch"`` for a state of another plan (the stored part
+            may also ``"continue"``).
+        **stored_options: other :class:`mmloader.Stream` options, for the stored part.
+    """
+
+    def __init__(
+        self,
+        source: LiveSource | LiveMix,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        *,
+        steps: int | None = None,
+        collate_fn: Callable[[list], Any] | None = collate,
+        on_error: str = "raise",
+        max_consecutive_errors: int = 100,
+        seed_workers: bool = True,
+        group: Any = None,
+        on_change: str = "error",
+        **stored_options: Any,
+    ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"a live stream needs batch_size= (an integer >= 1), got {batch_size!r}")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"steps={steps!r}: expected an integer >= 1 (batches per pass) or None")
+        if stored_options.get("padding", "repeat") != "repeat":
+            raise ValueError("padding='mask' (evaluation over a stored dataset) does not apply to a live stream")
+        if on_change not in ("error", "next_epoch", "continue"):
+            raise ValueError(f"on_change={on_change!r}: expected 'error', 'next_epoch' or 'continue'")
+        self.batch_size, self.steps, self.seed = batch_size, steps, int(seed)
+        self.shuffle, self.drop_last, self.on_change = shuffle, drop_last, on_change
+        self.seed_workers, self.collate_fn, self.on_error = seed_workers, collate_fn, on_error
+        self.group = data_parallel_group(group)
+        self.stored: Stream | None = None
+        if isinstance(source, LiveMix):
+            self.source, self.share, self.composition = source.live, source.share, source.composition
+            live_rows = round(batch_size * self.share) if self.composition == "sample" else 0
+            if self.composition == "sample" and not 0 < live_rows < batch_size:
+                raise ValueError(
+                    f"mix(): a live share of {self.share:.3g} gives {live_rows} live samples in a batch of "
+                    f"{batch_size}; use batch_composition='source' (whole batches alternate) or another batch_size"
+                )
+            if self.composition == "sample" and abs(live_rows / batch_size - self.share) > 0.01:
+                log.warning(
+                    "mix(): batches of %d hold %d live samples: a share of %.3f, not the %.3f asked",
+                    batch_size,
+                    live_rows,
+                    live_rows / batch_size,
+                    self.share,
+                )
+            self.live_rows = live_rows
+            self.stored = Stream(
+                source.stored,
+                batch_size - live_rows if self.composition == "sample" else batch_size,
+                shuffle,
+                seed,
+                drop_last,
+                collate_fn=collate_fn,
+                on_error=on_error,
+                max_consecutive_errors=max_consecutive_errors,
+                seed_workers=seed_workers,
+                group=group,
+                on_change=on_change,
+                **stored_options,
+            )
+            self.live_name, self.stored_names = source.live_name, source.names
+            names = self.stored.mix.names if self.stored.mix is not None else source.names
+            self.control = self.stored.control
+            self.builder = BatchBuilder(
+                self.stored.datasets,
+                names,
+                collate_fn,
+                on_error,
+                max_consecutive_errors,
+                self.control,
+                packed_also=self.source.packed_modalities,
+            )
+        elif getattr(source, "is_live_source", False):
+            if stored_options:
+                raise TypeError(f"a live stream without stored data does not take {sorted(stored_options)}")
+            self.source, self.share, self.composition, self.live_rows = source, 1.0, "sample", batch_size
+            self.live_name, self.stored_names = source.name, []
+            self.control = SharedControl()
+            self.builder = BatchBuilder(
+                [], None, collate_fn, on_error, max_consecutive_errors, self.control, self.source.packed_modalities
+            )
+        else:
+            raise TypeError(f"LiveStream needs an mmloader.live source or a mix with one, got {type(source).__name__}")
+        self._epoch_chosen = False
+        self._resume_fresh = False
+        self._steps_before = 0  # batches of the current epoch delivered before a resume
+        self._slices: dict[str, Any] = {}  # slice -> its source's state after the last delivered batch
+        self._layout: dict | None = None  # {"world", "workers"} of the slices in _slices
+        self._slices_before_last: dict[str, Any] = {}
+        self._delivered = 0  # batches delivered in the current pass
+        self._fetchers: dict[str, Fetcher] = {}  # this process's open readers (thread backend: across passes)
+        self._warned_layout = self._warned_resume = False
+        self.ended: str | None = None  # why the last pass ended before its length, if it did
+
+    # -- the protocol the loaders share with Stream ---------------------------
+    @property
+    def datasets(self) -> list[Any]:
+        """The stored datasets and the live source (what the loaders ask about decoding)."""
+        return [*(self.stored.datasets if self.stored is not None else []), self.source]
+
+    @property
+    def epoch(self) -> int:
+        return self.control.epoch
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped under ``on_error="skip"``, stored and live."""
+        return self.control.skipped
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (pass) the next pass delivers, from its start (the live source goes on
+        from where it is); a resume pending for this same epoch is kept."""
+        epoch = int(epoch)
+        if self.control.resuming and self._resume_epoch != epoch:
+            self.drop_resume()
+        if self.stored is not None:
+            self.stored.set_epoch(epoch)
+        self.control.epoch = epoch
+        self._epoch_chosen = True
+
+    _resume_epoch: int | None = None
+
+    def drop_resume(self) -> None:
+        """Forget a resume's place in its epoch (the live slices keep their positions)."""
+        if self.stored is not None:
+            self.stored.drop_resume()
+        self.control.resuming = False
+        self._resume_fresh, self._steps_before, self._resume_epoch = False, 0, None
+
+    def set_world(self, rank: int, world: int) -> None:
+        """Fix (rank, world); by default they are detected at first use (from ``group``)."""
+        self.control.set_world(rank, world)
+
+    def _where(self) -> tuple[int, int]:
+        return self.control.world(self.group)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["group"] = None  # workers read (rank, world) from the shared control
+        state["_fetchers"] = {}  # threads stay in the process that started them
+        return state
+
+    def python_work(self) -> list[str]:
+        """What runs user Python per sample: the live source always does (its iterables)."""
+        return [*(self.stored.python_work() if self.stored is not None else []), *self.source.python_work()]
+
+    def identity(self) -> dict:
+        """What identifies this stream's plan in a state (plain data)."""
+        return {
+            "live": self.live_name,
+            "share": self.share,
+            "composition": self.composition,
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+            "seed": self.seed,
+        }
+
+    # -- how long a pass is -----------------------------------------------------
+    def _is_live_step(self, step: int) -> bool:
+        """Whether step ``step`` of an epoch is a live batch (``batch_composition="source"``)."""
+        return int(np.floor((step + 1) * self.share)) > int(np.floor(step * self.share))
+
+    def _stored_steps(self, steps: int) -> int:
+        """Stored batches among an epoch's first ``steps`` steps."""
+        if self.composition == "sample":
+            return steps
+        return steps - int(np.floor(steps * self.share))
+
+    def remaining(self) -> int:
+        """Batches this pass delivers unless the source ends first (``sys.maxsize``: no bound)."""
+        cap = self.steps - self._steps_before if self.steps is not None else sys.maxsize
+        if self.stored is None:
+            return max(cap, 0)
+        left = self.stored.remaining()
+        if self.composition == "source":  # steps until the stored epoch's last batch
+            done = self._stored_steps(self._steps_before)
+            lo, hi = 0, int((left + 1) / (1 - self.share)) + 2
+            while lo < hi:  # the fewest steps after steps_before holding `left` stored batches
+                mid = (lo + hi) // 2
+                if self._stored_steps(self._steps_before + mid) - done >= left:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            left = lo
+        return max(min(cap, left), 0)
+
+    def __len__(self) -> int:
+        """Batches per pass (for frameworks); a stream without a bound has no length."""
+        left = self.remaining()
+        if left == sys.maxsize:
+            raise TypeError("a live stream without steps= (and without stored data) has no length")
+        return self._steps_before + left
+
+    # -- states -------------------------------------------------------------------
+    def progress(self, batches_seen: int, epoch_done: bool = False, next_epoch: int | None = None) -> dict:
+        """A resumable state after this rank delivered ``batches_seen`` batches of this pass."""
+        epoch = (self.epoch + 1 if next_epoch is None else int(next_epoch)) if epoch_done else self.epoch
+        slices = self._slices_before_last if batches_seen == self._delivered - 1 else self._slices
+        stored = None
+        if self.stored is not None:
+            seen = self._stored_steps(self._steps_before + batches_seen) - self._stored_steps(self._steps_before)
+            stored = self.stored.progress(seen, epoch_done=epoch_done, next_epoch=next_epoch)
+        return {
+            "kind": STATE_KIND,
+            "epoch": epoch,
+            "steps": 0 if epoch_done else self._steps_before + batches_seen,
+            "plan": self.identity(),
+            "live": {
+                "source": self.live_name,
+                "slices": dict(slices),
+                "layout": self._layout,
+                "checkpointable": bool(slices) and all(v is not None for v in slices.values()),
+            },
+            "stored": stored,
+        }
+
+    def check_resume(self, state: dict) -> list[tuple[int, int]]:
+        """Check that ``state`` fits this stream (raises :class:`mmloader.errors.ResumeError` or
+        :class:`mmloader.errors.PlanChangedError`); the stored part's ranges, if any."""
+        self._changed(state)
+        if self.stored is not None and state.get("stored") is not None:
+            return self.stored.check_resume(state["stored"])
+        return []
+
+    def _changed(self, state: dict) -> list[str]:
+        if not isinstance(state, dict) or state.get("kind") != STATE_KIND:
+            raise ResumeError(
+                f"this state is not a live stream's (kind {state.get('kind') if isinstance(state, dict) else None!r}): "
+                f"a live stream over {self.live_name!r} resumes from its own state_dict()"
+            )
+        saved, now = state.get("plan") or {}, self.identity()
+        changes = [f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in now if saved.get(k) != now[k]]
+        if changes and self.on_change == "error":
+            raise PlanChangedError(
+                f"the state belongs to another live plan ({'; '.join(changes)}); "
+                "Stream(on_change='next_epoch') starts the new plan at the next epoch",
+                changes,
+            )
+        if (state.get("stored") is None) != (self.stored is None):
+            raise ResumeError(
+                "the state is of a live stream " + ("without" if self.stored else "with") + " stored data"
+            )
+        return changes
+
+    def resume(self, state: dict) -> None:
+        """Continue ``state``'s epoch at its next step: the stored part by arithmetic, each live
+        slice from its saved position (exactly, when the source can say where it is)."""
+        changes = self._changed(state)
+        live = state.get("live") or {}
+        self._slices, self._layout = dict(live.get("slices") or {}), live.get("layout")
+        self._slices_before_last = dict(self._slices)
+        if not live.get("checkpointable") and not self._warned_resume:
+            self._warned_resume = True  # once: a pass that continues its epoch resumes too
+            log.warning(
+                "resume: live source %r cannot say where it is (its iterables have no state_dict()): "
+                "it goes on from its own position; samples read ahead before the checkpoint may be "
+                "lost or delivered again (at-least-once at best)",
+                self.live_name,
+            )
+        epoch, steps = int(state["epoch"]), int(state.get("steps", 0))
+        if changes:  # on_change="next_epoch" (or "continue": the stored part's own choice)
+            log.warning("resume: the live plan changed (%s): the new plan starts at the next epoch", "; ".join(changes))
+            epoch, steps = epoch + (1 if steps else 0), 0
+        if self.stored is not None:
+            if changes:
+                self.stored.drop_resume()
+                self.stored.control.epoch = epoch
+            else:
+                self.stored.resume(state["stored"])
+                epoch = self.stored.epoch
+                steps = steps if self.stored.control.resuming else 0
+        self.control.epoch = epoch
+        self.control.resuming = bool(steps)
+        self._steps_before, self._resume_epoch = steps, epoch
+        self._resume_fresh = True
+
+    # -- delivering (the training process) -------------------------------------
+    def deliver(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches of this pass, each only once every rank has one (see the module docstring)."""
+        rank, world = self._where()
+        total = self.remaining()
+        self._delivered, self.ended = 0, None
+        expected = 0
+        try:
+            while expected < total:
+                code, error, batch, info = READY, None, None, None
+                try:
+                    batch, info = next(batches)
+                    if info["step"] != expected:  # a reader ended: later steps must not go first
+                        code, why = ENDED, f"reader {info['slice']} has step {info['step']}, not {expected}"
+                except StopIteration:
+                    code, why = ENDED, "the source ended or stalled"
+                except Exception as e:
+                    code, error = FAILED, e
+                agreed = agree(code, self.group, world)
+                if agreed == READY:
+                    assert info is not None  # (READY: this rank had a batch, with its info)
+                    self._record(info)
+                    expected += 1
+                    yield batch
+                    continue
+                if error is not None:
+                    raise error
+                if agreed == FAILED:
+                    raise LiveSourceError(
+                        f"live source {self.live_name!r}: another rank's loader failed (its error is in its "
+                        f"log); rank {rank} ends its pass too, after {expected} batches"
+                    )
+                self.ended = why if code == ENDED else "another rank's source ended or stalled"
+                log.info(
+                    "live source %r: the pass ends after %d batches on every rank (rank %d: %s)",
+                    self.live_name,
+                    expected,
+                    rank,
+                    self.ended,
+                )
+                return
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def _record(self, info: dict) -> None:
+        self._slices_before_last = dict(self._slices)
+        if info.get("layout") != self._layout:  # another backend or worker count: the old slices are gone
+            self._slices, self._layout = {}, info.get("layout")
+        if info.get("slice") is not None:
+            self._slices[info["slice"]] = info.get("state")
+        self._delivered += 1
+
+    # -- building (DataLoader workers, or the thread backend's producers) -------
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for build in self.batch_tasks(worker, workers, seed_globals=info is not None and self.seed_workers):
+            yield build()
+
+    def batch_tasks(self, worker: int = 0, workers: int = 1, seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
+        """Zero-argument callables building this reader's batches, in step order: step ``j`` of the
+        pass is built by reader ``j % workers``. Taking a batch's live samples happens here (in
+        order); decoding and collating when the callable runs. Each builds ``(batch, info)``."""
+        seed_globals = seed_globals and bool(self.python_work())
+        rank, world = self._where()
+        total, before, epoch = self.remaining(), self._steps_before, self.epoch
+        stored = self._stored_parts(worker, workers, before)
+        fetcher: Fetcher | None = None
+        # Step g of the epoch reads slice g % workers, whichever worker builds it: a pass always
+        # starts at worker 0 (the DataLoader's round robin), and a resumed one at step `before`.
+        part = (worker + before) % workers
+        slice_key = f"{rank}/{part}"
+        layout = {"world": world, "workers": workers}
+        try:
+            for j in range(worker, total, workers):
+                step = before + j
+                n_live = (
+                    self.live_rows
+                    if self.composition == "sample"
+                    else (self.batch_size if self._is_live_step(step) else 0)
+                )
+                planned = None
+                if self.stored is not None and n_live < self.batch_size:
+                    planned = next(stored, None)
+                    if planned is None:  # (never: the pass is no longer than the stored epoch)
+                        return
+                samples: list = []
+                state = None
+                if n_live:
+                    if fetcher is None:
+                        fetcher = self._open(rank, world, part, workers, slice_key, layout)
+                    taken = fetcher.take(n_live, self.source.timeout, self.source.on_stall)
+                    samples, state = taken.samples, taken.state
+                    if taken.short is not None:
+                        log.info(
+                            "live source %r (rank %d, reader %d of %d) %s at step %d",
+                            self.live_name,
+                            rank,
+                            part,
+                            workers,
+                            taken.short,
+                            step,
+                        )
+                        if not samples or self.drop_last or planned is not None:
+                            return
+                info = {"step": j, "slice": slice_key if n_live else None, "state": state, "layout": layout}
+                if planned is not None:
+                    plan, positions, sources, indices, seed, _valid = planned
+                else:
+                    plan, positions, sources, indices = None, _EMPTY, _EMPTY, _EMPTY
+                    seed = functools.partial(batch_seed, self.seed, epoch, rank, step)
+                keys = [f"{self.live_name}/{slice_key}/{step}/{i}" for i in range(len(samples))]
+                yield functools.partial(
+                    self._build, plan, positions, sources, indices, samples, keys, fetcher, seed, seed_globals, info
+                )
+                if len(samples) < n_live:  # a short last batch: the source ended or stalled
+                    return
+        finally:
+            if fetcher is not None:
+                fetcher.close()
+
+    def _stored_parts(self, worker: int, workers: int, before: int) -> Iterator[tuple | None]:
+        """The stored part of each of this reader's steps that has one, in order."""
+        if self.stored is None:
+            return iter(())
+        if self.composition == "sample":  # stored batch j is step j's, built by the same reader
+            return self.stored.planned(worker, workers)
+        return self._stored_by_step(worker, workers, before)
+
+    def _stored_by_step(self, worker: int, workers: int, before: int) -> Iterator[tuple | None]:
+        assert self.stored is not None
+        done = self._stored_steps(before)
+        plans = self.stored.planned(0, 1)
+        k = 0  # stored batches of this pass taken from `plans` so far
+        for j in range(worker, sys.maxsize, workers):
+            if self._is_live_step(before + j):
+                continue
+            want = self._stored_steps(before + j + 1) - done - 1  # step j holds stored batch `want` of the pass
+            part = None
+            while k <= want:
+                part = next(plans, None)
+                if part is None:
+                    return
+                k += 1
+            yield part
+
+    def _open(self, rank: int, world: int, part: int, workers: int, slice_key: str, layout: dict) -> Fetcher:
+        """This reader's slice: a new iterable from the factory, put back at the slice's last
+        delivered position when it can say where it is."""
+        old = self._fetchers.pop(slice_key, None)
+        if old is not None:
+            old.close()
+        where = f"live source {self.live_name!r} (rank {rank}, reader {part} of {workers})"
+        iterable = self.source.open(rank, world, part, workers)
+        saved = self._slices.get(slice_key) if self._layout == layout else None
+        if self._slices and self._layout != layout and not self._warned_layout and part == 0:
+            self._warned_layout = True
+            log.warning(
+                "live source %r: its positions were saved for %s readers, this pass has %s: each "
+                "reader starts from the source's own position",
+                self.live_name,
+                self._layout,
+                layout,
+            )
+        if saved is not None:
+            if not checkpointable(iterable):
+                raise ResumeError(
+                    f"{where}: a position was saved for this slice, but its iterable has no load_state_dict()"
+                )
+            iterable.load_state_dict(saved)
+        deal = (rank * workers + part, world * workers) if self.source.split == "deal" else (0, 1)
+        fetcher = Fetcher(iterable, where, self.source.buffer, deal)
+        self._fetchers[slice_key] = fetcher
+        return fetcher
+
+    def _build(
+        self,
+        plan,
+        positions,
+        sources,
+        indices,
+        samples: list,
+        keys: list[str],
+        fetcher: Fetcher | None,
+        seed: int | Callable[[], int],
+        seed_globals: bool,
+        info: dict,
+    ) -> tuple[Any, dict]:
+        enter_batch(seed, seed_globals)
+        rows = [self._row(sample, key, fetcher) for sample, key in zip(samples, keys)]
+        return self.builder.build_with_rows(plan, positions, sources, indices, rows), info
+
+    def _row(self, sample: Any, key: str, fetcher: Fetcher | None) -> dict:
+        """One live sample decoded; with ``on_error="skip"`` a bad one is replaced by the
+        source's next (counted in :attr:`skipped`, logged with its key)."""
+        for attempt in range(self.builder.max_consecutive_errors + 1):
+            try:
+                row = self.source.decode_sample(sample, key)
+                if self.stored is not None:
+                    row["__source__"] = self.live_name
+                return row
+            except SampleError as e:
+                if self.on_error == "raise" or fetcher is None:
+                    raise
+                if attempt == 0:
+                    worker = torch.utils.data.get_worker_info()
+                    self.control.count_skip(worker.id if worker is not None else None)
+                    log.warning("skipping live sample (replaced by the source's next): %s", e)
+                taken = fetcher.take(1, self.source.timeout, self.source.on_stall)
+                if not taken.samples:
+                    raise LiveSourceError(
+                        f"live source {self.live_name!r}: no sample to replace a bad one ({e})"
+                    ) from e
+                sample, key = taken.samples[0], f"{key}+{attempt + 1}"
+        raise LiveSourceError(
+            f"live source {self.live_name!r}: {self.builder.max_consecutive_errors} consecutive samples failed to decode"
+        )
