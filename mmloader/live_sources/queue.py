@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue as queue_module
+import time
 from typing import Any, Iterator
 
 from ..errors import LiveSourceError
@@ -11,6 +12,11 @@ from ..errors import LiveSourceError
 
 def from_queue(q: Any, *, producer: Any = None, end: Any = None, poll_s: float = 0.2) -> Iterator[Any]:
     """The items of ``q`` until ``end`` arrives; a dead producer is an error, not a wait.
+
+    Several readers (ranks, workers, passes) may share one queue: each item goes to one of them.
+    The ``end`` marker is put back for the others, so one ends the stream for every reader. The
+    queue is polled without blocking in it: a reader whose process exits while waiting never
+    leaves the queue's lock taken.
 
     >>> source = mmloader.live(lambda *_: mmloader.from_queue(q, producer=proc))   # doctest: +SKIP
 
@@ -22,19 +28,32 @@ def from_queue(q: Any, *, producer: Any = None, end: Any = None, poll_s: float =
         poll_s: how often an empty queue's producer is checked.
 
     Raises:
-        LiveSourceError: the producer exited (its pid and exit code in the message).
+        LiveSourceError: the producer exited without ending the stream (its pid and exit code in
+            the message, where this process can know it).
     """
     pid = producer if isinstance(producer, int) else getattr(producer, "pid", None)
+    nap, checked = 0.001, time.monotonic()
     while True:
         try:
-            item = q.get(timeout=poll_s)
+            item = q.get_nowait()
         except queue_module.Empty:
-            if producer is not None:
+            now = time.monotonic()
+            if producer is not None and now - checked >= poll_s:
+                checked = now
                 gone = _exited(producer, pid)
-                if gone is not None:
-                    raise LiveSourceError(f"the producer process (pid {pid}) {gone}, and its queue is empty") from None
+                if gone is not None and q.empty():
+                    raise LiveSourceError(
+                        f"the producer process (pid {pid}) {gone} without putting the end marker, and its queue is empty"
+                    ) from None
+            time.sleep(nap)
+            nap = min(nap * 2, 0.01)
             continue
+        nap = 0.001
         if item is end or (end is None and item is None):
+            try:
+                q.put_nowait(item)  # for the other readers
+            except queue_module.Full:  # (only if the producer went on after its end)
+                pass
             return
         yield item
 
@@ -52,8 +71,13 @@ def _exited(producer: Any, pid: int | None) -> str | None:
         return None
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return "exited" if state in ("Z", "X") else None  # a zombie: ended, not yet reaped
+            fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] not in ("Z", "X"):
+            return None
+        if len(fields) > 49:  # a zombie (ended, not yet reaped) still says how: its wait status
+            status = int(fields[49])
+            return f"was killed by signal {status & 0x7F}" if status & 0x7F else f"exited with code {status >> 8}"
+        return "exited"
     except FileNotFoundError:
         return "exited"
     except OSError:

@@ -39,7 +39,7 @@ from ..loading.distributed import data_parallel_group
 from ..loading.stream import Stream
 from ..readers.seeding import batch_seed, enter_batch
 from .agree import ENDED, FAILED, READY, agree
-from .fetch import Fetcher, checkpointable
+from .fetch import Fetcher
 from .source import LiveSource
 
 log = logging.getLogger("mmloader")
@@ -88,6 +88,7 @@ class LiveStream(torch.utils.data.IterableDataset):
             raise ValueError(f"steps={steps!r}: expected an integer >= 1 (batches per pass) or None")
         if stored_options.get("padding", "repeat") != "repeat":
             raise ValueError("padding='mask' (evaluation over a stored dataset) does not apply to a live stream")
+        stored_options.pop("padding", None)
         if on_change not in ("error", "next_epoch", "continue"):
             raise ValueError(f"on_change={on_change!r}: expected 'error', 'next_epoch' or 'continue'")
         self.batch_size, self.steps, self.seed = batch_size, steps, int(seed)
@@ -157,7 +158,7 @@ class LiveStream(torch.utils.data.IterableDataset):
         self._slices_before_last: dict[str, Any] = {}
         self._delivered = 0  # batches delivered in the current pass
         self._fetchers: dict[str, Fetcher] = {}  # this process's open readers (thread backend: across passes)
-        self._warned_layout = self._warned_resume = False
+        self._warned_layout = self._warned_resume = self._warned_cut = self._warned_restart = False
         self.ended: str | None = None  # why the last pass ended before its length, if it did
 
     # -- the protocol the loaders share with Stream ---------------------------
@@ -236,7 +237,11 @@ class LiveStream(torch.utils.data.IterableDataset):
 
     def remaining(self) -> int:
         """Batches this pass delivers unless the source ends first (``sys.maxsize``: no bound)."""
-        cap = self.steps - self._steps_before if self.steps is not None else sys.maxsize
+        return self._pass_length(self.steps)
+
+    def _pass_length(self, steps: int | None) -> int:
+        """:meth:`remaining` with a cap of ``steps`` per pass (None: the stored epoch, or no bound)."""
+        cap = steps - self._steps_before if steps is not None else sys.maxsize
         if self.stored is None:
             return max(cap, 0)
         left = self.stored.remaining()
@@ -277,7 +282,8 @@ class LiveStream(torch.utils.data.IterableDataset):
                 "source": self.live_name,
                 "slices": dict(slices),
                 "layout": self._layout,
-                "checkpointable": bool(slices) and all(v is not None for v in slices.values()),
+                # None: no live batch delivered yet, so nothing to say
+                "checkpointable": all(v is not None for v in slices.values()) if slices else None,
             },
             "stored": stored,
         }
@@ -315,16 +321,18 @@ class LiveStream(torch.utils.data.IterableDataset):
         slice from its saved position (exactly, when the source can say where it is)."""
         changes = self._changed(state)
         live = state.get("live") or {}
-        self._slices, self._layout = dict(live.get("slices") or {}), live.get("layout")
-        self._slices_before_last = dict(self._slices)
-        if not live.get("checkpointable") and not self._warned_resume:
-            self._warned_resume = True  # once: a pass that continues its epoch resumes too
+        saved_slices = dict(live.get("slices") or {})
+        # (a pass that continues its own epoch resumes from this stream's own state: no news)
+        if live.get("checkpointable") is False and saved_slices != self._slices and not self._warned_resume:
+            self._warned_resume = True
             log.warning(
                 "resume: live source %r cannot say where it is (its iterables have no state_dict()): "
                 "it goes on from its own position; samples read ahead before the checkpoint may be "
                 "lost or delivered again (at-least-once at best)",
                 self.live_name,
             )
+        self._slices, self._layout = saved_slices, live.get("layout")
+        self._slices_before_last = dict(self._slices)
         epoch, steps = int(state["epoch"]), int(state.get("steps", 0))
         if changes:  # on_change="next_epoch" (or "continue": the stored part's own choice)
             log.warning("resume: the live plan changed (%s): the new plan starts at the next epoch", "; ".join(changes))
@@ -348,16 +356,19 @@ class LiveStream(torch.utils.data.IterableDataset):
         rank, world = self._where()
         total = self.remaining()
         self._delivered, self.ended = 0, None
+        self._warn_steps_cut(total)
         expected = 0
         try:
             while expected < total:
-                code, error, batch, info = READY, None, None, None
+                code, error, batch, info, why = READY, None, None, None, ""
                 try:
                     batch, info = next(batches)
-                    if info["step"] != expected:  # a reader ended: later steps must not go first
-                        code, why = ENDED, f"reader {info['slice']} has step {info['step']}, not {expected}"
+                    if info.get("ended"):
+                        code, why = ENDED, f"reader {info['slice']} {info['ended']}"
+                    elif info["step"] != expected:  # a reader ended: later steps must not go first
+                        code, why = ENDED, f"a reader ended before step {expected}"
                 except StopIteration:
-                    code, why = ENDED, "the source ended or stalled"
+                    code, why = ENDED, "its readers ended or stalled"
                 except Exception as e:
                     code, error = FAILED, e
                 agreed = agree(code, self.group, world)
@@ -387,6 +398,23 @@ class LiveStream(torch.utils.data.IterableDataset):
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
+            for fetcher in list(self._fetchers.values()):  # the thread backend's readers (workers' die)
+                fetcher.close()
+            self._fetchers.clear()
+
+    def _warn_steps_cut(self, total: int) -> None:
+        """Say once that ``steps=`` cuts the stored part's epoch (the rest of it is not delivered)."""
+        if self.stored is None or self.steps is None or self._warned_cut:
+            return
+        stored_steps = self._pass_length(None)
+        if stored_steps > total:
+            self._warned_cut = True
+            log.warning(
+                "live stream: steps=%d cuts each pass short of the stored part's epoch (%d batches here): "
+                "the rest of each stored epoch is not delivered; steps=None makes a pass the stored epoch",
+                self.steps,
+                stored_steps + self._steps_before,
+            )
 
     def _record(self, info: dict) -> None:
         self._slices_before_last = dict(self._slices)
@@ -405,8 +433,9 @@ class LiveStream(torch.utils.data.IterableDataset):
 
     def batch_tasks(self, worker: int = 0, workers: int = 1, seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
         """Zero-argument callables building this reader's batches, in step order: step ``j`` of the
-        pass is built by reader ``j % workers``. Taking a batch's live samples happens here (in
-        order); decoding and collating when the callable runs. Each builds ``(batch, info)``."""
+        pass is built by reader ``j % workers``. Each builds ``(batch, info)``; a batch takes its
+        live samples when it is built, in the order it was planned (a ticket), so a slow source
+        holds back no batch already built."""
         seed_globals = seed_globals and bool(self.python_work())
         rank, world = self._where()
         total, before, epoch = self.remaining(), self._steps_before, self.epoch
@@ -417,53 +446,45 @@ class LiveStream(torch.utils.data.IterableDataset):
         part = (worker + before) % workers
         slice_key = f"{rank}/{part}"
         layout = {"world": world, "workers": workers}
+        ticket = 0
         try:
             for j in range(worker, total, workers):
+                if fetcher is not None and fetcher.finished:  # its source ended or stalled: no later step
+                    return
                 step = before + j
-                n_live = (
-                    self.live_rows
-                    if self.composition == "sample"
-                    else (self.batch_size if self._is_live_step(step) else 0)
-                )
+                live_step = self.composition == "sample" or self._is_live_step(step)
+                n_live = (self.live_rows if self.composition == "sample" else self.batch_size) if live_step else 0
                 planned = None
                 if self.stored is not None and n_live < self.batch_size:
                     planned = next(stored, None)
                     if planned is None:  # (never: the pass is no longer than the stored epoch)
                         return
-                samples: list = []
-                state = None
-                if n_live:
-                    if fetcher is None:
-                        fetcher = self._open(rank, world, part, workers, slice_key, layout)
-                    taken = fetcher.take(n_live, self.source.timeout, self.source.on_stall)
-                    samples, state = taken.samples, taken.state
-                    if taken.short is not None:
-                        log.info(
-                            "live source %r (rank %d, reader %d of %d) %s at step %d",
-                            self.live_name,
-                            rank,
-                            part,
-                            workers,
-                            taken.short,
-                            step,
-                        )
-                        if not samples or self.drop_last or planned is not None:
-                            return
-                info = {"step": j, "slice": slice_key if n_live else None, "state": state, "layout": layout}
+                if n_live and fetcher is None:
+                    fetcher = self._open(rank, world, part, workers, slice_key, layout)
                 if planned is not None:
                     plan, positions, sources, indices, seed, _valid = planned
                 else:
                     plan, positions, sources, indices = None, _EMPTY, _EMPTY, _EMPTY
                     seed = functools.partial(batch_seed, self.seed, epoch, rank, step)
-                keys = [f"{self.live_name}/{slice_key}/{step}/{i}" for i in range(len(samples))]
+                info = {"step": j, "slice": slice_key if n_live else None, "layout": layout}
                 yield functools.partial(
-                    self._build, plan, positions, sources, indices, samples, keys, fetcher, seed, seed_globals, info
+                    self._build,
+                    plan,
+                    positions,
+                    sources,
+                    indices,
+                    n_live,
+                    fetcher if n_live else None,
+                    ticket if n_live else None,
+                    seed,
+                    seed_globals,
+                    info,
                 )
-                if len(samples) < n_live:  # a short last batch: the source ended or stalled
-                    return
-        finally:
+                ticket += 1 if n_live else 0
+        except GeneratorExit:  # the pass was left: nothing will take what is read
             if fetcher is not None:
                 fetcher.close()
+            raise
 
     def _stored_parts(self, worker: int, workers: int, before: int) -> Iterator[tuple | None]:
         """The stored part of each of this reader's steps that has one, in order."""
@@ -491,15 +512,15 @@ class LiveStream(torch.utils.data.IterableDataset):
             yield part
 
     def _open(self, rank: int, world: int, part: int, workers: int, slice_key: str, layout: dict) -> Fetcher:
-        """This reader's slice: a new iterable from the factory, put back at the slice's last
-        delivered position when it can say where it is."""
+        """This reader's slice: a new iterable from the factory (made in the reader's thread, so
+        its wait is bounded too), put back at the slice's last delivered position if it has one."""
         old = self._fetchers.pop(slice_key, None)
         if old is not None:
             old.close()
         where = f"live source {self.live_name!r} (rank {rank}, reader {part} of {workers})"
-        iterable = self.source.open(rank, world, part, workers)
-        saved = self._slices.get(slice_key) if self._layout == layout else None
-        if self._slices and self._layout != layout and not self._warned_layout and part == 0:
+        same = self._layout == layout
+        saved = self._slices.get(slice_key) if same else None
+        if self._slices and not same and not self._warned_layout and part == 0:
             self._warned_layout = True
             log.warning(
                 "live source %r: its positions were saved for %s readers, this pass has %s: each "
@@ -508,14 +529,16 @@ class LiveStream(torch.utils.data.IterableDataset):
                 self._layout,
                 layout,
             )
-        if saved is not None:
-            if not checkpointable(iterable):
-                raise ResumeError(
-                    f"{where}: a position was saved for this slice, but its iterable has no load_state_dict()"
-                )
-            iterable.load_state_dict(saved)
         deal = (rank * workers + part, world * workers) if self.source.split == "deal" else (0, 1)
-        fetcher = Fetcher(iterable, where, self.source.buffer, deal)
+        fetcher = Fetcher(
+            functools.partial(self.source.open, rank, world, part, workers),
+            where,
+            self.source.buffer,
+            deal,
+            saved=saved,
+            restarts=same and slice_key in self._slices and saved is None and not self._warned_restart,
+        )
+        self._warned_restart = self._warned_restart or (slice_key in self._slices and saved is None)
         self._fetchers[slice_key] = fetcher
         return fetcher
 
@@ -525,39 +548,48 @@ class LiveStream(torch.utils.data.IterableDataset):
         positions,
         sources,
         indices,
-        samples: list,
-        keys: list[str],
+        n_live: int,
         fetcher: Fetcher | None,
+        ticket: int | None,
         seed: int | Callable[[], int],
         seed_globals: bool,
         info: dict,
     ) -> tuple[Any, dict]:
+        """``(batch, info)``; ``(None, info)`` with ``info["ended"]`` when the source ended or
+        stalled before the batch could be made (the loader then ends the pass)."""
         enter_batch(seed, seed_globals)
-        rows = [self._row(sample, key, fetcher) for sample, key in zip(samples, keys)]
+        samples: list = []
+        info = dict(info)
+        if fetcher is not None:
+            taken = fetcher.take(n_live, self.source.timeout, self.source.on_stall, ticket)
+            samples, info["state"] = taken.samples, taken.state
+            if taken.short is not None:
+                log.info("%s %s at step %d", fetcher.where, taken.short, info["step"])
+                if not samples or self.drop_last or plan is not None:
+                    info["ended"] = taken.short
+                    return None, info
+                info["short"] = taken.short
+        keys = [f"{self.live_name}/{info['slice']}/{info['step']}/{i}" for i in range(len(samples))]
+        rows = [row for row in (self._row(sample, key) for sample, key in zip(samples, keys)) if row is not None]
+        if samples and not rows and plan is None:
+            raise LiveSourceError(
+                f"live source {self.live_name!r}: every sample of step {info['step']} failed to decode"
+            )
         return self.builder.build_with_rows(plan, positions, sources, indices, rows), info
 
-    def _row(self, sample: Any, key: str, fetcher: Fetcher | None) -> dict:
-        """One live sample decoded; with ``on_error="skip"`` a bad one is replaced by the
-        source's next (counted in :attr:`skipped`, logged with its key)."""
-        for attempt in range(self.builder.max_consecutive_errors + 1):
-            try:
-                row = self.source.decode_sample(sample, key)
-                if self.stored is not None:
-                    row["__source__"] = self.live_name
-                return row
-            except SampleError as e:
-                if self.on_error == "raise" or fetcher is None:
-                    raise
-                if attempt == 0:
-                    worker = torch.utils.data.get_worker_info()
-                    self.control.count_skip(worker.id if worker is not None else None)
-                    log.warning("skipping live sample (replaced by the source's next): %s", e)
-                taken = fetcher.take(1, self.source.timeout, self.source.on_stall)
-                if not taken.samples:
-                    raise LiveSourceError(
-                        f"live source {self.live_name!r}: no sample to replace a bad one ({e})"
-                    ) from e
-                sample, key = taken.samples[0], f"{key}+{attempt + 1}"
-        raise LiveSourceError(
-            f"live source {self.live_name!r}: {self.builder.max_consecutive_errors} consecutive samples failed to decode"
-        )
+    def _row(self, sample: Any, key: str) -> dict | None:
+        """One live sample decoded; with ``on_error="skip"`` a bad one is left out of its batch
+        (counted in :attr:`skipped`, logged with its key) and None returned: a replacement would
+        come from later in the source, outside the batch's checkpointed position."""
+        try:
+            row = self.source.decode_sample(sample, key)
+        except SampleError as e:
+            if self.on_error == "raise":
+                raise
+            worker = torch.utils.data.get_worker_info()
+            self.control.count_skip(worker.id if worker is not None else None)
+            log.warning("skipping live sample (its batch is one row short): %s", e)
+            return None
+        if self.stored is not None:
+            row["__source__"] = self.live_name
+        return row

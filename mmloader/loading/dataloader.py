@@ -170,7 +170,7 @@ class Loader(Resumable):
                 _join_index_feeders(workers)
         except (OSError, EOFError) as e:  # e.g. ConnectionResetError: a worker died handing over a batch
             dead = self._dead_workers()
-            self._shutdown()
+            self._shutdown(workers)
             if dead:
                 raise RuntimeError(
                     f"DataLoader worker(s) exited unexpectedly ({', '.join(dead)}) while "
