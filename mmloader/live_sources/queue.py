@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import queue as queue_module
 import time
-from typing import Any, Iterator
+import weakref
+from typing import Any, Iterable, Iterator
 
 from ..errors import LiveSourceError
 
 
-def from_queue(q: Any, *, producer: Any = None, end: Any = None, poll_s: float = 0.2) -> Iterator[Any]:
+def from_queue(q: Any, *, producer: Any = None, end: Any = None, poll_s: float = 0.2) -> Iterable[Any]:
     """The items of ``q`` until ``end`` arrives; a dead producer is an error, not a wait.
 
     Several readers (ranks, workers, passes) may share one queue: each item goes to one of them.
@@ -31,6 +32,23 @@ def from_queue(q: Any, *, producer: Any = None, end: Any = None, poll_s: float =
         LiveSourceError: the producer exited without ending the stream (its pid and exit code in
             the message, where this process can know it).
     """
+    return QueueItems(q, producer, end, poll_s)
+
+
+class QueueItems:
+    """What :func:`from_queue` returns: the queue's items, as an iterable that keeps its position
+    where the queue does (not a generator, which a live stream warns starts over each pass)."""
+
+    def __init__(self, q: Any, producer: Any, end: Any, poll_s: float):
+        self.q, self.producer, self.end, self.poll_s = q, producer, end, poll_s
+
+    def __iter__(self) -> Iterator[Any]:
+        return _items(self.q, self.producer, self.end, self.poll_s)
+
+
+def _items(q: Any, producer: Any, end: Any, poll_s: float) -> Iterator[Any]:
+    if q in _ENDED:  # this process saw the end already (and can put nothing back)
+        return
     pid = producer if isinstance(producer, int) else getattr(producer, "pid", None)
     nap, checked = 0.001, time.monotonic()
     while True:
@@ -50,12 +68,31 @@ def from_queue(q: Any, *, producer: Any = None, end: Any = None, poll_s: float =
             continue
         nap = 0.001
         if item is end or (end is None and item is None):
-            try:
-                q.put_nowait(item)  # for the other readers
-            except queue_module.Full:  # (only if the producer went on after its end)
-                pass
+            _put_back(q, item)
             return
         yield item
+
+
+#: Queues whose end this process has seen (a later pass's reader here ends at once).
+_ENDED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _put_back(q: Any, item: Any) -> None:
+    """Put the end marker back for the other readers, then wait for it to be written: a
+    ``multiprocessing`` queue writes from a feeder thread, which must not outlive this call (a
+    fork while such a thread ends can hang the child), so this process closes its writing end."""
+    try:
+        q.put_nowait(item)
+    except (queue_module.Full, ValueError):  # full only if the producer went on after its end
+        pass
+    close, join = getattr(q, "close", None), getattr(q, "join_thread", None)
+    if close is not None and join is not None:
+        close()
+        join()
+    try:
+        _ENDED.add(q)
+    except TypeError:  # not weakly referenceable: a later reader here waits for the marker again
+        pass
 
 
 def _exited(producer: Any, pid: int | None) -> str | None:
