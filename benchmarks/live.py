@@ -73,14 +73,15 @@ def live(samples: int, batch: int, workers: int, backend: str) -> float:
 
 
 def _agree_rank(rank: int, init: str, calls: int, out: str) -> None:
-    from mmloader.live_sources.agree import READY, agree
+    from mmloader.live_sources.agree import READY, agree, agreement_group
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    group = agreement_group(None)
     for _ in range(50):
-        agree(READY, None, 2)
+        agree(READY, group, 2, rank)
     began = time.perf_counter()
     for _ in range(calls):
-        agree(READY, None, 2)
+        agree(READY, group, 2, rank)
     if rank == 0:
         Path(out).write_text(str((time.perf_counter() - began) / calls))
     dist.destroy_process_group()
@@ -117,7 +118,7 @@ def main() -> None:
         print(f"| {name} | {rate:,.0f} | {'' if rate == base else f'{extra:+.2f} us'} |")
     cost = agreement_cost(2_000)
     print(
-        f"\nthe ranks' agreement (all_reduce of one int32, 2 gloo ranks on loopback): {cost * 1e6:.0f} us a batch, "
+        f"\nthe ranks' agreement (all_reduce of one int64, 2 gloo ranks on loopback): {cost * 1e6:.0f} us a batch, "
         f"{cost * 1e6 / args.batch:.2f} us a sample at batch {args.batch}"
     )
 

@@ -53,7 +53,13 @@ def _items(q: Any, producer: Any, end: Any, poll_s: float) -> Iterator[Any]:
     nap, checked = 0.001, time.monotonic()
     while True:
         try:
+            if q in _ENDED:  # another reader in this process saw the end
+                return
             item = q.get_nowait()
+        except ValueError:  # closed by a reader here that saw the end
+            if q in _ENDED:
+                return
+            raise
         except queue_module.Empty:
             now = time.monotonic()
             if producer is not None and now - checked >= poll_s:
@@ -85,14 +91,14 @@ def _put_back(q: Any, item: Any) -> None:
         q.put_nowait(item)
     except (queue_module.Full, ValueError):  # full only if the producer went on after its end
         pass
+    try:
+        _ENDED.add(q)  # (before closing: the other readers here then know why it is closed)
+    except TypeError:  # not weakly referenceable: a later reader here waits for the marker again
+        return
     close, join = getattr(q, "close", None), getattr(q, "join_thread", None)
     if close is not None and join is not None:
         close()
         join()
-    try:
-        _ENDED.add(q)
-    except TypeError:  # not weakly referenceable: a later reader here waits for the marker again
-        pass
 
 
 def _exited(producer: Any, pid: int | None) -> str | None:

@@ -7,14 +7,16 @@ to one rank's loader, with the guarantees of a stored stream where they can hold
 * **All ranks end together.** Before each batch the ranks agree (one ``all_reduce`` of an
   integer, :mod:`mmloader.live_sources.agree`) that each has one; when a rank's source ends or stalls
   past its timeout, every rank ends the pass at the same batch; when one fails, every rank raises.
-* **Readers.** Each DataLoader worker (thread backend: each rank) reads its own slice
-  ``factory(rank, world, worker, workers)``; batches record which slice and step they are, so
-  the loader only delivers an unbroken run of steps.
+* **Readers.** Each rank reads ``num_workers`` slices ``factory(rank, world, worker, workers)``,
+  on either backend (a DataLoader worker each, or the thread backend's producers in turn);
+  batches record which slice and step they are, so the loader only delivers an unbroken run
+  of steps.
 * **Checkpoints.** A slice whose iterable has ``state_dict()`` is resumed exactly: the state
   after the last sample of the last delivered batch is kept per slice, saved in
   ``state_dict()`` and handed back (``load_state_dict``) to the slice's next iterable, at a
   resume and at every new pass. Any other source restarts from its own position (a queue,
-  a server): at-least-once at best, said in one log line at a resume.
+  a server): at-most-once (what was in flight at the end of a pass is not delivered again),
+  said in one log line at a resume.
 * **Mixed with stored data**: the stored part is a :class:`mmloader.Stream` of its own, planned
   exactly once per epoch and resumed by arithmetic as ever.
 """
@@ -38,7 +40,7 @@ from ..loading.control import SharedControl
 from ..loading.distributed import data_parallel_group
 from ..loading.stream import Stream
 from ..readers.seeding import batch_seed, enter_batch
-from .agree import ENDED, FAILED, READY, agree
+from .agree import ENDED, FAILED, READY, agree, agreement_group
 from .fetch import Fetcher
 from .source import LiveSource
 
@@ -157,8 +159,9 @@ class LiveStream(torch.utils.data.IterableDataset):
         self._layout: dict | None = None  # {"world", "workers"} of the slices in _slices
         self._slices_before_last: dict[str, Any] = {}
         self._delivered = 0  # batches delivered in the current pass
-        self._fetchers: dict[str, Fetcher] = {}  # this process's open readers (thread backend: across passes)
-        self._warned_layout = self._warned_resume = self._warned_cut = self._warned_restart = False
+        self._fetchers: dict[str, Fetcher] = {}  # this process's open readers (closed when a pass ends)
+        self._warned_layout = self._warned_resume = self._warned_cut = False
+        self._restarted_passes = 0  # passes after which a source that cannot say where it is restarts
         self.ended: str | None = None  # why the last pass ended before its length, if it did
 
     # -- the protocol the loaders share with Stream ---------------------------
@@ -327,8 +330,8 @@ class LiveStream(torch.utils.data.IterableDataset):
             self._warned_resume = True
             log.warning(
                 "resume: live source %r cannot say where it is (its iterables have no state_dict()): "
-                "it goes on from its own position; samples read ahead before the checkpoint may be "
-                "lost or delivered again (at-least-once at best)",
+                "it goes on from its own position; samples in flight when the checkpoint was taken are "
+                "not delivered again (at-most-once)",
                 self.live_name,
             )
         self._slices, self._layout = saved_slices, live.get("layout")
@@ -352,8 +355,11 @@ class LiveStream(torch.utils.data.IterableDataset):
 
     # -- delivering (the training process) -------------------------------------
     def deliver(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The batches of this pass, each only once every rank has one (see the module docstring)."""
+        """The batches of this pass, each only once every rank has one (see the module docstring).
+        A rank that leaves the pass early (a ``break``) says so to the others, which end it at
+        the same step rather than wait for it."""
         rank, world = self._where()
+        group = agreement_group(self.group) if world > 1 else None
         total = self.remaining()
         self._delivered, self.ended = 0, None
         self._warn_steps_cut(total)
@@ -364,14 +370,14 @@ class LiveStream(torch.utils.data.IterableDataset):
                 try:
                     batch, info = next(batches)
                     if info.get("ended"):
-                        code, why = ENDED, f"reader {info['slice']} {info['ended']}"
+                        code, why = ENDED, f"its reader {info['slice']} {info['ended']} at step {info['step']}"
                     elif info["step"] != expected:  # a reader ended: later steps must not go first
-                        code, why = ENDED, f"a reader ended before step {expected}"
+                        code, why = ENDED, f"a reader of it ended before step {expected}"
                 except StopIteration:
                     code, why = ENDED, "its readers ended or stalled"
                 except Exception as e:
                     code, error = FAILED, e
-                agreed = agree(code, self.group, world)
+                agreed, who = agree(code, group, world, rank)
                 if agreed == READY:
                     assert info is not None  # (READY: this rank had a batch, with its info)
                     self._record(info)
@@ -382,25 +388,36 @@ class LiveStream(torch.utils.data.IterableDataset):
                     raise error
                 if agreed == FAILED:
                     raise LiveSourceError(
-                        f"live source {self.live_name!r}: another rank's loader failed (its error is in its "
+                        f"live source {self.live_name!r}: the loader of rank {who} failed (its error is in its "
                         f"log); rank {rank} ends its pass too, after {expected} batches"
                     )
-                self.ended = why if code == ENDED else "another rank's source ended or stalled"
-                log.info(
-                    "live source %r: the pass ends after %d batches on every rank (rank %d: %s)",
+                self.ended = f"rank {who}: {why}" if who == rank else f"rank {who}'s source ended, stalled or left"
+                log.warning(
+                    "live source %r: the pass ends after %d of %s batches on every rank (%s)%s",
                     self.live_name,
                     expected,
-                    rank,
+                    total if total != sys.maxsize else "unbounded",
                     self.ended,
+                    "; the stored part's epoch goes on in the next pass, unless set_epoch chooses another"
+                    if self.stored is not None
+                    else "",
                 )
                 return
+        except GeneratorExit:
+            if group is not None and expected < total:  # left early: the others must not wait for us
+                agree(ENDED, group, world, rank)
+            raise
         finally:
+            # The thread backend's readers first (workers' die with them): a producer waiting in
+            # one returns at once, so stopping the backend's producers waits for none of them.
+            for fetcher in list(self._fetchers.values()):
+                fetcher.close()
+            self._fetchers.clear()
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
-            for fetcher in list(self._fetchers.values()):  # the thread backend's readers (workers' die)
-                fetcher.close()
-            self._fetchers.clear()
+            if any(state is None for state in self._slices.values()):
+                self._restarted_passes += 1  # its next pass starts sources that cannot say where they are
 
     def _warn_steps_cut(self, total: int) -> None:
         """Say once that ``steps=`` cuts the stored part's epoch (the rest of it is not delivered)."""
@@ -418,7 +435,17 @@ class LiveStream(torch.utils.data.IterableDataset):
 
     def _record(self, info: dict) -> None:
         self._slices_before_last = dict(self._slices)
-        if info.get("layout") != self._layout:  # another backend or worker count: the old slices are gone
+        if info.get("layout") != self._layout:  # another worker count: the old slices are gone
+            if any(v is not None for v in self._slices.values()) and not self._warned_layout:
+                self._warned_layout = True
+                log.warning(
+                    "live source %r: its positions were saved for %s readers, this pass reads with %s, so "
+                    "each reader started from the source's own position: pin num_workers= (its default "
+                    "follows the CPU count) for an exact resume",
+                    self.live_name,
+                    self._layout,
+                    info.get("layout"),
+                )
             self._slices, self._layout = {}, info.get("layout")
         if info.get("slice") is not None:
             self._slices[info["slice"]] = info.get("state")
@@ -431,24 +458,30 @@ class LiveStream(torch.utils.data.IterableDataset):
         for build in self.batch_tasks(worker, workers, seed_globals=info is not None and self.seed_workers):
             yield build()
 
-    def batch_tasks(self, worker: int = 0, workers: int = 1, seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
-        """Zero-argument callables building this reader's batches, in step order: step ``j`` of the
-        pass is built by reader ``j % workers``. Each builds ``(batch, info)``; a batch takes its
-        live samples when it is built, in the order it was planned (a ticket), so a slow source
-        holds back no batch already built."""
+    def batch_tasks(
+        self, worker: int = 0, workers: int = 1, seed_globals: bool = False, readers: int | None = None
+    ) -> Iterator[Callable[[], Any]]:
+        """Zero-argument callables building this builder's batches, in step order: step ``j`` of
+        the pass is built by worker ``j % workers`` and reads slice ``(before + j) % readers`` of
+        its rank (``readers``: default ``workers``; the thread backend, one builder, passes its
+        ``num_workers``, so both backends read the same slices in the same order). Each builds
+        ``(batch, info)``; a batch takes its live samples when it is built, in the order it was
+        planned (a ticket per slice), so a slow source holds back no batch already built."""
         seed_globals = seed_globals and bool(self.python_work())
         rank, world = self._where()
         total, before, epoch = self.remaining(), self._steps_before, self.epoch
         stored = self._stored_parts(worker, workers, before)
-        fetcher: Fetcher | None = None
-        # Step g of the epoch reads slice g % workers, whichever worker builds it: a pass always
-        # starts at worker 0 (the DataLoader's round robin), and a resumed one at step `before`.
-        part = (worker + before) % workers
-        slice_key = f"{rank}/{part}"
-        layout = {"world": world, "workers": workers}
-        ticket = 0
+        slices = readers or workers
+        layout = {"world": world, "workers": slices}
+        fetchers: dict[int, Fetcher] = {}
+        tickets: dict[int, int] = {}
         try:
             for j in range(worker, total, workers):
+                # Step g of the epoch reads slice g % slices, whichever worker builds it: a pass
+                # always starts at worker 0 (the DataLoader's round robin), a resumed one at `before`.
+                part = (before + j) % slices
+                slice_key = f"{rank}/{part}"
+                fetcher = fetchers.get(part)
                 if fetcher is not None and fetcher.finished:  # its source ended or stalled: no later step
                     return
                 step = before + j
@@ -460,7 +493,7 @@ class LiveStream(torch.utils.data.IterableDataset):
                     if planned is None:  # (never: the pass is no longer than the stored epoch)
                         return
                 if n_live and fetcher is None:
-                    fetcher = self._open(rank, world, part, workers, slice_key, layout)
+                    fetcher = fetchers[part] = self._open(rank, world, part, slices, slice_key, layout)
                 if planned is not None:
                     plan, positions, sources, indices, seed, _valid = planned
                 else:
@@ -475,15 +508,16 @@ class LiveStream(torch.utils.data.IterableDataset):
                     indices,
                     n_live,
                     fetcher if n_live else None,
-                    ticket if n_live else None,
+                    tickets.get(part, 0) if n_live else None,
                     seed,
                     seed_globals,
                     info,
                 )
-                ticket += 1 if n_live else 0
+                if n_live:
+                    tickets[part] = tickets.get(part, 0) + 1
         except GeneratorExit:  # the pass was left: nothing will take what is read
-            if fetcher is not None:
-                fetcher.close()
+            for opened in fetchers.values():
+                opened.close()
             raise
 
     def _stored_parts(self, worker: int, workers: int, before: int) -> Iterator[tuple | None]:
@@ -520,15 +554,6 @@ class LiveStream(torch.utils.data.IterableDataset):
         where = f"live source {self.live_name!r} (rank {rank}, reader {part} of {workers})"
         same = self._layout == layout
         saved = self._slices.get(slice_key) if same else None
-        if self._slices and not same and not self._warned_layout and part == 0:
-            self._warned_layout = True
-            log.warning(
-                "live source %r: its positions were saved for %s readers, this pass has %s: each "
-                "reader starts from the source's own position",
-                self.live_name,
-                self._layout,
-                layout,
-            )
         deal = (rank * workers + part, world * workers) if self.source.split == "deal" else (0, 1)
         fetcher = Fetcher(
             functools.partial(self.source.open, rank, world, part, workers),
@@ -536,9 +561,8 @@ class LiveStream(torch.utils.data.IterableDataset):
             self.source.buffer,
             deal,
             saved=saved,
-            restarts=same and slice_key in self._slices and saved is None and not self._warned_restart,
+            restarts=same and slice_key in self._slices and saved is None and self._restarted_passes == 1,
         )
-        self._warned_restart = self._warned_restart or (slice_key in self._slices and saved is None)
         self._fetchers[slice_key] = fetcher
         return fetcher
 

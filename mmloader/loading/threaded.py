@@ -67,7 +67,12 @@ class ThreadLoader(Resumable):
     def _batches(self) -> Iterator[Any]:
         parallel = any(getattr(ds, "releases_gil", False) for ds in self.stream.datasets)
         producers = self.producers or (self.num_workers if parallel else 1)
-        run = _Run(self.stream.batch_tasks(0, 1), producers, self.prefetch_factor * producers, self.pin_memory)
+        tasks = (
+            self.stream.batch_tasks(0, 1, readers=self.num_workers)  # a live source's slices, as with processes
+            if isinstance(self.stream, LiveStream)
+            else self.stream.batch_tasks(0, 1)
+        )
+        run = _Run(tasks, producers, self.prefetch_factor * producers, self.pin_memory)
         return run.batches()
 
 
