@@ -672,3 +672,37 @@ def test_a_generator_that_starts_over_each_pass_is_said(caplog):
         first, second = _keys(loader), _keys(loader)
     assert first == second  # what it warns about
     assert any("starts it over" in r.getMessage() for r in caplog.records)
+
+
+def _mesh_rank(rank: int, init: str, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1")
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        dp = mesh["dp"].get_local_rank()
+        count = 40 if dp == 0 else 20  # data-parallel rank 1's source ends early
+        source = mmloader.live(lambda r, w, k, K: _numbered(r, w, k, K, count=count), name="gen")
+        stream = mmloader.Stream(source, batch_size=4, steps=100, group=mesh["dp"])
+        keys = []
+        for batch in mmloader.loader(stream, 1, backend="thread"):
+            step = torch.ones(1)
+            dist.all_reduce(step)  # the whole world's collective, every step
+            keys += batch["__key__"]
+        Path(out, f"mesh{rank}.json").write_text(json.dumps({"dp": dp, "keys": keys}))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dp_by_tp_mesh_ends_every_data_parallel_rank_together(tmp_path):
+    tmp.spawn(_mesh_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=4, join=True)
+    results = [json.loads((tmp_path / f"mesh{r}.json").read_text()) for r in range(4)]
+    by_dp = {}
+    for r in results:
+        by_dp.setdefault(r["dp"], []).append(r["keys"])
+    # the tensor-parallel peers of a data-parallel rank get the same batches; every rank the same count
+    assert all(peers[0] == peers[1] for peers in by_dp.values())
+    assert {len(r["keys"]) for r in results} == {20}
+    assert by_dp[0][0] != by_dp[1][0]

@@ -20,13 +20,17 @@ _GROUPS: dict[Any, Any] = {}  # the loader's group (None: the world) -> the agre
 
 
 def agreement_group(group: Any) -> Any:
-    """A gloo group of the same ranks as ``group`` (None: the default world), made once; every
-    rank of the world calls this at the same point (a live stream's first pass)."""
+    """A gloo group of the same ranks as ``group`` (None: the default world), made once, at a
+    live stream's first pass: by every rank of the world for the world, by the group's own
+    ranks for a group (a mesh's ``dp`` dimension: each data-parallel group makes its own)."""
     import torch.distributed as dist
 
     if group not in _GROUPS:
-        ranks = None if group is None else dist.get_process_group_ranks(group)
-        _GROUPS[group] = dist.new_group(ranks, backend="gloo")
+        if group is None:
+            _GROUPS[group] = dist.new_group(backend="gloo")
+        else:
+            ranks = dist.get_process_group_ranks(group)
+            _GROUPS[group] = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
     return _GROUPS[group]
 
 
