@@ -36,7 +36,7 @@ from ..align.collate import collate
 from ..align.mix import LiveMix
 from ..errors import LiveSourceError, PlanChangedError, ResumeError, SampleError
 from ..loading.building import BatchBuilder
-from ..loading.control import SharedControl
+from ..loading.control import Controlled, SharedControl
 from ..loading.distributed import data_parallel_group
 from ..loading.stream import Stream
 from ..readers.seeding import batch_seed, enter_batch
@@ -50,7 +50,7 @@ STATE_KIND = "mmloader.live/1"
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
-class LiveStream(torch.utils.data.IterableDataset):
+class LiveStream(Controlled, torch.utils.data.IterableDataset):
     """A live source streamed by steps; made by ``mmloader.Stream(source_or_mix, ...)``.
 
     Args:
@@ -170,15 +170,6 @@ class LiveStream(torch.utils.data.IterableDataset):
         """The stored datasets and the live source (what the loaders ask about decoding)."""
         return [*(self.stored.datasets if self.stored is not None else []), self.source]
 
-    @property
-    def epoch(self) -> int:
-        return self.control.epoch
-
-    @property
-    def skipped(self) -> int:
-        """Samples skipped under ``on_error="skip"``, stored and live."""
-        return self.control.skipped
-
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (pass) the next pass delivers, from its start (the live source goes on
         from where it is); a resume pending for this same epoch is kept."""
@@ -199,16 +190,8 @@ class LiveStream(torch.utils.data.IterableDataset):
         self.control.resuming = False
         self._resume_fresh, self._steps_before, self._resume_epoch = False, 0, None
 
-    def set_world(self, rank: int, world: int) -> None:
-        """Fix (rank, world); by default they are detected at first use (from ``group``)."""
-        self.control.set_world(rank, world)
-
-    def _where(self) -> tuple[int, int]:
-        return self.control.world(self.group)
-
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["group"] = None  # workers read (rank, world) from the shared control
+        state = super().__getstate__()
         state["_fetchers"] = {}  # threads stay in the process that started them
         return state
 

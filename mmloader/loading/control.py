@@ -97,3 +97,34 @@ class SharedControl:
     @property
     def skipped(self) -> int:
         return int(self._t[4:].sum())
+
+
+class Controlled:
+    """What a stream's :class:`SharedControl` gives the loaders, written once for every kind of
+    stream: the epoch, the skip count and the place in the world (from ``group``)."""
+
+    control: SharedControl
+    group: Any
+
+    @property
+    def epoch(self) -> int:
+        return self.control.epoch
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped so far under ``on_error="skip"``, by every worker (process or thread)."""
+        return self.control.skipped
+
+    def set_world(self, rank: int, world: int) -> None:
+        """Fix (rank, world); by default they are detected at first use (from ``group``)."""
+        self.control.set_world(rank, world)
+
+    def _where(self) -> tuple[int, int]:
+        return self.control.world(self.group)
+
+    def __getstate__(self) -> dict:
+        # A process group cannot cross to worker processes; they read (rank, world) from the
+        # shared control, which the training process fixes before starting them.
+        state = self.__dict__.copy()
+        state["group"] = None
+        return state

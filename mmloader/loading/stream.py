@@ -32,7 +32,7 @@ from ..planning.partition import (
 from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
-from .control import SharedControl
+from .control import Controlled, SharedControl
 
 log = logging.getLogger("mmloader")
 
@@ -44,7 +44,7 @@ STREAM_KINDS: list[tuple[Callable[[Any], bool], Callable[..., Any]]] = []
 PADDING = ("repeat", "mask")
 
 
-class Stream(torch.utils.data.IterableDataset):
+class Stream(Controlled, torch.utils.data.IterableDataset):
     """Deterministic, rank- and worker-aware stream over a map-style dataset (or a :func:`mmloader.mix`).
 
     * The epoch's order is a pure function of ``(seed, epoch)`` (blockwise shuffle:
@@ -185,15 +185,6 @@ class Stream(torch.utils.data.IterableDataset):
                 warnings.warn(f"mmloader.mix: {problem}", stacklevel=2)
 
     # -- epoch, place in the world, resume -------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self.control.epoch
-
-    @property
-    def skipped(self) -> int:
-        """Samples skipped so far under ``on_error="skip"``, by every worker (process or thread)."""
-        return self.control.skipped
-
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's plan; persistent workers see it on their next pass.
 
@@ -218,20 +209,6 @@ class Stream(torch.utils.data.IterableDataset):
         """Forget a resume (the next pass of its epoch delivers the whole epoch)."""
         self.control.resuming = False
         self._resume, self._resume_fresh, self._steps_before = None, False, 0
-
-    def set_world(self, rank: int, world: int) -> None:
-        """Fix (rank, world); by default they are detected at first use (from ``group``)."""
-        self.control.set_world(rank, world)
-
-    def _where(self) -> tuple[int, int]:
-        return self.control.world(self.group)
-
-    def __getstate__(self) -> dict:
-        # A process group cannot cross to worker processes; they read (rank, world) from the
-        # shared control, which the training process fixes before starting them.
-        state = self.__dict__.copy()
-        state["group"] = None
-        return state
 
     def identity(self) -> dict:
         """What identifies this stream's plan in a state (plain data): each source's name, size
