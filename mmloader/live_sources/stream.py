@@ -56,12 +56,16 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
     Args:
         source: a :func:`mmloader.live` source, or a :func:`mmloader.mix` of one with stored datasets.
         batch_size: samples per batch (required).
-        shuffle, seed, drop_last: as for :class:`mmloader.Stream` (the stored part's plan and the
-            batches' seeds); ``drop_last`` also drops a short last batch when a source ends.
+        shuffle: shuffle the stored part (as for :class:`mmloader.Stream`).
+        seed: the stored part's plan and every batch's seed.
+        drop_last: as for :class:`mmloader.Stream`; also drops a short last batch when a source ends.
         steps: batches per pass (per epoch); None: a stored part's epoch, or until the source ends.
-        collate_fn, on_error, max_consecutive_errors, seed_workers, group: as for
-            :class:`mmloader.Stream`; ``on_error="skip"`` replaces a bad live sample with the
-            source's next one.
+        collate_fn: as for :class:`mmloader.Stream`.
+        on_error: ``"raise"``, or ``"skip"``: a bad live sample is left out of its batch (counted,
+            logged with its key); stored samples as for :class:`mmloader.Stream`.
+        max_consecutive_errors: as for :class:`mmloader.Stream`.
+        seed_workers: as for :class:`mmloader.Stream`.
+        group: the data-parallel process group (or a 1-D ``DeviceMesh``), as for :class:`mmloader.Stream`.
         on_change: ``"error"`` or ``"next_epoch"`` for a state of another plan (the stored part
             may also ``"continue"``).
         **stored_options: other :class:`mmloader.Stream` options, for the stored part.
