@@ -70,7 +70,6 @@ class Fetcher:
     ):
         self.where, self.deal, self.buffer = where, deal, buffer
         self._open, self._saved, self._restarts = open, saved, restarts
-        self.tracks_state = False
         self._items: collections.deque = collections.deque()
         self._wanted = 0  # samples asked for by take() and not yet received
         self._served = 0  # tickets served: batches take their samples in planning order
@@ -85,10 +84,10 @@ class Fetcher:
     def _run(self) -> None:
         try:
             iterable = self._open()
-            self.tracks_state = checkpointable(iterable)
+            tracks_state = checkpointable(iterable)
             count = 0
             if self._saved is not None:
-                if not self.tracks_state:
+                if not tracks_state:
                     raise LiveSourceError(
                         "a position was saved for this slice, but its iterable has no load_state_dict()"
                     )
@@ -101,7 +100,7 @@ class Fetcher:
                     "counter) or read from something that keeps its own position (a queue, a server)",
                     self.where,
                 )
-            ahead = self.buffer if self.tracks_state else 0
+            ahead = self.buffer if tracks_state else 0
             slot, slots = self.deal
             iterator = iter(iterable)
             while True:
@@ -119,7 +118,7 @@ class Fetcher:
                 if i % slots != slot:
                     continue
                 state = None
-                if self.tracks_state:
+                if tracks_state:
                     state = {"position": copy.deepcopy(iterable.state_dict()), "count": count}  # type: ignore[attr-defined]
                 self._push(("sample", sample, state))
         except BaseException as e:  # delivered to the consumer, raised there with the source's name

@@ -98,7 +98,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         if on_change not in ("error", "next_epoch", "continue"):
             raise ValueError(f"on_change={on_change!r}: expected 'error', 'next_epoch' or 'continue'")
         self.batch_size, self.steps, self.seed = batch_size, steps, int(seed)
-        self.shuffle, self.drop_last, self.on_change = shuffle, drop_last, on_change
+        self.drop_last, self.on_change = drop_last, on_change
         self.seed_workers, self.collate_fn, self.on_error = seed_workers, collate_fn, on_error
         self.group = data_parallel_group(group)
         self.stored: Stream | None = None
@@ -133,12 +133,11 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 on_change=on_change,
                 **stored_options,
             )
-            self.live_name, self.stored_names = source.live_name, source.names
-            names = self.stored.mix.names if self.stored.mix is not None else source.names
+            self.live_name = source.live_name
             self.control = self.stored.control
             self.builder = BatchBuilder(
                 self.stored.datasets,
-                names,
+                source.names,
                 collate_fn,
                 on_error,
                 max_consecutive_errors,
@@ -149,7 +148,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
             if stored_options:
                 raise TypeError(f"a live stream without stored data does not take {sorted(stored_options)}")
             self.source, self.share, self.composition, self.live_rows = source, 1.0, "sample", batch_size
-            self.live_name, self.stored_names = source.name, []
+            self.live_name = source.name
             self.control = SharedControl()
             self.builder = BatchBuilder(
                 [], None, collate_fn, on_error, max_consecutive_errors, self.control, self.source.packed_modalities
@@ -227,13 +226,16 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
 
     def remaining(self) -> int:
         """Batches this pass delivers unless the source ends first (``sys.maxsize``: no bound)."""
-        return self._pass_length(self.steps)
+        return self._capped(self._uncapped())
 
-    def _pass_length(self, steps: int | None) -> int:
-        """:meth:`remaining` with a cap of ``steps`` per pass (None: the stored epoch, or no bound)."""
-        cap = steps - self._steps_before if steps is not None else sys.maxsize
+    def _capped(self, uncapped: int) -> int:
+        """A pass of ``uncapped`` batches under the ``steps`` cap."""
+        return uncapped if self.steps is None else max(min(self.steps - self._steps_before, uncapped), 0)
+
+    def _uncapped(self) -> int:
+        """The pass without the ``steps`` cap: the rest of the stored epoch, or no bound."""
         if self.stored is None:
-            return max(cap, 0)
+            return sys.maxsize
         left = self.stored.remaining()
         if self.composition == "source":  # steps until the stored epoch's last batch
             done = self._stored_steps(self._steps_before)
@@ -245,7 +247,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 else:
                     lo = mid + 1
             left = lo
-        return max(min(cap, left), 0)
+        return left
 
     def __len__(self) -> int:
         """Batches per pass (for frameworks); a stream without a bound has no length."""
@@ -347,9 +349,10 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         the same step rather than wait for it."""
         rank, world = self._where()
         group = agreement_group(self.group) if world > 1 else None
-        total = self.remaining()
+        uncapped = self._uncapped()
+        total = self._capped(uncapped)
         self._delivered, self.ended = 0, None
-        self._warn_steps_cut(total)
+        self._warn_steps_cut(total, uncapped)
         expected = 0
         try:
             while expected < total:
@@ -406,11 +409,10 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
             if any(state is None for state in self._slices.values()):
                 self._restarted_passes += 1  # its next pass starts sources that cannot say where they are
 
-    def _warn_steps_cut(self, total: int) -> None:
+    def _warn_steps_cut(self, total: int, stored_steps: int) -> None:
         """Say once that ``steps=`` cuts the stored part's epoch (the rest of it is not delivered)."""
         if self.stored is None or self.steps is None or self._warned_cut:
             return
-        stored_steps = self._pass_length(None)
         if stored_steps > total:
             self._warned_cut = True
             log.warning(

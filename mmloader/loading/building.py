@@ -69,39 +69,20 @@ class BatchBuilder:
         self._columns = columnar if all(hasattr(d, "get_batch") for d in self.datasets) else None
 
     def build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray, batched: bool) -> Any:
-        if batched and self._columns is not None:
-            try:
-                return self._collate(self._columns, self._batch_columns(sources, indices))
-            except SampleError:
-                pass  # the per-sample path below reports (or skips) the culprit by key
-        samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
-        if not batched:
-            return samples[0]
-        return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
+        if not batched:  # one planned sample
+            return self.fetch(plan, int(positions[0]), int(sources[0]), int(indices[0]))
+        return self.build_with_rows(plan, positions, sources, indices, [])
 
     def build_with_rows(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray, rows: list) -> Any:
         """A batch of the planned samples (none: an empty plan part) followed by ``rows``, samples
         already decoded elsewhere (a live source's), collated together as one batch."""
         if self._columns is not None:
-            columns = None
-            if len(indices) == 0:
-                columns = {}
-            else:
-                try:
-                    columns = self._batch_columns(sources, indices)
-                except SampleError:
-                    pass  # the per-sample path below reports (or skips) the culprit by key
+            try:
+                columns = self._batch_columns(sources, indices) if len(indices) else {}
+            except SampleError:
+                columns = None  # the per-sample path below reports (or skips) the culprit by key
             if columns is not None:
-                n = len(indices)
-                if not rows:
-                    merged = columns
-                elif not n:
-                    merged = sample_columns(rows)
-                else:
-                    merged = merge_columns(
-                        [(range(n), columns), (range(n, n + len(rows)), sample_columns(rows))], n + len(rows)
-                    )
-                return self._collate(self._columns, merged)
+                return self._collate(self._columns, _followed_by(columns, len(indices), rows))
         samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
         samples += rows
         return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
@@ -151,3 +132,12 @@ class BatchBuilder:
             f"{self.max_consecutive_errors} consecutive samples failed to load; "
             "the dataset looks broken (run `mmloader verify`)"
         )
+
+
+def _followed_by(columns: dict[str, Any], n: int, rows: list) -> dict[str, Any]:
+    """The columns of ``n`` planned samples followed by ``rows`` (samples decoded elsewhere)."""
+    if not rows:
+        return columns
+    if not n:
+        return sample_columns(rows)
+    return merge_columns([(range(n), columns), (range(n, n + len(rows)), sample_columns(rows))], n + len(rows))
