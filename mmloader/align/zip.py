@@ -278,6 +278,28 @@ class Zipped(torch.utils.data.Dataset):
         sizes = [reader.store.field_sizes(pos.tolist(), f) for f in reader.fields]
         return np.maximum.reduce(sizes) if len(sizes) > 1 else sizes[0]
 
+    def token_counts(self, indices: Sequence[int], modality: str) -> np.ndarray:
+        """Tokens of ``modality`` for each sample, known without decoding (see
+        :meth:`mmloader.Reader.token_counts`): what token-budget packing plans with.
+
+        Args:
+            indices: samples of this dataset.
+            modality: a reader of token ids (or of documents).
+        """
+        reader = self.readers[modality]
+        return np.asarray(reader.token_counts(self._rows_in(reader, indices).tolist()), dtype=np.int64)
+
+    def image_counts(self, indices: Sequence[int], modality: str) -> np.ndarray:
+        """Images of each sample's document in ``modality`` (a ``DocumentReader``), from its
+        stored layout: nothing is decoded.
+
+        Args:
+            indices: samples of this dataset.
+            modality: a reader of documents.
+        """
+        reader = self.readers[modality]
+        return np.asarray(reader.image_counts(self._rows_in(reader, indices).tolist()), dtype=np.int64)
+
     def stored_values(self, indices: Sequence[int], modality: str) -> list:
         """The stored (encoded) bytes of ``modality`` for each sample, nothing decoded: what
         filters on metadata read (:func:`mmloader.select`)."""

@@ -20,6 +20,7 @@ import torch.utils.data
 
 from ..align.collate import Collate, collate, merge_columns, packing_also, sample_columns
 from ..errors import MMLoaderError, SampleError
+from ..readers.columns import per_sample
 from .control import SharedControl
 
 log = logging.getLogger("mmloader")
@@ -86,6 +87,35 @@ class BatchBuilder:
         samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
         samples += rows
         return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
+
+    def samples(self, sources: np.ndarray, indices: np.ndarray) -> list[dict[str, Any] | None]:
+        """The planned samples, decoded, in order (what packing lays into rows): read as one batch
+        where every reader can; a bad sample raises (``on_error="raise"``) or is left out as None,
+        counted and logged (``"skip"``: a replacement would not fit its row's budget)."""
+        if self._columns is not None and len(indices):
+            try:
+                columns = self._batch_columns(sources, indices)
+            except SampleError:
+                pass  # sample by sample below: the culprit is reported by key
+            else:
+                values = {name: per_sample(column) for name, column in columns.items()}
+                return [{name: v[j] for name, v in values.items()} for j in range(len(indices))]
+        out: list[dict[str, Any] | None] = []
+        for s, i in zip(sources.tolist(), indices.tolist()):
+            try:
+                sample = self.datasets[s][i]
+            except SampleError as e:
+                if self.on_error == "raise":
+                    raise
+                info = torch.utils.data.get_worker_info()
+                self.control.count_skip(info.id if info is not None else None)
+                log.warning("skipping sample (left out of its packed row): %s", e)
+                out.append(None)
+                continue
+            if self.source_names is not None and isinstance(sample, dict):
+                sample = {**sample, "__source__": self.source_names[s]}
+            out.append(sample)
+        return out
 
     def _collate(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         return packing_also(self._pack, fn, arg) if self._pack else fn(arg)

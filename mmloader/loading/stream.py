@@ -33,6 +33,7 @@ from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
+from .packing import PACK_WINDOW, Packer
 
 log = logging.getLogger("mmloader")
 
@@ -65,6 +66,12 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
       callable ``index -> length``; for a mix ``(source position, index) -> length``)
       groups samples of similar length into batches within windows of ``bucket_window``
       batches, to cut padding.
+    * ``pack_tokens=L`` (with ``length_by``: a token modality, a callable or array of token
+      counts, or :func:`mmloader.tokens` for images and documents): each batch is
+      ``batch_size`` rows of at most ``L`` tokens, each row whole samples, planned from
+      (seed, epoch) before the rank split (:mod:`mmloader.loading.packing`); a batch carries
+      ``(B, L)`` token ids, ``position_ids``, ``cu_seqlens`` and per-row key lists
+      (:mod:`mmloader.align.packing`).
     * Randomness: every batch has a seed from (seed, epoch, rank, its first plan
       position); :func:`mmloader.rng` gives it, and worker processes running user Python
       also reseed the global RNGs with it (see :mod:`mmloader.readers.seeding`).
@@ -116,6 +123,9 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         group: Any = None,
         on_change: str = "error",
         padding: str = "repeat",
+        pack_tokens: int | None = None,
+        length_by: Any = None,
+        pack_window: int = PACK_WINDOW,
     ):
         from ..align.mix import Mix
         from .distributed import data_parallel_group
@@ -160,6 +170,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         if padding == "mask" and self.mix is not None and self.mix.unit(batch_size) > 1:
             raise ValueError("padding='mask' splits ranks at sample granularity; batch_composition='source' cannot")
         self.padding = padding
+        self.packer = self._packer(pack_tokens, length_by, pack_window, collate_fn, on_change)
         self._identity: dict | None = None
         self._warned_empty = False
         self.control = SharedControl()
@@ -245,16 +256,24 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
                 "padding": self.padding,
                 "bucket_by": bucket,
                 "bucket_window": int(self.bucket_window) if bucket is not None else None,
+                "pack": self.packer.identity() if self.packer is not None else None,
             }
         return self._identity
 
     def plan(self, epoch: int | None = None):
-        """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``."""
+        """The epoch plan: ``len(plan)`` positions, ``plan.lookup(positions) -> (source, index)``
+        (packing: positions are rows, ``plan.samples(rows)`` their samples)."""
+        e = self.epoch if epoch is None else epoch
+        if self.packer is not None:
+            return self.packer.plan(self._sample_plan(e), self.seed, e)
+        return self._sample_plan(e)
+
+    def _sample_plan(self, epoch: int):
         return epoch_plan(
             None if self.mix is not None else len(self.datasets[0]),
             self.mix,
             seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch,
+            epoch=epoch,
             shuffle=self.shuffle,
             block_size=self.block_size,
             window_blocks=self.window_blocks,
@@ -262,6 +281,24 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             bucket_window=self.bucket_window,
             lengths=self._lengths if self.bucket_by is not None else None,
         )
+
+    def _packer(self, pack_tokens, length_by, pack_window, collate_fn, on_change) -> Packer | None:
+        """Packing's part of the stream, checked against the options it cannot combine with."""
+        if pack_tokens is None:
+            if length_by is not None:
+                raise ValueError("length_by is for packing: give pack_tokens too (bucketing by length is bucket_by)")
+            return None
+        why = [
+            (not self.batch_size, "needs batch_size (rows per batch)"),
+            (self.bucket_by is not None, "with bucket_by: packing already groups samples by length; choose one"),
+            (self.mix is not None and self.mix.unit(self.batch_size) > 1, "cannot keep batch_composition='source'"),
+            (on_change == "continue", "with on_change='continue' is not supported; use 'error' or 'next_epoch'"),
+            (collate_fn is not collate, "lays out its own batches: collate_fn cannot be given"),
+        ]
+        for bad, what in why:
+            if bad:
+                raise ValueError(f"pack_tokens {what}")
+        return Packer(self.datasets, pack_tokens, length_by, pack_window, mixed=self.mix is not None)
 
     def _lengths(self, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
         if callable(self.bucket_by):
@@ -500,7 +537,10 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         valid: np.ndarray | None = None,
     ) -> Any:
         enter_batch(seed, seed_globals)
-        out = self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
+        if self.packer is not None:
+            out = self.packer.build(self.builder, plan, positions)
+        else:
+            out = self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
         if valid is not None and isinstance(out, dict):  # padding="mask": which rows count
             out["__valid__"] = torch.from_numpy(valid.copy()) if self.batch_size else bool(valid[0])
         return out

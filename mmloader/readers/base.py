@@ -6,7 +6,9 @@ import functools
 import gzip
 import os
 import zlib
-from typing import Any, Callable, Iterator, cast
+from typing import Any, Callable, Iterator, Sequence, cast
+
+import numpy as np
 
 from ..errors import DecodeError, SampleError, SizeLimitError
 from ..storage import Store, open_store
@@ -252,6 +254,19 @@ class Reader:
             self.decode_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
             for d, k in zip(datas, keys)
         ]
+
+    def token_counts(self, rows: Sequence[int]) -> np.ndarray:
+        """The tokens each of store rows ``rows`` holds, known without decoding them (what
+        token-budget packing plans with). Readers of token ids override it.
+
+        Args:
+            rows: rows of this reader's store.
+        """
+        raise TypeError(
+            f"{type(self).__name__} cannot tell a sample's tokens without decoding it: store token ids "
+            "(`mmloader convert textlines --tokenizer`), read text with TextReader(tokenizer=...), or give "
+            "Stream(length_by=mmloader.tokens(..., length=index -> tokens))"
+        )
 
     def decode(self, data: bytes, key: str) -> Any:
         """Turn a field's bytes into a value. The default returns the bytes (or applies ``decode=``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -69,6 +69,21 @@ class TextReader(Reader):
         ids = self._tokenizer().encode(text, add_special_tokens=self.add_special_tokens).ids
         return torch.tensor(ids, dtype=torch.int32)
 
+    def token_counts(self, rows: Sequence[int]) -> np.ndarray:
+        """Token ids per row, by tokenizing the stored text (in chunks, in Rust): what packing
+        plans with. Needs ``tokenizer``; ``decode=`` or ``transform=`` may change the ids, so
+        give packing the lengths (``mmloader.tokens(length=...)``) when they are set."""
+        if self.tokenizer is None or self._decode_fn is not None or self.transform is not None:
+            return super().token_counts(rows)
+        out = np.zeros(len(rows), dtype=np.int64)
+        rows = list(rows)
+        for a in range(0, len(rows), 8192):
+            values = self.store.field_values(rows[a : a + 8192], self.field)
+            texts = [str(v, "utf-8", "replace") if v is not None else "" for v in values]
+            encoded = encode_batch(self._tokenizer(), texts, self.add_special_tokens)
+            out[a : a + len(texts)] = [len(e.ids) for e in encoded]
+        return out
+
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
         if self.plain_column(datas):
             try:
@@ -127,6 +142,28 @@ class ArrayReader(Reader):
         if self._decode_fn is not None:
             return self._decode_fn(data)
         return torch.from_numpy(owned(npy_array(data)))
+
+    def token_counts(self, rows: Sequence[int]) -> np.ndarray:
+        """Elements per row of 1-D arrays (token ids), from stored sizes: the store's index says
+        each value's size; one stored header says how much of it is header and how wide an id is.
+        Absent values count 0."""
+        if self._decode_fn is not None or self.transform is not None or len(self.fields) != 1 or self.gzipped:
+            return super().token_counts(rows)
+        rows = list(rows)
+        sizes = np.asarray(self.store.field_sizes(rows, self.field), dtype=np.int64)
+        present = np.flatnonzero(sizes > 0)
+        if not len(present):
+            return np.zeros(len(rows), dtype=np.int64)
+        first = rows[int(present[0])]
+        data = self.store.field_values([first], self.field)[0]
+        array = npy_array(data)
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise TypeError(
+                f"{self.store.path}: {self.field!r} of row {first} is a {array.ndim}-D {array.dtype} array, "
+                "not 1-D integer token ids"
+            )
+        header = len(data) - array.nbytes
+        return np.where(sizes > 0, (sizes - header) // array.dtype.itemsize, 0)
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
         if datas and self.plain_column(datas):

@@ -1,0 +1,259 @@
+"""Packed batches: rows of whole samples laid end to end in a fixed token budget.
+
+Each sample is one *segment* of its row: its images' placeholder tokens (``per_image``
+copies of ``image_token_id`` each, as Hugging Face vision-language processors expand an
+image token) followed by its text token ids; an interleaved document's segment is its
+texts and images in document order. A packed batch holds, for ``B`` rows of ``L`` tokens:
+
+* ``batch[text]``: ``(B, L)`` token ids, ``pad_id`` after each row's last segment;
+* ``batch["__mask__"][text]``: ``(B, L)`` bool, True on real tokens;
+* ``batch["position_ids"]``: ``(B, L)`` int64, restarting at 0 at each segment (and at the
+  row's padding, which is a segment of its own), as padding-free attention takes them;
+* ``batch["cu_seqlens"]``: int32 boundaries of every segment (padding included) in the
+  flattened ``B * L`` tokens, and ``batch["max_seqlen"]`` (int), as FlashAttention's varlen
+  kernels take them;
+* ``batch["seq_lens"]``: ``(B, S)`` int32 segment lengths per row (0 after the last);
+* image modalities: every image of the batch in row order, ``(N, C, H, W)`` when they share
+  a shape (else a list), with ``batch["__row__"][name]`` and ``batch["__sample__"][name]``
+  (``(N,)`` int64) the row of each image and its sample's place in that row;
+* ``batch["__key__"]`` and every other field: a list of ``B`` lists, in row order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import SampleError
+from .collate import is_image, stack_images
+
+#: Names a packed batch adds; a modality of one of these names is refused.
+PACKED_NAMES = ("position_ids", "cu_seqlens", "max_seqlen", "seq_lens")
+OVERLONG = ("error", "truncate")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLayout:
+    """How samples become token segments, and how long each one is before it is read.
+
+    Args:
+        text: the modality of token ids: an ``ArrayReader`` of 1-D integer arrays (``convert
+            textlines --tokenizer`` writes them), a ``TextReader(tokenizer=...)``, or a
+            ``DocumentReader`` (texts and images in document order). None: the dataset's only one.
+        images: image modalities of each sample, placed before its text.
+        per_image: tokens each image takes in the row.
+        image_token_id: the placeholder token of an image's tokens (needed when ``per_image``).
+        pad_id: the token id after a row's last segment.
+        length: the text tokens of each sample without reading it: ``index -> tokens`` (for a
+            mix ``(source, index) -> tokens``) or one count per index (an array); None: measured
+            from the store (an array's stored size; a tokenizer run once over the stored text).
+        overlong: a sample over the budget is an error naming it (``"error"``), or its text
+            is cut to fit (``"truncate"``).
+    """
+
+    text: str | None = None
+    images: tuple[str, ...] = ()
+    per_image: int = 0
+    image_token_id: int | None = None
+    pad_id: int = 0
+    length: Callable[..., int] | Sequence[int] | np.ndarray | None = None
+    overlong: str = "error"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.images, str):
+            object.__setattr__(self, "images", (self.images,))
+        if isinstance(self.per_image, bool) or not isinstance(self.per_image, (int, np.integer)) or self.per_image < 0:
+            raise ValueError(f"per_image={self.per_image!r}: expected a token count >= 0")
+        if self.per_image and self.image_token_id is None:
+            raise ValueError("per_image needs image_token_id: the token that stands for an image's tokens in a row")
+        if self.overlong not in OVERLONG:
+            raise ValueError(f"overlong={self.overlong!r}: expected one of {', '.join(map(repr, OVERLONG))}")
+
+    def identity(self) -> dict:
+        """What of the layout changes a plan (plain data, for resume states)."""
+        from .identity import callable_name
+
+        length = self.length
+        return {
+            "text": self.text,
+            "images": list(self.images),
+            "per_image": int(self.per_image),
+            "overlong": self.overlong,
+            "length": None if length is None else callable_name(length) if callable(length) else "array",
+        }
+
+
+def tokens(
+    text: str | None = None,
+    *,
+    images: str | Sequence[str] = (),
+    per_image: int = 0,
+    image_token_id: int | None = None,
+    pad_id: int = 0,
+    length: Callable[..., int] | Sequence[int] | np.ndarray | None = None,
+    overlong: str = "error",
+) -> TokenLayout:
+    """The token layout of packed rows, for ``Stream(pack_tokens=L, length_by=mmloader.tokens(...))``.
+
+    Args:
+        text: the modality of token ids (see :class:`TokenLayout`).
+        images: image modalities, each image ``per_image`` tokens before the sample's text.
+        per_image: tokens each image takes (576 for LLaVA's 336-px CLIP ViT-L/14).
+        image_token_id: the placeholder token id of image tokens.
+        pad_id: the id after a row's last segment.
+        length: text tokens per sample, known without reading (callable or array).
+        overlong: ``"error"`` or ``"truncate"`` for a sample over the budget.
+
+    >>> layout = tokens("ids", images="image", per_image=576, image_token_id=32000)
+    """
+    return TokenLayout(
+        text,
+        tuple([images] if isinstance(images, str) else images),
+        per_image,
+        image_token_id,
+        pad_id,
+        length,
+        overlong,
+    )
+
+
+def segment(sample: dict[str, Any], layout: TokenLayout, text: str, capacity: int) -> tuple[torch.Tensor, list]:
+    """One sample as ``(token ids, the images of its document in order)``: the images of
+    ``layout.images`` first, then the text (a document's texts and images in its order)."""
+    key = sample.get("__key__")
+    parts: list[torch.Tensor] = []
+    document_images: list[torch.Tensor] = []
+    image_end = 0  # where the last image's placeholders end: a cut must not fall before it
+    at = 0
+
+    def image(value: torch.Tensor) -> None:
+        nonlocal at, image_end
+        parts.append(torch.full((layout.per_image,), int(layout.image_token_id or 0), dtype=torch.int64))
+        at += layout.per_image
+        image_end = at
+
+    for name in layout.images:
+        value = sample.get(name)
+        if isinstance(value, torch.Tensor):
+            image(value)
+    value = sample.get(text)
+    pieces = value.pieces() if hasattr(value, "pieces") else [value] if value is not None else []
+    for piece in pieces:
+        if isinstance(piece, torch.Tensor) and piece.dim() == 1 and not piece.dtype.is_floating_point:
+            parts.append(piece.to(torch.int64))
+            at += len(piece)
+        elif isinstance(piece, torch.Tensor):
+            image(piece)
+            document_images.append(piece)
+        else:
+            raise SampleError(f"sample {key!r}: {text!r} holds {type(piece).__name__}, not token ids (1-D integers)")
+    ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    if len(ids) > capacity:
+        if layout.overlong != "truncate" or image_end > capacity:
+            what = "its images alone" if image_end > capacity else "it"
+            raise SampleError(
+                f"sample {key!r} has {len(ids)} tokens, over the row's budget of {capacity} ({what}); "
+                + ("raise pack_tokens" if image_end > capacity else "raise pack_tokens or use overlong='truncate'")
+            )
+        ids = ids[:capacity]
+    return ids, document_images
+
+
+def pack_batch(
+    samples: Sequence[dict[str, Any] | None],
+    offsets: Sequence[int],
+    layout: TokenLayout,
+    text: str,
+    capacity: int,
+) -> dict[str, Any]:
+    """The packed batch of rows ``samples[offsets[r]:offsets[r+1]]`` (None: a sample left out).
+
+    Args:
+        samples: the decoded samples, row after row.
+        offsets: row boundaries in ``samples`` (``B + 1`` of them).
+        layout: how samples become segments.
+        text: the token modality.
+        capacity: tokens per row (``L``).
+    """
+    rows = len(offsets) - 1
+    ids = torch.full((rows, capacity), int(layout.pad_id), dtype=torch.int64)
+    mask = torch.zeros((rows, capacity), dtype=torch.bool)
+    positions = torch.zeros((rows, capacity), dtype=torch.int64)
+    lengths: list[list[int]] = []
+    images: dict[str, list[torch.Tensor]] = {}
+    owners: dict[str, list[tuple[int, int]]] = {}
+    listed: dict[str, list[list[Any]]] = {}
+    image_names = set(layout.images)
+    for r in range(rows):
+        at, row_lengths = 0, []
+        members = [s for s in samples[offsets[r] : offsets[r + 1]] if s is not None]
+        for j, sample in enumerate(members):
+            seg, doc_images = segment(sample, layout, text, capacity)
+            n = len(seg)
+            if at + n > capacity:
+                raise SampleError(
+                    f"sample {sample.get('__key__')!r} has {n} tokens, more than planned: its row holds "
+                    f"{at + n} of {capacity} (give length_by the tokens the reader delivers)"
+                )
+            ids[r, at : at + n] = seg
+            mask[r, at : at + n] = True
+            positions[r, at : at + n] = torch.arange(n)
+            at += n
+            if n:  # an empty sample is delivered (its key is listed) but takes no segment
+                row_lengths.append(n)
+            for name in layout.images:
+                got = [sample[name]] if isinstance(sample.get(name), torch.Tensor) else []
+                images.setdefault(name, []).extend(got)
+                owners.setdefault(name, []).extend([(r, j)] * len(got))
+            if doc_images:  # a document's own images
+                images.setdefault(text, []).extend(doc_images)
+                owners.setdefault(text, []).extend([(r, j)] * len(doc_images))
+            for name, value in sample.items():
+                if name != text and name not in image_names:
+                    listed.setdefault(name, [[] for _ in range(rows)])[r].append(value)
+        positions[r, at:] = torch.arange(capacity - at)
+        lengths.append(row_lengths)
+    width = max((len(x) for x in lengths), default=0)
+    seq_lens = torch.zeros((rows, max(width, 1)), dtype=torch.int32)
+    bounds = [0]
+    for r, row_lengths in enumerate(lengths):
+        seq_lens[r, : len(row_lengths)] = torch.tensor(row_lengths, dtype=torch.int32)
+        segments = row_lengths + ([capacity - sum(row_lengths)] if sum(row_lengths) < capacity else [])
+        for n in segments:
+            bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    batch: dict[str, Any] = {"__key__": listed.pop("__key__", [[] for _ in range(rows)])}
+    batch[text] = ids
+    batch["position_ids"] = positions
+    batch["cu_seqlens"] = cu
+    batch["max_seqlen"] = int((cu[1:] - cu[:-1]).max()) if len(cu) > 1 else 0
+    batch["seq_lens"] = seq_lens
+    for name, values in images.items():
+        if name == text:  # a document's images: beside its tokens
+            batch["__images__"] = {text: _stack(values)}
+        else:
+            batch[name] = _stack(values)
+    batch.update(listed)
+    batch["__mask__"] = {text: mask}
+    if owners:
+        batch["__row__"] = {n: torch.tensor([o[0] for o in v], dtype=torch.int64) for n, v in owners.items()}
+        batch["__sample__"] = {n: torch.tensor([o[1] for o in v], dtype=torch.int64) for n, v in owners.items()}
+    return batch
+
+
+def _stack(values: list[torch.Tensor]) -> Any:
+    """Images of one shape as one tensor (channels_last for decoded images), else a list."""
+    if values and all(v.shape == values[0].shape and v.dtype == values[0].dtype for v in values):
+        return stack_images(values) if is_image(values[0]) else torch.stack(values)
+    return values
+
+
+def measured(values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` as int64 token counts; a negative count is an error naming ``what``."""
+    out = np.asarray(values, dtype=np.int64)
+    if len(out) and int(out.min()) < 0:
+        raise ValueError(f"{what}: a negative token count ({int(out.min())})")
+    return out

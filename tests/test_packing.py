@@ -1,0 +1,297 @@
+"""Token-budget packing: the pure planner exhaustively, then packed streams on real stores."""
+
+from __future__ import annotations
+
+import bisect
+import io
+import itertools
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import jpeg_bytes
+from test_planning import deliver
+
+import mmloader
+from mmloader.planning import RangeList, remaining_ranges
+from mmloader.planning.packing import best_fit_rows, pack_rows
+
+
+def reference_best_fit(lengths: list[int], capacity: int) -> int:
+    """Rows of best-fit decreasing, one item at a time (the textbook algorithm)."""
+    rooms: list[tuple[int, int]] = []
+    rows = 0
+    for s in sorted(lengths, reverse=True):
+        i = bisect.bisect_left(rooms, (s, -1))
+        if i < len(rooms):
+            room, r = rooms.pop(i)
+            bisect.insort(rooms, (room - s, r))
+        else:
+            bisect.insort(rooms, (capacity - s, rows))
+            rows += 1
+    return rows
+
+
+def rows_of(members: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    return [members[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+SMALL = [
+    (lengths, capacity)
+    for n in range(0, 6)
+    for lengths in itertools.product([0, 1, 2, 3, 5], repeat=n)
+    for capacity in (5, 6)
+]
+
+
+@pytest.mark.parametrize("capacity", [5, 6])
+def test_best_fit_rows_every_item_once_within_budget_as_textbook_bfd(capacity):
+    for lengths, cap in SMALL:
+        if cap != capacity:
+            continue
+        lengths_a = np.array(lengths, dtype=np.int64)
+        row_of, rows = best_fit_rows(lengths_a, capacity)
+        assert len(row_of) == len(lengths)
+        if len(lengths):
+            assert set(row_of.tolist()) == set(range(rows))  # no empty row
+            assert np.bincount(row_of, weights=lengths_a, minlength=rows).max() <= capacity
+        assert rows == reference_best_fit(list(lengths), capacity), lengths
+
+
+def test_best_fit_rows_matches_textbook_bfd_on_random_sets():
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        capacity = int(rng.integers(1, 64))
+        lengths = rng.integers(0, capacity + 1, int(rng.integers(1, 200)))
+        row_of, rows = best_fit_rows(lengths, capacity)
+        assert np.bincount(row_of, weights=lengths, minlength=rows).max() <= capacity
+        assert rows == reference_best_fit(lengths.tolist(), capacity)
+
+
+@pytest.mark.parametrize("window", [1, 3, 1000])
+def test_pack_rows_partitions_positions_deterministically(window):
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 50):
+        lengths = rng.integers(1, 9, n)
+        members, offsets = pack_rows(lengths, 8, seed=3, epoch=1, window=window)
+        assert sorted(members.tolist()) == list(range(n))  # every sample exactly once
+        rows = rows_of(members, offsets)
+        assert all(sum(lengths[r]) <= 8 and r for r in rows)
+        assert all(r == sorted(r) for r in rows)  # a row keeps plan order
+        assert all(len({p // window for p in r}) == 1 for r in rows)  # within one window
+        again = pack_rows(lengths, 8, seed=3, epoch=1, window=window)
+        assert np.array_equal(again[0], members) and np.array_equal(again[1], offsets)
+    lengths = rng.integers(1, 9, 400)
+    e1, e2 = (rows_of(*pack_rows(lengths, 8, seed=3, epoch=e)) for e in (1, 2))
+    assert e1 != e2  # another epoch, another order of rows
+
+
+def test_pack_rows_refuses_a_sample_over_the_budget():
+    with pytest.raises(ValueError, match="plan position 2 has 9 tokens, outside 0..8"):
+        pack_rows(np.array([1, 2, 9]), 8)
+
+
+def test_pack_rows_fills_long_tailed_lengths():
+    rng = np.random.default_rng(1)
+    lengths = np.minimum(rng.lognormal(4.0, 1.0, 20000).astype(np.int64) + 1, 4096)
+    members, offsets = pack_rows(lengths, 4096)
+    rows = len(offsets) - 1
+    assert lengths.sum() / (rows * 4096) > 0.99
+
+
+def _rank_rows(n_rows: int, world: int, workers: int, batch: int, ranges=None):
+    return deliver(n_rows, world, workers, batch, False, ranges)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_packed_rows_split_exactly_once_equal_batches_resume_every_step(world, batch):
+    rng = np.random.default_rng(world * 10 + batch)
+    lengths = rng.integers(1, 7, 23)
+    members, offsets = pack_rows(lengths, 8, seed=0, epoch=0)
+    rows = rows_of(members, offsets)
+    full, per = _rank_rows(len(rows), world, 2, batch)
+    assert len({len(r) for r in full}) == 1  # equal batches per rank
+    samples = Counter(s for r in full for b in r for row in b for s in rows[row])
+    assert set(samples) == set(range(len(lengths)))  # every sample, once but for padding rows
+    padding_rows = per * world - len(rows)
+    assert sum(samples.values()) - len(lengths) == sum(len(rows[i]) for i in range(padding_rows))
+    for k in range(len(full[0]) + 1):  # resume after every step, same world
+        left = remaining_ranges([(0, len(rows))], world, per, k * batch, keep_padding=True)
+        resumed, _ = _rank_rows(len(rows), world, 3, batch, left)
+        assert all(resumed[r] == full[r][k:] for r in range(world))
+        for other in {1, 2, 3, 4} - {world}:  # and onto another world size
+            seen = {s for r in full for b in r[:k] for row in b for s in rows[row]}
+            left = remaining_ranges([(0, len(rows))], world, per, k * batch, keep_padding=False)
+            visit = RangeList(left)
+            unseen = [s for row in visit.take(np.arange(len(visit))).tolist() for s in rows[row]]
+            assert sorted(unseen) == sorted(set(range(len(lengths))) - seen)
+            after, _ = _rank_rows(len(rows), other, 2, batch, left)
+            assert len({len(r) for r in after}) == 1
+
+
+# -- packed streams on real stores -----------------------------------------------------------------
+
+
+def _npy(values) -> bytes:
+    out = io.BytesIO()
+    np.save(out, np.asarray(values, dtype=np.int32), allow_pickle=False)
+    return out.getvalue()
+
+
+def _token_store(path: Path, n: int, seed: int = 0, images: bool = False) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    ids = [list(range(i % 50 + 1, i % 50 + 1 + int(rng.integers(1, 40)))) for i in range(n)]
+    with mmloader.writer_for(path, shard_size=16) as w:
+        for i, row in enumerate(ids):
+            sample = {"__key__": f"k{i:04d}", "ids.npy": _npy(row), "cls": str(i).encode()}
+            if images:
+                sample["jpg"] = jpeg_bytes(i, size=(24, 16))
+            w.write(sample)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def token_ds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packing")
+    ids = _token_store(root / "tokens.lmdb", 120)
+    return root / "tokens.lmdb", ids
+
+
+def _check_batch(batch, ids, capacity):
+    """Each row: its samples' ids end to end, then padding; positions restart per sample."""
+    assert batch["ids"].shape[1] == capacity and batch["ids"].dtype == torch.int64
+    bounds = batch["cu_seqlens"].tolist()
+    assert bounds[0] == 0 and bounds[-1] == batch["ids"].numel()
+    flat_positions = batch["position_ids"].reshape(-1)
+    starts = set(bounds[:-1])
+    assert all((flat_positions[i] == 0) == (i in starts) for i in range(len(flat_positions)))
+    for r, keys in enumerate(batch["__key__"]):
+        expected = [t for k in keys for t in ids[int(k[1:])]]
+        row = batch["ids"][r]
+        assert row[: len(expected)].tolist() == expected
+        assert not row[len(expected) :].any()  # pad_id 0 after the row's last sample
+        assert batch["__mask__"]["ids"][r].sum() == len(expected)
+        lens = [n for n in batch["seq_lens"][r].tolist() if n]
+        assert lens == [len(ids[int(k[1:])]) for k in keys]
+        assert batch["cls"][r] == [int(k[1:]) for k in keys]
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_packed_stream_every_sample_once_rows_checked(token_ds, backend):
+    path, ids = token_ds
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path))
+    stream = mmloader.Stream(ds, batch_size=4, seed=1, pack_tokens=64, length_by="ids")
+    loader = mmloader.loader(stream, num_workers=2, backend=backend)
+    batches = list(loader)
+    assert len(batches) == len(stream) == -(-len(stream.plan()) // 4)
+    for b in batches:
+        _check_batch(b, ids, 64)
+    keys = [k for b in batches for row in b["__key__"] for k in row]
+    assert sorted(keys) == sorted(f"k{i:04d}" for i in range(len(ids)))
+    again = [
+        b["__key__"]
+        for b in mmloader.loader(
+            mmloader.Stream(ds, batch_size=4, seed=1, pack_tokens=64, length_by="ids"), num_workers=1, backend="thread"
+        )
+    ]
+    assert again == [b["__key__"] for b in batches]  # deterministic, whatever the backend and workers
+    assert [b["__key__"] for b in loader] != again  # the next pass is the next epoch
+
+
+def test_packed_stream_resumes_mid_epoch_and_on_another_world(token_ds):
+    path, _ids = token_ds
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+
+    def stream(rank, world):
+        s = mmloader.Stream(ds, batch_size=2, seed=4, pack_tokens=50, length_by="ids")
+        s.set_world(rank, world)
+        return s
+
+    full = [[b["__key__"] for b in stream(r, 2).iter_worker(0, 1)] for r in range(2)]
+    assert len(full[0]) == len(full[1])
+    k = 3
+    state = stream(0, 2).progress(k)
+    for r in range(2):
+        resumed = stream(r, 2)
+        resumed.resume(state)
+        assert [b["__key__"] for b in resumed.iter_worker(0, 1)] == full[r][k:]
+    seen = Counter(s for r in full for b in r[:k] for row in b for s in row)
+    one = stream(0, 1)
+    one.resume(state)
+    rest = Counter(s for b in one.iter_worker(0, 1) for row in b["__key__"] for s in row)
+    assert not set(rest) & set(seen)
+    assert set(rest) | set(seen) == {f"k{i:04d}" for i in range(len(_ids))}
+    assert max(rest.values()) == 1
+
+
+def test_packed_images_and_placeholders(tmp_path):
+    path = tmp_path / "pairs"
+    ids = _token_store(path, 30, images=True)
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path))
+    layout = mmloader.tokens("ids", images="image", per_image=8, image_token_id=999)
+    stream = mmloader.Stream(ds, batch_size=3, pack_tokens=64, length_by=layout)
+    for batch in mmloader.loader(stream, num_workers=0):
+        rows, where = batch["__row__"]["image"].tolist(), batch["__sample__"]["image"].tolist()
+        assert batch["image"].shape[0] == sum(len(k) for k in batch["__key__"]) == len(rows)
+        assert [(r, j) for r, keys in enumerate(batch["__key__"]) for j in range(len(keys))] == list(zip(rows, where))
+        for r, keys in enumerate(batch["__key__"]):
+            expected = [t for k in keys for t in [999] * 8 + ids[int(k[1:])]]
+            assert batch["ids"][r, : len(expected)].tolist() == expected
+        n = 0
+        for r, keys in enumerate(batch["__key__"]):
+            for k in keys:
+                want = mmloader.ImageReader(path).get(k)
+                assert torch.equal(batch["image"][n], want)
+                n += 1
+
+
+def test_packing_errors_name_what_is_wrong(token_ds, tmp_path):
+    path, _ids = token_ds
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path))
+    with pytest.raises(ValueError, match=r"sample 'k\d+' has \d+ tokens, over pack_tokens=20"):
+        len(mmloader.Stream(ds, batch_size=2, pack_tokens=20, length_by="ids"))
+    cut = mmloader.Stream(ds, batch_size=2, pack_tokens=20, length_by=mmloader.tokens("ids", overlong="truncate"))
+    assert all(b["ids"].shape == (len(b["__key__"]), 20) for b in mmloader.loader(cut, num_workers=0))
+    with pytest.raises(ValueError, match="bucket_by"):
+        mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="ids", bucket_by="ids")
+    with pytest.raises(ValueError, match="needs batch_size"):
+        mmloader.Stream(ds, pack_tokens=64, length_by="ids")
+    with pytest.raises(ValueError, match="not a modality"):
+        mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="caption")
+    with pytest.raises(TypeError, match="LabelReader cannot tell a sample's tokens"):
+        len(mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="cls"))
+    with pytest.raises(ValueError, match="image_token_id"):
+        mmloader.tokens("ids", images="image", per_image=4)
+    # lengths that understate what the reader delivers never pass silently
+    lying = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=lambda i: 1))
+    with pytest.raises(mmloader.SampleError, match="more than planned"):
+        list(mmloader.loader(lying, num_workers=0))
+
+
+def test_packing_plan_identity_guards_resume(token_ds):
+    path, _ids = token_ds
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+    state = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="ids").progress(1)
+    other = mmloader.Stream(ds, batch_size=2, pack_tokens=96, length_by="ids")
+    with pytest.raises(mmloader.PlanChangedError, match="pack"):
+        other.resume(state)
+
+
+def test_packed_mix_tags_sources_and_pads_with_mask(token_ds, tmp_path):
+    path, ids = token_ds
+    other = tmp_path / "other.lmdb"
+    ids_b = _token_store(other, 40, seed=3)
+    a = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+    b = mmloader.zip(ids=mmloader.ArrayReader(other, "ids.npy"))
+    mixed = mmloader.mix([a, b], names=["a", "b"], weights=[0.5, 0.5])
+    stream = mmloader.Stream(mixed, batch_size=3, pack_tokens=64, length_by="ids", padding="mask")
+    batches = list(mmloader.loader(stream, num_workers=0))
+    for batch in batches:
+        for r, (keys, sources) in enumerate(zip(batch["__key__"], batch["__source__"])):
+            expected = [t for k, s in zip(keys, sources) for t in (ids if s == "a" else ids_b)[int(k[1:])]]
+            assert batch["ids"][r, : len(expected)].tolist() == expected
+    rows = sum(int(b["__valid__"].sum()) for b in batches)
+    assert rows == len(stream.plan())
