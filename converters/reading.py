@@ -222,14 +222,19 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
     sample: dict[str, Any] = {"__key__": item.key}
 
     def add(fname: str, data: bytes, path: str) -> None:
-        image = fname == "" or fname in IMAGE_EXTENSIONS
+        # "3." is image 3 of a document, its format named by its header ("3.jpg")
+        number, dot, ext = fname.partition(".")
+        numbered = bool(dot) and number.isdigit() and ext == ""
+        image = fname == "" or fname in IMAGE_EXTENSIONS or numbered
         if image:
             data, new_ext, fmt = _image_bytes(data, path, opts)
-            if fname == "":  # the file's name does not say: the header does
+            if fname == "" or numbered:  # the file's name does not say: the header does
                 fname = _FIELD_OF_FORMAT.get(fmt, "")
                 if not fname:
                     raise ItemError(f"bad image: {fmt} is not a supported image format", path)
             fname = new_ext or fname
+            if numbered:
+                fname = f"{number}.{fname}"
             if fname in sample:
                 raise ItemError(f"two images for field {fname!r}", path)
         elif media_kind(fname):

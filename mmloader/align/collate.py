@@ -5,6 +5,12 @@
 and ``"__present__": {name: bool tensor (B,)}`` for modalities some samples lack
 (mixed sources); missing tensor entries are zero, missing others are None.
 
+Interleaved documents (:class:`mmloader.Document`, any number of images each) collate to
+``batch[name]``, each document's segments in order with its images replaced by their place
+in ``batch["__images__"][name]`` (every image of the batch: ``(N, C, H, W)`` when they share a
+shape), with ``batch["__counts__"][name]`` (images per document) and ``batch["__row__"][name]``
+(the document of each image).
+
 Images (uint8 ``(C, H, W)`` tensors, C in 1, 3, 4) of one size stack into a
 ``(B, C, H, W)`` batch in channels_last memory, on every path, so a batch has the
 same layout whichever way it was built.
@@ -27,6 +33,7 @@ from typing import Any, Callable, Literal, Sequence, overload
 import torch
 
 from ..readers.columns import Packed, Ragged, Stacked, per_sample
+from ..readers.document import Document
 
 _MISSING = object()
 
@@ -205,6 +212,9 @@ def collate_columns(
     masks_out: dict[str, torch.Tensor] = {}
     offsets_out: dict[str, torch.Tensor] = {}
     present: dict[str, torch.Tensor] = {}
+    images: dict[str, Any] = {}
+    counts: dict[str, torch.Tensor] = {}
+    owners: dict[str, torch.Tensor] = {}
     for name, values in columns.items():
         if isinstance(values, Packed):
             batch[name], offsets_out[name] = values.flat, values.offsets
@@ -228,6 +238,10 @@ def collate_columns(
         else:  # the common case, checked in C: no per-value Python below for plain columns
             have, real = [True] * len(values), values
         first = real[0]
+        if isinstance(first, Document):
+            documents = [v if h else None for v, h in zip(values, have)]
+            batch[name], images[name], counts[name], owners[name] = collate_documents(documents)
+            continue
         if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) for v in real):
             if name in pack and all(v.dim() == 1 and v.dtype == torch.uint8 for v in real):
                 empty = first.new_empty(0)
@@ -254,7 +268,38 @@ def collate_columns(
         batch["__offsets__"] = offsets_out
     if present:
         batch["__present__"] = present
+    if images:
+        batch["__images__"], batch["__counts__"], batch["__row__"] = images, counts, owners
     return batch
+
+
+def collate_documents(documents: Sequence[Any]) -> tuple[list[list[Any]], Any, torch.Tensor, torch.Tensor]:
+    """A batch of :class:`mmloader.Document` (None: a row without one) as ``(segments, images,
+    counts, rows)``: each document's segments with every image replaced by its place in
+    ``images`` (all the batch's images in order: one ``(N, C, H, W)`` tensor when they share a
+    shape, else a list), the images of each document, and the document each image is of."""
+    segments: list[list[Any]] = []
+    flat: list[Any] = []
+    counts, rows = [], []
+    for r, doc in enumerate(documents):
+        if doc is None:
+            segments.append([])
+            counts.append(0)
+            continue
+        parts, n = [], 0
+        for value in doc.segments():
+            if isinstance(value, str) or (isinstance(value, torch.Tensor) and value.dim() == 1):
+                parts.append(value)
+            else:
+                parts.append(len(flat))
+                flat.append(value)
+                rows.append(r)
+                n += 1
+        segments.append(parts)
+        counts.append(n)
+    same = flat and all(isinstance(v, torch.Tensor) and v.shape == flat[0].shape for v in flat)
+    stacked: Any = (stack_images(flat) if is_image(flat[0]) else torch.stack(flat)) if same else flat
+    return segments, stacked, torch.tensor(counts, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
 
 
 def merge_columns(parts: Sequence[tuple[Sequence[int], dict[str, Any]]], size: int) -> dict[str, Any]:

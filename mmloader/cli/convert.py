@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines", "parquet")
+CONVERTERS = ("pairs", "imagefolder", "manifest", "textlines", "parquet", "documents")
 HELP = "convert a raw folder or file into a dataset (see `mmloader convert LAYOUT --help`)"
 EXAMPLES = [
     "mmloader convert pairs RAW/ out.lmdb --workers 2 --require jpg,txt",
@@ -14,6 +14,7 @@ EXAMPLES = [
     "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
     "mmloader convert textlines corpus.txt corpus.lmdb",
     "mmloader convert parquet laion/ out/ --image-column jpg --text-column caption --engine ray",
+    "mmloader convert documents obelics/ docs/ --layout obelics",
     "mmloader convert pairs --help",
 ]
 
@@ -25,7 +26,8 @@ def add_arguments(s) -> None:
         choices=CONVERTERS,
         help="pairs: files grouped by stem; imagefolder: ROOT/CLASS/"
         "images; manifest: a JSONL/CSV file, one row a sample; textlines: a text file, one "
-        "sample a line; parquet: Parquet/Arrow tables (datasets exports), one row a sample",
+        "sample a line; parquet: Parquet/Arrow tables (datasets exports), one row a sample; "
+        "documents: interleaved image-text documents (OBELICS Parquet, MMC4 JSONL, WebDataset shards)",
     )
     s.add_argument("options", nargs=argparse.REMAINDER, help="SRC DST and the layout's options")
 

@@ -21,6 +21,7 @@ import torch.utils.data
 from ..align.collate import Collate, collate, merge_columns, packing_also, sample_columns
 from ..errors import MMLoaderError, SampleError
 from ..readers.columns import per_sample
+from ..readers.document import Document
 from .control import SharedControl
 
 log = logging.getLogger("mmloader")
@@ -103,7 +104,7 @@ class BatchBuilder:
         out: list[dict[str, Any] | None] = []
         for s, i in zip(sources.tolist(), indices.tolist()):
             try:
-                sample = self.datasets[s][i]
+                sample = loaded(self.datasets[s][i])
             except SampleError as e:
                 if self.on_error == "raise":
                     raise
@@ -142,7 +143,7 @@ class BatchBuilder:
         that is bad too is passed over quietly, since it is counted where the plan visits it."""
         for attempt in range(self.max_consecutive_errors + 1):
             try:
-                sample = self.datasets[source][index]
+                sample = loaded(self.datasets[source][index])
                 if self.source_names is not None and isinstance(sample, dict):
                     sample = {**sample, "__source__": self.source_names[source]}
                 return sample
@@ -162,6 +163,16 @@ class BatchBuilder:
             f"{self.max_consecutive_errors} consecutive samples failed to load; "
             "the dataset looks broken (run `mmloader verify`)"
         )
+
+
+def loaded(sample: Any) -> Any:
+    """``sample`` with its documents' images read and decoded now, inside the error policy (a
+    :class:`mmloader.Document` reads its images lazily; a batch needs them, a bad one named)."""
+    if isinstance(sample, dict):
+        for value in sample.values():
+            if isinstance(value, Document):
+                value.load()
+    return sample
 
 
 def _followed_by(columns: dict[str, Any], n: int, rows: list) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from ..storage.textlines import TextLinesStore
 from .audio import AudioReader
 from .base import Reader
 from .basic import ArrayReader, JSONReader, LabelReader, TextReader
+from .document import Document, DocumentReader
 from .image import ImageReader
 from .registry import BUILTIN_READERS, KINDS, PICKLE_EXTENSIONS, is_pickle_field, kind_for_field  # noqa: F401
 from .video import VideoReader, VideoTimestamps
@@ -69,6 +70,8 @@ __all__ = [
     "LabelReader",
     "JSONReader",
     "ArrayReader",
+    "DocumentReader",
+    "Document",
     "TextLinesReader",
     "reader_for",
 ]

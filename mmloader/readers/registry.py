@@ -5,7 +5,7 @@ config's ``reader:`` names, and which readers decode with mmloader's own code.
 >>> kind_for_field("img.jpg").name, kind_for_field("meta.json").cls.__name__
 ('image', 'JSONReader')
 >>> sorted(KINDS)
-['array', 'audio', 'bytes', 'image', 'json', 'label', 'text', 'video']
+['array', 'audio', 'bytes', 'document', 'image', 'json', 'label', 'text', 'video']
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..media.mediainfo import AUDIO_EXTENSIONS, VIDEO_EXTENSIONS
 from .audio import AudioReader
 from .base import Reader
 from .basic import ArrayReader, JSONReader, LabelReader, TextReader
+from .document import DocumentReader
 from .image import ImageReader
 from .video import VideoReader, VideoTimestamps
 
@@ -46,6 +47,7 @@ KINDS: dict[str, ReaderKind] = {
         ReaderKind("label", LabelReader, ("cls", "cls2", "label", "index", "idx")),
         ReaderKind("json", JSONReader, ("json",)),
         ReaderKind("array", ArrayReader, ("npy",)),
+        ReaderKind("document", DocumentReader),  # interleaved texts and images (a json layout)
         ReaderKind("bytes", Reader),  # raw bytes: any other field
     )
 }
