@@ -27,19 +27,21 @@ def describe_plan(
 
     stream = from_config(config)
     stream.set_world(0, world)
-    plan = stream.plan(0)
+    rows = stream.plan(0)
+    packed = stream.packer is not None
+    plan = rows.plan if packed else rows  # the samples (packed: the rows hold them)
     g = stream.geometry()
     bs = stream.batch_size
     mix = stream.mix
     if mix is not None:
-        names, datasets, rows = mix.names, mix.datasets, mix.summary(bs)
+        names, datasets, table = mix.names, mix.datasets, mix.summary(bs)
         head = (
             f"epoch plan: {len(plan)} samples from {len(datasets)} source(s), mode {mix.mode}, "
             f"batch composition {mix.composition}"
         )
     else:
         names, datasets = ["source"], stream.datasets
-        rows = [
+        table = [
             {
                 "name": names[0],
                 "size": len(datasets[0]),
@@ -50,7 +52,7 @@ def describe_plan(
         ]
         head = f"epoch plan: {len(plan)} samples from 1 source (no mix)"
     lines = [head, f"  {'source':<16} {'size':>9} {'per epoch':>10} {'share':>7} {'repeats':>8}  modalities"]
-    for row, ds in zip(rows, datasets):
+    for row, ds in zip(table, datasets):
         lines.append(
             f"  {row['name']:<16} {row['size']:>9} {row['per_epoch']:>10} {row['proportion']:>7.1%} "
             f"{row['repeats']:>8.2f}  {', '.join(ds.modalities)}"
@@ -67,10 +69,13 @@ def describe_plan(
             )
     if mix is not None and mix.schedule is not None:
         lines += _schedule_lines(mix, bs, epochs)
+    if packed:
+        lines += _packing_lines(rows, bs)
+    unit = "rows" if packed else "samples"
     lines.append(
-        f"world {world} x {workers} workers: {g['samples_per_rank']} samples per rank"
+        f"world {world} x {workers} workers: {g['samples_per_rank']} {unit} per rank"
         + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
-        + f"; padding {g['padding']}; every rank equal"
+        + f"; padding {g['padding']} {unit}; every rank equal"
     )
     if preview:
         lines.append("preview:")
@@ -83,6 +88,24 @@ def describe_plan(
                 except Exception as e:
                     lines.append(f"  {name}[{i}]: unreadable: {redact(str(e))}")
     return "\n".join(lines)
+
+
+def _packing_lines(rows: Any, batch_size: int) -> list[str]:
+    """How full the packed rows of epoch 0 are, against padding each batch to its longest."""
+    lengths = rows.lengths
+    per_row = np.diff(rows.offsets)
+    n = len(lengths)
+    batches = -(-n // batch_size)
+    longest = np.maximum.reduceat(lengths, np.arange(0, n, batch_size)) if n else np.zeros(0, dtype=np.int64)
+    sizes = np.diff(np.r_[np.arange(0, n, batch_size), n])
+    padded = float(lengths.sum()) / max(float((longest * sizes).sum()), 1.0)
+    return [
+        f"packing: {n} samples into {len(rows)} rows of {rows.capacity} tokens, "
+        f"{per_row.min() if len(per_row) else 0}-{per_row.max() if len(per_row) else 0} samples a row "
+        f"(mean {per_row.mean() if len(per_row) else 0:.1f})",
+        f"  token utilisation {rows.utilisation():.1%} (real tokens / rows x {rows.capacity}); "
+        f"{batches} batches of {batch_size} samples padded to their longest would be {padded:.1%} full",
+    ]
 
 
 SHOWN_EPOCHS = 40  # rows of a schedule's table; a longer one shows its start and its end

@@ -28,7 +28,9 @@ Relative paths are taken from ``root`` (default: the working directory). A
 source without ``mix`` is streamed as it is (no mix around it). A source's
 ``filter`` / ``keys`` / ``fraction`` / ``limit`` select its samples
 (:func:`mmloader.select`); ``mix.schedule`` changes the weights over the run
-(:class:`mmloader.Mix`). Every error
+(:class:`mmloader.Mix`). ``pack_tokens`` with ``length_by`` (a modality name, or
+``{text, images, per_image, image_token_id, pad_id, overlong}`` as for :func:`mmloader.tokens`)
+packs rows of whole samples (:class:`mmloader.Stream`). Every error
 names the config key at fault, and every option is checked when the config is
 read, not at the first batch.
 """
@@ -69,7 +71,12 @@ TOP_KEYS = {
     "bucket_window",
     "on_change",
     "padding",
+    "pack_tokens",
+    "length_by",
+    "pack_window",
 }
+#: ``length_by`` as a mapping: the arguments of :func:`mmloader.tokens`.
+LENGTH_KEYS = {"text", "images", "per_image", "image_token_id", "pad_id", "overlong"}
 SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align", "filter", "keys", "fraction", "limit"}
 #: A source's selection (mmloader.select): config key -> select() option.
 SELECT_KEYS = {"filter": "where", "keys": "keys", "fraction": "fraction", "limit": "limit"}
@@ -110,6 +117,23 @@ READER_KEYS = {
 TEXT_SUFFIXES = (".txt", ".text")
 #: What ``reader:`` may name: the registry's kinds, and a video modality's timestamps companion.
 READERS = {*KINDS, "timestamps"}
+
+
+def _length_by(value: Any) -> Any:
+    """A config's ``length_by``: a modality name, or the arguments of :func:`mmloader.tokens`."""
+    from ..align.packing import tokens
+
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"length_by: {value!r} is neither a modality name nor a mapping of {sorted(LENGTH_KEYS)}")
+    unknown = sorted(set(value) - LENGTH_KEYS)
+    if unknown:
+        raise ConfigError(f"length_by: unknown key(s) {unknown} (known: {sorted(LENGTH_KEYS)})")
+    try:
+        return tokens(**value)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"length_by: {e}") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -448,9 +472,13 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
             "bucket_window",
             "on_change",
             "padding",
+            "pack_tokens",
+            "pack_window",
         )
         if k in cfg
     }
+    if "length_by" in cfg:
+        options["length_by"] = _length_by(cfg["length_by"])
     try:
         return Stream(dataset, **options)
     except (ValueError, TypeError) as e:
