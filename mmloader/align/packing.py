@@ -208,7 +208,7 @@ def pack_batch(
                 got = [sample[name]] if isinstance(sample.get(name), torch.Tensor) else []
                 images.setdefault(name, []).extend(got)
                 owners.setdefault(name, []).extend([(r, j)] * len(got))
-            if doc_images:  # a document's own images
+            if hasattr(sample.get(text), "pieces"):  # a document: its images, even none
                 images.setdefault(text, []).extend(doc_images)
                 owners.setdefault(text, []).extend([(r, j)] * len(doc_images))
             for name, value in sample.items():
