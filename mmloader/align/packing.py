@@ -143,14 +143,14 @@ def segment(sample: dict[str, Any], layout: TokenLayout, text: str, capacity: in
     pieces = value.pieces() if hasattr(value, "pieces") else [value] if value is not None else []
     for piece in pieces:
         if isinstance(piece, torch.Tensor) and piece.dim() == 1 and not piece.dtype.is_floating_point:
-            parts.append(piece.to(torch.int64))
+            parts.append(piece)  # (cast once, into the batch)
             at += len(piece)
         elif isinstance(piece, torch.Tensor):
             image(piece)
             document_images.append(piece)
         else:
             raise SampleError(f"sample {key!r}: {text!r} holds {type(piece).__name__}, not token ids (1-D integers)")
-    ids = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    ids = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.int64)
     if len(ids) > capacity:
         if layout.overlong != "truncate" or image_end > capacity:
             what = "its images alone" if image_end > capacity else "it"
@@ -179,31 +179,22 @@ def pack_batch(
         capacity: tokens per row (``L``).
     """
     rows = len(offsets) - 1
-    ids = torch.full((rows, capacity), int(layout.pad_id), dtype=torch.int64)
-    mask = torch.zeros((rows, capacity), dtype=torch.bool)
-    positions = torch.zeros((rows, capacity), dtype=torch.int64)
-    lengths: list[list[int]] = []
+    segments: list[torch.Tensor] = []
+    lengths: list[int] = []
+    row_of: list[int] = []
     images: dict[str, list[torch.Tensor]] = {}
     owners: dict[str, list[tuple[int, int]]] = {}
     listed: dict[str, list[list[Any]]] = {}
     image_names = set(layout.images)
+    keys: list[Any] = []
     for r in range(rows):
-        at, row_lengths = 0, []
         members = [s for s in samples[offsets[r] : offsets[r + 1]] if s is not None]
         for j, sample in enumerate(members):
             seg, doc_images = segment(sample, layout, text, capacity)
-            n = len(seg)
-            if at + n > capacity:
-                raise SampleError(
-                    f"sample {sample.get('__key__')!r} has {n} tokens, more than planned: its row holds "
-                    f"{at + n} of {capacity} (give length_by the tokens the reader delivers)"
-                )
-            ids[r, at : at + n] = seg
-            mask[r, at : at + n] = True
-            positions[r, at : at + n] = torch.arange(n)
-            at += n
-            if n:  # an empty sample is delivered (its key is listed) but takes no segment
-                row_lengths.append(n)
+            segments.append(seg)
+            lengths.append(len(seg))
+            row_of.append(r)
+            keys.append(sample.get("__key__"))
             for name in layout.images:
                 got = [sample[name]] if isinstance(sample.get(name), torch.Tensor) else []
                 images.setdefault(name, []).extend(got)
@@ -213,24 +204,52 @@ def pack_batch(
                 owners.setdefault(text, []).extend([(r, j)] * len(doc_images))
             for name, value in sample.items():
                 if name != text and name not in image_names:
-                    listed.setdefault(name, [[] for _ in range(rows)])[r].append(value)
-        positions[r, at:] = torch.arange(capacity - at)
-        lengths.append(row_lengths)
-    width = max((len(x) for x in lengths), default=0)
-    seq_lens = torch.zeros((rows, max(width, 1)), dtype=torch.int32)
-    bounds = [0]
-    for r, row_lengths in enumerate(lengths):
-        seq_lens[r, : len(row_lengths)] = torch.tensor(row_lengths, dtype=torch.int32)
-        segments = row_lengths + ([capacity - sum(row_lengths)] if sum(row_lengths) < capacity else [])
-        for n in segments:
-            bounds.append(bounds[-1] + n)
-    cu = torch.tensor(bounds, dtype=torch.int32)
+                    if name not in listed:
+                        listed[name] = [[] for _ in range(rows)]
+                    listed[name][r].append(value)
+    # Where each segment goes, for the whole batch at once: its row's start plus what the
+    # segments before it in that row hold.
+    n = np.asarray(lengths, dtype=np.int64)
+    row = np.asarray(row_of, dtype=np.int64)
+    ends = np.cumsum(n)
+    used = np.bincount(row, weights=n, minlength=rows).astype(np.int64) if len(n) else np.zeros(rows, np.int64)
+    row_first = np.concatenate([[0], np.cumsum(used)[:-1]]) if rows else np.zeros(0, np.int64)
+    at = ends - n - row_first[row] if len(n) else n  # offset of each segment within its row
+    over = np.flatnonzero(at + n > capacity)
+    if len(over):
+        j = int(over[0])
+        raise SampleError(
+            f"sample {keys[j]!r} has {int(n[j])} tokens, more than planned: its row holds "
+            f"{int(used[row[j]])} of {capacity} (give length_by the tokens the reader delivers)"
+        )
+    flat_start = row * capacity + at
+    dest = np.repeat(flat_start - (ends - n), n) + np.arange(int(ends[-1]) if len(n) else 0)
+    ids = torch.full((rows * capacity,), int(layout.pad_id), dtype=torch.int64)
+    mask = torch.zeros(rows * capacity, dtype=torch.bool)
+    if len(dest):
+        index = torch.from_numpy(dest)
+        ids[index] = torch.cat(segments).to(torch.int64)
+        mask[index] = True
+    # Segments start at each sample (an empty one takes none) and at each row's padding.
+    real = n > 0
+    pad_rows = np.flatnonzero(used < capacity)
+    starts = np.sort(np.concatenate([flat_start[real], pad_rows * capacity + used[pad_rows]]))
+    marks = np.zeros(rows * capacity, dtype=np.int64)
+    marks[starts] = starts
+    positions = np.arange(rows * capacity, dtype=np.int64) - np.maximum.accumulate(marks)
+    bounds = np.concatenate([starts, [rows * capacity]]).astype(np.int32)
+    per_row = [n[real & (row == r)] for r in range(rows)]
+    seq_lens = torch.zeros((rows, max(max((len(x) for x in per_row), default=0), 1)), dtype=torch.int32)
+    for r, lens in enumerate(per_row):
+        seq_lens[r, : len(lens)] = torch.from_numpy(lens.astype(np.int32))
+    cu = torch.from_numpy(bounds)
     batch: dict[str, Any] = {"__key__": listed.pop("__key__", [[] for _ in range(rows)])}
-    batch[text] = ids
-    batch["position_ids"] = positions
+    batch[text] = ids.view(rows, capacity)
+    batch["position_ids"] = torch.from_numpy(positions).view(rows, capacity)
     batch["cu_seqlens"] = cu
-    batch["max_seqlen"] = int((cu[1:] - cu[:-1]).max()) if len(cu) > 1 else 0
+    batch["max_seqlen"] = int(np.diff(bounds).max()) if len(bounds) > 1 else 0
     batch["seq_lens"] = seq_lens
+    mask = mask.view(rows, capacity)
     for name, values in images.items():
         if name == text:  # a document's images: beside its tokens
             batch["__images__"] = {text: _stack(values)}
