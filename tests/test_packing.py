@@ -295,3 +295,82 @@ def test_packed_mix_tags_sources_and_pads_with_mask(token_ds, tmp_path):
             assert batch["ids"][r, : len(expected)].tolist() == expected
     rows = sum(int(b["__valid__"].sum()) for b in batches)
     assert rows == len(stream.plan())
+
+
+def test_live_streams_refuse_packing():
+    def generated(rank, world, worker, workers):
+        yield from ({"__key__": f"g{i}", "txt": b"x"} for i in range(10))
+
+    fresh = mmloader.live(generated, name="g", decode={"caption": mmloader.TextReader(None, "txt")})
+    with pytest.raises(ValueError, match="does not apply to a live stream"):
+        mmloader.Stream(fresh, batch_size=2, steps=2, pack_tokens=64, length_by="caption")
+
+
+def test_packing_from_a_config_and_mmloader_plan(token_ds):
+    from mmloader.cli.plan import describe_plan
+
+    path, _ids = token_ds
+    config = {
+        "batch_size": 4,
+        "pack_tokens": 64,
+        "length_by": {"text": "ids", "overlong": "truncate"},
+        "sources": {"tokens": {"path": str(path), "modalities": {"ids": {"field": "ids.npy", "reader": "array"}}}},
+    }
+    stream = mmloader.from_config(config)
+    assert stream.packer is not None and stream.packer.layout.overlong == "truncate"
+    text = describe_plan(config, world=2)
+    rows = len(stream.plan())
+    assert f"into {rows} rows of 64 tokens" in text and "token utilisation" in text
+    assert f"{stream.plan().utilisation():.1%}" in text
+    with pytest.raises(mmloader.ConfigError, match="length_by: unknown key"):
+        mmloader.from_config({**config, "length_by": {"txt": "ids"}})
+
+
+def _packed_rank(rank: int, init: str, path: str, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+
+    def loader():
+        stream = mmloader.Stream(ds, batch_size=3, seed=5, pack_tokens=48, length_by="ids")
+        return mmloader.loader(stream, num_workers=2, backend="process", multiprocessing_context="fork")
+
+    first = loader()
+    full = [b["__key__"] for b in first]
+    first.set_epoch(0)  # the same epoch again, left after two batches
+    it = iter(first)
+    head = [next(it)["__key__"] for _ in range(2)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [b["__key__"] for b in resumed]
+    counts = torch.tensor([len(full)])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps({"full": full, "head": head, "rest": rest, "max": int(counts), "state": state})
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_packed_stream_on_two_ddp_ranks(token_ds, tmp_path):
+    import json
+
+    import torch.multiprocessing as tmp
+
+    path, ids = token_ds
+    tmp.spawn(_packed_rank, args=(str(tmp_path / "init"), str(path), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert len(ranks[0]["full"]) == len(ranks[1]["full"]) == ranks[0]["max"]  # equal batches, no hang
+    keys = Counter(k for r in ranks for b in r["full"] for row in b for k in row)
+    assert set(keys) == {f"k{i:04d}" for i in range(len(ids))}
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+    rows = len(mmloader.Stream(ds, batch_size=3, seed=5, pack_tokens=48, length_by="ids").plan())
+    repeated = sum(keys.values()) - len(ids)
+    assert (repeated == 0) == (rows % 2 == 0)  # only a padding row repeats (an odd row count)
+    for r in ranks:
+        assert r["head"] == r["full"][:2] and r["rest"] == r["full"][2:]  # resumed where it stopped

@@ -95,6 +95,11 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         if stored_options.get("padding", "repeat") != "repeat":
             raise ValueError("padding='mask' (evaluation over a stored dataset) does not apply to a live stream")
         stored_options.pop("padding", None)
+        if stored_options.get("pack_tokens") is not None or stored_options.get("length_by") is not None:
+            raise ValueError(
+                "pack_tokens (token-budget packing) plans rows over a stored epoch; it does not apply to a "
+                "live stream: pack the live samples in your collate_fn, or pack the stored data on its own"
+            )
         if on_change not in ("error", "next_epoch", "continue"):
             raise ValueError(f"on_change={on_change!r}: expected 'error', 'next_epoch' or 'continue'")
         self.batch_size, self.steps, self.seed = batch_size, steps, int(seed)
