@@ -374,3 +374,19 @@ def test_packed_stream_on_two_ddp_ranks(token_ds, tmp_path):
     assert (repeated == 0) == (rows % 2 == 0)  # only a padding row repeats (an odd row count)
     for r in ranks:
         assert r["head"] == r["full"][:2] and r["rest"] == r["full"][2:]  # resumed where it stopped
+
+
+def test_packing_a_plain_map_style_dataset_with_given_lengths():
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return 30
+
+        def __getitem__(self, i):
+            return {"__key__": f"p{i}", "ids": torch.arange(1, i % 7 + 2)}
+
+    layout = mmloader.tokens("ids", length=lambda i: i % 7 + 1)
+    stream = mmloader.Stream(Tokens(), batch_size=2, pack_tokens=16, length_by=layout)
+    keys = [k for b in mmloader.loader(stream, num_workers=0) for row in b["__key__"] for k in row]
+    assert sorted(keys) == sorted(f"p{i}" for i in range(30))
+    with pytest.raises(ValueError, match=r"length_by: 3 token counts for 30 samples"):
+        len(mmloader.Stream(Tokens(), batch_size=2, pack_tokens=16, length_by=mmloader.tokens("ids", length=[1, 2, 3])))

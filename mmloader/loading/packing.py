@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..align.packing import PACKED_NAMES, TokenLayout, measured, pack_batch
-from ..planning.packing import PACK_WINDOW, PackedOrder
+from ..planning.packing import PACK_WINDOW, OverBudgetError, PackedOrder
 from ..readers.basic import ArrayReader, TextReader
 
 log = logging.getLogger("mmloader")
@@ -60,10 +60,10 @@ class Packer:
         self.layout = token_layout(length_by)
         self.text = self.layout.text or self._only_token_modality()
         names = {n for ds in self.datasets for n in getattr(ds, "readers", {})}
-        if self.text not in names:
+        if self.text not in names and (names or self.layout.length is None):  # (a plain dataset: as given)
             raise ValueError(f"length_by: {self.text!r} is not a modality of the dataset ({sorted(names)})")
         for name in self.layout.images:
-            if name not in names:
+            if names and name not in names:
                 raise ValueError(f"length_by: image modality {name!r} is not one of the dataset's ({sorted(names)})")
         clash = sorted(names & set(PACKED_NAMES))
         if clash:
@@ -110,8 +110,8 @@ class Packer:
             started = time.perf_counter()
             try:
                 hit = PackedOrder(base, self.lengths, self.capacity, seed=seed, epoch=epoch, window=self.window)
-            except ValueError:
-                raise self._overlong(base) from None
+            except OverBudgetError as e:
+                raise self._overlong(base, e) from None
             log.debug(
                 "packed epoch %d: %d samples into %d rows of %d tokens (%.1f%% full) in %.2f s",
                 epoch,
@@ -126,17 +126,14 @@ class Packer:
             self._plans[epoch] = hit
         return hit
 
-    def _overlong(self, base: Any) -> Exception:
+    def _overlong(self, base: Any, e: OverBudgetError) -> Exception:
         """The error for samples over the budget, naming the first of them by key."""
-        sources, indices = base.lookup(np.arange(len(base), dtype=np.int64))
-        lengths = self.lengths(sources, indices)
-        over = np.flatnonzero(lengths > self.capacity)
-        p = int(over[0])
-        ds, i = self.datasets[int(sources[p])], int(indices[p])
-        key = ds.key(i) if hasattr(ds, "key") else i
+        (s,), (i,) = base.lookup(np.array([e.position], dtype=np.int64))
+        ds = self.datasets[int(s)]
+        key = ds.key(int(i)) if hasattr(ds, "key") else int(i)
         return ValueError(
-            f"sample {key!r} has {int(lengths[p])} tokens, over pack_tokens={self.capacity} "
-            f"({len(over)} samples of the epoch are): raise pack_tokens, or cut them with "
+            f"sample {key!r} has {e.tokens} tokens, over pack_tokens={self.capacity} "
+            f"({e.count} samples of the epoch are): raise pack_tokens, or cut them with "
             "length_by=mmloader.tokens(..., overlong='truncate')"
         )
 

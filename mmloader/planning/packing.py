@@ -17,7 +17,8 @@ are decided before the rank split, so the split, padding and resume arithmetic o
 
 from __future__ import annotations
 
-from typing import Callable
+from bisect import bisect_left, insort
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,6 +27,15 @@ from .order import epoch_rng
 #: Samples packed together (best-fit within this many plan positions). Larger fills rows
 #: better at the end of each window; rows then mix samples from further apart in the plan.
 PACK_WINDOW = 65536
+
+
+class OverBudgetError(ValueError):
+    """A sample's token count is outside ``0..capacity``: ``position`` (its plan position),
+    ``tokens``, ``capacity`` and ``count`` (how many samples are)."""
+
+    def __init__(self, position: int, tokens: int, capacity: int, count: int):
+        super().__init__(f"plan position {position} has {tokens} tokens, outside 0..{capacity}")
+        self.position, self.tokens, self.capacity, self.count = position, tokens, capacity, count
 
 
 def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
@@ -49,20 +59,30 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     ordered = lengths[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     stops = np.r_[starts[1:], n]
-    # bins[c]: the rows with exactly c tokens of room; bit c of ``has`` is set while bins[c] is
-    # not empty, so the smallest room >= s is one shift and one lowest-set-bit away.
+    # bins[c]: the rows with exactly c tokens of room; ``rooms``: the c of every bin not empty, in
+    # order, so the smallest room >= s is one bisection away. The row of each item, in
+    # longest-first order, is collected in a plain list (no numpy call per step).
     bins: dict[int, list[int]] = {}
-    has = 0
+    rooms: list[int] = []
     rows = 0
-    for a, b in zip(starts.tolist(), stops.tolist()):
-        s = int(ordered[a])
+    placed: list[int] = []
+
+    def add(room: int, ids: Any) -> None:
+        pool = bins.get(room)
+        if pool is None:
+            bins[room] = pool = []
+        if not pool:
+            insort(rooms, room)
+        pool.extend(ids)
+
+    for a, b, s in zip(starts.tolist(), stops.tolist(), ordered[starts].tolist()):
         while a < b:
-            above = has >> s
-            if above:
+            i = bisect_left(rooms, s)
+            if i < len(rooms):
                 # The best fit: the rows with the least room that still holds s. Each takes as
                 # many of these as fit before the next row is used (what placing them one by one
                 # does: a row that took one is then the best fit for the next, if it still fits).
-                room = s + ((above & -above).bit_length() - 1)
+                room = rooms[i]
                 pool = bins[room]
                 per_row = room // s if s else b - a
                 m = min(b - a, len(pool) * per_row)
@@ -70,30 +90,26 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
                 taken = pool[len(pool) - k :][::-1]
                 del pool[len(pool) - k :]
                 if not pool:
-                    has &= ~(1 << room)
-                row_of[order[a : a + m]] = np.repeat(np.asarray(taken, dtype=np.int64), per_row)[:m]
+                    del rooms[i]
+                placed += taken if per_row == 1 else [r for r in taken for _ in range(per_row)][:m]
                 last = m - (k - 1) * per_row
                 if k > 1:
-                    bins.setdefault(room - per_row * s, []).extend(taken[:-1])
-                    has |= 1 << (room - per_row * s)
-                bins.setdefault(room - last * s, []).append(taken[-1])
-                has |= 1 << (room - last * s)
+                    add(room - per_row * s, taken[:-1])
+                add(room - last * s, taken[-1:])
                 a += m
                 continue
             # No open row holds s: new rows, each filled with as many of these as fit.
             m = b - a
             per_row = capacity // s if s else m
             new = -(-m // per_row)
-            ids = np.arange(rows, rows + new, dtype=np.int64)
-            row_of[order[a:b]] = np.repeat(ids, per_row)[:m]
-            full_room, last_room = capacity - per_row * s, capacity - (m - (new - 1) * per_row) * s
+            fresh = range(rows, rows + new)
+            placed += fresh if per_row == 1 else [r for r in fresh for _ in range(per_row)][:m]
             if new > 1:
-                bins.setdefault(full_room, []).extend(range(rows, rows + new - 1))
-                has |= 1 << full_room
-            bins.setdefault(last_room, []).append(rows + new - 1)
-            has |= 1 << last_room
+                add(capacity - per_row * s, fresh[:-1])
+            add(capacity - (m - (new - 1) * per_row) * s, fresh[-1:])
             rows += new
             a = b
+    row_of[order] = placed
     return row_of, rows
 
 
@@ -124,8 +140,7 @@ def pack_rows(
         raise ValueError(f"window={window!r}: expected >= 1")
     bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
     if len(bad):
-        p = int(bad[0])
-        raise ValueError(f"plan position {p} has {int(lengths[p])} tokens, outside 0..{capacity}")
+        raise OverBudgetError(int(bad[0]), int(lengths[bad[0]]), capacity, len(bad))
     members, row_sizes = [], []
     for w, a in enumerate(range(0, len(lengths), window)):
         part = lengths[a : a + window]
