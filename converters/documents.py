@@ -1,8 +1,8 @@
 """Interleaved image-text documents (web pages with images between paragraphs) -> one sample each.
 
 A document is written as a ``json`` field whose ``"document"`` list gives the order, ``[{"text":
-"..."}, {"image": "0.jpg"}, {"text": "..."}]``, its other keys the source's metadata, and one
-field per image, ``0.jpg``, ``1.png``, ... (numbered in document order, the format from the
+"..."}, {"image": "0.jpg"}, {"text": "..."}]``, and whose ``"meta"`` holds the source's other
+fields, and one field per image, ``0.jpg``, ``1.png``, ... (numbered in document order, the format from the
 image's header): WebDataset reads the shards as they are, ``mmloader.DocumentReader`` reads them
 lazily. SRC is one or more files or folders, in one of three layouts (``--layout``, else by the
 files' extension):
@@ -17,14 +17,16 @@ files' extension):
   that sentence, in ``image_info`` order); the other keys are kept as metadata.
 * ``wds``: WebDataset tar shards, a document per key: ``KEY.json`` with ``texts`` (null entries
   are image places, in order) and ``KEY.0.jpg``, ``KEY.1.jpg``, ... (or a json with a
-  ``document`` list in this converter's own layout, copied as it is).
+  ``document`` list in this converter's own layout, checked and copied). The sample's other
+  fields (``KEY.txt``...) are kept beside the document.
 
 Keys are ``--key-column`` (obelics), the tar keys (wds), or the document's number over all files.
 An image URL is not downloaded (``img2dataset`` does that): the document is a bad sample, like a
 missing or corrupt image, a place with both a text and an image, or image numbers that do not
-match the json's places; ``--on-error skip`` lists them, ``--missing-images drop`` leaves missing
+match the json's places, tar members of one key that are not next to each other, more than
+``--max-images`` images; ``--on-error skip`` lists them, ``--missing-images drop`` leaves missing
 image files out of their documents instead (counted in the summary). Documents are read one
-record batch, line or tar member at a time: memory does not grow with the input.
+row group, line or tar member at a time: memory does not grow with the input.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .common import (
     Summary,
     UsageError,
     execute,
+    int_at_least,
     layout_parser,
     load_item,
     options_from,
@@ -64,8 +67,8 @@ LAYOUTS = {"obelics": (".parquet", ".pq"), "mmc4": (".jsonl", ".ndjson"), "wds":
 BATCH_ROWS = 64
 
 
-def _files(args: argparse.Namespace) -> tuple[str, list[str]]:
-    """(layout, input files in order) from SRC and ``--layout``."""
+def _files(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[str]]:
+    """(layout, input files in order) from SRC and ``--layout``; other files are noted."""
     files: list[str] = []
     for src in args.src:
         root = Path(src)
@@ -84,6 +87,12 @@ def _files(args: argparse.Namespace) -> tuple[str, list[str]]:
             )
         layout = found.pop()
     chosen = [f for f in files if f.lower().endswith(LAYOUTS[layout])]
+    other = [f for f in files if f not in chosen]
+    if other:
+        notes.append(
+            f"not input: {len(other)} file(s) that are not {layout} files ({', '.join(LAYOUTS[layout])}), "
+            f"e.g. {other[0]} (compressed .jsonl.gz / .tgz: decompress them first)"
+        )
     if not chosen:
         raise ConversionError(f"no {layout} files ({', '.join(LAYOUTS[layout])}) in {', '.join(args.src)}")
     return layout, chosen
@@ -101,6 +110,24 @@ def _image_cell(item: Item, n: int, cell: Any, base: str, where: str) -> None:
     if cell.startswith(("http://", "https://")):
         raise ItemError(f"image {n} is a URL ({cell[:80]}): download the images first (img2dataset)", where)
     item.files[f"{n}."] = cell if os.path.isabs(cell) else os.path.join(base, cell)
+    item.origin[f"{n}."] = f"image {n}"
+
+
+def _plain_meta(value: Any) -> Any:
+    """Metadata as JSON holds it: bytes left out (they are data, not metadata), NaN as null."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _plain_meta(v) for k, v in value.items() if not isinstance(v, (bytes, bytearray))}
+    if isinstance(value, list):
+        return [_plain_meta(v) for v in value if not isinstance(v, (bytes, bytearray))]
+    return value
+
+
+def _text(value: Any, what: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise ItemError(f"{what} is a {type(value).__name__}, not a text", where)
+    return value
 
 
 class Documents:
@@ -109,15 +136,17 @@ class Documents:
     def __init__(self, args: argparse.Namespace, notes: list[str]):
         self.args, self.notes = args, notes
         self.dropped = 0  # --missing-images drop: images left out
-        self.layout, self.files = _files(args)
+        self.layout, self.files = _files(args, notes)
         self.counts = [self._count(f) for f in self.files]
         self.total = sum(self.counts)
         self.width = max(len(str(self.total)), 9)
 
     def digest(self) -> str:
+        """The input listing: each file's name, size, modification time and document count."""
         h = hashlib.sha256(self.layout.encode())
         for f, n in zip(self.files, self.counts):
-            h.update(f"{os.path.basename(f)}\t{os.path.getsize(f)}\t{n}\n".encode())
+            st = os.stat(f)
+            h.update(f"{os.path.basename(f)}\t{st.st_size}\t{st.st_mtime_ns}\t{n}\n".encode())
         return h.hexdigest()
 
     def _count(self, path: str) -> int:
@@ -131,150 +160,193 @@ class Documents:
         if self.layout == "mmc4":
             with open(path, "rb") as f:
                 return sum(1 for line in f if line.strip())
-        return len(self._tar_keys(path))
+        return sum(1 for _key, _members in self._tar_groups(path, read=False))
 
-    def _tar_keys(self, path: str) -> list[str]:
+    def _tar_groups(self, path: str, read: bool = True) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
+        """Each run of consecutive members of one key, as WebDataset groups them: ``(key,
+        [(field, bytes or an ItemError)])``; members are read only when ``read``."""
+        limit = self.args.max_file_bytes
         try:
             with tarfile.open(path) as tar:
-                return list(dict.fromkeys(_split(m.name)[0] for m in tar if m.isfile()))
+                current, group = None, []
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    key, field = _split(member.name)
+                    if current is not None and key != current:
+                        yield current, group
+                        group = []
+                    current = key
+                    if not read:
+                        continue
+                    if member.size > limit:
+                        group.append(
+                            (field, ItemError(f"member {member.name!r} is {member.size} bytes, over --max-file-bytes"))
+                        )
+                        continue
+                    data = tar.extractfile(member)
+                    group.append((field, data.read() if data is not None else b""))
+                    tar.members = []  # what tarfile keeps of every member read: memory would grow with the shard
+                if current is not None:
+                    yield current, group
         except (tarfile.TarError, OSError) as e:
             raise ConversionError(f"{path}: not a readable tar file ({e})") from None
 
     def items(self, start: int, stop: int) -> Iterator[Item]:
-        """The documents ``[start, stop)`` of the input, in order."""
+        """The documents ``[start, stop)`` of the input, in order (documents before ``start``
+        are skipped without being built; a file past ``stop`` is not opened)."""
         base = 0
+        lister = {"obelics": self._obelics, "mmc4": self._mmc4, "wds": self._wds}[self.layout]
         for path, count in zip(self.files, self.counts):
             if base + count > start and base < stop:
-                lister = {"obelics": self._obelics, "mmc4": self._mmc4, "wds": self._wds}[self.layout]
-                for j, item in enumerate(lister(path, base)):
-                    if start <= base + j < stop:
-                        yield item
+                yield from lister(path, base, max(start - base, 0), min(stop - base, count))
             base += count
 
     def _key(self, n: int) -> str:
         return f"{n:0{self.width}d}"
 
-    def _obelics(self, path: str, base: int) -> Iterator[Item]:
+    def _obelics(self, path: str, base: int, first: int, last: int) -> Iterator[Item]:
         import pyarrow.parquet as pq
 
         a = self.args
-        table = pq.ParquetFile(path)
+        table = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
         names = table.schema_arrow.names
         for column in (a.texts_column, a.images_column, a.key_column):
             if column and column not in names:
                 raise ConversionError(f"{path}: no column {column!r} (its columns: {', '.join(names)})")
         folder = a.images or os.path.dirname(path)
-        n = base
-        for batch in table.iter_batches(batch_size=BATCH_ROWS):
-            rows = batch.to_pylist()
-            for r, row in enumerate(rows):
-                where = f"{path}:row {n - base}"
-                key = str(row[a.key_column]) if a.key_column else self._key(n)
-                item = Item(key=key, where=where)
-                n += 1
-                try:
-                    texts, images = row.get(a.texts_column) or [], row.get(a.images_column) or []
-                    if len(texts) != len(images):
-                        raise ItemError(f"{len(texts)} texts but {len(images)} images: the lists must align", where)
-                    document: list[dict] = []
-                    number = 0
-                    for j, (text, image) in enumerate(zip(texts, images)):
-                        if text is not None and image is not None:
-                            raise ItemError(f"place {j} holds both a text and an image", where)
-                        if image is not None:
-                            _image_cell(item, number, image, folder, where)
-                            document.append({"image": number})
-                            number += 1
-                        elif text is not None:
-                            document.append({"text": str(text)})
-                    meta = {
-                        k: v
-                        for k, v in row.items()
-                        if k not in (a.texts_column, a.images_column) and not isinstance(v, (bytes, bytearray))
-                    }
-                    item.values["json"] = {"document": document, **meta}
-                except ItemError as e:
-                    item.error = e.reason
-                yield item
+        r = 0
+        for g in range(table.metadata.num_row_groups):  # a row group at a time: memory stays flat
+            size = table.metadata.row_group(g).num_rows
+            if r + size <= first:
+                r += size
+                continue
+            if r >= last:
+                return
+            for batch in table.read_row_group(g).to_batches(BATCH_ROWS):
+                for row in batch.to_pylist():
+                    if first <= r < last:
+                        yield self._obelics_item(row, f"{path}:row {r}", base + r, folder)
+                    r += 1
 
-    def _mmc4(self, path: str, base: int) -> Iterator[Item]:
+    def _obelics_item(self, row: dict, where: str, n: int, folder: str) -> Item:
+        a = self.args
+        item = Item(key=str(row[a.key_column]) if a.key_column else self._key(n), where=where)
+        try:
+            texts, images = row.get(a.texts_column), row.get(a.images_column)
+            texts, images = [] if texts is None else texts, [] if images is None else images
+            if not isinstance(texts, list) or not isinstance(images, list):
+                raise ItemError(f"{a.texts_column!r} and {a.images_column!r} must be lists", where)
+            if len(texts) != len(images):
+                raise ItemError(f"{len(texts)} texts but {len(images)} images: the lists must align", where)
+            document: list[dict] = []
+            for j, (text, image) in enumerate(zip(texts, images)):
+                if text is not None and image is not None:
+                    raise ItemError(f"place {j} holds both a text and an image", where)
+                if image is not None:
+                    _image_cell(item, len(item.files) + len(item.data), image, folder, where)
+                    document.append({"image": len(item.files) + len(item.data) - 1})
+                elif text is not None:
+                    document.append({"text": _text(text, f"text {j}", where)})
+            meta = {k: v for k, v in row.items() if k not in (a.texts_column, a.images_column)}
+            item.values["json"] = {"document": document, "meta": _plain_meta(meta)}
+            _check_images(item, len(item.files) + len(item.data), a, where)
+        except ItemError as e:
+            item.error = e.reason
+        return item
+
+    def _mmc4(self, path: str, base: int, first: int, last: int) -> Iterator[Item]:
         folder = self.args.images or os.path.dirname(path)
-        n = base
+        n = 0
         with open(path, "rb") as f:
             for line_no, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
-                where = f"{path}:{line_no}"
-                item = Item(key=self._key(n), where=where)
+                if n >= last:
+                    return
+                if n >= first:
+                    yield self._mmc4_item(raw, f"{path}:{line_no}", base + n, folder)
                 n += 1
-                try:
-                    row = json.loads(raw)
-                    if not isinstance(row, dict) or not isinstance(row.get("text_list"), list):
-                        raise ItemError("an mmc4 line is a JSON object with a 'text_list'", where)
-                    texts, infos = row["text_list"], row.get("image_info") or []
-                    before: dict[int, list[dict]] = {}
-                    for info in infos:
-                        k = info.get("matched_text_index")
-                        if not isinstance(k, int) or not 0 <= k < len(texts):
-                            raise ItemError(
-                                f"image {info.get('image_name')!r}: matched_text_index {k!r} is not a sentence", where
-                            )
-                        before.setdefault(k, []).append(info)
-                    document: list[dict] = []
-                    number = 0
-                    for k, text in enumerate(texts):
-                        for info in before.get(k, []):
-                            file = os.path.join(folder, str(info.get("image_name", "")))
-                            if not os.path.isfile(file):
-                                if self.args.missing_images == "drop":
-                                    self.dropped += 1
-                                    continue
-                                raise ItemError(f"image {info.get('image_name')!r} is not in {folder}", where)
-                            item.files[f"{number}."] = file
-                            document.append({"image": number})
-                            number += 1
-                        document.append({"text": str(text)})
-                    meta = {k: v for k, v in row.items() if k != "text_list"}
-                    item.values["json"] = {"document": document, **meta}
-                except ValueError as e:
-                    item.error = f"not valid JSON: {e}"
-                except ItemError as e:
-                    item.error = e.reason
-                yield item
 
-    def _wds(self, path: str, base: int) -> Iterator[Item]:
-        n = base
-        with tarfile.open(path) as tar:
-            group: list[tuple[str, bytes]] = []
-            current = None
-            for member in tar:
-                if not member.isfile():
-                    continue
-                key, field = _split(member.name)
-                if current is not None and key != current:
-                    yield self._wds_item(current, group, f"{path}:{current}", n)
-                    n += 1
-                    group = []
-                current = key
-                data = tar.extractfile(member)
-                group.append((field, data.read() if data is not None else b""))
-            if current is not None:
-                yield self._wds_item(current, group, f"{path}:{current}", n)
-
-    def _wds_item(self, key: str, fields: list[tuple[str, bytes]], where: str, n: int) -> Item:
-        item = Item(key=key.replace("/", "_"), where=where)
+    def _mmc4_item(self, raw: bytes, where: str, n: int, folder: str) -> Item:
+        item = Item(key=self._key(n), where=where)
         try:
-            values = dict(fields)
+            try:
+                row = json.loads(raw)
+            except ValueError as e:
+                raise ItemError(f"not valid JSON: {e}", where) from None
+            if not isinstance(row, dict) or not isinstance(row.get("text_list"), list):
+                raise ItemError("an mmc4 line is a JSON object with a 'text_list' list", where)
+            texts, infos = row["text_list"], row.get("image_info") or []
+            if not isinstance(infos, list) or not all(isinstance(i, dict) for i in infos):
+                raise ItemError("'image_info' must be a list of objects", where)
+            before: dict[int, list[dict]] = {}
+            for info in infos:
+                k = info.get("matched_text_index")
+                if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(texts):
+                    raise ItemError(
+                        f"image {info.get('image_name')!r}: matched_text_index {k!r} is not a sentence", where
+                    )
+                if not isinstance(info.get("image_name"), str) or not info["image_name"]:
+                    raise ItemError(f"an image_info entry has no image_name: {json.dumps(info)[:80]}", where)
+                before.setdefault(k, []).append(info)
+            document: list[dict] = []
+            number = 0
+            for k, text in enumerate(texts):
+                for info in before.get(k, []):
+                    file = os.path.join(folder, info["image_name"])
+                    if not os.path.isfile(file):
+                        if self.args.missing_images == "drop":
+                            self.dropped += 1
+                            continue
+                        raise ItemError(f"image {info['image_name']!r} is not in {folder}", where)
+                    item.files[f"{number}."], item.origin[f"{number}."] = file, f"image {info['image_name']!r}"
+                    document.append({"image": number})
+                    number += 1
+                document.append({"text": _text(text, f"sentence {k}", where)})
+            meta = {k: v for k, v in row.items() if k != "text_list"}
+            item.values["json"] = {"document": document, "meta": _plain_meta(meta)}
+            _check_images(item, number, self.args, where)
+        except ItemError as e:
+            item.error = e.reason
+        return item
+
+    def _wds(self, path: str, base: int, first: int, last: int) -> Iterator[Item]:
+        seen: set[str] = set()
+        for n, (key, fields) in enumerate(self._tar_groups(path)):
+            if n >= last:
+                return
+            if n >= first:
+                item = self._wds_item(key, fields, f"{path}:{key}")
+                if key in seen:  # WebDataset would read it as two samples: say so, lose nothing
+                    item.error = f"the members of key {key!r} are not next to each other in the tar"
+                yield item
+            seen.add(key)
+
+    def _wds_item(self, key: str, fields: list[tuple[str, Any]], where: str) -> Item:
+        item = Item(key=key, where=where)
+        try:
+            values: dict[str, Any] = {}
+            for f, v in fields:
+                if isinstance(v, ItemError):
+                    raise ItemError(v.reason, where)
+                if f in values:
+                    raise ItemError(f"two members for field {f!r}", where)
+                values[f] = v
             if "json" not in values:
                 raise ItemError("no json field (the document's texts)", where)
-            meta = json.loads(values["json"])
-            images = sorted((int(f.partition(".")[0]), f) for f in values if f.partition(".")[0].isdigit())
-            if [i for i, _f in images] != list(range(len(images))):
-                raise ItemError(f"images are not numbered 0..{len(images) - 1}: {[f for _i, f in images]}", where)
-            if isinstance(meta.get("document"), list):  # already this converter's layout
-                layout = meta.pop("document")
-                order = [int(str(e["image"]).partition(".")[0]) for e in layout if "image" in e]
-                document = [{"image": i} if "image" in e else e for e, i in _with_numbers(layout, order)]
+            try:
+                meta = json.loads(values.pop("json"))
+            except ValueError as e:
+                raise ItemError(f"the json is not valid: {e}", where) from None
+            if not isinstance(meta, dict):
+                raise ItemError(f"the json is a {type(meta).__name__}, not an object", where)
+            images = {int(f.partition(".")[0]): f for f in values if f.partition(".")[0].isdigit()}
+            if sorted(images) != list(range(len(images))):
+                raise ItemError(f"images are not numbered 0..{len(images) - 1}: {sorted(images.values())}", where)
+            if isinstance(meta.get("document"), list):  # this converter's own layout: checked, kept
+                document = _own_layout(meta.pop("document"), images, where)
+                meta = meta.get("meta", meta) if set(meta) <= {"meta"} else meta
             else:
                 texts = meta.pop("texts", None)
                 if not isinstance(texts, list):
@@ -285,21 +357,43 @@ class Documents:
                         f"the json's texts have {slots} image places (null) for {len(images)} images", where
                     )
                 numbers = iter(range(len(images)))
-                document = [{"text": str(t)} if t is not None else {"image": next(numbers)} for t in texts]
-            for i, f in images:
-                item.data[f"{i}."], item.origin[f"{i}."] = values[f], f"image {i} ({f})"
-            item.values["json"] = {"document": document, **meta}
-        except ValueError as e:
-            item.error = f"the json is not valid: {e}"
-        except (ItemError, KeyError, TypeError) as e:
-            item.error = e.reason if isinstance(e, ItemError) else f"the document layout is not valid ({e})"
+                document = [
+                    {"text": _text(t, f"text {j}", where)} if t is not None else {"image": next(numbers)}
+                    for j, t in enumerate(texts)
+                ]
+            for i, f in images.items():
+                item.data[f"{i}."], item.origin[f"{i}."] = values.pop(f), f"image {i} ({f})"
+            for f, v in values.items():  # the sample's other fields (txt, cls...) go with it
+                item.data[f], item.origin[f] = v, f"field {f!r}"
+            item.values["json"] = {"document": document, "meta": _plain_meta(meta)}
+            _check_images(item, len(images), self.args, where)
+        except ItemError as e:
+            item.error = e.reason
         return item
 
 
-def _with_numbers(layout: list, order: list[int]) -> Iterator[tuple[dict, int]]:
-    numbers = iter(order)
-    for entry in layout:
-        yield entry, (next(numbers) if "image" in entry else -1)
+def _own_layout(layout: list, images: dict[int, str], where: str) -> list[dict]:
+    """A stored layout, checked: each entry a text or an image field the sample has, every image used once."""
+    document, used = [], []
+    for j, entry in enumerate(layout):
+        if isinstance(entry, dict) and set(entry) == {"text"} and isinstance(entry["text"], str):
+            document.append(entry)
+        elif isinstance(entry, dict) and set(entry) == {"image"} and str(entry["image"]).partition(".")[0].isdigit():
+            number = int(str(entry["image"]).partition(".")[0])
+            if number not in images:
+                raise ItemError(f"entry {j} names image {entry['image']!r}, which the sample does not have", where)
+            document.append({"image": number})
+            used.append(number)
+        else:
+            raise ItemError(f"entry {j} of 'document' is neither {{'text': str}} nor {{'image': field}}", where)
+    if sorted(used) != sorted(images):
+        raise ItemError(f"the layout uses images {sorted(used)}, the sample has {sorted(images)}", where)
+    return document
+
+
+def _check_images(item: Item, count: int, args: argparse.Namespace, where: str) -> None:
+    if count > args.max_images:
+        raise ItemError(f"{count} images, over --max-images {args.max_images}", where)
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -310,11 +404,14 @@ def _split(name: str) -> tuple[str, str]:
 
 
 def _load(job) -> tuple[Item, dict | None, ItemError | None]:
-    """Load one document; its json names each image by the field its header gave it."""
+    """Load one document; its json names each image by the field its header gave it, and an
+    error names the document (its file and row), and the image where it is one."""
     item, opts = job
     try:
         sample = load_item(item, opts)
     except ItemError as e:
+        if e.path and item.where and e.path != item.where:  # a file named by the document
+            return item, None, ItemError(f"{e.reason} ({e.path})", item.where)
         return item, None, e
     fields = {f.partition(".")[0]: f for f in sample if f.partition(".")[0].isdigit()}
     doc = dict(sample["json"])
@@ -357,6 +454,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--texts-column", default="texts", help="obelics: the list of texts (default: texts)")
     p.add_argument("--images-column", default="images", help="obelics: the list of images (default: images)")
     p.add_argument("--key-column", help="obelics: the column used as the key (default: the document's number)")
+    p.add_argument(
+        "--max-images",
+        type=int_at_least(1),
+        default=256,
+        help="a document with more images is a bad sample (default 256; LMDB holds about 1,000 distinct fields)",
+    )
     p.add_argument(
         "--missing-images",
         choices=("error", "drop"),

@@ -30,7 +30,7 @@ RUN_OPTIONS = {
 }
 #: Options that name local files: a dataset records a fingerprint of what they name, never the
 #: path (unless ``--record-source``).
-PATH_OPTIONS = {"tokenizer"}
+PATH_OPTIONS = {"tokenizer", "images"}
 
 
 # -- option values -----------------------------------------------------------------------------

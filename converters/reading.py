@@ -252,6 +252,8 @@ def load_item(item: Item, opts: Options) -> dict[str, Any]:
         try:
             if not data:
                 raise ItemError("empty value", item.where)
+            if len(data) > opts.max_file_bytes:
+                raise ItemError(f"{len(data)} bytes, over --max-file-bytes ({opts.max_file_bytes})", item.where)
             add(fname, data, item.where)
         except ItemError as e:
             origin = item.origin.get(fname)

@@ -265,8 +265,8 @@ def test_packed_documents(converted, tmp_path):
             row = []
             for j, key in enumerate(keys):
                 doc = reader.get(key)
-                for piece in doc.pieces():
-                    if piece.dim() == 1:
+                for kind, piece in doc.pieces():
+                    if kind == "text":
                         row += piece.tolist()
                     else:
                         assert torch.equal(batch["__images__"]["doc"][n], piece)
@@ -276,3 +276,83 @@ def test_packed_documents(converted, tmp_path):
                 seen.append(key)
             assert batch["doc"][r, : len(row)].tolist() == row
     assert sorted(seen) == sorted(f"doc{d:03d}" for d in range(len(docs)))
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_wds_input_faults_are_bad_samples_and_nothing_is_lost(tmp_path):
+    j = lambda value: json.dumps(value).encode()  # noqa: E731
+    shard = _tar(
+        tmp_path / "in.tar",
+        [
+            ("a.json", j({"texts": ["x", None]})),
+            ("b.json", j({"texts": ["only b"], "document": "a field named like the layout"})),
+            ("a.0.jpg", jpeg_bytes(1)),  # a's image, after b: not next to a's json
+            ("c.json", j([1, 2])),  # not an object
+            ("d.json", j({"document": [{"text": "t"}, {"image": "1.jpg"}]})),  # names a missing image
+            ("d.0.jpg", jpeg_bytes(2)),
+            ("dir/e.json", j({"texts": [None, "after"], "url": "u"})),
+            ("dir/e.0.jpg", jpeg_bytes(3)),
+            ("dir/e.txt", b"a caption beside the document"),
+        ],
+    )
+    assert run(shard, tmp_path / "out", "--on-error", "skip") == 0
+    report = (tmp_path / "out.skipped.tsv").read_text()
+    for key, reason in (
+        ("a", "the json's texts have 1 image places"),  # a's json without its image
+        ("a", "not next to each other in the tar"),  # the run of a's members after b
+        ("c", "the json is a list, not an object"),
+        ("d", "names image '1.jpg', which the sample does not have"),
+    ):
+        assert any(line.startswith(key) and reason in line for line in report.splitlines()), (key, reason, report)
+    reader = mmloader.DocumentReader(tmp_path / "out")
+    assert sorted(reader.keys) == ["b", "dir/e"]  # a key with a folder is kept as WebDataset has it
+    assert reader.get("b").meta == {"document": "a field named like the layout"}  # metadata kept, layout intact
+    e = reader.get("dir/e")
+    assert e.texts == ["after"] and e.meta == {"url": "u"}
+    assert mmloader.TextReader(tmp_path / "out").get("dir/e") == "a caption beside the document"
+
+
+def test_malformed_rows_are_bad_samples_named_by_row(tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "ok.jpg").write_bytes(jpeg_bytes(0))
+    (folder / "bad.jpg").write_bytes(b"not an image at all")
+    rows = [
+        {"text_list": ["fine"], "image_info": [{"image_name": "ok.jpg", "matched_text_index": 0}]},
+        {"text_list": ["x"], "image_info": ["ok.jpg"]},
+        {"text_list": ["x"], "image_info": [{"image_name": "ok.jpg", "matched_text_index": True}]},
+        {"text_list": [None, 5]},
+        {"text_list": ["y"], "image_info": [{"image_name": "bad.jpg", "matched_text_index": 0}]},
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert run(path, tmp_path / "out", "--images", folder, "--on-error", "skip") == 0
+    report = (tmp_path / "out.skipped.tsv").read_text().splitlines()[1:]
+    assert [line.split("\t")[1] for line in report] == [f"{path}:{n}" for n in (2, 3, 4, 5)]
+    assert "image_info" in report[0] and "matched_text_index True" in report[1]
+    assert "sentence 0 is a NoneType" in report[2] and "bad image" in report[3] and "bad.jpg" in report[3]
+    table = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"texts": ["a plain string"], "images": [None]}), table)
+    assert run(table, tmp_path / "t", "--on-error", "skip") != 0  # its only row is bad: nothing written
+    assert "must be lists" in (tmp_path / "t.skipped.tsv").read_text()
+
+
+def test_collate_edge_cases_raw_images_and_no_images(tmp_path):
+    path = tmp_path / "d.lmdb"
+    with mmloader.writer_for(path) as w:
+        w.write({"__key__": "a", "json": {"document": [{"text": "t"}, {"image": "0.jpg"}]}, "0.jpg": jpeg_bytes(4)})
+        w.write({"__key__": "b", "json": {"document": [{"text": "only text"}]}})
+    raw = mmloader.DocumentReader(path, images=mmloader.ImageReader(None, output="raw"))
+    batch = mmloader.collate([{"d": raw[0]}, {"d": raw[1]}])
+    assert batch["__counts__"]["d"].tolist() == [1, 0] and batch["d"][0] == ["t", 0]  # encoded bytes stay an image
+    assert torch.equal(batch["__images__"]["d"][0], torch.frombuffer(bytearray(jpeg_bytes(4)), dtype=torch.uint8))
+    empty = mmloader.collate([{"d": raw[1]}])
+    assert isinstance(empty["__images__"]["d"], torch.Tensor) and empty["__images__"]["d"].numel() == 0

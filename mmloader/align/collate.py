@@ -287,8 +287,8 @@ def collate_documents(documents: Sequence[Any]) -> tuple[list[list[Any]], Any, t
             counts.append(0)
             continue
         parts, n = [], 0
-        for value in doc.segments():
-            if isinstance(value, str) or (isinstance(value, torch.Tensor) and value.dim() == 1):
+        for kind, value in doc.parts():
+            if kind == "text":
                 parts.append(value)
             else:
                 parts.append(len(flat))
@@ -297,8 +297,10 @@ def collate_documents(documents: Sequence[Any]) -> tuple[list[list[Any]], Any, t
                 n += 1
         segments.append(parts)
         counts.append(n)
-    same = flat and all(isinstance(v, torch.Tensor) and v.shape == flat[0].shape for v in flat)
-    stacked: Any = (stack_images(flat) if is_image(flat[0]) else torch.stack(flat)) if same else flat
+    same = all(isinstance(v, torch.Tensor) and v.shape == flat[0].shape and v.dtype == flat[0].dtype for v in flat)
+    stacked: Any = torch.zeros(0, dtype=torch.uint8) if not flat else flat
+    if flat and same:
+        stacked = stack_images(flat) if is_image(flat[0]) else torch.stack(flat)
     return segments, stacked, torch.tensor(counts, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
 
 

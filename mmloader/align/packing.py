@@ -140,14 +140,14 @@ def segment(sample: dict[str, Any], layout: TokenLayout, text: str, capacity: in
         if isinstance(value, torch.Tensor):
             image(value)
     value = sample.get(text)
-    pieces = value.pieces() if hasattr(value, "pieces") else [value] if value is not None else []
-    for piece in pieces:
-        if isinstance(piece, torch.Tensor) and piece.dim() == 1 and not piece.dtype.is_floating_point:
-            parts.append(piece)  # (cast once, into the batch)
-            at += len(piece)
-        elif isinstance(piece, torch.Tensor):
+    pieces = value.pieces() if hasattr(value, "pieces") else [("text", value)] if value is not None else []
+    for kind, piece in pieces:
+        if kind == "image":
             image(piece)
             document_images.append(piece)
+        elif isinstance(piece, torch.Tensor) and piece.dim() == 1 and not piece.dtype.is_floating_point:
+            parts.append(piece)  # (cast once, into the batch)
+            at += len(piece)
         else:
             raise SampleError(f"sample {key!r}: {text!r} holds {type(piece).__name__}, not token ids (1-D integers)")
     ids = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.int64)
@@ -264,8 +264,11 @@ def pack_batch(
 
 
 def _stack(values: list[torch.Tensor]) -> Any:
-    """Images of one shape as one tensor (channels_last for decoded images), else a list."""
-    if values and all(v.shape == values[0].shape and v.dtype == values[0].dtype for v in values):
+    """Images of one shape as one tensor (channels_last for decoded images), none as an empty
+    uint8 tensor, else a list."""
+    if not values:
+        return torch.zeros(0, dtype=torch.uint8)
+    if all(isinstance(v, torch.Tensor) and v.shape == values[0].shape and v.dtype == values[0].dtype for v in values):
         return stack_images(values) if is_image(values[0]) else torch.stack(values)
     return values
 

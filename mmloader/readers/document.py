@@ -2,9 +2,9 @@
 
 A document is stored as one sample (what ``mmloader convert documents`` writes, and what
 WebDataset reads as it is): a ``json`` field whose ``"document"`` list says the order,
-``[{"text": "..."}, {"image": "0.jpg"}, {"text": "..."}, ...]``, and one field per image
-(``0.jpg``, ``1.png``, ...: the image's number and its format); the json's other keys are
-the document's metadata. :class:`DocumentReader` returns a :class:`Document` that reads and
+``[{"text": "..."}, {"image": "0.jpg"}, {"text": "..."}, ...]`` and whose ``"meta"`` holds the
+source's other fields, and one field per image (``0.jpg``, ``1.png``, ...: the image's number
+and its format). :class:`DocumentReader` returns a :class:`Document` that reads and
 decodes an image only when it is asked for; a batch loads its documents' images while it is
 built (so a corrupt image is reported with the document's key and the image's place, under
 the stream's ``on_error``) and collates them as one flat image batch plus per-document counts.
@@ -68,29 +68,33 @@ class Document:
             self.image(i)
         return self
 
-    def segments(self) -> list[Any]:
-        """Texts (``str``, or int32 token ids with a tokenizer) and decoded images, in order."""
-        out: list[Any] = []
+    def parts(self) -> list[tuple[str, Any]]:
+        """``("text", str or int32 token ids)`` and ``("image", decoded image)``, in order."""
+        out: list[tuple[str, Any]] = []
         n = 0
         ids = self.reader.encode(self.texts) if self.reader.tokenizer is not None else None
         t = 0
         for entry in self.layout:
             if "image" in entry:
-                out.append(self.image(n))
+                out.append(("image", self.image(n)))
                 n += 1
             else:
-                out.append(ids[t] if ids is not None else entry["text"])
+                out.append(("text", ids[t] if ids is not None else entry["text"]))
                 t += 1
         return out
 
-    def pieces(self) -> list[Any]:
-        """What a packed row holds of this document: token ids and images, in order (needs the
-        reader's ``tokenizer``)."""
+    def segments(self) -> list[Any]:
+        """Texts (``str``, or int32 token ids with a tokenizer) and decoded images, in order."""
+        return [value for _kind, value in self.parts()]
+
+    def pieces(self) -> list[tuple[str, Any]]:
+        """What a packed row holds of this document: :meth:`parts`, texts as token ids (needs
+        the reader's ``tokenizer``)."""
         if self.reader.tokenizer is None:
             raise SampleError(
                 "packing a document needs its texts as token ids: DocumentReader(tokenizer=...)", key=self.key
             )
-        return self.segments()
+        return self.parts()
 
     def __reduce__(self):
         # The decoded images travel with it (a batch was built with them); the reader travels
@@ -232,4 +236,5 @@ def parse_layout(data: bytes, key: str) -> tuple[list, dict]:
         raise DecodeError(
             f"document {key!r}: the json has no 'document' list of {{'text': str}} / {{'image': field}} entries"
         )
-    return layout, {k: v for k, v in value.items() if k != "document"}
+    meta = value.get("meta") if isinstance(value.get("meta"), dict) and set(value) == {"document", "meta"} else None
+    return layout, meta if meta is not None else {k: v for k, v in value.items() if k != "document"}
