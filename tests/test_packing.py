@@ -267,7 +267,7 @@ def test_packing_errors_name_what_is_wrong(token_ds, tmp_path):
         mmloader.tokens("ids", images="image", per_image=4)
     # lengths that understate what the reader delivers never pass silently
     lying = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=lambda i: 1))
-    with pytest.raises(mmloader.SampleError, match="more than planned"):
+    with pytest.raises(mmloader.SampleError, match=r"sample .k\d+. has \d+ tokens, more than the 1 planned"):
         list(mmloader.loader(lying, num_workers=0))
 
 
@@ -390,3 +390,154 @@ def test_packing_a_plain_map_style_dataset_with_given_lengths():
     assert sorted(keys) == sorted(f"p{i}" for i in range(30))
     with pytest.raises(ValueError, match=r"length_by: 3 token counts for 30 samples"):
         len(mmloader.Stream(Tokens(), batch_size=2, pack_tokens=16, length_by=mmloader.tokens("ids", length=[1, 2, 3])))
+
+
+def test_review_cases_images_mixes_and_layout(tmp_path):
+    path = tmp_path / "pairs"
+    _token_store(path, 12, images=True)
+    other = tmp_path / "other.lmdb"
+    with mmloader.writer_for(other) as w:  # a source without labels, and one without token ids
+        for i in range(6):
+            w.write({"__key__": f"o{i}", "ids.npy": _npy([7] * (i + 1)), "jpg": jpeg_bytes(50 + i, size=(24, 16))})
+    layout = mmloader.tokens("ids", images="image", per_image=4, image_token_id=999)
+    # PIL images are images too: placeholders and the image itself
+    pil = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path, output="pil"))
+    batch = next(
+        iter(mmloader.loader(mmloader.Stream(pil, batch_size=2, pack_tokens=64, length_by=layout), num_workers=0))
+    )
+    n = sum(map(len, batch["__key__"]))
+    assert len(batch["image"]) == n and int(batch["ids"].eq(999).sum()) == 4 * n
+    # a mix: a field one source lacks is None in its rows, never a placeholder object
+    a = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path))
+    b = mmloader.zip(ids=mmloader.ArrayReader(other, "ids.npy"))
+    mixed = mmloader.mix([a, b], names=["a", "b"], weights=[0.5, 0.5])
+    for batch in mmloader.loader(mmloader.Stream(mixed, batch_size=2, pack_tokens=64, length_by="ids"), num_workers=0):
+        for labels, sources in zip(batch["cls"], batch["__source__"]):
+            assert [label is None for label in labels] == [s == "b" for s in sources]
+    # an image-only source in a mix: its rows hold its images' placeholders
+    images_only = mmloader.zip(image=mmloader.ImageReader(other))
+    pairs = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path))
+    both = mmloader.mix([pairs, images_only], names=["pairs", "images"], weights=[0.5, 0.5])
+    stream = mmloader.Stream(both, batch_size=3, pack_tokens=64, length_by=layout)
+    seen = [s for batch in mmloader.loader(stream, num_workers=0) for row in batch["__source__"] for s in row]
+    assert "images" in seen and "pairs" in seen
+    # seq_lens stay aligned with the keys when a sample is empty
+    empty = tmp_path / "empty.lmdb"
+    with mmloader.writer_for(empty) as w:
+        for i, n_ids in enumerate([0, 4, 3]):
+            w.write({"__key__": f"e{i}", "ids.npy": _npy(list(range(1, n_ids + 1)))})
+    e = mmloader.zip(ids=mmloader.ArrayReader(empty, "ids.npy"))
+    batch = next(
+        iter(
+            mmloader.loader(
+                mmloader.Stream(e, batch_size=1, pack_tokens=16, length_by="ids", shuffle=False), num_workers=0
+            )
+        )
+    )
+    lens = {k: n for k, n in zip(batch["__key__"][0], batch["seq_lens"][0].tolist())}
+    assert lens == {"e0": 0, "e1": 4, "e2": 3}
+    assert batch["cu_seqlens"].tolist() == [0, 4, 7, 16]
+
+
+def test_review_cases_lengths_and_plans(token_ds, tmp_path):
+    path, ids = token_ds
+    ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
+    counts = [len(x) for x in ids]
+    # a state of rows made from other lengths is refused as another plan, even with as many rows
+    state = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=counts)).progress(
+        1
+    )
+    more = [c + (1 if i == 0 else 0) for i, c in enumerate(counts)]
+    other = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=more))
+    with pytest.raises(mmloader.PlanChangedError, match="pack"):
+        other.resume(state)
+    # shuffle=False: the same rows in the same order every epoch
+    fixed = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="ids", shuffle=False)
+    fixed.set_epoch(0)
+    e0 = [b["__key__"] for b in fixed.iter_worker(0, 1)]
+    fixed.set_epoch(3)
+    assert [b["__key__"] for b in fixed.iter_worker(0, 1)] == e0
+    # zip-level transforms may change the ids: their counts are not guessed
+    changed = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), transforms={"ids": lambda t: t[:-1]})
+    with pytest.raises(TypeError, match="transforms"):
+        len(mmloader.Stream(changed, batch_size=2, pack_tokens=64, length_by="ids"))
+    # bad length_by values say so
+    with pytest.raises(ValueError, match="whole"):
+        len(
+            mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=[0.5] * len(ids)))
+        )
+    with pytest.raises(ValueError, match="ImageReader"):
+        mmloader.Stream(
+            mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path)),
+            batch_size=2,
+            pack_tokens=64,
+            length_by=mmloader.tokens("ids", images="cls", per_image=2, image_token_id=5),
+        )
+
+
+def test_review_cases_stored_token_counts(tmp_path):
+    import gzip
+
+    from tokenizers import Tokenizer
+
+    # mixed dtypes: counts cannot come from sizes
+    mixed = tmp_path / "mixed.lmdb"
+    with mmloader.writer_for(mixed) as w:
+        for i in range(20):
+            arr = np.arange(1, 5 + i, dtype=np.int32 if i % 2 else np.int64)
+            out = io.BytesIO()
+            np.save(out, arr)
+            w.write({"__key__": f"m{i:02d}", "ids.npy": out.getvalue()})
+    with pytest.raises(TypeError, match="more than one dtype"):
+        mmloader.zip(ids=mmloader.ArrayReader(mixed, "ids.npy")).token_counts(list(range(20)), "ids")
+    # a corrupt value counts 0 when planning and is skipped, by key, when read
+    bad = tmp_path / "bad.lmdb"
+    with mmloader.writer_for(bad) as w:
+        for i in range(6):
+            w.write({"__key__": f"b{i}", "ids.npy": _npy([1, 2, 3]) if i != 3 else b"xx"})
+    bad_ds = mmloader.zip(ids=mmloader.ArrayReader(bad, "ids.npy"))
+    stream = mmloader.Stream(bad_ds, batch_size=2, pack_tokens=8, length_by="ids", on_error="skip")
+    keys = [k for b in mmloader.loader(stream, num_workers=0) for row in b["__key__"] for k in row]
+    assert sorted(keys) == ["b0", "b1", "b2", "b4", "b5"] and stream.skipped == 1
+    # gzipped text is tokenized as text
+    tokenizer = tmp_path / "tok.json"
+    from conftest import train_tokenizer
+
+    lines = [f"line number {i} of the corpus" for i in range(30)]
+    train_tokenizer(lines * 3, tokenizer)
+    gz = tmp_path / "gz.lmdb"
+    with mmloader.writer_for(gz) as w:
+        for i, line in enumerate(lines):
+            w.write({"__key__": f"g{i:02d}", "txt.gz": gzip.compress(line.encode())})
+    reader = mmloader.TextReader(gz, "txt.gz", tokenizer=tokenizer)
+    want = [len(e.ids) for e in Tokenizer.from_file(str(tokenizer)).encode_batch(lines)]
+    assert reader.token_counts(list(range(30))).tolist() == want
+
+
+def test_review_cases_truncation(tmp_path):
+    path = tmp_path / "pairs"
+    _token_store(path, 6, images=True)
+    pairs = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path))
+    layout = mmloader.tokens("ids", images="image", per_image=40, image_token_id=999, overlong="truncate")
+    with pytest.raises(ValueError, match="images take 40 tokens, over pack_tokens=32"):
+        len(mmloader.Stream(pairs, batch_size=2, pack_tokens=32, length_by=layout))
+    docs = tmp_path / "docs.lmdb"
+    with mmloader.writer_for(docs) as w:  # a long text, then an image that no longer fits
+        w.write(
+            {"__key__": "d", "json": {"document": [{"text": "x " * 60}, {"image": "0.jpg"}]}, "0.jpg": jpeg_bytes(9)}
+        )
+    from conftest import train_tokenizer
+
+    train_tokenizer(["x " * 60] * 10, tmp_path / "tok.json")
+    reader = mmloader.DocumentReader(docs, tokenizer=tmp_path / "tok.json")
+    doc_layout = mmloader.tokens("doc", per_image=8, image_token_id=299, overlong="truncate")
+    batch = next(
+        iter(
+            mmloader.loader(
+                mmloader.Stream(mmloader.zip(doc=reader), batch_size=1, pack_tokens=16, length_by=doc_layout),
+                num_workers=0,
+            )
+        )
+    )
+    assert batch["__mask__"]["doc"].all() and not batch["doc"].eq(299).any()  # text cut; the image left out
+    assert len(batch["__images__"]["doc"]) == 0

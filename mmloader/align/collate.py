@@ -36,6 +36,7 @@ from ..readers.columns import Packed, Ragged, Stacked, per_sample
 from ..readers.document import Document
 
 _MISSING = object()
+MISSING = _MISSING  # what a column holds for a sample that lacks the field (mixed sources)
 
 
 def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,11 +12,13 @@ texts and images in document order. A packed batch holds, for ``B`` rows of ``L`
 * ``batch["cu_seqlens"]``: int32 boundaries of every segment (padding included) in the
   flattened ``B * L`` tokens, and ``batch["max_seqlen"]`` (int), as FlashAttention's varlen
   kernels take them;
-* ``batch["seq_lens"]``: ``(B, S)`` int32 segment lengths per row (0 after the last);
+* ``batch["seq_lens"]``: ``(B, S)`` int32, the tokens of each sample of each row, aligned with
+  ``batch["__key__"]`` (0 for an empty sample and after the row's last);
 * image modalities: every image of the batch in row order, ``(N, C, H, W)`` when they share
   a shape (else a list), with ``batch["__row__"][name]`` and ``batch["__sample__"][name]``
   (``(N,)`` int64) the row of each image and its sample's place in that row;
-* ``batch["__key__"]`` and every other field: a list of ``B`` lists, in row order.
+* ``batch["__key__"]`` and every other field: a list of ``B`` lists, in row order (None where a
+  sample of a mix lacks the field).
 """
 
 from __future__ import annotations
@@ -122,43 +124,57 @@ def tokens(
 
 def segment(sample: dict[str, Any], layout: TokenLayout, text: str, capacity: int) -> tuple[torch.Tensor, list]:
     """One sample as ``(token ids, the images of its document in order)``: the images of
-    ``layout.images`` first, then the text (a document's texts and images in its order)."""
+    ``layout.images`` first, then the text (a document's texts and images in its order).
+
+    Over ``capacity``: an error naming the sample, or with ``overlong="truncate"`` the first
+    ``capacity`` tokens, an image whose placeholders would be cut left out with what follows it
+    (a document's images are never cut in two; a sample's own images must fit)."""
     key = sample.get("__key__")
     parts: list[torch.Tensor] = []
-    document_images: list[torch.Tensor] = []
-    image_end = 0  # where the last image's placeholders end: a cut must not fall before it
+    document_images: list[Any] = []
     at = 0
+    cut = layout.overlong == "truncate"
+    full = False  # truncating: the budget is reached, the rest is left out
 
-    def image(value: torch.Tensor) -> None:
-        nonlocal at, image_end
+    def image(value: Any, own: bool) -> None:
+        nonlocal at, full
+        if at + layout.per_image > capacity and cut:
+            if own:
+                raise SampleError(
+                    f"sample {key!r}: its images take {layout.per_image * len(layout.images)} tokens or more, "
+                    f"over the row's budget of {capacity}; raise pack_tokens"
+                )
+            full = True
+            return
         parts.append(torch.full((layout.per_image,), int(layout.image_token_id or 0), dtype=torch.int64))
         at += layout.per_image
-        image_end = at
+        if not own:
+            document_images.append(value)
 
     for name in layout.images:
         value = sample.get(name)
-        if isinstance(value, torch.Tensor):
-            image(value)
-    value = sample.get(text)
-    pieces = value.pieces() if hasattr(value, "pieces") else [("text", value)] if value is not None else []
+        if value is not None:  # a tensor, a PIL image, encoded bytes: the reader's output
+            image(value, own=True)
+    held: Any = sample.get(text)
+    pieces = held.pieces() if hasattr(held, "pieces") else [("text", held)] if held is not None else []
     for kind, piece in pieces:
+        if full:
+            break
         if kind == "image":
-            image(piece)
-            document_images.append(piece)
+            image(piece, own=False)
         elif isinstance(piece, torch.Tensor) and piece.dim() == 1 and not piece.dtype.is_floating_point:
+            if cut and at + len(piece) > capacity:
+                piece, full = piece[: capacity - at], True
             parts.append(piece)  # (cast once, into the batch)
             at += len(piece)
         else:
             raise SampleError(f"sample {key!r}: {text!r} holds {type(piece).__name__}, not token ids (1-D integers)")
     ids = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.int64)
     if len(ids) > capacity:
-        if layout.overlong != "truncate" or image_end > capacity:
-            what = "its images alone" if image_end > capacity else "it"
-            raise SampleError(
-                f"sample {key!r} has {len(ids)} tokens, over the row's budget of {capacity} ({what}); "
-                + ("raise pack_tokens" if image_end > capacity else "raise pack_tokens or use overlong='truncate'")
-            )
-        ids = ids[:capacity]
+        raise SampleError(
+            f"sample {key!r} has {len(ids)} tokens, over the row's budget of {capacity}; "
+            "raise pack_tokens or use overlong='truncate'"
+        )
     return ids, document_images
 
 
@@ -168,6 +184,7 @@ def pack_batch(
     layout: TokenLayout,
     text: str,
     capacity: int,
+    planned: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The packed batch of rows ``samples[offsets[r]:offsets[r+1]]`` (None: a sample left out).
 
@@ -177,6 +194,8 @@ def pack_batch(
         layout: how samples become segments.
         text: the token modality.
         capacity: tokens per row (``L``).
+        planned: the tokens the plan counted for each sample: a sample with more is an error
+            naming it (the plan's lengths were wrong), whether or not its row has room.
     """
     rows = len(offsets) - 1
     segments: list[torch.Tensor] = []
@@ -184,29 +203,33 @@ def pack_batch(
     row_of: list[int] = []
     images: dict[str, list[torch.Tensor]] = {}
     owners: dict[str, list[tuple[int, int]]] = {}
-    listed: dict[str, list[list[Any]]] = {}
     image_names = set(layout.images)
     keys: list[Any] = []
+    fields = list(dict.fromkeys(n for s in samples if s is not None for n in s if n != text and n not in image_names))
+    listed: dict[str, list[list[Any]]] = {name: [[] for _ in range(rows)] for name in fields}
     for r in range(rows):
-        members = [s for s in samples[offsets[r] : offsets[r + 1]] if s is not None]
-        for j, sample in enumerate(members):
+        first = offsets[r]
+        members = [(first + j, s) for j, s in enumerate(samples[offsets[r] : offsets[r + 1]]) if s is not None]
+        for j, (at_plan, sample) in enumerate(members):
             seg, doc_images = segment(sample, layout, text, capacity)
+            if planned is not None and len(seg) > planned[at_plan]:
+                raise SampleError(
+                    f"sample {sample.get('__key__')!r} has {len(seg)} tokens, more than the {planned[at_plan]} "
+                    "planned: give length_by the tokens the reader delivers"
+                )
             segments.append(seg)
             lengths.append(len(seg))
             row_of.append(r)
             keys.append(sample.get("__key__"))
             for name in layout.images:
-                got = [sample[name]] if isinstance(sample.get(name), torch.Tensor) else []
+                got = [sample[name]] if sample.get(name) is not None else []
                 images.setdefault(name, []).extend(got)
                 owners.setdefault(name, []).extend([(r, j)] * len(got))
             if hasattr(sample.get(text), "pieces"):  # a document: its images, even none
                 images.setdefault(text, []).extend(doc_images)
                 owners.setdefault(text, []).extend([(r, j)] * len(doc_images))
-            for name, value in sample.items():
-                if name != text and name not in image_names:
-                    if name not in listed:
-                        listed[name] = [[] for _ in range(rows)]
-                    listed[name][r].append(value)
+            for name in fields:  # one value per sample, None where a sample lacks the field
+                listed[name][r].append(sample.get(name))
     # Where each segment goes, for the whole batch at once: its row's start plus what the
     # segments before it in that row hold.
     n = np.asarray(lengths, dtype=np.int64)
@@ -238,7 +261,7 @@ def pack_batch(
     marks[starts] = starts
     positions = np.arange(rows * capacity, dtype=np.int64) - np.maximum.accumulate(marks)
     bounds = np.concatenate([starts, [rows * capacity]]).astype(np.int32)
-    per_row = [n[real & (row == r)] for r in range(rows)]
+    per_row = [n[row == r] for r in range(rows)]  # aligned with the row's keys (0: an empty sample)
     seq_lens = torch.zeros((rows, max(max((len(x) for x in per_row), default=0), 1)), dtype=torch.int32)
     for r, lens in enumerate(per_row):
         seq_lens[r, : len(lens)] = torch.from_numpy(lens.astype(np.int32))
@@ -273,9 +296,19 @@ def _stack(values: list[torch.Tensor]) -> Any:
     return values
 
 
-def measured(values: np.ndarray, what: str) -> np.ndarray:
-    """``values`` as int64 token counts; a negative count is an error naming ``what``."""
-    out = np.asarray(values, dtype=np.int64)
+def measured(values: Any, what: str) -> np.ndarray:
+    """``values`` as int64 token counts: whole numbers >= 0, else an error naming ``what``."""
+    try:
+        raw = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: token counts must be whole numbers ({e})") from None
+    if raw.ndim != 1 or (raw.size and raw.dtype.kind not in "iuf"):
+        raise ValueError(
+            f"{what}: expected one whole token count per sample, got {raw.dtype} values of shape {raw.shape}"
+        )
+    if raw.dtype.kind == "f" and raw.size and not np.all(np.isfinite(raw) & (raw == np.floor(raw))):
+        raise ValueError(f"{what}: token counts must be whole numbers, got {raw[~(raw == np.floor(raw))][:3].tolist()}")
+    out = raw.astype(np.int64)
     if len(out) and int(out.min()) < 0:
         raise ValueError(f"{what}: a negative token count ({int(out.min())})")
     return out

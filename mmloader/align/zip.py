@@ -286,6 +286,11 @@ class Zipped(torch.utils.data.Dataset):
             indices: samples of this dataset.
             modality: a reader of token ids (or of documents).
         """
+        if modality in self.transforms:
+            raise TypeError(
+                f"zip(transforms={{{modality!r}: ...}}) may change the tokens: give "
+                "Stream(length_by=mmloader.tokens(..., length=index -> tokens)) what it delivers"
+            )
         reader = self.readers[modality]
         return np.asarray(reader.token_counts(self._rows_in(reader, indices).tolist()), dtype=np.int64)
 
@@ -297,7 +302,7 @@ class Zipped(torch.utils.data.Dataset):
             indices: samples of this dataset.
             modality: a reader of documents.
         """
-        reader = self.readers[modality]
+        reader: Any = self.readers[modality]
         return np.asarray(reader.image_counts(self._rows_in(reader, indices).tolist()), dtype=np.int64)
 
     def stored_values(self, indices: Sequence[int], modality: str) -> list:

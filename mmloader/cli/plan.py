@@ -70,11 +70,11 @@ def describe_plan(
     if mix is not None and mix.schedule is not None:
         lines += _schedule_lines(mix, bs, epochs)
     if packed:
-        lines += _packing_lines(rows, bs)
+        lines += _packing_lines(rows, int(bs or 1))
     unit = "rows" if packed else "samples"
     lines.append(
         f"world {world} x {workers} workers: {g['samples_per_rank']} {unit} per rank"
-        + (f" = {g['batches_per_rank']} batches of {bs}" if bs else "")
+        + (f" = {g['batches_per_rank']} batches of {bs}{' rows' if packed else ''}" if bs else "")
         + f"; padding {g['padding']} {unit}; every rank equal"
     )
     if preview:

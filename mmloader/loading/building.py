@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch.utils.data
 
-from ..align.collate import Collate, collate, merge_columns, packing_also, sample_columns
+from ..align.collate import MISSING, Collate, collate, merge_columns, packing_also, sample_columns
 from ..errors import MMLoaderError, SampleError
 from ..readers.columns import per_sample
 from ..readers.document import Document
@@ -100,7 +100,9 @@ class BatchBuilder:
                 pass  # sample by sample below: the culprit is reported by key
             else:
                 values = {name: per_sample(column) for name, column in columns.items()}
-                return [{name: v[j] for name, v in values.items()} for j in range(len(indices))]
+                return [  # a field a sample's source lacks is left out of that sample
+                    {name: v[j] for name, v in values.items() if v[j] is not MISSING} for j in range(len(indices))
+                ]
         out: list[dict[str, Any] | None] = []
         for s, i in zip(sources.tolist(), indices.tolist()):
             try:

@@ -10,6 +10,7 @@ source and kept for the stream's life (they do not change between epochs).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Any, Callable, Sequence
@@ -51,12 +52,15 @@ class Packer:
         mixed: whether the sources are a mix (a ``length`` callable then takes ``(source, index)``).
     """
 
-    def __init__(self, datasets: Sequence[Any], capacity: int, length_by: Any, window: int, mixed: bool):
+    def __init__(
+        self, datasets: Sequence[Any], capacity: int, length_by: Any, window: int, mixed: bool, shuffle: bool = True
+    ):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise ValueError(f"pack_tokens={capacity!r}: expected a token budget >= 1")
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
             raise ValueError(f"pack_window={window!r}: expected >= 1")
         self.datasets, self.capacity, self.window, self.mixed = list(datasets), int(capacity), int(window), mixed
+        self.shuffle = bool(shuffle)
         self.layout = token_layout(length_by)
         self.text = self.layout.text or self._only_token_modality()
         names = {n for ds in self.datasets for n in getattr(ds, "readers", {})}
@@ -65,6 +69,9 @@ class Packer:
         for name in self.layout.images:
             if names and name not in names:
                 raise ValueError(f"length_by: image modality {name!r} is not one of the dataset's ({sorted(names)})")
+            kinds = {type(ds.readers[name]).__name__ for ds in self.datasets if name in getattr(ds, "readers", {})}
+            if kinds - {"ImageReader"}:
+                raise ValueError(f"length_by: {name!r} is read by {', '.join(sorted(kinds))}, not an ImageReader")
         clash = sorted(names & set(PACKED_NAMES))
         if clash:
             raise ValueError(f"packed batches add {', '.join(PACKED_NAMES)}; rename the modality {clash[0]!r}")
@@ -74,6 +81,7 @@ class Packer:
                 "length_by: an array of token counts is for one dataset; for a mix give (source, index) -> tokens"
             )
         self._tokens: dict[int, np.ndarray] = {}  # per source: tokens of each index (epoch-independent)
+        self._image_tokens: dict[int, np.ndarray] = {}  # per source: what its own images take
         self._plans: dict[int, PackedOrder] = {}
 
     def __getstate__(self) -> dict:
@@ -100,8 +108,26 @@ class Packer:
         return found[0]
 
     def identity(self) -> dict:
-        """What of packing changes the plan (part of the stream's plan identity)."""
-        return {"tokens": self.capacity, "window": self.window, "layout": self.layout.identity(), "text": self.text}
+        """What of packing changes the plan (part of the stream's plan identity): the budget, the
+        layout and a digest of every sample's token count (another tokenizer, other special
+        tokens or other given lengths make other rows, so a resume across them is refused)."""
+        digest = hashlib.sha256()
+        for s in range(len(self.datasets)):
+            digest.update(np.ascontiguousarray(self.source_tokens(s), dtype=np.int64).tobytes())
+        return {
+            "tokens": self.capacity,
+            "window": self.window,
+            "layout": self.layout.identity(),
+            "text": self.text,
+            "shuffle": self.shuffle,
+            "lengths": digest.hexdigest()[:16],
+        }
+
+    def prepare(self) -> None:
+        """Measure every source's token counts now (in the training process, before workers
+        start: they inherit them instead of measuring again)."""
+        for s in range(len(self.datasets)):
+            self.source_tokens(s)
 
     def plan(self, base: Any, seed: int, epoch: int) -> PackedOrder:
         """The rows of ``epoch`` over the sample plan ``base`` (the last two epochs are kept)."""
@@ -109,7 +135,9 @@ class Packer:
         if hit is None:
             started = time.perf_counter()
             try:
-                hit = PackedOrder(base, self.lengths, self.capacity, seed=seed, epoch=epoch, window=self.window)
+                hit = PackedOrder(
+                    base, self.lengths, self.capacity, seed=seed, epoch=epoch, window=self.window, shuffle=self.shuffle
+                )
             except OverBudgetError as e:
                 raise self._overlong(base, e) from None
             log.debug(
@@ -144,6 +172,17 @@ class Packer:
             sel = sources == s
             out[sel] = self.source_tokens(int(s))[indices[sel]]
         if self.layout.overlong == "truncate":
+            for s in np.unique(sources).tolist():  # a sample's own images are never cut: they must fit
+                sel = np.flatnonzero(sources == s)
+                over = sel[self._image_tokens[int(s)][indices[sel]] > self.capacity]
+                if len(over):
+                    ds, i = self.datasets[int(s)], int(indices[over[0]])
+                    key = ds.key(i) if hasattr(ds, "key") else i
+                    raise ValueError(
+                        f"sample {key!r}: its images take {int(self._image_tokens[int(s)][i])} tokens, over "
+                        f"pack_tokens={self.capacity} ({len(over)} samples' are); overlong='truncate' cuts text, "
+                        "never images: raise pack_tokens"
+                    )
             np.minimum(out, self.capacity, out=out)
         return out
 
@@ -160,9 +199,9 @@ class Packer:
         length = self.layout.length
         if callable(length):
             call: Callable[[int], int] = (lambda i: length(s, i)) if self.mixed else length  # type: ignore[misc,assignment]
-            total = measured(np.fromiter((call(i) for i in range(n)), dtype=np.int64, count=n), "length_by")
+            total = measured([call(i) for i in range(n)], "length_by")
         elif length is not None:
-            total = measured(np.asarray(length), "length_by")
+            total = measured(length, "length_by")
             if len(total) != n:
                 raise ValueError(f"length_by: {len(total)} token counts for {n} samples")
             total = total.copy()
@@ -171,12 +210,15 @@ class Packer:
         else:
             total = np.zeros(n, dtype=np.int64)  # a source without the modality: images only
         per = self.layout.per_image
+        own = np.zeros(n, dtype=np.int64)  # the sample's own images (an image modality)
         if per:
             for name in self.layout.images:
                 if name in readers:
-                    total += per * (np.asarray(ds.lengths(idx, name)) > 0)
+                    own += per * (np.asarray(ds.lengths(idx, name)) > 0)
+            total += own
             if self.text in readers and hasattr(readers[self.text], "image_counts"):
                 total += per * ds.image_counts(idx, self.text)
+        self._image_tokens[s] = own
         total = total.astype(np.int32 if n and int(total.max()) < 2**31 else np.int64)
         self._tokens[s] = total
         log.info("packing: measured the tokens of %d samples in %.2f s", n, time.perf_counter() - started)
@@ -184,9 +226,10 @@ class Packer:
 
     def build(self, builder: Any, plan: PackedOrder, rows: np.ndarray) -> dict[str, Any]:
         """The packed batch of plan rows ``rows``."""
-        sources, indices, _members, offsets = plan.samples(rows)
+        sources, indices, members, offsets = plan.samples(rows)
         samples = builder.samples(sources, indices)
-        return pack_batch(samples, offsets.tolist(), self.layout, self.text, self.capacity)
+        planned = plan.lengths[members].tolist()
+        return pack_batch(samples, offsets.tolist(), self.layout, self.text, self.capacity, planned)
 
 
 __all__ = ["PACK_WINDOW", "Packer", "token_layout"]

@@ -169,6 +169,7 @@ class Resumable:
         self.stream._where()  # fix rank/world in this process, before any worker starts
         self._apply_pending()  # (a pass left without being closed: a reference to it kept)
         self._begin_pass()
+        getattr(self.stream, "prepare", lambda: None)()  # what workers would each compute, once, here
         token = self._active = object()
         try:
             yield from self._counted(self.stream.deliver(self._batches()), token)

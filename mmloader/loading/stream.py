@@ -282,6 +282,13 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             lengths=self._lengths if self.bucket_by is not None else None,
         )
 
+    def prepare(self) -> None:
+        """Work a pass's workers would each repeat, done once in the training process before they
+        start (they inherit it): packing's token counts and the epoch's rows."""
+        if self.packer is not None:
+            self.packer.prepare()
+            self.plan()
+
     def _packer(self, pack_tokens, length_by, pack_window, collate_fn, on_change) -> Packer | None:
         """Packing's part of the stream, checked against the options it cannot combine with."""
         if pack_tokens is None:
@@ -298,7 +305,9 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         for bad, what in why:
             if bad:
                 raise ValueError(f"pack_tokens {what}")
-        return Packer(self.datasets, pack_tokens, length_by, pack_window, mixed=self.mix is not None)
+        return Packer(
+            self.datasets, pack_tokens, length_by, pack_window, mixed=self.mix is not None, shuffle=self.shuffle
+        )
 
     def _lengths(self, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
         if callable(self.bucket_by):
@@ -336,8 +345,8 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         if per_rank == 0 and len(visit) and not self._warned_empty and torch.utils.data.get_worker_info() is None:
             self._warned_empty = True  # once per stream, in the training process
             warnings.warn(
-                f"Stream(drop_last=True): {len(visit)} samples cannot fill one batch of "
-                f"{self.batch_size} on each of {world} ranks, so this pass delivers nothing; "
+                f"Stream(drop_last=True): {len(visit)} {'rows' if self.packer is not None else 'samples'} cannot "
+                f"fill one batch of {self.batch_size} on each of {world} ranks, so this pass delivers nothing; "
                 "use drop_last=False (pads by repeating samples) or a smaller batch_size",
                 stacklevel=3,
             )

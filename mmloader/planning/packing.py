@@ -114,7 +114,13 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
 
 
 def pack_rows(
-    lengths: np.ndarray, capacity: int, *, seed: int = 0, epoch: int = 0, window: int = PACK_WINDOW
+    lengths: np.ndarray,
+    capacity: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = PACK_WINDOW,
+    shuffle: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows of whole samples, each holding at most ``capacity`` tokens.
 
@@ -124,6 +130,8 @@ def pack_rows(
         seed: the stream's seed.
         epoch: the epoch (rows are shuffled within each window from seed, epoch, window).
         window: plan positions packed together.
+        shuffle: shuffle the rows of each window; False keeps them in the order of their first
+            sample (the same rows in the same order every epoch).
 
     Returns:
         ``(members, offsets)``: row ``r`` holds plan positions ``members[offsets[r]:offsets[r+1]]``,
@@ -145,7 +153,12 @@ def pack_rows(
     for w, a in enumerate(range(0, len(lengths), window)):
         part = lengths[a : a + window]
         row_of, rows = best_fit_rows(part, capacity)
-        shuffled = epoch_rng(seed, epoch, 0x7061636B, w).permutation(rows)[row_of]  # a row's new place
+        if shuffle:
+            shuffled = epoch_rng(seed, epoch, 0x7061636B, w).permutation(rows)[row_of]  # a row's new place
+        else:  # in the order of each row's first sample
+            first = np.full(rows, len(part), dtype=np.int64)
+            np.minimum.at(first, row_of, np.arange(len(part)))
+            shuffled = np.argsort(np.argsort(first, kind="stable"), kind="stable")[row_of]
         by_row = np.argsort(shuffled, kind="stable")  # stable: a row's samples stay in plan order
         members.append(by_row + a)
         row_sizes.append(np.bincount(shuffled, minlength=rows))
@@ -165,6 +178,7 @@ class PackedOrder:
         seed: the stream's seed.
         epoch: the epoch.
         window: plan positions packed together.
+        shuffle: shuffle the rows (see :func:`pack_rows`).
 
     >>> from mmloader.planning.mixing import SingleOrder
     >>> rows = PackedOrder(SingleOrder(10, seed=0), lambda s, i: i % 4 + 1, capacity=6)
@@ -182,6 +196,7 @@ class PackedOrder:
         seed: int = 0,
         epoch: int = 0,
         window: int = PACK_WINDOW,
+        shuffle: bool = True,
     ):
         if plan.unit != 1:
             raise ValueError("packing needs a plan of single samples (not batch_composition='source')")
@@ -189,7 +204,9 @@ class PackedOrder:
         positions = np.arange(len(plan), dtype=np.int64)
         self.sources, self.indices = plan.lookup(positions)
         self.lengths = np.asarray(lengths(self.sources, self.indices), dtype=np.int64)
-        self.members, self.offsets = pack_rows(self.lengths, self.capacity, seed=seed, epoch=epoch, window=window)
+        self.members, self.offsets = pack_rows(
+            self.lengths, self.capacity, seed=seed, epoch=epoch, window=window, shuffle=shuffle
+        )
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base import Reader, accepts_views
+from .base import Reader, _gunzip, accepts_views
 from .columns import Ragged, offsets_of
 from .npy import npy_array, owned
 from .tokens import encode_batch, load_tokenizer, token_ids
@@ -78,11 +78,25 @@ class TextReader(Reader):
         out = np.zeros(len(rows), dtype=np.int64)
         rows = list(rows)
         for a in range(0, len(rows), 8192):
-            values = self.store.field_values(rows[a : a + 8192], self.field)
-            texts = [str(v, "utf-8", "replace") if v is not None else "" for v in values]
+            chunk = rows[a : a + 8192]
+            texts = [self._stored_text(v, f) for v, f in self._first_present(chunk)]
             encoded = encode_batch(self._tokenizer(), texts, self.add_special_tokens)
             out[a : a + len(texts)] = [len(e.ids) for e in encoded]
         return out
+
+    def _first_present(self, rows: list[int]) -> list[tuple[Any, str]]:
+        """Each row's value of the first of this reader's fields it has (alternatives), and that field."""
+        columns = [(f, self.store.field_values(rows, f)) for f in self.fields]
+        out = []
+        for j in range(len(rows)):
+            out.append(next(((c[j], f) for f, c in columns if c[j] is not None), (None, self.fields[0])))
+        return out
+
+    def _stored_text(self, value: Any, field: str) -> str:
+        if value is None:
+            return ""
+        data = _gunzip(bytes(value), self.max_field_bytes) if field.endswith(".gz") else value
+        return str(data, "utf-8", "replace")
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
         if self.plain_column(datas):
@@ -145,8 +159,9 @@ class ArrayReader(Reader):
 
     def token_counts(self, rows: Sequence[int]) -> np.ndarray:
         """Elements per row of 1-D arrays (token ids), from stored sizes: the store's index says
-        each value's size; one stored header says how much of it is header and how wide an id is.
-        Absent values count 0."""
+        each value's size; stored headers (of up to 16 rows across the store, which must agree)
+        say how much of it is header and how wide an id is. Absent values count 0; a value too
+        small to hold the header counts 0 (it fails, by key, when it is read)."""
         if self._decode_fn is not None or self.transform is not None or len(self.fields) != 1 or self.gzipped:
             return super().token_counts(rows)
         rows = list(rows)
@@ -154,16 +169,36 @@ class ArrayReader(Reader):
         present = np.flatnonzero(sizes > 0)
         if not len(present):
             return np.zeros(len(rows), dtype=np.int64)
-        first = rows[int(present[0])]
-        data = self.store.field_values([first], self.field)[0]
-        array = npy_array(data)
-        if array.ndim != 1 or array.dtype.kind not in "iu":
+        probes = sorted({int(present[int(j)]) for j in np.linspace(0, len(present) - 1, min(16, len(present)))})
+        layouts: dict[tuple[int, int], str] = {}
+        problems = []
+        for j in probes:
+            data = self.store.field_values([rows[j]], self.field)[0]
+            key = self.store.key(rows[j])
+            try:
+                array = npy_array(data)
+            except Exception as e:  # noqa: BLE001 - a corrupt value: named, the others still probed
+                problems.append(f"{key!r}: {e}")
+                continue
+            if array.ndim != 1 or array.dtype.kind not in "iu":
+                raise TypeError(
+                    f"{self.store.path}: {self.field!r} of sample {key!r} is a {array.ndim}-D {array.dtype} "
+                    "array, not 1-D integer token ids"
+                )
+            layouts.setdefault((len(data) - array.nbytes, array.dtype.itemsize), key)
+        if len(layouts) > 1:
             raise TypeError(
-                f"{self.store.path}: {self.field!r} of row {first} is a {array.ndim}-D {array.dtype} array, "
-                "not 1-D integer token ids"
+                f"{self.store.path}: {self.field!r} holds token ids of more than one dtype or header "
+                f"({', '.join(f'{k!r}: {w}-byte ids' for (_h, w), k in layouts.items())}): their counts cannot "
+                "come from sizes; give Stream(length_by=mmloader.tokens(..., length=...))"
             )
-        header = len(data) - array.nbytes
-        return np.where(sizes > 0, (sizes - header) // array.dtype.itemsize, 0)
+        if not layouts:
+            raise TypeError(
+                f"{self.store.path}: no readable {self.field!r} value among {len(probes)} probed: {problems[0]}"
+            )
+        ((header, width),) = layouts
+        counts = (sizes - header) // width
+        return np.where((sizes > 0) & (counts > 0), counts, 0)
 
     def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
         if datas and self.plain_column(datas):

@@ -55,7 +55,7 @@ class ImageReader(Reader):
 
     def __init__(
         self,
-        source: str | os.PathLike | Store,
+        source: str | os.PathLike | Store | None,
         field: str | None = None,
         *,
         output: str = "tensor",
@@ -72,7 +72,8 @@ class ImageReader(Reader):
     ):
         """
         Args:
-            source: the dataset (path, URL or open store).
+            source: the dataset (path, URL or open store); None: no store, the reader decodes the
+                values handed to it (a live source's, a document's images).
             field: the image field; None reads every image field the dataset has, as alternatives.
             output: ``"tensor"``, ``"pil"`` or ``"raw"``.
             mode: ``"RGB"``, ``"L"``, ``"RGBA"`` or ``"unchanged"``.
