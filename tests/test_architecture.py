@@ -26,7 +26,7 @@ LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 SUBLAYERS = {
     "loading": {
         0: ["__init__", "distributed", "control"],
-        1: ["building", "replan"],
+        1: ["building", "replan", "packing"],
         2: ["stream"],
         3: ["resumable", "ring"],
         4: ["threaded", "dataloader"],
