@@ -278,16 +278,21 @@ def planning(sizes: list[int], lengths_path: Path, capacity: int) -> list[dict]:
     out = []
     for n in sizes:
         code = (
-            "import resource, sys, time, numpy as np\n"
+            "import os, sys, threading, time, numpy as np\n"
             f"sys.path.insert(0, {str(ROOT)!r})\n"
             "from mmloader.planning.mixing import SingleOrder\n"
             "from mmloader.planning.packing import PackedOrder\n"
             f"lengths = np.random.default_rng(0).choice(np.load({str(lengths_path)!r}), {n})\n"
             f"lengths = np.minimum(lengths, {capacity}).astype(np.int32)\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024; t = time.perf_counter()\n"
+            "page = os.sysconf('SC_PAGE_SIZE')\n"
+            "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * page\n"
+            "before, peak, done = rss(), [0], []\n"
+            "def watch():\n"
+            "    while not done:\n"
+            "        peak[0] = max(peak[0], rss()); time.sleep(0.005)\n"
+            "threading.Thread(target=watch, daemon=True).start(); t = time.perf_counter()\n"
             f"rows = PackedOrder(SingleOrder({n}, seed=0), lambda s, i: lengths[i], {capacity}, seed=0)\n"
-            "dt = time.perf_counter() - t\n"
-            "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before\n"
+            "dt = time.perf_counter() - t; done.append(1); peak = max(peak[0], rss()) - before\n"
             "print(dt, peak, len(rows), rows.utilisation())\n"
         )
         done = subprocess.run(
@@ -342,7 +347,7 @@ def report(args, results: dict, plans: list[dict], mean_len: dict, data_note: st
         "Planning a packed epoch (`PackedOrder`: the epoch's shuffle, the lookup and best-fit packing), "
         "one core (`taskset -c 0`), lengths resampled from the data, L = 4096:",
         "",
-        "| samples | seconds | peak memory it adds (MB, max RSS) | bytes a sample | rows | utilisation |",
+        "| samples | seconds | peak memory it adds (MB, RSS sampled every 5 ms) | bytes a sample | rows | utilisation |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for p in plans:

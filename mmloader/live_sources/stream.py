@@ -604,9 +604,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         except SampleError as e:
             if self.on_error == "raise":
                 raise
-            worker = torch.utils.data.get_worker_info()
-            self.control.count_skip(worker.id if worker is not None else None)
-            log.warning("skipping live sample (its batch is one row short): %s", e)
+            self.control.skip("live sample (its batch is one row short)", e)
             return None
         if self.stored is not None:
             row["__source__"] = self.live_name

@@ -110,9 +110,7 @@ class BatchBuilder:
             except SampleError as e:
                 if self.on_error == "raise":
                     raise
-                info = torch.utils.data.get_worker_info()
-                self.control.count_skip(info.id if info is not None else None)
-                log.warning("skipping sample (left out of its packed row): %s", e)
+                self.control.skip("sample (left out of its packed row)", e)
                 out.append(None)
                 continue
             if self.source_names is not None and isinstance(sample, dict):
@@ -153,9 +151,7 @@ class BatchBuilder:
                 if self.on_error == "raise":
                     raise
                 if attempt == 0:
-                    info = torch.utils.data.get_worker_info()
-                    self.control.count_skip(info.id if info is not None else None)
-                    log.warning("skipping sample (replaced by the next in the plan): %s", e)
+                    self.control.skip("sample (replaced by the next in the plan)", e)
                 else:
                     log.info("the replacement is bad too (reported where the plan visits it): %s", e)
                 position = (position + 1) % len(plan)

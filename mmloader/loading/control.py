@@ -15,6 +15,7 @@ ranks would give every rank the first rank's place in the world.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -23,6 +24,8 @@ import torch
 import torch.utils.data
 
 from .distributed import rank_and_world
+
+log = logging.getLogger("mmloader")
 
 _EPOCH, _RANK, _WORLD, _RESUMING = range(4)
 _SKIP_SLOTS = 257  # slot 0: this process (thread backend); slot w + 1: DataLoader worker w
@@ -86,6 +89,13 @@ class SharedControl:
         if int(t[_WORLD]) == 0:
             self.set_world(*rank_and_world(group))
         return int(t[_RANK]), int(t[_WORLD])
+
+    def skip(self, what: str, error: Exception) -> None:
+        """Count and log one sample skipped under ``on_error="skip"`` (in whichever worker
+        process or thread this runs); ``what`` says what became of it."""
+        info = torch.utils.data.get_worker_info()
+        self.count_skip(info.id if info is not None else None)
+        log.warning("skipping %s: %s", what, error)
 
     def count_skip(self, worker: int | None) -> None:
         """One more skipped sample, counted by the worker process ``worker`` (None: this process).

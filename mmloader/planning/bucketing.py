@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .order import epoch_rng
+from .order import epoch_rng, groups
 
 
 class BucketedOrder:
@@ -77,7 +77,6 @@ class BucketedOrder:
         p = np.asarray(positions, dtype=np.int64)
         mapped = np.empty_like(p)
         w = p // self.window
-        for wi in np.unique(w):
-            sel = w == wi
-            mapped[sel] = self._window_order(int(wi))[p[sel] - wi * self.window]
+        for wi, sel in groups(w):
+            mapped[sel] = self._window_order(wi)[p[sel] - wi * self.window]
         return self.plan.lookup(mapped)

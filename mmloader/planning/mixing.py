@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .order import ShuffledOrder, epoch_rng
+from .order import ShuffledOrder, epoch_rng, groups
 
 
 def apportion(total: int, weights: np.ndarray) -> np.ndarray:
@@ -217,9 +217,8 @@ class MixOrder:
         k = np.searchsorted(self._cum, units, side="right") - 1
         src = np.empty_like(p)
         local = np.empty_like(p)
-        for kk in np.unique(k):
-            sel = k == kk
-            s_chunk, l_chunk = self._chunk(int(kk))
+        for kk, sel in groups(k):
+            s_chunk, l_chunk = self._chunk(kk)
             i = units[sel] - self._cum[kk]
             src[sel] = s_chunk[i]
             local[sel] = l_chunk[i] * self.unit + within[sel]

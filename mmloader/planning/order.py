@@ -10,7 +10,25 @@ or worker count, which is what lets a run resume on another number of GPUs.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
+
+
+def groups(keys: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(key, the indices holding it)`` for each distinct key, in key order: one stable sort, so
+    a lookup over a whole epoch costs O(n log n), not O(n) for each of its windows.
+
+    >>> [(k, i.tolist()) for k, i in groups(np.array([2, 0, 2, 1]))]
+    [(0, [1]), (1, [3]), (2, [0, 2])]
+    """
+    keys = np.asarray(keys)
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(keys)].tolist()):
+        if b > a:
+            yield int(ordered[a]), order[a:b]
 
 
 def epoch_rng(seed: int, epoch: int, *stream: int) -> np.random.Generator:
@@ -82,7 +100,6 @@ class ShuffledOrder:
         w = np.where(
             positions < boundary, positions // self.window_len, (positions + self._shortfall) // self.window_len
         )
-        for wi in np.unique(w):
-            sel = w == wi
-            out[sel] = self.window(int(wi))[positions[sel] - self._window_start(int(wi))]
+        for wi, sel in groups(w):
+            out[sel] = self.window(wi)[positions[sel] - self._window_start(wi)]
         return out

@@ -18,7 +18,7 @@ are decided before the rank split, so the split, padding and resume arithmetic o
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class OverBudgetError(ValueError):
         self.position, self.tokens, self.capacity, self.count = position, tokens, capacity, count
 
 
+def _stable_argsort(keys: np.ndarray, largest: int) -> np.ndarray:
+    """A stable argsort of non-negative ``keys`` up to ``largest``: numpy sorts 16-bit keys by
+    radix, in O(n), several times faster than its merge sort of wider ones."""
+    if largest < 1 << 16:
+        keys = keys.astype(np.uint16)
+    return np.argsort(keys, kind="stable")
+
+
 def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     """The row of each item when items of ``lengths`` are packed best-fit decreasing.
 
@@ -55,25 +63,20 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     row_of = np.empty(n, dtype=np.int64)
     if n == 0:
         return row_of, 0
-    order = np.argsort(-lengths, kind="stable")  # longest first; ties in plan order
+    order = _stable_argsort(
+        capacity - np.asarray(lengths, dtype=np.int64), capacity
+    )  # longest first; ties in plan order
     ordered = lengths[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     stops = np.r_[starts[1:], n]
     # bins[c]: the rows with exactly c tokens of room; ``rooms``: the c of every bin not empty, in
-    # order, so the smallest room >= s is one bisection away. The row of each item, in
-    # longest-first order, is collected in a plain list (no numpy call per step).
+    # order, so the smallest room >= s is one bisection away. Which rows take the items, in
+    # longest-first order, is collected as plain lists of (row, how many): no numpy call per step.
     bins: dict[int, list[int]] = {}
     rooms: list[int] = []
     rows = 0
-    placed: list[int] = []
-
-    def add(room: int, ids: Any) -> None:
-        pool = bins.get(room)
-        if pool is None:
-            bins[room] = pool = []
-        if not pool:
-            insort(rooms, room)
-        pool.extend(ids)
+    taking: list[int] = []  # rows, in the order they take items
+    times: list[int] = []  # how many consecutive items each of them takes
 
     for a, b, s in zip(starts.tolist(), stops.tolist(), ordered[starts].tolist()):
         while a < b:
@@ -91,25 +94,30 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
                 del pool[len(pool) - k :]
                 if not pool:
                     del rooms[i]
-                placed += taken if per_row == 1 else [r for r in taken for _ in range(per_row)][:m]
                 last = m - (k - 1) * per_row
-                if k > 1:
-                    add(room - per_row * s, taken[:-1])
-                add(room - last * s, taken[-1:])
-                a += m
-                continue
-            # No open row holds s: new rows, each filled with as many of these as fit.
-            m = b - a
-            per_row = capacity // s if s else m
-            new = -(-m // per_row)
-            fresh = range(rows, rows + new)
-            placed += fresh if per_row == 1 else [r for r in fresh for _ in range(per_row)][:m]
-            if new > 1:
-                add(capacity - per_row * s, fresh[:-1])
-            add(capacity - (m - (new - 1) * per_row) * s, fresh[-1:])
-            rows += new
-            a = b
-    row_of[order] = placed
+                base = room
+            else:  # no open row holds s: new rows, each filled with as many of these as fit
+                m = b - a
+                per_row = capacity // s if s else m
+                k = -(-m // per_row)
+                taken = list(range(rows, rows + k))
+                rows += k
+                last = m - (k - 1) * per_row
+                base = capacity
+            taking += taken
+            times += [per_row] * (k - 1)
+            times.append(last)
+            for room_left, ids in ((base - per_row * s, taken[:-1]), (base - last * s, taken[-1:])):
+                if not ids:
+                    continue
+                pool = bins.get(room_left)
+                if pool is None:
+                    bins[room_left] = pool = []
+                if not pool:
+                    insort(rooms, room_left)
+                pool.extend(ids)
+            a += m
+    row_of[order] = np.repeat(np.asarray(taking, dtype=np.int64), np.asarray(times, dtype=np.int64))
     return row_of, rows
 
 
@@ -159,7 +167,7 @@ def pack_rows(
             first = np.full(rows, len(part), dtype=np.int64)
             np.minimum.at(first, row_of, np.arange(len(part)))
             shuffled = np.argsort(np.argsort(first, kind="stable"), kind="stable")[row_of]
-        by_row = np.argsort(shuffled, kind="stable")  # stable: a row's samples stay in plan order
+        by_row = _stable_argsort(shuffled, rows)  # stable: a row's samples stay in plan order
         members.append(by_row + a)
         row_sizes.append(np.bincount(shuffled, minlength=rows))
     if not members:

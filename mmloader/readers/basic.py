@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,10 +11,10 @@ import torch
 from .base import Reader, _gunzip, accepts_views
 from .columns import Ragged, offsets_of
 from .npy import npy_array, owned
-from .tokens import encode_batch, load_tokenizer, token_ids
+from .tokens import OwnsTokenizer, encode_batch, token_ids
 
 
-class TextReader(Reader):
+class TextReader(OwnsTokenizer, Reader):
     """UTF-8 text -> ``str``; with ``tokenizer`` -> its token ids (1-D int32 tensor).
 
     ``tokenizer``: a ``tokenizer.json`` path or a Hugging Face ``tokenizers.Tokenizer``
@@ -37,27 +36,12 @@ class TextReader(Reader):
     def __init__(
         self, source: Any, field: str | None = None, *, tokenizer: Any = None, add_special_tokens: bool = True, **kwargs
     ):
-        if not isinstance(add_special_tokens, bool):
-            raise TypeError(f"add_special_tokens={add_special_tokens!r}: expected True or False")
         super().__init__(source, field, **kwargs)
-        self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
-        # loaded now, so a wrong path fails here; a path is loaded again in each worker
-        self._loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        if isinstance(self.tokenizer, (str, os.PathLike)):
-            state["_loaded"] = None
-        return state
+        self._set_tokenizer(tokenizer, add_special_tokens)
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]
         return self.tokenizer is not None and self._decode_fn is None and self.transform is None
-
-    def _tokenizer(self):
-        if self._loaded is None:
-            self._loaded = load_tokenizer(self.tokenizer)
-        return self._loaded
 
     @accepts_views
     def decode(self, data: bytes, key: str) -> Any:

@@ -22,7 +22,7 @@ import torch
 from ..errors import DecodeError, SampleError
 from ..storage import Store
 from .base import Reader
-from .tokens import encode_batch, load_tokenizer
+from .tokens import OwnsTokenizer, encode_batch
 
 
 class Document:
@@ -108,7 +108,7 @@ def _rebuilt(reader, key, layout, meta, images) -> Document:
     return doc
 
 
-class DocumentReader(Reader):
+class DocumentReader(OwnsTokenizer, Reader):
     """Interleaved documents (see the module docs) -> :class:`Document`.
 
     Args:
@@ -142,20 +142,12 @@ class DocumentReader(Reader):
             from .image import ImageReader
 
             images = ImageReader(None)
-        self.images, self.tokenizer, self.add_special_tokens = images, tokenizer, add_special_tokens
-        self._loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        if isinstance(self.tokenizer, (str, os.PathLike)):
-            state["_loaded"] = None
-        return state
+        self.images = images
+        self._set_tokenizer(tokenizer, add_special_tokens)
 
     def encode(self, texts: list[str]) -> list[torch.Tensor]:
         """Token ids of ``texts`` (one ``encode_batch``)."""
-        if self._loaded is None:
-            self._loaded = load_tokenizer(self.tokenizer)
-        encoded = encode_batch(self._loaded, texts, self.add_special_tokens) if texts else []
+        encoded = encode_batch(self._tokenizer(), texts, self.add_special_tokens) if texts else []
         return [torch.tensor(e.ids, dtype=torch.int32) for e in encoded]
 
     def decode(self, data: bytes, key: str) -> Document:

@@ -8,6 +8,7 @@ process pays for pickling token lists. Measured in ``benchmarks/text.py``.
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,3 +24,29 @@ def token_ids(encodings: Sequence[Any]) -> Ragged:
     offsets = offsets_of(ids)
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
     return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets))
+
+
+class OwnsTokenizer:
+    """What a reader with a ``tokenizer`` shares: loaded when the reader is made (a wrong path
+    fails there), and a path loaded again in each worker rather than pickled."""
+
+    tokenizer: Any
+    add_special_tokens: bool
+    _loaded: Any
+
+    def _set_tokenizer(self, tokenizer: Any, add_special_tokens: bool) -> None:
+        if not isinstance(add_special_tokens, bool):
+            raise TypeError(f"add_special_tokens={add_special_tokens!r}: expected True or False")
+        self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
+        self._loaded = load_tokenizer(tokenizer) if tokenizer is not None else None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if isinstance(self.tokenizer, (str, os.PathLike)):
+            state["_loaded"] = None
+        return state
+
+    def _tokenizer(self) -> Any:
+        if self._loaded is None:
+            self._loaded = load_tokenizer(self.tokenizer)
+        return self._loaded
