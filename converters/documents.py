@@ -81,10 +81,11 @@ def _files(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[str]]:
     layout = args.layout
     if layout is None:
         found = {name for name, suffixes in LAYOUTS.items() for f in files if f.lower().endswith(suffixes)}
-        if len(found) != 1:
-            raise UsageError(
-                f"--layout: say which layout SRC holds (obelics, mmc4 or wds); found {sorted(found) or 'no known files'}"
-            )
+        if not found:  # nothing to convert: a failure naming what was looked for
+            looked = ", ".join(f"{n} ({', '.join(x)})" for n, x in LAYOUTS.items())
+            raise ConversionError(f"no documents found in {', '.join(args.src)}: looked for {looked}")
+        if len(found) > 1:
+            raise UsageError(f"--layout: say which layout SRC holds; it has files of {', '.join(sorted(found))}")
         layout = found.pop()
     chosen = [f for f in files if f.lower().endswith(LAYOUTS[layout])]
     other = [f for f in files if f not in chosen]

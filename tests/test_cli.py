@@ -95,6 +95,7 @@ def test_non_dataset_path_is_a_failure_exit_1(tmp_path, capsys, command):
         "convert manifest": [folder, tmp_path / "o"],
         "convert textlines": [folder, tmp_path / "o"],
         "convert parquet": [folder, tmp_path / "o"],
+        "convert documents": [folder, tmp_path / "o"],
     }[command]
     code, out, err = call(capsys, *command.split(), *argv)
     assert code == 1, (out, err)

@@ -110,12 +110,12 @@ def best_fit_rows(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
             for room_left, ids in ((base - per_row * s, taken[:-1]), (base - last * s, taken[-1:])):
                 if not ids:
                     continue
-                pool = bins.get(room_left)
-                if pool is None:
-                    bins[room_left] = pool = []
-                if not pool:
+                into = bins.get(room_left)
+                if into is None:
+                    bins[room_left] = into = []
+                if not into:
                     insort(rooms, room_left)
-                pool.extend(ids)
+                into.extend(ids)
             a += m
     row_of[order] = np.repeat(np.asarray(taking, dtype=np.int64), np.asarray(times, dtype=np.int64))
     return row_of, rows
