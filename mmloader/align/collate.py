@@ -298,11 +298,19 @@ def collate_documents(documents: Sequence[Any]) -> tuple[list[list[Any]], Any, t
                 n += 1
         segments.append(parts)
         counts.append(n)
-    same = all(isinstance(v, torch.Tensor) and v.shape == flat[0].shape and v.dtype == flat[0].dtype for v in flat)
-    stacked: Any = torch.zeros(0, dtype=torch.uint8) if not flat else flat
-    if flat and same:
-        stacked = stack_images(flat) if is_image(flat[0]) else torch.stack(flat)
-    return segments, stacked, torch.tensor(counts, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
+    return segments, stack_or_list(flat), torch.tensor(counts, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
+
+
+def stack_or_list(values: list[Any]) -> Any:
+    """A flat batch of images (a document's, a packed batch's): one tensor when they share a shape
+    and dtype (channels_last for decoded images), an empty uint8 tensor when there are none, else
+    the list (PIL images, encoded bytes of different sizes)."""
+    if not values:
+        return torch.zeros(0, dtype=torch.uint8)
+    first = values[0]
+    if all(isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype for v in values):
+        return stack_images(values) if is_image(first) else torch.stack(values)
+    return values
 
 
 def merge_columns(parts: Sequence[tuple[Sequence[int], dict[str, Any]]], size: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import SampleError
-from .collate import is_image, stack_images
+from .collate import stack_or_list
 
 #: Names a packed batch adds; a modality of one of these names is refused.
 PACKED_NAMES = ("position_ids", "cu_seqlens", "max_seqlen", "seq_lens")
@@ -275,25 +275,15 @@ def pack_batch(
     mask = mask.view(rows, capacity)
     for name, values in images.items():
         if name == text:  # a document's images: beside its tokens
-            batch["__images__"] = {text: _stack(values)}
+            batch["__images__"] = {text: stack_or_list(values)}
         else:
-            batch[name] = _stack(values)
+            batch[name] = stack_or_list(values)
     batch.update(listed)
     batch["__mask__"] = {text: mask}
     if owners:
         batch["__row__"] = {n: torch.tensor([o[0] for o in v], dtype=torch.int64) for n, v in owners.items()}
         batch["__sample__"] = {n: torch.tensor([o[1] for o in v], dtype=torch.int64) for n, v in owners.items()}
     return batch
-
-
-def _stack(values: list[torch.Tensor]) -> Any:
-    """Images of one shape as one tensor (channels_last for decoded images), none as an empty
-    uint8 tensor, else a list."""
-    if not values:
-        return torch.zeros(0, dtype=torch.uint8)
-    if all(isinstance(v, torch.Tensor) and v.shape == values[0].shape and v.dtype == values[0].dtype for v in values):
-        return stack_images(values) if is_image(values[0]) else torch.stack(values)
-    return values
 
 
 def measured(values: Any, what: str) -> np.ndarray:
