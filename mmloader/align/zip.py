@@ -294,16 +294,21 @@ class Zipped(torch.utils.data.Dataset):
         reader = self.readers[modality]
         return np.asarray(reader.token_counts(self._rows_in(reader, indices).tolist()), dtype=np.int64)
 
-    def image_counts(self, indices: Sequence[int], modality: str) -> np.ndarray:
-        """Images of each sample's document in ``modality`` (a ``DocumentReader``), from its
-        stored layout: nothing is decoded.
+    def document_counts(
+        self, indices: Sequence[int], modality: str, tokens: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray]:
+        """``(text tokens, images)`` of each sample's document in ``modality`` (a
+        ``DocumentReader``), from one read of the stored layouts: nothing is decoded.
 
         Args:
             indices: samples of this dataset.
             modality: a reader of documents.
+            tokens: count the text tokens too (else None in their place).
         """
+        if tokens and modality in self.transforms:
+            self.token_counts(indices, modality)  # raises: a transform may change the tokens
         reader: Any = self.readers[modality]
-        return np.asarray(reader.image_counts(self._rows_in(reader, indices).tolist()), dtype=np.int64)
+        return reader.document_counts(self._rows_in(reader, indices).tolist(), tokens)
 
     def stored_values(self, indices: Sequence[int], modality: str) -> list:
         """The stored (encoded) bytes of ``modality`` for each sample, nothing decoded: what

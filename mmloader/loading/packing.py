@@ -97,7 +97,7 @@ class Packer:
                 for name, r in getattr(ds, "readers", {}).items()
                 if isinstance(r, ArrayReader)
                 or (isinstance(r, TextReader) and r.tokenizer is not None)
-                or hasattr(r, "image_counts")
+                or hasattr(r, "document_counts")
             }
         )
         if len(found) != 1:
@@ -196,7 +196,11 @@ class Packer:
         n = len(ds)
         idx = np.arange(n, dtype=np.int64)
         readers = getattr(ds, "readers", {})
-        length = self.layout.length
+        length, per = self.layout.length, self.layout.per_image
+        document = self.text in readers and hasattr(readers[self.text], "document_counts")
+        texts = pictures = None
+        if document and (length is None or per):  # a document's texts and images: one read of its layout
+            texts, pictures = ds.document_counts(idx, self.text, tokens=length is None)
         if callable(length):
             call: Callable[[int], int] = (lambda i: length(s, i)) if self.mixed else length  # type: ignore[misc,assignment]
             total = measured([call(i) for i in range(n)], "length_by")
@@ -205,19 +209,18 @@ class Packer:
             if len(total) != n:
                 raise ValueError(f"length_by: {len(total)} token counts for {n} samples")
             total = total.copy()
+        elif texts is not None:
+            total = texts
         elif self.text in readers:
             total = ds.token_counts(idx, self.text)
         else:
             total = np.zeros(n, dtype=np.int64)  # a source without the modality: images only
-        per = self.layout.per_image
         own = np.zeros(n, dtype=np.int64)  # the sample's own images (an image modality)
         if per:
             for name in self.layout.images:
                 if name in readers:
                     own += per * (np.asarray(ds.lengths(idx, name)) > 0)
-            total += own
-            if self.text in readers and hasattr(readers[self.text], "image_counts"):
-                total += per * ds.image_counts(idx, self.text)
+            total = total + own + (per * pictures if pictures is not None else 0)
         self._image_tokens[s] = own
         total = total.astype(np.int32 if n and int(total.max()) < 2**31 else np.int64)
         self._tokens[s] = total

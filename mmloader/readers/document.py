@@ -180,21 +180,32 @@ class DocumentReader(OwnsTokenizer, Reader):
                 where=self.store.path,
             ) from e
 
-    def _layouts(self, rows: Sequence[int]) -> list[list]:
-        out = []
-        for a in range(0, len(rows), 8192):
-            chunk = list(rows[a : a + 8192])
-            for row, data in zip(chunk, self.store.field_values(chunk, self.field)):
-                out.append(parse_layout(data, f"row {row}")[0] if data is not None else [])
-        return out
-
-    def image_counts(self, rows: Sequence[int]) -> np.ndarray:
-        """Images of each document, from its stored layout (no image is read).
+    def document_counts(self, rows: Sequence[int], tokens: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+        """``(text tokens, images)`` of each document, from one read of the stored layouts (no
+        image is read): what packing plans with. Texts are tokenized (one ``encode_batch`` for
+        many documents) only when ``tokens``; without a tokenizer they cannot be.
 
         Args:
             rows: rows of this reader's store.
+            tokens: count the text tokens too (else None in their place).
         """
-        return np.array([sum("image" in e for e in layout) for layout in self._layouts(rows)], dtype=np.int64)
+        if tokens and self.tokenizer is None:
+            super().token_counts(rows)  # raises: what to do instead
+        rows = list(rows)
+        texts_out = np.zeros(len(rows), dtype=np.int64) if tokens else None
+        images = np.zeros(len(rows), dtype=np.int64)
+        for a in range(0, len(rows), 8192):
+            chunk = rows[a : a + 8192]
+            owner, texts = [], []
+            for j, (row, data) in enumerate(zip(chunk, self.store.field_values(chunk, self.field))):
+                layout = parse_layout(data, f"row {row}")[0] if data is not None else []
+                images[a + j] = sum("image" in e for e in layout)
+                if tokens:
+                    owner += [a + j] * sum("text" in e for e in layout)
+                    texts += [e["text"] for e in layout if "text" in e]
+            if texts_out is not None and texts:
+                np.add.at(texts_out, owner, [len(ids) for ids in self.encode(texts)])
+        return texts_out, images
 
     def token_counts(self, rows: Sequence[int]) -> np.ndarray:
         """Text tokens of each document (its texts tokenized; no image is read).
@@ -202,16 +213,9 @@ class DocumentReader(OwnsTokenizer, Reader):
         Args:
             rows: rows of this reader's store.
         """
-        if self.tokenizer is None:
-            return super().token_counts(rows)
-        layouts = self._layouts(rows)
-        out = np.zeros(len(layouts), dtype=np.int64)
-        for a in range(0, len(layouts), 8192):  # one encode_batch for many documents' texts
-            owner = [j for j in range(a, min(a + 8192, len(layouts))) for e in layouts[j] if "text" in e]
-            texts = [e["text"] for j in range(a, min(a + 8192, len(layouts))) for e in layouts[j] if "text" in e]
-            if texts:
-                np.add.at(out, owner, [len(ids) for ids in self.encode(texts)])
-        return out
+        counts, _images = self.document_counts(rows)
+        assert counts is not None
+        return counts
 
 
 def parse_layout(data: bytes, key: str) -> tuple[list, dict]:
