@@ -47,6 +47,7 @@ def check_destination(location: Location, fmt: str, overwrite: bool) -> None:
     """FileExistsError when a dataset is already at ``location`` and ``overwrite`` is not given;
     a :class:`~mmloader.storage.remote.RemoteError` naming a missing bucket, an invalid bucket
     name or refused access before anything is written."""
+    location.check_writable()
     # A HEAD answer has no body, so there a missing bucket looks like a missing object: a LIST
     # (of the one name, so it stays small) gets the server's NoSuchBucket / InvalidBucketName.
     location.list(MANIFEST)
@@ -298,6 +299,7 @@ def upload_existing(
 ) -> str:
     """Upload a finished local dataset (LMDB or shard directory) to ``url``, manifest last."""
     location = Location(url, storage_options or {})
+    location.check_writable()
     local = Path(local)
     fmt = "lmdb" if (local / "data.mdb").is_file() else "tar"
     if fmt == "tar" and not (local / MANIFEST).is_file():
@@ -324,6 +326,7 @@ def build_index_remote(
     sequentially; the offset indexes, key index and manifest are uploaded beside the shards,
     the manifest last."""
     location = Location(url, storage_options or {})
+    location.check_writable()  # an index is written beside the shards
     if output is not None and Location(output).url != location.url:
         raise ValueError(
             f"--output {Location(output).url}: an index of shards on object storage is written beside them "

@@ -40,6 +40,8 @@ class _HTTPStatus(OSError):
     """A non-success HTTP answer of the standard-library client; ``body`` (its first 4 KiB) is
     kept so that :func:`~.retry.server_refusal` can read the S3 error code in it."""
 
-    def __init__(self, status: int, url: str, body: bytes = b""):
+    def __init__(self, status: int, url: str, body: bytes = b"", retry_after: float | None = None):
         super().__init__(f"{url}: HTTP status {status}: {body[:200].decode('utf-8', 'replace')}")
         self.status, self.body = status, body[:4096]
+        #: seconds the server asked to wait before trying again (``Retry-After``), if it said
+        self.retry_after = retry_after

@@ -14,6 +14,7 @@ from ...errors import MMLoaderError
 from .client import _CLIENT_OPTION_KEYS, Client
 from .errors import ObjectChangedError, RemoteError
 from .fsspec_client import _FsspecClient
+from .hub import HubRepo, open_hub
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .redaction import redact, redact_url
 from .retry import Policy, short_message
@@ -64,6 +65,14 @@ class Location:
         self.url = lower_scheme(self.url.rstrip("/"))
         self.scheme = scheme_of(self.url)
         self.storage_options = dict(self.storage_options or {})
+        #: The Hub repository at one commit (``hf://`` URLs; see :mod:`.hub`), else None.
+        self.hub: HubRepo | None = getattr(self, "hub", None)
+        if self.scheme == "hf":
+            # resolved here, once, in the process that opens the dataset: the revision becomes
+            # its commit, and the location an HTTPS folder at that commit (workers get that)
+            self.hub, self.storage_options = open_hub(self.url, self.storage_options, self.policy)
+            self.url, self.scheme = self.hub.folder_url, "http"
+        self._take_bearer()
         self._take_userinfo()
         check_url(self.url, self.scheme)
         self._check_options()
@@ -72,6 +81,23 @@ class Location:
         self._lock = threading.Lock()
         #: name -> ETag this location's reads must match (see :meth:`pin`).
         self.pins: dict[str, str] = {}
+
+    def _take_bearer(self) -> None:
+        """``storage_options["token"]`` of an ``http(s)://`` URL: the ``Authorization: Bearer``
+        header every client sends (a Hub location sends its token itself: :mod:`.hub`)."""
+        if self.scheme != "http" or "token" not in self.storage_options:
+            return
+        token = self.storage_options.pop("token")
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"{redact_url(self.url)}: storage_options['token'] must be a non-empty string")
+        headers = dict(self.storage_options.get("default_headers") or {})
+        if any(str(k).lower() == "authorization" for k in headers):
+            raise ValueError(
+                f"{redact_url(self.url)}: a token and an Authorization header (storage_options['default_headers']) "
+                "both given: give one"
+            )
+        headers["Authorization"] = f"Bearer {token}"
+        self.storage_options["default_headers"] = headers
 
     def _take_userinfo(self) -> None:
         """An HTTP URL's ``user:password@`` into an ``Authorization: Basic`` header; refused
@@ -144,23 +170,32 @@ class Location:
             check_endpoint(endpoint, where)
 
     def __getstate__(self) -> dict:
-        return {"url": self.url, "storage_options": self.storage_options, "policy": self.policy, "pins": self.pins}
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "policy": self.policy,
+            "pins": self.pins,
+            "hub": self.hub,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.url, self.storage_options, self.policy = state["url"], state["storage_options"], state["policy"]
+        self.hub = state.get("hub")
         self.__post_init__()
         self.pins = dict(state.get("pins") or {})
 
     def pin(self, name: str, etag: str | None) -> None:
         """Read ``name`` only as the version ``etag`` from now on: requests carry ``If-Match``
         and each answer's ETag is compared, so a replaced object is :class:`ObjectChangedError`,
-        never a mixture of versions. Pins travel with the location to worker processes."""
-        if etag:
+        never a mixture of versions. Pins travel with the location to worker processes. A Hub
+        location needs none: it reads one commit, whose files never change (and the CDN it is
+        redirected to answers with ETags of its own)."""
+        if etag and self.hub is None:
             self.pins.setdefault(name, etag)
 
     def _checked_etag(self, name: str, etag: str | None) -> None:
         """Compare an answer's ETag with the pin (pinning it if this is the first answer)."""
-        if not etag:
+        if not etag or self.hub is not None:
             return
         pinned = self.pins.setdefault(name, etag)
         if pinned != etag:
@@ -182,10 +217,17 @@ class Location:
         return self.client(purpose).versions()
 
     def __repr__(self) -> str:
-        return f"Location({self.url!r})"
+        return f"Location({self.hub.shown if self.hub else self.url!r})"
 
     def child(self, name: str) -> "Location":
-        return Location(join(self.url, name), self.storage_options, self.policy)
+        child = Location.__new__(Location)
+        child.__setstate__({**self.__getstate__(), "url": join(self.url, name), "pins": {}})
+        if self.hub is not None:  # the same commit, one folder down
+            from dataclasses import replace
+
+            where = replace(self.hub.where, path="/".join(p for p in (self.hub.where.path, name.strip("/")) if p))
+            child.hub = replace(self.hub, where=where)
+        return child
 
     def name_url(self, name: str) -> str:
         return join(self.url, name) if name else self.url
@@ -203,7 +245,11 @@ class Location:
         the fork-safe client while this process has not started obstore itself."""
         simple = _SimpleClient.usable(self)
         forced = os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower()
-        if forced in ("fsspec", "simple"):  # for testing the fallbacks, or working around a client bug
+        if self.hub is not None:
+            # the Hub's resolve endpoint redirects to its CDN: the standard-library client follows
+            # that without the token, keeps where it was sent, and waits a 429's Retry-After
+            kind = "simple"
+        elif forced in ("fsspec", "simple"):  # for testing the fallbacks, or working around a client bug
             kind = "simple" if forced == "simple" and simple else "fsspec"
         elif obstore_usable() and (purpose != "meta" or obstore_started_here() or not simple):
             kind = "obstore"
@@ -290,15 +336,28 @@ class Location:
 
     def list(self, prefix: str = "", purpose: str = "data") -> list[tuple[str, int]]:
         """(name relative to this folder, size) of every object under ``prefix``."""
+        if self.hub is not None:  # the Hub's tree API, at the pinned commit
+            return self.hub.list(prefix, self.policy)
         return self.client(purpose).list(prefix)
 
+    def check_writable(self) -> None:
+        """Raise where this location cannot be written (a Hub dataset), saying what to do instead."""
+        if self.hub is not None:
+            raise RemoteError(
+                f"{self.hub.shown}: mmloader reads Hub datasets, it does not write them: write the dataset "
+                "to a local folder and upload it (`hf upload ORG/NAME FOLDER --repo-type dataset`)"
+            )
+
     def put_file(self, name: str, local: str | os.PathLike, purpose: str = "data") -> None:
+        self.check_writable()
         self.client(purpose).put_file(name, str(local))
 
     def put_bytes(self, name: str, data: bytes, purpose: str = "data") -> None:
+        self.check_writable()
         self.client(purpose).put_bytes(name, data)
 
     def delete(self, name: str, purpose: str = "data") -> None:
+        self.check_writable()
         self.client(purpose).delete(name)
 
     def download(

@@ -291,6 +291,8 @@ class _Deadline:
         """Seconds to wait before trying again, or raise the error for good. Called outside the
         ``except`` block that caught ``e`` (what is raised inside one has ``e`` as its
         ``__context__``, whatever it says)."""
+        if getattr(e, "final", False):  # an error that already says what to do (a gated Hub repo)
+            raise e
         if _auth_error(e) and not self.rebuilt:
             self.rebuilt = True
             location.rebuild()  # credentials may have rotated: resolve them again
@@ -349,6 +351,8 @@ class _Deadline:
                 self._shown(short_message(e), location),
                 self.policy.retry_deadline - elapsed,
             )
-        delay = min(self.policy.delay(self.attempt), max(self.policy.retry_deadline - elapsed, 0.0))
+        asked = getattr(e, "retry_after", None)  # a 429/503's Retry-After: the server's own wait
+        delay = self.policy.delay(self.attempt) if asked is None else float(asked)
+        delay = min(delay, max(self.policy.retry_deadline - elapsed, 0.0))
         self.attempt += 1
         return delay

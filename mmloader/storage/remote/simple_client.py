@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Literal, cast
 
 from .client import Client, LocationLike, _Client
@@ -13,6 +14,7 @@ from .errors import HostNotFound, ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
 from .obstore_client import _ObstoreClient
 from .ranges import _check_length
+from .hub import HubError, refusal_message, retry_after
 from .retry import server_refusal
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
@@ -39,6 +41,14 @@ class _SimpleClient(_Client):
         # what obstore sends with every request too (an Authorization header: a bearer token, or
         # the Basic credentials of an http://user:password@host/ URL)
         self.headers = dict(opts.get("default_headers") or {})
+        hub = getattr(location, "hub", None)
+        if hub is not None and not any(k.lower() == "authorization" for k in self.headers):
+            token = hub.bearer()  # looked up in this process: never pickled from the environment
+            if token:
+                self.headers["Authorization"] = f"Bearer {token}"
+        #: name -> (URL a redirect sent it to, until when to go there directly): the Hub's
+        #: resolve endpoint answers each file with a redirect to its CDN (a signed URL)
+        self._moved: dict[str, tuple[str, float]] = {}
         self.creds: tuple[str, str, str | None] | Literal[True] | None
         if location.scheme == "http":
             parts = urlsplit(location.url)
@@ -73,15 +83,24 @@ class _SimpleClient(_Client):
             location.scheme == "s3" and static_s3_credentials(location.storage_options) is not None
         )
 
-    def _conn(self):
+    def _conn(self, secure: bool | None = None, host: str | None = None):
+        """This thread's kept-alive connection to ``host`` (default: the location's)."""
         import http.client
 
-        c = getattr(self._local, "conn", None)
-        if c is None or getattr(self._local, "pid", None) != os.getpid():
-            cls = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
-            c = self._local.conn = cls(self.host, timeout=self.location.policy.request_timeout)
+        secure = self.secure if secure is None else secure
+        host = self.host if host is None else host
+        conns = getattr(self._local, "conns", None)
+        if conns is None or getattr(self._local, "pid", None) != os.getpid():
+            conns = self._local.conns = {}
             self._local.pid = os.getpid()
+        c = conns.get((secure, host))
+        if c is None:
+            cls = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+            c = conns[secure, host] = cls(host, timeout=self.location.policy.request_timeout)
         return c
+
+    #: Redirects followed per request; where one was sent is remembered this long (s).
+    MAX_REDIRECTS, MOVED_TTL = 5, 300.0
 
     def _request(
         self, method: str, name: str, headers: dict | None = None, query: dict | None = None, path: str | None = None
@@ -97,8 +116,45 @@ class _SimpleClient(_Client):
             creds = cast("tuple[str, str, str | None]", self.creds)
             hdrs.update(sigv4_headers(method, self.host, path, self.region, creds, query=canonical_query))
         target = f"{path}?{canonical_query}" if canonical_query else path
+        if self.location.scheme != "http" or query:
+            return self._send(self.secure, self.host, method, target, hdrs)
+        moved = self._moved.get(name)
+        if moved is not None and moved[1] > time.monotonic():
+            status, answer, body = self._follow(method, moved[0], hdrs, name)
+            if status < 400:
+                return status, answer, body
+            self._moved.pop(name, None)  # expired or refused (a signed URL's time is up): ask again
+        status, answer, body = self._send(self.secure, self.host, method, target, hdrs)
+        if status in (301, 302, 303, 307, 308) and "location" in answer:
+            from urllib.parse import urljoin
+
+            scheme = "https" if self.secure else "http"
+            return self._follow(method, urljoin(f"{scheme}://{self.host}{target}", answer["location"]), hdrs, name)
+        return status, answer, body
+
+    def _follow(self, method: str, url: str, hdrs: dict, name: str) -> tuple[int, dict, bytes]:
+        """Follow redirects from ``url``; the token is not sent to another host."""
+        from urllib.parse import urljoin, urlsplit
+
+        status, answer, body = 0, {}, b""
+        for _hop in range(self.MAX_REDIRECTS):
+            parts = urlsplit(url)
+            secure, host = parts.scheme == "https", _host_port(parts.netloc)
+            if (secure, host) != (self.secure, self.host):
+                hdrs = {k: v for k, v in hdrs.items() if k.lower() != "authorization"}
+            target = parts.path + (f"?{parts.query}" if parts.query else "")
+            status, answer, body = self._send(secure, host, method, target or "/", hdrs)
+            if status not in (301, 302, 303, 307, 308) or "location" not in answer:
+                if status < 400:
+                    self._moved[name] = (url, time.monotonic() + self.MOVED_TTL)
+                return status, answer, body
+            url = urljoin(url, answer["location"])
+        return status, answer, body
+
+    def _send(self, secure: bool, host: str, method: str, target: str, hdrs: dict) -> tuple[int, dict, bytes]:
+        """One request on this thread's connection to ``host``."""
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
-            conn = self._conn()
+            conn = self._conn(secure, host)
             try:
                 conn.request(method, target, headers=hdrs)
                 resp = conn.getresponse()
@@ -106,22 +162,29 @@ class _SimpleClient(_Client):
                 return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
             except (ConnectionError, OSError) as e:
                 conn.close()
-                self._local.conn = None
+                self._local.conns.pop((secure, host), None)
                 import http.client
 
                 if isinstance(e, socket.gaierror) and e.errno != socket.EAI_AGAIN:
                     # no such host (EAI_AGAIN, a resolver that did not answer, is retried)
                     from urllib.parse import urlsplit
 
-                    host = urlsplit(f"//{self.host}").hostname or self.host
-                    raise HostNotFound(host, f"gaierror: {e}") from None
+                    bare = urlsplit(f"//{host}").hostname or host
+                    raise HostNotFound(bare, f"gaierror: {e}") from None
                 if attempt or not isinstance(
                     e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
                 ):
                     raise
         raise AssertionError("unreachable")
 
-    def _check(self, status: int, body: bytes, name: str) -> None:
+    def _check(self, status: int, body: bytes, name: str, headers: dict | None = None) -> None:
+        hub = getattr(self.location, "hub", None)
+        if status in (401, 403) and hub is not None:  # gated, private: say which and what to do
+            refusal = refusal_message(status, headers or {}, hub, "Authorization" in self.headers)
+            if refusal:
+                raise HubError(refusal)
+        if status == 429 or status == 503:  # the server says how long to wait (Retry-After)
+            raise _HTTPStatus(status, self.url(name), body, retry_after=retry_after(headers or {}))
         if status >= 300 and server_refusal(_HTTPStatus(status, self.url(name), body)):
             raise _HTTPStatus(status, self.url(name), body)  # named by _Deadline (no such bucket, ...)
         if status == 404:
@@ -146,7 +209,7 @@ class _SimpleClient(_Client):
     def get(self, name: str) -> bytes:
         def once():
             status, headers, body = self._request("GET", name, self._pinned(name, {}))
-            self._check(status, body, name)
+            self._check(status, body, name, headers)
             self.location._checked_etag(name, headers.get("etag"))
             if "content-length" in headers:
                 _check_length(body, int(headers["content-length"]), self.url(name), 0)
@@ -159,7 +222,7 @@ class _SimpleClient(_Client):
             status, headers, body = self._request(
                 "GET", name, self._pinned(name, {"Range": f"bytes={start}-{end - 1}"})
             )
-            self._check(status, body, name)
+            self._check(status, body, name, headers)
             self.location._checked_etag(name, headers.get("etag"))
             total = None
             if status == 206 and "/" in headers.get("content-range", ""):
@@ -221,7 +284,7 @@ class _SimpleClient(_Client):
             status, headers, body = self._request("HEAD", name)
             if status == 404:
                 return None, None
-            self._check(status, body, name)
+            self._check(status, body, name, headers)
             return int(headers["content-length"]), headers.get("etag")
 
         return self._retry("HEAD", name, once)

@@ -21,6 +21,7 @@ SCHEMES = {
     "abfss": "az",
     "http": "http",
     "https": "http",
+    "hf": "hf",
 }
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
 _AUTHORITY_CUT = re.compile(r"[/?#]")
@@ -53,7 +54,7 @@ def check_url(url: str, scheme: str | None = None) -> None:
         raise ValueError(
             f"{redact_url(url)}: a dataset URL cannot hold '?' or '#' (a query or fragment); name the folder only"
         )
-    if scheme != "http" and "%" in url:
+    if scheme not in ("http", "hf") and "%" in url:
         raise ValueError(
             f"{redact_url(url)}: percent-escapes are not supported in {scheme}:// dataset URLs; write the key as "
             "it is (spaces and other characters are fine)"
@@ -146,7 +147,7 @@ def scheme_of(url: str) -> str:
     m = _URL.match(url)
     if not m or m.group(1).lower() not in SCHEMES:
         raise ValueError(
-            f"{redact_url(url)}: unsupported URL scheme (supported: s3://, gs://, az://, http://, https://)"
+            f"{redact_url(url)}: unsupported URL scheme (supported: s3://, gs://, az://, http://, https://, hf://)"
         )
     return SCHEMES[m.group(1).lower()]
 

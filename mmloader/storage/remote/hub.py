@@ -1,0 +1,340 @@
+"""Hugging Face Hub datasets as folders: ``hf://datasets/ORG/NAME[@REVISION]/path/in/repo``.
+
+A Hub URL is resolved once, where the dataset is opened: the revision (a branch, tag or commit,
+``main`` by default) becomes the commit it names at that moment (the Hub's revision API), and
+every later request — in this process or in workers, which receive the resolved location —
+names that commit. Files of a commit never change, so a push to the branch mid-run cannot mix
+two versions of the data. Files are read through the Hub's ``resolve`` endpoint with HTTP
+``Range`` (the redirect to the Hub's CDN is followed, without the token); listings come from its
+tree API. These are the endpoints ``huggingface_hub`` calls.
+
+**Endpoint**: ``storage_options["endpoint"]``, else ``$HF_ENDPOINT`` (mirrors, tests), else
+``https://huggingface.co``. **Token**: ``storage_options["token"]`` (``False``: send none), else
+``$HF_TOKEN``, else the token ``hf auth login`` saved (``$HF_TOKEN_PATH``, else
+``$HF_HOME/token``, default ``~/.cache/huggingface/token``). A token read from the environment
+or that file is read again in each process and never travels in a pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import quote, unquote
+
+from .errors import RemoteError, RemoteUnavailableError
+from .redaction import redact, remember_secrets
+from .retry import Policy
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+#: ``storage_options`` an ``hf://`` URL takes besides the HTTP client's (headers, timeouts).
+HUB_OPTION_KEYS = {"token", "endpoint"}
+
+
+class HubError(RemoteError):
+    """The Hub refused to serve a repository: missing, private, gated, or no such revision.
+    Its message says what to do; no retry or new client cures it (``final``)."""
+
+    final = True
+
+
+@dataclass(frozen=True)
+class HubPath:
+    """The parts of an ``hf://`` URL.
+
+    Args:
+        repo_id: ``ORG/NAME``.
+        revision: the branch, tag or commit as written (``main`` when none is given).
+        path: the folder inside the repository (``""`` for its root).
+        repo_type: ``datasets`` (the only kind mmloader reads).
+    """
+
+    repo_id: str
+    revision: str
+    path: str
+    repo_type: str = "datasets"
+
+    @property
+    def url(self) -> str:
+        """The URL as written, with the revision it names."""
+        rev = "" if self.revision == "main" else "@" + quote(self.revision, safe="")
+        return f"hf://{self.repo_type}/{self.repo_id}{rev}" + (f"/{self.path}" if self.path else "")
+
+
+def parse_hub_url(url: str) -> HubPath:
+    """Split ``hf://datasets/ORG/NAME[@REVISION]/path``; a ValueError names what is wrong.
+
+    A revision holding a slash is percent-encoded, as ``huggingface_hub`` writes it
+    (``@refs%2Fconvert%2Fparquet``).
+
+    Args:
+        url: the ``hf://`` URL.
+
+    >>> parse_hub_url("hf://datasets/org/name@v1.0/data/train")
+    HubPath(repo_id='org/name', revision='v1.0', path='data/train', repo_type='datasets')
+    """
+    rest = url.split("://", 1)[1].strip("/")
+    parts = rest.split("/")
+    if parts[0] != "datasets":
+        raise ValueError(
+            f"{url}: mmloader reads dataset repositories: write hf://datasets/ORG/NAME[@REVISION]/path "
+            f"(models and spaces hold no datasets)"
+        )
+    if len(parts) < 3 or not parts[1] or not parts[2]:
+        raise ValueError(f"{url}: expected hf://datasets/ORG/NAME[@REVISION]/path (the repository's ORG/NAME)")
+    name, _, revision = parts[2].partition("@")
+    if "@" in parts[2] and not revision:
+        raise ValueError(f"{url}: an empty revision after '@': name a branch, tag or commit, or leave out '@'")
+    return HubPath(f"{parts[1]}/{name}", unquote(revision) or "main", "/".join(p for p in parts[3:] if p))
+
+
+def hub_endpoint(storage_options: Mapping | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The Hub's endpoint: ``storage_options["endpoint"]``, ``$HF_ENDPOINT`` or huggingface.co.
+
+    Args:
+        storage_options: the location's options.
+        environ: the environment (default ``os.environ``).
+    """
+    environ = os.environ if environ is None else environ
+    endpoint = (storage_options or {}).get("endpoint") or environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+    return str(endpoint).rstrip("/")
+
+
+def hub_token(storage_options: Mapping | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The token to send: ``storage_options["token"]`` (``False``: none), ``$HF_TOKEN``
+    (or the older ``$HUGGING_FACE_HUB_TOKEN``), else the file ``hf auth login`` wrote.
+
+    Args:
+        storage_options: the location's options.
+        environ: the environment (default ``os.environ``).
+    """
+    environ = os.environ if environ is None else environ
+    given = (storage_options or {}).get("token")
+    if given is False:
+        return None
+    if given:
+        return str(given)
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if environ.get(var, "").strip():
+            return environ[var].strip()
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    path = environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError:
+        return None
+    remember_secrets(token)  # never shown in a message
+    return token or None
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    """A Hub dataset folder resolved to one commit: what a :class:`~.location.Location` holds.
+
+    Args:
+        where: the parsed URL.
+        endpoint: the Hub's endpoint.
+        sha: the commit the revision named when the dataset was opened.
+        token: a token given in ``storage_options`` (None: looked up in each process).
+        use_token: False when ``storage_options["token"]`` is ``False``.
+    """
+
+    where: HubPath
+    endpoint: str
+    sha: str
+    token: str | None = None
+    use_token: bool = True
+
+    @property
+    def folder_url(self) -> str:
+        """The HTTPS folder the files are read from: the resolve endpoint at the commit."""
+        base = f"{self.endpoint}/{self.where.repo_type}/{self.where.repo_id}/resolve/{self.sha}"
+        return base + (f"/{quote(self.where.path)}" if self.where.path else "")
+
+    @property
+    def shown(self) -> str:
+        """The URL, pinned to the commit, as messages name it."""
+        return HubPath(self.where.repo_id, self.sha, self.where.path, self.where.repo_type).url
+
+    def bearer(self) -> str | None:
+        """The token this process sends (looked up here unless one was given)."""
+        if not self.use_token:
+            return None
+        return self.token or hub_token()
+
+    def list(self, prefix: str, policy: Policy) -> list[tuple[str, int]]:
+        """(name relative to the folder, size) of every file under ``prefix``, from the tree API
+        (paginated by its ``Link`` header)."""
+        folder = "/".join(p for p in (self.where.path, prefix.strip("/")) if p)
+        url = (
+            f"{self.endpoint}/api/{self.where.repo_type}/{self.where.repo_id}/tree/{self.sha}"
+            + (f"/{quote(folder)}" if folder else "")
+            + "?recursive=true"
+        )
+        cut = len(self.where.path) + 1 if self.where.path else 0
+        out: list[tuple[str, int]] = []
+        next_url: str | None = url
+        while next_url:
+            entries, headers = hub_api(next_url, self, policy, "list files")
+            for entry in entries:
+                if entry.get("type") == "file":
+                    size = (entry.get("lfs") or {}).get("size", entry.get("size", 0))
+                    out.append((entry["path"][cut:], int(size)))
+            next_url = _next_link(headers.get("link", ""))
+        return sorted(out)
+
+
+def open_hub(url: str, storage_options: dict, policy: Policy) -> tuple[HubRepo, dict]:
+    """Resolve ``url``'s revision to its commit (one request to the revision API).
+
+    Args:
+        url: ``hf://datasets/ORG/NAME[@REVISION]/path``.
+        storage_options: the location's options; ``token`` and ``endpoint`` are taken out.
+        policy: the retry policy of the requests.
+
+    Returns:
+        The resolved repository and the remaining ``storage_options`` (the HTTP client's).
+    """
+    where = parse_hub_url(url)
+    opts = dict(storage_options)
+    given = opts.pop("token", None)
+    endpoint = hub_endpoint({"endpoint": opts.pop("endpoint", None)})
+    probe = HubRepo(where, endpoint, where.revision, token=given or None, use_token=given is not False)
+    info, _headers = hub_api(
+        f"{endpoint}/api/{where.repo_type}/{where.repo_id}/revision/{quote(where.revision, safe='')}",
+        probe,
+        policy,
+        "resolve the revision",
+    )
+    sha = info.get("sha") if isinstance(info, dict) else None
+    if not isinstance(sha, str) or not sha:
+        raise HubError(f"{where.url}: the Hub's revision API gave no commit for {where.revision!r} ({endpoint})")
+    return HubRepo(where, endpoint, sha, token=probe.token, use_token=probe.use_token), opts
+
+
+def _next_link(header: str) -> str | None:
+    """The ``rel="next"`` URL of a ``Link`` header (the Hub's pagination), or None."""
+    for part in header.split(","):
+        if 'rel="next"' in part and "<" in part:
+            return part[part.index("<") + 1 : part.index(">")]
+    return None
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (seconds or an HTTP date), or None.
+
+    Args:
+        headers: the answer's headers, names lower-case.
+    """
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
+        except (TypeError, ValueError):
+            return None
+
+
+def refusal_message(status: int, headers: Mapping[str, str], repo: HubRepo, token_sent: bool) -> str | None:
+    """What to tell the user of a 401/403/404 from the Hub (None: not a refusal of the repo).
+
+    Args:
+        status: the HTTP status.
+        headers: the answer's headers, names lower-case (``x-error-code``, ``x-error-message``).
+        repo: the repository asked for.
+        token_sent: whether the request carried a token.
+    """
+    code = headers.get("x-error-code", "")
+    said = headers.get("x-error-message", "")
+    name = f"hf://{repo.where.repo_type}/{repo.where.repo_id}"
+    page = f"{repo.endpoint}/{repo.where.repo_type}/{repo.where.repo_id}"
+    how = "set HF_TOKEN, run `hf auth login`, or pass storage_options={'token': ...}"
+    if code == "GatedRepo" or (status == 403 and "gated" in said.lower()):
+        who = "the account of the token in use" if token_sent else "your account, then " + how
+        return f"{name} is a gated dataset: accept its conditions at {page} with {who}"
+    if code == "RevisionNotFound":
+        return f"{name} has no revision {repo.where.revision!r} (a branch, tag or commit): check it at {page}"
+    if code in ("RepoNotFound", "RepositoryNotFound") or status == 401:
+        if token_sent:
+            return (
+                f"{name}: no such dataset repository on {repo.endpoint}, or the token in use cannot read it "
+                f"(a private repository of another account): check the name at {page}"
+            )
+        return (
+            f"{name}: no such dataset repository on {repo.endpoint}, or it is private: check the name, and "
+            f"for a private dataset {how}"
+        )
+    if status == 403:
+        return f"{name}: the Hub refused access (HTTP 403{': ' + said if said else ''}); {how} with a token that may read it"
+    if status == 404 and code != "EntryNotFound":
+        return f"{name}: not found on {repo.endpoint} (HTTP 404{': ' + said if said else ''})"
+    return None
+
+
+def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
+    """GET a Hub API ``url`` -> (parsed JSON, headers), retried under ``policy``: 429 waits the
+    server's ``Retry-After``, 5xx and connection errors back off; refusals are :class:`HubError`
+    at once, a missing path :class:`FileNotFoundError`.
+
+    Args:
+        url: the API URL.
+        repo: the repository (for its token and the messages).
+        policy: the retry policy.
+        what: what the request does, for messages.
+    """
+    token = repo.bearer()
+    headers = {"Accept": "application/json", "User-Agent": "mmloader"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    start, attempt = time.monotonic(), 0
+    while True:
+        wait: float | None = None
+        try:
+            req = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(req, timeout=policy.request_timeout) as resp:
+                body = resp.read()
+                answer = {k.lower(): v for k, v in resp.headers.items()}
+            return json.loads(body), answer
+        except urllib.error.HTTPError as e:
+            got = {k.lower(): v for k, v in (e.headers or {}).items()}
+            status = e.code
+            e.close()
+            refusal = refusal_message(status, got, repo, bool(token)) if status in (401, 403, 404) else None
+            if refusal:
+                raise HubError(redact(refusal)) from None
+            if status == 404:
+                raise FileNotFoundError(f"{repo.shown}: no such file or folder ({what})") from None
+            if not (status == 429 or status >= 500):
+                raise HubError(redact(f"{repo.where.url}: {what} failed: HTTP {status} from {repo.endpoint}")) from None
+            last = f"HTTP {status}"
+            if status == 429:
+                wait = retry_after(got)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError):
+                raise
+            if isinstance(e, json.JSONDecodeError):
+                raise HubError(f"{repo.where.url}: {what}: {repo.endpoint} did not answer with JSON") from None
+            last = type(e).__name__ + ": " + str(getattr(e, "reason", e))
+        elapsed = time.monotonic() - start
+        if elapsed >= policy.retry_deadline:
+            raise RemoteUnavailableError(
+                redact(
+                    f"{repo.where.url}: {what} kept failing for {elapsed:.0f} s ({attempt + 1} attempts; "
+                    f"retry_deadline={policy.retry_deadline:g} s); last error: {last}"
+                )
+            )
+        delay = policy.delay(attempt) if wait is None else wait
+        time.sleep(min(delay, max(policy.retry_deadline - elapsed, 0.0)))
+        attempt += 1

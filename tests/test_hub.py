@@ -1,0 +1,209 @@
+"""hf:// datasets against a Hub on 127.0.0.1 (samples/local_hub.py: the endpoints huggingface_hub
+calls), reached through HF_ENDPOINT; huggingface_hub's own HfFileSystem reads the same files."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import write_dataset
+from remote_servers import RangeServer, own_cache  # noqa: F401  (fixture)
+
+import mmloader
+from mmloader.storage import open_store
+from mmloader.storage.remote import Location, Policy, RemoteError, RemoteUnavailableError
+from mmloader.storage.remote.hub import HubError, hub_token, parse_hub_url, retry_after
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+from local_hub import HubServer  # noqa: E402
+
+TOKEN = "hf_test_token_0123456789"
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hubdata")
+    return {
+        "tar": write_dataset(root / "shards", 22, "tar", shard_size=5),
+        "lmdb": write_dataset(root / "pairs.lmdb", 9, "lmdb"),
+    }
+
+
+@pytest.fixture
+def hub(local, monkeypatch, tmp_path):
+    server = HubServer(retry_after=0.3)
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no login of the machine's user
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    server.upload_folder("org/pairs", local["tar"], "data/train")
+    server.upload_folder("org/pairs", local["lmdb"], "pairs.lmdb")
+    yield server
+    server.stop()
+
+
+def _rows(store) -> list[dict]:
+    return [{k: v for k, v in store[i].items() if k != "__index__"} for i in range(len(store))]
+
+
+def test_parse_hub_urls():
+    assert parse_hub_url("hf://datasets/org/name") == parse_hub_url("hf://datasets/org/name@main/")
+    p = parse_hub_url("hf://datasets/org/name@refs%2Fconvert%2Fparquet/default/train")
+    assert (p.repo_id, p.revision, p.path) == ("org/name", "refs/convert/parquet", "default/train")
+    assert p.url == "hf://datasets/org/name@refs%2Fconvert%2Fparquet/default/train"
+    for bad, said in (
+        ("hf://org/name", "dataset repositories"),
+        ("hf://datasets/org", "ORG/NAME"),
+        ("hf://datasets/org/name@/x", "empty revision"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            parse_hub_url(bad)
+    assert retry_after({"retry-after": "2"}) == 2.0 and retry_after({}) is None
+
+
+def test_shards_and_lmdb_read_in_place_match_local(hub, local):
+    shards = mmloader.open("hf://datasets/org/pairs/data/train")
+    assert len(shards) == 22 and _rows(shards) == _rows(open_store(local["tar"]))
+    lmdb = open_store("hf://datasets/org/pairs/pairs.lmdb")
+    assert _rows(lmdb) == _rows(open_store(local["lmdb"]))
+    # samples came by ranged reads of the shards through the CDN, which never saw the token
+    ranged = [r for r in hub.cdn_requests if r[0] == "GET"]
+    assert ranged and all(auth is None for _m, _p, auth in hub.cdn_requests)
+
+
+def test_readers_zip_and_workers(hub, local):
+    url = "hf://datasets/org/pairs/data/train"
+    ds = mmloader.zip(image=mmloader.ImageReader(url, field="jpg"), text=mmloader.TextReader(url, field="txt"))
+    want = [s["txt"].decode() for s in _rows(open_store(local["tar"]))]
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, shuffle=False), num_workers=2, backend="process")
+    got = [t for batch in loader for t in batch["text"]]
+    assert got == want
+
+
+def test_revision_pinned_when_opened(hub, local):
+    store = open_store("hf://datasets/org/pairs/data/train")
+    first = store.shards[0]["file"]
+    copy = pickle.loads(pickle.dumps(store))  # as a worker receives it
+    before = _rows(store)
+    old_sha = store.location.hub.sha
+    # a push to main mid-run: every shard rewritten with other samples
+    hub.commit("org/pairs", {f"data/train/{first}": b"\0" * 4096})
+    assert _rows(copy) == before and _rows(store) == before
+    assert copy.location.hub.sha == old_sha
+    assert open_store("hf://datasets/org/pairs/data/train").location.hub.sha != old_sha
+    # and a revision can be named: a commit, or a branch
+    pinned = open_store(f"hf://datasets/org/pairs@{old_sha}/data/train")
+    assert _rows(pinned) == before
+    hub.commit("org/pairs", {"x.txt": b"x"}, branch="v2")
+    assert len(open_store("hf://datasets/org/pairs@v2/data/train")) == 22
+
+
+def test_listing_and_bytes_match_hffilesystem(hub, local):
+    hf = pytest.importorskip("huggingface_hub")
+    fs = hf.HfFileSystem(endpoint=hub.url)
+    loc = Location("hf://datasets/org/pairs/data/train")
+    ours = dict(loc.list())
+    theirs = {
+        p.split("data/train/", 1)[1]: info["size"]
+        for p, info in fs.find("datasets/org/pairs/data/train", detail=True).items()
+    }
+    assert ours == theirs and len(ours) > 5
+    for name, size in ours.items():
+        with fs.open(f"datasets/org/pairs/data/train/{name}", "rb") as f:
+            whole = f.read()
+            f.seek(size // 3)
+            middle = f.read(100)
+        assert loc.get(name) == whole == (Path(local["tar"]) / name).read_bytes()
+        assert loc.get_ranges([(name, size // 3, min(size // 3 + 100, size))]) == [middle]
+
+
+def test_429_waits_retry_after(hub):
+    hub.throttle(2)  # the revision API, then the manifest
+    t = time.monotonic()
+    store = open_store("hf://datasets/org/pairs/data/train")
+    assert time.monotonic() - t >= 0.55 and len(store) == 22
+    hub.throttle(1)  # a sample read
+    assert store[7]["__key__"]
+    hub.throttle(1000)
+    with pytest.raises(RemoteUnavailableError, match="kept failing.*HTTP 429"):
+        open_store("hf://datasets/org/pairs/data/train", retry_deadline=1.0)
+
+
+def test_missing_private_and_gated_repos(hub, local, monkeypatch):
+    with pytest.raises(HubError, match=r"hf://datasets/org/nope: no such dataset repository.*HF_TOKEN"):
+        open_store("hf://datasets/org/nope")
+    with pytest.raises(HubError, match="has no revision 'v9'"):
+        open_store("hf://datasets/org/pairs@v9/data/train")
+    with pytest.raises(mmloader.errors.FormatError, match="no index.json"):
+        open_store("hf://datasets/org/pairs/data/none")
+    hub.create("org/private", private=True, readers={TOKEN})
+    hub.upload_folder("org/private", local["tar"])
+    hub.create("org/gated", gated=True, readers={TOKEN})
+    hub.upload_folder("org/gated", local["tar"])
+    with pytest.raises(HubError, match="or it is private"):
+        open_store("hf://datasets/org/private")
+    with pytest.raises(HubError, match=r"org/gated is a gated dataset: accept its conditions at .*/datasets/org/gated"):
+        open_store("hf://datasets/org/gated")
+    with pytest.raises(HubError, match="gated dataset.*the account of the token in use") as e:
+        open_store("hf://datasets/org/gated", storage_options={"token": "hf_other_token_9876543210"})
+    assert "hf_other_token" not in str(e.value)
+    with pytest.raises(HubError, match="the token in use cannot read it"):
+        open_store("hf://datasets/org/private", storage_options={"token": "hf_other_token_9876543210"})
+    # the token: storage_options, HF_TOKEN, or the file `hf auth login` writes
+    assert len(open_store("hf://datasets/org/private", storage_options={"token": TOKEN})) == 22
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert len(open_store("hf://datasets/org/gated")) == 22
+    with pytest.raises(HubError):
+        open_store("hf://datasets/org/gated", storage_options={"token": False})
+    monkeypatch.delenv("HF_TOKEN")
+    token_file = Path(os.environ["HF_HOME"]) / "token"
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text(TOKEN + "\n")
+    assert hub_token() == TOKEN
+    store = open_store("hf://datasets/org/gated")
+    assert _rows(store)[3]["txt"]
+    # the token read from the file is looked up again in each process, never pickled
+    assert TOKEN.encode() not in pickle.dumps(store)
+
+
+def test_env_token_reaches_dataloader_workers_without_pickling(hub, local, monkeypatch):
+    hub.create("org/private", private=True, readers={TOKEN})
+    hub.upload_folder("org/private", local["tar"])
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    reader = mmloader.TextReader("hf://datasets/org/private", field="txt")
+    assert TOKEN.encode() not in pickle.dumps(reader)
+    stream = mmloader.Stream(mmloader.zip(text=reader), batch_size=5, shuffle=False)
+    loader = mmloader.loader(stream, num_workers=2, multiprocessing_context="spawn")
+    assert sum(len(b["text"]) for b in loader) == 22
+
+
+def test_hub_is_read_only(hub, tmp_path):
+    with pytest.raises(RemoteError, match="does not write them"):
+        with mmloader.writer_for("hf://datasets/org/pairs/new") as w:
+            w.write({"__key__": "a", "txt": "x"})
+
+
+def test_https_bearer_token(local):
+    server = RangeServer(local["tar"], authorization="Bearer s3cr3t-token-abcdef")
+    try:
+        store = open_store(server.url, storage_options={"token": "s3cr3t-token-abcdef"})
+        assert len(store) == 22 and store[3]["txt"]
+        with pytest.raises(RemoteError) as e:
+            open_store(server.url, storage_options={"token": "wrong-token-0123456789"}, retry_deadline=1)
+        assert "wrong-token-0123456789" not in str(e.value)
+        with pytest.raises(ValueError, match="given twice"):
+            Location(server.url, {"token": "t0123456789", "headers": {"Authorization": "Basic x"}})
+    finally:
+        server.stop()
+
+
+def test_policy_deadline_bounds_the_revision_call(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    t = time.monotonic()
+    with pytest.raises(RemoteUnavailableError, match="resolve the revision kept failing"):
+        Location("hf://datasets/org/pairs", policy=Policy(retry_deadline=0.5))
+    assert time.monotonic() - t < 5
