@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from ..errors import FormatError
+from .arrow_store import ArrowStore, is_table
 from .base import KeysView, Store
 from .lmdb_store import LMDBStore, LMDBWriter
 from .remote import is_url
@@ -23,6 +24,7 @@ __all__ = [
     "LMDBStore",
     "LMDBWriter",
     "TarStore",
+    "ArrowStore",
     "ShardWriter",
     "build_index",
     "writer_for",
@@ -36,7 +38,8 @@ _HALF_URL = re.compile(r"(?i)(s3a?|gcs?|az|azure|abfss?|https?):/(?!/)")
 
 
 def open_store(path: str | os.PathLike | Store, **options) -> Store:
-    """Open an LMDB dataset or a shard directory (or its ``index.json``); nothing is read yet.
+    """Open an LMDB dataset, a shard directory (or its ``index.json``), or a table read in place
+(a ``datasets`` ``save_to_disk`` folder, Parquet files: :class:`ArrowStore`); nothing is read yet.
 
     Shard options: ``check_headers`` (default True), ``verify_checksums`` (default False).
     A URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) opens the dataset on object storage:
@@ -67,7 +70,12 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         return TarStore(p, **options)
     if p.is_dir() and (any(p.glob("*.tar")) or any(p.glob("*.tgz")) or any(p.glob("*.tar.gz"))):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
-    raise FormatError(f"{p} is neither an mmloader LMDB dataset (data.mdb) nor a shard directory ({MANIFEST})")
+    if is_table(p):  # a datasets save_to_disk folder, or Parquet: read in place
+        return ArrowStore(p, **{k: v for k, v in options.items() if k == "cache_bytes"})
+    raise FormatError(
+        f"{p} is neither an mmloader LMDB dataset (data.mdb), a shard directory ({MANIFEST}), an Arrow folder "
+        "(datasets' save_to_disk) nor Parquet"
+    )
 
 
 def open_url(

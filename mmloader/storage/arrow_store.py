@@ -1,0 +1,308 @@
+"""Arrow and Parquet tables read in place as stores: a folder written by
+``datasets.Dataset.save_to_disk`` (Arrow IPC files, memory-mapped) or Parquet files (one, a
+folder of them, or a list), with random access by row and only the asked columns decoded.
+
+Each column is a field: binary and string columns as their bytes, an HF ``Image`` or ``Audio``
+struct (``{bytes, path}``) as its bytes, numbers as their text (what :class:`~mmloader.LabelReader`
+parses), anything else (lists, other structs) as JSON. A ``__key__`` column (or ``key``, as
+img2dataset writes) gives the keys; otherwise a row's key is its number, zero-padded.
+
+Nothing of the table is held in memory: Arrow files are memory-mapped (pages the OS can drop),
+and a Parquet row group is decoded when a row of it is asked for and kept in a small cache
+(``cache_bytes``), since the plan reads rows in runs of consecutive blocks. A process opens the
+files itself (handles never travel to workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import FormatError
+from .base import Store
+
+#: the columns that give keys, in order of preference
+KEY_COLUMNS = ("__key__", "key")
+
+
+def _pa():
+    try:
+        import pyarrow as pa
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ImportError("reading Arrow and Parquet tables needs pyarrow: pip install 'mmloader[parquet]'") from None
+    return pa
+
+
+def is_table(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a ``save_to_disk`` folder, a Parquet file or a folder of Parquet files."""
+    p = Path(path)
+    if p.is_file():
+        return p.suffix == ".parquet"
+    return p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file() or any(p.glob("*.parquet")))
+
+
+def table_files(path: str | os.PathLike) -> tuple[str, list[Path]]:
+    """(``"arrow"`` or ``"parquet"``, the files in row order) of a table; a FormatError names
+    what is wrong (a ``DatasetDict`` folder: name a split)."""
+    p = Path(path)
+    if p.is_file():
+        return "parquet", [p]
+    if (p / "dataset_dict.json").is_file():
+        splits = sorted(d.name for d in p.iterdir() if (d / "state.json").is_file())
+        raise FormatError(f"{p} holds a DatasetDict (splits {', '.join(splits)}): open one split, e.g. {p / splits[0]}")
+    state = p / "state.json"
+    if state.is_file():
+        try:
+            names = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise FormatError(f"{state}: not a state.json written by datasets' save_to_disk ({e})") from None
+        files = [p / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise FormatError(f"{state} lists {len(missing)} missing Arrow file(s): {', '.join(missing[:3])}")
+        return "arrow", files
+    files = sorted(p.glob("*.parquet"))
+    if not files:
+        raise FormatError(f"{p} is not an Arrow folder (state.json) and holds no .parquet files")
+    return "parquet", files
+
+
+def _cell_kind(t) -> str:
+    """How a column's cells become bytes: bytes, text, struct (HF Image/Audio), number or json."""
+    pa = _pa()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "bytes"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+        return "struct"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return "number"
+    return "json"
+
+
+class ArrowStore(Store):
+    """A table as a store; see the module's text.
+
+    Args:
+        path: a ``save_to_disk`` folder, a Parquet file, or a folder of Parquet files.
+        cache_bytes: decoded Parquet row groups kept per process (bytes).
+
+    >>> ds = ArrowStore("hf-dataset/"); ds[0]["image"][:4], ds.fields   # doctest: +SKIP
+    """
+
+    format = "arrow"
+
+    def __init__(self, path: str | os.PathLike, cache_bytes: int = 256 << 20):
+        self.path = str(path)
+        self.kind, files = table_files(path)
+        self.files = [str(f) for f in files]
+        self.cache_bytes = int(cache_bytes)
+        pa = _pa()
+        schema = None
+        counts: list[int] = []
+        nulls: dict[str, int] = {}
+        for f in self.files:
+            try:
+                if self.kind == "parquet":
+                    meta = pa.parquet.ParquetFile(f).metadata
+                    file_schema = meta.schema.to_arrow_schema()
+                    counts.append(meta.num_rows)
+                    for rg in range(meta.num_row_groups):
+                        group = meta.row_group(rg)
+                        for c in range(group.num_columns):
+                            col = group.column(c)
+                            stats = col.statistics
+                            name = col.path_in_schema.split(".")[0]
+                            if stats is not None and stats.has_null_count and "." not in col.path_in_schema:
+                                nulls[name] = nulls.get(name, 0) + stats.null_count
+                else:
+                    table = self._read_ipc(f)
+                    file_schema = table.schema
+                    counts.append(table.num_rows)
+                    for name in table.column_names:
+                        nulls[name] = nulls.get(name, 0) + table.column(name).null_count
+            except (OSError, pa.ArrowInvalid) as e:
+                raise FormatError(f"{f}: not a readable {self.kind} file ({e})") from None
+            if schema is None:
+                schema = file_schema
+            elif not file_schema.equals(schema, check_metadata=False):
+                raise FormatError(f"{f}: its columns differ from those of {self.files[0]} ({file_schema} vs {schema})")
+        assert schema is not None
+        self.kinds = {name: _cell_kind(schema.field(name).type) for name in schema.names}
+        self.key_column = next((c for c in KEY_COLUMNS if self.kinds.get(c) in ("text", "number")), None)
+        self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        n = int(self.starts[-1])
+        fields = [c for c in schema.names if c != self.key_column]
+        self._meta = {
+            "format": self.kind,
+            "count": n,
+            "fields": fields,
+            "field_counts": {c: n - nulls.get(c, 0) for c in fields},
+            "columns": {c: str(schema.field(c).type) for c in schema.names},
+        }
+        self._reset()
+
+    # -- per-process handles ---------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._open: dict[int, Any] = {}
+        self._groups: OrderedDict[tuple[int, int, str], Any] = OrderedDict()  # decoded row groups
+        self._held = 0
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("_lock", "_open", "_groups", "_held", "_pid"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    @staticmethod
+    def _read_ipc(path: str):
+        pa = _pa()
+        source = pa.memory_map(path)  # zero-copy: the columns are views of the mapped file
+        try:
+            return pa.ipc.open_stream(source).read_all()  # what save_to_disk writes
+        except pa.ArrowInvalid:
+            return pa.ipc.open_file(source).read_all()
+
+    def _handle(self, f: int):
+        if self._pid != os.getpid():
+            self._reset()
+        h = self._open.get(f)
+        if h is None:
+            with self._lock:
+                h = self._open.get(f)
+                if h is None:
+                    pa = _pa()
+                    if self.kind == "parquet":
+                        h = pa.parquet.ParquetFile(self.files[f], memory_map=True)
+                    else:
+                        h = self._read_ipc(self.files[f])
+                    self._open[f] = h
+        return h
+
+    # -- reading ---------------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict:
+        return self._meta
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _column(self, f: int, rows: np.ndarray, name: str) -> list:
+        """The cells of ``rows`` (within file ``f``, ascending) of column ``name``, as Python values."""
+        h = self._handle(f)
+        if self.kind == "arrow":
+            return h.column(name).take(rows).to_pylist()
+        meta = h.metadata
+        bounds = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        out: list = []
+        groups = np.searchsorted(bounds, rows, side="right") - 1
+        for g in np.unique(groups).tolist():
+            local = rows[groups == g] - bounds[g]
+            out += self._group(f, g, name).take(local).to_pylist()
+        return out
+
+    def _group(self, f: int, g: int, name: str):
+        """One decoded column of one row group, from the cache (least recently used dropped)."""
+        key = (f, g, name)
+        with self._lock:
+            hit = self._groups.get(key)
+            if hit is not None:
+                self._groups.move_to_end(key)
+                return hit
+        col = self._handle(f).read_row_group(g, columns=[name]).column(0).combine_chunks()
+        with self._lock:
+            self._groups[key] = col
+            self._held += col.nbytes
+            while self._held > self.cache_bytes and len(self._groups) > 1:
+                _k, old = self._groups.popitem(last=False)
+                self._held -= old.nbytes
+        return col
+
+    def _cells(self, indices: Sequence[int], name: str) -> list:
+        """Column ``name`` of rows ``indices`` (any order), as Python values."""
+        idx = np.asarray(indices, dtype=np.int64)
+        out: list = [None] * len(idx)
+        files = np.searchsorted(self.starts, idx, side="right") - 1
+        for f in np.unique(files).tolist():
+            at = np.flatnonzero(files == f)
+            local = idx[at] - self.starts[f]
+            order = np.argsort(local, kind="stable")
+            values = self._column(f, local[order], name)
+            for j, v in zip(at[order].tolist(), values):
+                out[j] = v
+        return out
+
+    def _encode(self, name: str, value: Any, row: int) -> bytes | None:
+        if value is None:
+            return None
+        kind = self.kinds[name]
+        if kind == "bytes":
+            return value
+        if kind == "text":
+            return value.encode()
+        if kind == "struct":
+            data, path = value.get("bytes"), value.get("path")
+            if data is not None:
+                return data
+            if path and os.path.isabs(path) and os.path.isfile(path):
+                with open(path, "rb") as fh:  # datasets keeps a local file's path, not its bytes
+                    return fh.read()
+            if path:
+                raise FormatError(f"{self.path}: row {row}, column {name!r} holds only a path ({path!r}) that is not a file here")
+            return None
+        if kind == "number":
+            return str(int(value) if isinstance(value, bool) else value).encode()
+        return json.dumps(value, default=str).encode()
+
+    def key(self, index: int) -> str:
+        i = self._check_index(index)
+        if self.key_column is None:
+            return f"{i:08d}"
+        return str(self._cells([i], self.key_column)[0])
+
+    def index_of(self, key: str) -> int | None:
+        if self.key_column is None:
+            return int(key) if key.isdigit() and int(key) < len(self) and key == f"{int(key):08d}" else None
+        import pyarrow.compute as pc
+
+        for f in range(len(self.files)):
+            h = self._handle(f)
+            col = h.column(self.key_column) if self.kind == "arrow" else h.read(columns=[self.key_column]).column(0)
+            at = pc.index(col.cast("string"), key).as_py()
+            if at >= 0:
+                return int(self.starts[f]) + at
+        return None
+
+    def read_many(self, indices, fields, views: bool = False):
+        idx = self._check_indices(indices)
+        unknown = [f for f in fields if f not in self.kinds]
+        if unknown:
+            raise KeyError(f"{self.path} has no column {unknown[0]!r} (columns: {', '.join(self._meta['fields'])})")
+        keys = [f"{i:08d}" for i in idx] if self.key_column is None else [str(k) for k in self._cells(idx, self.key_column)]
+        columns = {
+            name: [self._encode(name, v, i) for v, i in zip(self._cells(idx, name), idx)] for name in fields
+        }
+        return keys, columns
+
+    def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
+        i = self._check_index(index)
+        names = list(self._meta["fields"] if fields is None else fields)
+        keys, columns = self.read_many([i], names)
+        out: dict[str, Any] = {"__key__": keys[0], "__index__": i}
+        out.update({k: v[0] for k, v in columns.items() if v[0] is not None})
+        return out

@@ -1,0 +1,179 @@
+"""Arrow folders written by the real ``datasets`` (save_to_disk) and Parquet files (to_parquet,
+pyarrow) read in place: the same bytes as the table holds, zipped, streamed to DataLoader
+workers, mixed and resumed without a conversion."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import numpy as np
+import pytest
+from conftest import write_dataset
+
+import mmloader
+from mmloader.errors import FormatError
+from mmloader.storage import ArrowStore, open_store
+
+datasets = pytest.importorskip("datasets")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+from PIL import Image  # noqa: E402
+
+N = 23
+
+
+def _png(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), i * 9 % 256, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """One image-text table, as save_to_disk (3 Arrow files) and as Parquet (small row groups)."""
+    root = tmp_path_factory.mktemp("tables")
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "caption": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["a", "b", "c"]),
+            "score": datasets.Value("float32"),
+            "tags": datasets.Sequence(datasets.Value("string")),
+            "raw": datasets.Value("binary"),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "image": [{"bytes": _png(i), "path": None} for i in range(N)],
+            "caption": [f"caption {i}" if i != 5 else None for i in range(N)],
+            "label": [i % 3 for i in range(N)],
+            "score": [i / 4 for i in range(N)],
+            "tags": [["x"] * (i % 3) for i in range(N)],
+            "raw": [bytes([i]) * i for i in range(N)],
+        },
+        features=features,
+    )
+    ds.save_to_disk(str(root / "saved"), num_shards=3)
+    ds.to_parquet(str(root / "pq" / "part-0.parquet"), batch_size=4)
+    return {"ds": ds, "saved": root / "saved", "parquet": root / "pq", "file": root / "pq" / "part-0.parquet"}
+
+
+@pytest.fixture(params=["saved", "parquet", "file"])
+def path(request, table):
+    return table[request.param]
+
+
+def test_rows_hold_the_tables_bytes(path, table):
+    store = mmloader.open(path)
+    assert isinstance(store, ArrowStore) and len(store) == N
+    assert store.fields == ["image", "caption", "label", "score", "tags", "raw"]
+    assert store.metadata["field_counts"]["caption"] == N - 1 and store.metadata["field_counts"]["image"] == N
+    raw = table["ds"].data.table.to_pylist()  # what the table holds, undecoded
+    for i in (0, 5, 11, N - 1):
+        row = store[i]
+        assert row["__key__"] == f"{i:08d}" and store.index_of(row["__key__"]) == i
+        assert row["image"] == raw[i]["image"]["bytes"]
+        assert row.get("caption") == (raw[i]["caption"].encode() if raw[i]["caption"] is not None else None)
+        assert row["label"] == str(raw[i]["label"]).encode() and float(row["score"]) == raw[i]["score"]
+        assert json.loads(row["tags"]) == raw[i]["tags"] and row["raw"] == raw[i]["raw"]
+    keys, cols = store.read_many([20, 3, 3, 9], ["caption"])
+    assert keys == ["00000020", "00000003", "00000003", "00000009"]
+    assert cols["caption"] == [b"caption 20", b"caption 3", b"caption 3", b"caption 9"]
+
+
+def test_readers_stream_and_workers_exactly_once(path):
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(path, field="image"),
+        text=mmloader.TextReader(path, field="raw"),
+        label=mmloader.LabelReader(path, field="label"),
+    )
+    sample = ds[7]
+    assert tuple(sample["image"].shape[-2:]) == (8, 8) and int(sample["label"]) == 1
+    seen = []
+    for rank in (0, 1):
+        stream = mmloader.Stream(ds, batch_size=4, seed=3)
+        stream.set_world(rank, 2)
+        seen += [k for b in mmloader.loader(stream, num_workers=2, backend="process") for k in b["__key__"]]
+    padded = 2 * 3 * 4  # each rank: ceil(23 / 2 / 4) batches of 4
+    assert len(seen) == padded and set(seen) == {f"{i:08d}" for i in range(N)}
+
+
+def test_resume_mid_epoch_and_mix_with_shards(path, tmp_path):
+    shards = write_dataset(tmp_path / "shards", 10, "tar")
+    mixed = mmloader.mix(
+        [mmloader.zip(text=mmloader.TextReader(path, field="raw")), mmloader.zip(text=mmloader.TextReader(shards))],
+        names=["table", "shards"],
+    )
+    full = [k for b in mmloader.loader(mmloader.Stream(mixed, batch_size=3, seed=1), num_workers=0) for k in b["__key__"]]
+    loader = mmloader.loader(mmloader.Stream(mixed, batch_size=3, seed=1), num_workers=2, backend="process")
+    it = iter(loader)
+    head = [k for _ in range(3) for k in next(it)["__key__"]]
+    state = loader.state_dict()
+    del it
+    again = mmloader.loader(mmloader.Stream(mixed, batch_size=3, seed=1), num_workers=1, backend="process")
+    again.load_state_dict(state)
+    assert head + [k for b in again for k in b["__key__"]] == full
+    assert len(set(full)) == len(full) and {k[0] for k in full} == {"0", "s"}  # both tables, no repeats
+
+
+def test_only_asked_columns_are_decoded(table):
+    store = ArrowStore(table["parquet"], cache_bytes=1 << 30)
+    store.read_many(list(range(N)), ["caption"])
+    assert {name for _f, _g, name in store._groups} == {"caption"}
+    assert len(store._groups) == -(-N // 4)  # every row group of one column, once
+
+
+def test_parquet_cache_is_bounded(table):
+    store = ArrowStore(table["parquet"], cache_bytes=1)
+    for i in range(N):
+        store[i]
+    assert len(store._groups) == 1  # a row group at a time
+
+
+def test_pickles_without_the_table(table, tmp_path):
+    table["ds"].save_to_disk(str(tmp_path / "one"), num_shards=3)
+    datasets.concatenate_datasets([table["ds"]] * 10).save_to_disk(str(tmp_path / "ten"), num_shards=3)
+    small, big = (pickle.dumps(ArrowStore(tmp_path / name)) for name in ("one", "ten"))
+    assert len(big) - len(small) < 16 and len(pickle.loads(big)) == 10 * N  # counts, never rows
+
+
+def test_key_column_and_path_only_images(tmp_path):
+    img = tmp_path / "img.png"
+    img.write_bytes(_png(1))
+    pq.write_table(
+        pa.table(
+            {
+                "key": ["a", "b", "c"],
+                "jpg": pa.array(
+                    [{"bytes": _png(0), "path": None}, {"bytes": None, "path": str(img)}, {"bytes": None, "path": "rel.png"}],
+                    pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+                ),
+            }
+        ),
+        tmp_path / "t.parquet",
+    )
+    store = open_store(tmp_path / "t.parquet")
+    assert store.fields == ["jpg"] and list(store.keys) == ["a", "b", "c"] and store.index_of("c") == 2
+    assert store.get("b")["jpg"] == img.read_bytes()
+    with pytest.raises(FormatError, match=r"row 2, column 'jpg' holds only a path \('rel.png'\)"):
+        store[2]
+
+
+def test_clear_errors(table, tmp_path):
+    dd = datasets.DatasetDict({"train": table["ds"], "test": table["ds"]})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(FormatError, match=r"DatasetDict \(splits test, train\): open one split"):
+        mmloader.open(tmp_path / "dd")
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "mixed" / "0.parquet")
+    pq.write_table(pa.table({"b": ["x"]}), tmp_path / "mixed" / "1.parquet")
+    with pytest.raises(FormatError, match=r"1.parquet: its columns differ from those of .*0.parquet"):
+        open_store(tmp_path / "mixed")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.parquet").write_bytes(b"not parquet")
+    with pytest.raises(FormatError, match=r"x.parquet: not a readable parquet file"):
+        open_store(tmp_path / "bad")
+    with pytest.raises(KeyError, match="no column 'jpg'"):
+        open_store(table["saved"]).read_many([0], ["jpg"])
