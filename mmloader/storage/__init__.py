@@ -9,6 +9,8 @@ from pathlib import Path
 from ..errors import FormatError
 from .arrow_store import ArrowStore, is_table
 from .base import KeysView, Store
+from .energon_store import EnergonStore, is_energon
+from .img2dataset_store import Img2DatasetStore, is_img2dataset
 from .lmdb_store import LMDBStore, LMDBWriter
 from .remote import is_url
 from .shard_index import MANIFEST, build_index
@@ -25,6 +27,8 @@ __all__ = [
     "LMDBWriter",
     "TarStore",
     "ArrowStore",
+    "EnergonStore",
+    "Img2DatasetStore",
     "ShardWriter",
     "build_index",
     "writer_for",
@@ -39,7 +43,9 @@ _HALF_URL = re.compile(r"(?i)(s3a?|gcs?|az|azure|abfss?|https?):/(?!/)")
 
 def open_store(path: str | os.PathLike | Store, **options) -> Store:
     """Open an LMDB dataset, a shard directory (or its ``index.json``), or a table read in place
-(a ``datasets`` ``save_to_disk`` folder, Parquet files: :class:`ArrowStore`); nothing is read yet.
+(a ``datasets`` ``save_to_disk`` folder, Parquet files: :class:`ArrowStore`), a dataset
+prepared by ``energon prepare`` (:class:`EnergonStore`; ``split=`` picks the split, default
+``train``) or img2dataset's output folder (:class:`Img2DatasetStore`); nothing is read yet.
 
     Shard options: ``check_headers`` (default True), ``verify_checksums`` (default False).
     A URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) opens the dataset on object storage:
@@ -66,8 +72,15 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         raise FileNotFoundError(f"dataset {p} does not exist")
     if p.is_dir() and (p / "data.mdb").is_file():
         return LMDBStore(p)
+    if is_energon(p):  # prepared by `energon prepare` (an index.json too or not): its split honoured
+        keep = ("split", "split_config", "check_headers")
+        return EnergonStore(p, **{k: v for k, v in options.items() if k in keep})
     if (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.suffix == ".json"):
         return TarStore(p, **options)
+    if "split" in options:
+        raise TypeError(f"{p}: split= applies to Energon datasets (a folder with .nv-meta/); this is not one")
+    if is_img2dataset(p):  # shards + .parquet + _stats.json, no index needed
+        return Img2DatasetStore(p, **{k: v for k, v in options.items() if k == "check_headers"})
     if p.is_dir() and (any(p.glob("*.tar")) or any(p.glob("*.tgz")) or any(p.glob("*.tar.gz"))):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
     if is_table(p):  # a datasets save_to_disk folder, or Parquet: read in place

@@ -137,6 +137,11 @@ class TarStore(Store):
     def key(self, index: int) -> str:
         return bytes(self._key_arrays()[0][self._check_index(index)]).decode("utf-8")
 
+    def _keys_at(self, idx: np.ndarray) -> list[str]:
+        """The keys of samples ``idx`` (checked indices), in order."""
+        keys_arr, _ = self._key_arrays()
+        return [k.decode("utf-8") for k in keys_arr[idx].tolist()]
+
     def index_of(self, key: str) -> int | None:
         keys, order = self._key_arrays()
         kb = key.encode("utf-8")
@@ -280,8 +285,7 @@ class TarStore(Store):
         for f in fields:
             if f not in meta["field_counts"]:
                 raise KeyError(f"{self.path} has no field {f!r} (fields: {self.fields})")
-        keys_arr, _ = self._key_arrays()
-        keys = [k.decode("utf-8") for k in keys_arr[idx].tolist()]
+        keys = self._keys_at(idx)
         columns: dict[str, list] = {f: [None] * len(idx) for f in fields}
         if not len(idx) or not fields:
             return _Layout(True, keys, columns)
