@@ -35,8 +35,16 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \
 		--data $(OUT)/shapes.lmdb --captions $(OUT)/shapes --epochs 3 --checkpoint $(OUT)/ckpt.pt --resume
 
-test: $(VENV)/.installed
-	$(PY) -m pytest -q
+# img2dataset, which tests/test_img2dataset.py runs as the command-line tool it is, lives in a venv
+# of its own: it pins webdataset < 0.3 and pandas < 3, older than those the tests run with.
+TOOLS ?= .venv-tools
+$(TOOLS)/.installed:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install -q 'img2dataset>=1.45'
+	touch $@
+
+test: $(VENV)/.installed $(TOOLS)/.installed
+	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q
 
 # ruff (lint and format) and mypy, as configured in pyproject.toml
 lint: $(VENV)/.installed

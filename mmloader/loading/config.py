@@ -77,7 +77,7 @@ TOP_KEYS = {
 }
 #: ``length_by`` as a mapping: the arguments of :func:`mmloader.tokens`.
 LENGTH_KEYS = {"text", "images", "per_image", "image_token_id", "pad_id", "overlong"}
-SOURCE_KEYS = {"path", "index_path", "weight", "modalities", "align", "filter", "keys", "fraction", "limit"}
+SOURCE_KEYS = {"path", "index_path", "split", "weight", "modalities", "align", "filter", "keys", "fraction", "limit"}
 #: A source's selection (mmloader.select): config key -> select() option.
 SELECT_KEYS = {"filter": "where", "keys": "keys", "fraction": "fraction", "limit": "limit"}
 MIX_KEYS = {"mode", "epoch_size", "schedule"}
@@ -247,7 +247,8 @@ def _modalities(spec: Any, where: str) -> list[tuple[str, dict]]:
     return items
 
 
-def _open(path: str, root: Path, where: str, index_path: str | None = None):
+def _open(path: str, root: Path, where: str, index_path: str | None = None, split: str | None = None):
+    options = {} if split is None else {"split": str(split)}  # an Energon dataset's split
     if is_url(path):  # a dataset on object storage: credentials and cache from the environment
         if path.rstrip("/").lower().endswith(TEXT_SUFFIXES):
             raise ConfigError(
@@ -256,8 +257,8 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
         if index_path is not None:
             raise ConfigError(f"{where}: index_path applies to text files, not to {redact_url(path)}")
         try:
-            return open_store(path)
-        except (MMLoaderError, OSError, ValueError) as e:
+            return open_store(path, **options)
+        except (MMLoaderError, OSError, ValueError, TypeError) as e:
             raise ConfigError(f"{where}: {e}") from None
     p = Path(path)
     p = p if p.is_absolute() else root / p
@@ -278,15 +279,16 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None):
         return store
     if index_path is not None:
         raise ConfigError(f"{where}: index_path applies to text files ({', '.join(TEXT_SUFFIXES)}), not to {p}")
-    if p.is_file() and p.suffix.lower() != ".json":
+    if p.is_file() and p.suffix.lower() not in (".json", ".parquet"):
         kind = "a tar shard" if p.name.endswith((".tar", ".tgz", ".tar.gz")) else "a file"
         raise ConfigError(
-            f"{where}: {p} is {kind}, not a dataset: give the dataset directory (LMDB, or shards "
-            f"with index.json) or a text file ({', '.join(TEXT_SUFFIXES)}, one sample per line)"
+            f"{where}: {p} is {kind}, not a dataset: give the dataset directory (LMDB, shards with "
+            f"index.json, an Energon or img2dataset folder, an Arrow folder), a Parquet file or a text file "
+            f"({', '.join(TEXT_SUFFIXES)}, one sample per line)"
         )
     try:
-        return open_store(p)
-    except (MMLoaderError, OSError) as e:
+        return open_store(p, **options)
+    except (MMLoaderError, OSError, TypeError) as e:
         raise ConfigError(f"{where}: {e}") from None
 
 
@@ -371,7 +373,9 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
             if not path:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
             if str(path) not in stores:
-                stores[str(path)] = _open(str(path), root, f"{mwhere if own else where}.path", index_path)
+                stores[str(path)] = _open(
+                    str(path), root, f"{mwhere if own else where}.path", index_path, None if own else src.get("split")
+                )
             if isinstance(opts.get("tokenizer"), (str, os.PathLike)) and not Path(opts["tokenizer"]).is_absolute():
                 opts["tokenizer"] = str(root / opts["tokenizer"])  # relative to root, as paths are
             readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images, readers)
