@@ -18,6 +18,13 @@ Contenders (each run in a fresh process, two epochs, shuffled):
 * ``mosaicml-streaming``: ``StreamingDataset(remote="s3://bench/mds", local=...)``;
 * ``litdata``: ``litdata.StreamingDataset("s3://bench/litdata")``.
 
+``remote.py hub`` (default latency 20 ms) reads the same shards as the Hub dataset ``bench/mm``
+from the server's Hub endpoints (revision and tree APIs; the resolve endpoint redirecting to the
+file, as the Hub redirects to its CDN): ``mmloader-hub`` (``mmloader.open("hf://datasets/bench/mm")``
+with ``HF_ENDPOINT``) and ``webdataset-hub`` (WebDataset on the resolve URLs with ``curl -L`` and a
+bearer token, as the Hub's documentation shows), beside the S3/HTTP rows above; its results go to
+their own section of RESULTS.md.
+
 Measured: time from constructing the dataset to the first batch, samples/s over epoch 1 and over
 epoch 2, and bytes the server sent per sample delivered. Peers decode with the same decoder as
 mmloader (simplejpeg). Results replace the "Remote" section of benchmarks/RESULTS.md.
@@ -51,7 +58,10 @@ CONTENDERS = [
     "mosaicml-streaming",
     "litdata",
 ]
+#: ``remote.py hub``: the same shards as a Hugging Face Hub dataset (the server's Hub endpoints)
+HUB_CONTENDERS = ["mmloader-hub", "webdataset-hub", "mmloader", "webdataset", "litdata"]
 SECTION = "## Remote (object storage)"
+HUB_SECTION = "## Remote: the Hugging Face Hub (`benchmarks/remote.py hub`)"
 BUCKET = "bench"
 
 
@@ -178,7 +188,9 @@ def build(name: str, workload: str, info: dict, endpoint: str, workers: int, bat
     if name.startswith("mmloader"):
         import mmloader
 
-        if name == "mmloader-local":
+        if name == "mmloader-hub":
+            store = mmloader.open(f"hf://datasets/{BUCKET}/mm")
+        elif name == "mmloader-local":
             store = mmloader.open(os.path.join(info["root"], BUCKET, "mm"))
         else:
             opts = {"readahead": False} if name == "mmloader-ranged" else {}
@@ -190,10 +202,16 @@ def build(name: str, workload: str, info: dict, endpoint: str, workers: int, bat
             caption=mmloader.TextReader(store, "txt"),
         )
         return mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers)
-    if name == "webdataset":
+    if name in ("webdataset", "webdataset-hub"):
         import webdataset as wds
 
         urls = [f"{endpoint}/{BUCKET}/mm/{f}" for f in info["shards"]]
+        if name == "webdataset-hub":  # the Hub's documented recipe: curl following the redirect
+            urls = [
+                f"pipe:curl -s -L -f -H 'Authorization: Bearer {os.environ['HF_TOKEN']}' "
+                f"{endpoint}/datasets/{BUCKET}/mm/resolve/main/{f}"
+                for f in info["shards"]
+            ]
         pipe = wds.WebDataset(
             urls, shardshuffle=len(urls), nodesplitter=wds.single_node_only, workersplitter=wds.split_by_worker
         ).shuffle(1000)
@@ -253,6 +271,7 @@ def measure_one(args) -> dict:
     info = json.loads(args.info)
     endpoint = args.endpoint
     os.environ.update(env_for(endpoint))
+    os.environ.update({"HF_ENDPOINT": endpoint, "HF_TOKEN": "hf_bench_token_0000"})
     scratch = tempfile.mkdtemp(prefix="mm-remote-bench-")
 
     def server_bytes() -> int:
@@ -264,7 +283,7 @@ def measure_one(args) -> dict:
 
     import mmloader  # noqa: F401
 
-    for mod in {"webdataset": ["webdataset"], "mosaicml-streaming": ["streaming"], "litdata": ["litdata"]}.get(
+    for mod in {"webdataset": ["webdataset"], "webdataset-hub": ["webdataset"], "mosaicml-streaming": ["streaming"], "litdata": ["litdata"]}.get(
         args.run, ["mmloader.readers", "mmloader.loading.stream", "mmloader.loading.threaded"]
     ):
         importlib.import_module(mod)
@@ -441,9 +460,9 @@ def run_contender(name, workload, info, server, args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", nargs="?", default="loaders", choices=["loaders", "clients"])
+    p.add_argument("mode", nargs="?", default="loaders", choices=["loaders", "clients", "hub"])
     p.add_argument("--samples", type=int, default=20_000)
-    p.add_argument("--latencies", default="0,20,50", help="ms added to every request")
+    p.add_argument("--latencies", default=None, help="ms added to every request (default 0,20,50; hub: 20)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2)
@@ -460,6 +479,8 @@ def main() -> int:
     if args.run:
         print(json.dumps(measure_one(args)))
         return 0
+    if args.latencies is None:
+        args.latencies = "20" if args.mode == "hub" else "0,20,50"
     latencies = [float(x) for x in args.latencies.split(",") if x]
     if args.mode == "clients":
         tmp = Path(tempfile.mkdtemp(prefix="mm-clients-"))
@@ -484,8 +505,9 @@ def main() -> int:
         (Path(args.out) / "clients.json").write_text(json.dumps(rows, indent=1))
         return 0
     info = prepare(args)
-    names = [n for n in CONTENDERS if not args.only or n in args.only.split(",")]
-    saved = Path(args.out) / f"results-{args.samples}-{args.workload}.json"
+    pool = HUB_CONTENDERS if args.mode == "hub" else CONTENDERS
+    names = [n for n in pool if not args.only or n in args.only.split(",")]
+    saved = Path(args.out) / f"results-{args.mode}-{args.samples}-{args.workload}.json"
     results: dict = {}
     if saved.exists() and args.only:  # a partial run updates the rows it measured
         results = {(n, float(lat)): runs for n, lat, runs in json.loads(saved.read_text())}
@@ -518,7 +540,7 @@ def main() -> int:
             server.stop()
     load = max(load, os.getloadavg()[0])
     latencies = sorted({lat for _n, lat in results})
-    names = [n for n in CONTENDERS if any(k[0] == n for k in results)]
+    names = [n for n in pool if any(k[0] == n for k in results)]
     write_results(args, info, latencies, names, results, load)
     return 0
 
@@ -540,10 +562,11 @@ def write_results(args, info, latencies, names, results, load) -> None:
             versions.append(f"{mod} {__import__(mod).__version__}")
         except Exception:
             pass
+    hub = args.mode == "hub"
     lines = [
-        SECTION,
+        HUB_SECTION if hub else SECTION,
         "",
-        f"Command: `python benchmarks/remote.py --samples {args.samples} --latencies {args.latencies} "
+        f"Command: `python benchmarks/remote.py {'hub ' if hub else ''}--samples {args.samples} --latencies {args.latencies} "
         f"--workers {args.workers} --batch-size {args.batch_size} --workload {args.workload}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"mmloader {mmloader.__version__}; {time.strftime('%Y-%m-%d %H:%M')}; load average up to {load:.1f} "
@@ -569,12 +592,29 @@ def write_results(args, info, latencies, names, results, load) -> None:
             e1, e2 = _median(runs, lambda r: rate(r, 0)), _median(runs, lambda r: rate(r, -1))
             bps = _median(runs, lambda r: r["epochs"][0]["bytes"] / max(r["epochs"][0]["samples"], 1))
             lines.append(f"| {lat:.0f} ms | {name} | {first:,.0f} | {e1:,.0f} | {e2:,.0f} | {bps:,.0f} |")
-    lines += ["", *goals(latencies, names, results, rate), ""]
+    lines += ["", *(hub_goals if hub else goals)(latencies, names, results, rate), ""]
     out = Path(args.results)
     from data import write_section
 
-    write_section(out, "remote", "\n".join(lines))
-    print(f"wrote the {SECTION!r} section of {out}")
+    write_section(out, "remote-hub" if hub else "remote", "\n".join(lines))
+    print(f"wrote the {HUB_SECTION if hub else SECTION!r} section of {out}")
+
+
+def hub_goals(latencies, names, results, rate) -> list[str]:
+    """mmloader on the Hub against the peers reading the same shards over HTTP (or their own format)."""
+    out = []
+    for lat in latencies:
+        mm = _median(results.get(("mmloader-hub", lat)) or [], lambda r: rate(r, 0))
+        first = _median(results.get(("mmloader-hub", lat)) or [], lambda r: r["first_batch_s"])
+        for peer in ("webdataset-hub", "webdataset", "litdata"):
+            other = _median(results.get((peer, lat)) or [], lambda r: rate(r, 0))
+            other_first = _median(results.get((peer, lat)) or [], lambda r: r["first_batch_s"])
+            if mm and other:
+                out.append(
+                    f"- {lat:.0f} ms: mmloader-hub {mm:,.0f} samples/s (first batch {first * 1000:,.0f} ms) vs "
+                    f"{peer} {other:,.0f} ({other_first * 1000:,.0f} ms) = {mm / other:.2f}x."
+                )
+    return out
 
 
 def goals(latencies, names, results, rate) -> list[str]:

@@ -6,7 +6,9 @@ every request, and counters of requests and bytes sent.
 
 ``ROOT/BUCKET/KEY`` is object ``s3://BUCKET/KEY`` and ``http://HOST:PORT/BUCKET/KEY``. Requests are
 not authenticated (the signature is ignored), so any client configured with an endpoint and dummy
-keys can read. ``GET /__stats__`` returns ``{"requests": N, "bytes": B}``; ``POST /__reset__``
+keys can read. It also serves ``ROOT/ORG/NAME`` as the Hugging Face Hub dataset ``ORG/NAME``
+(``HF_ENDPOINT=http://HOST:PORT``: revision and tree APIs, resolve redirecting to the plain GET).
+``GET /__stats__`` returns ``{"requests": N, "bytes": B}``; ``POST /__reset__``
 zeroes them; ``POST /__latency__?ms=N`` changes the latency. Loopback only: it binds 127.0.0.1.
 It is aiohttp (sendfile, one event loop), so it serves thousands of small ranged reads a second
 on one core, unlike moto (the tests' S3), which is a Flask app.
@@ -27,6 +29,7 @@ from xml.sax.saxutils import escape
 from aiohttp import web
 
 STATE = {"requests": 0, "bytes": 0, "latency": 0.0}
+HUB_SHA = "0123456789abcdef0123456789abcdef01234567"  # the one commit of every Hub repository served
 
 
 def _etag(st: os.stat_result) -> str:
@@ -123,7 +126,43 @@ def make_app(root: Path) -> web.Application:
         await resp.write_eof()
         return resp
 
+    # The Hugging Face Hub's endpoints for a dataset repository ORG/NAME whose files are
+    # ROOT/ORG/NAME/...: the revision API (one commit), the tree API, and the resolve endpoint,
+    # which redirects to the file's plain GET (the Hub's CDN), as the Hub does for LFS files.
+    async def hub_revision(request: web.Request) -> web.Response:
+        STATE["requests"] += 1
+        if STATE["latency"]:
+            await asyncio.sleep(STATE["latency"])
+        return web.json_response({"id": f"{request.match_info['org']}/{request.match_info['name']}", "sha": HUB_SHA})
+
+    async def hub_tree(request: web.Request) -> web.Response:
+        STATE["requests"] += 1
+        if STATE["latency"]:
+            await asyncio.sleep(STATE["latency"])
+        base = root / request.match_info["org"] / request.match_info["name"]
+        sub = request.match_info.get("tail", "").strip("/")
+        out = []
+        for dirpath, _dirs, files in os.walk(base / sub):
+            for name in files:
+                rel = os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")
+                out.append({"type": "file", "path": rel, "size": os.path.getsize(os.path.join(dirpath, name)), "oid": "0" * 40})
+        return web.json_response(sorted(out, key=lambda e: e["path"]))
+
+    async def hub_resolve(request: web.Request) -> web.Response:
+        STATE["requests"] += 1
+        if STATE["latency"]:
+            await asyncio.sleep(STATE["latency"])
+        m = request.match_info
+        target = f"/{m['org']}/{m['name']}/{m['tail']}"
+        if not (root / m["org"] / m["name"] / m["tail"]).is_file():
+            return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
+        return web.Response(status=302, headers={"Location": target, "X-Repo-Commit": HUB_SHA})
+
     app = web.Application(client_max_size=1 << 30)
+    app.router.add_get("/api/datasets/{org}/{name}/revision/{rev}", hub_revision)
+    app.router.add_get("/api/datasets/{org}/{name}/tree/{rev}", hub_tree)
+    app.router.add_get("/api/datasets/{org}/{name}/tree/{rev}/{tail:.*}", hub_tree)
+    app.router.add_route("*", "/datasets/{org}/{name}/resolve/{rev}/{tail:.*}", hub_resolve)
     app.router.add_get("/__stats__", stats)
     app.router.add_post("/__reset__", reset)
     app.router.add_post("/__latency__", latency)
