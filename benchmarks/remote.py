@@ -283,9 +283,12 @@ def measure_one(args) -> dict:
 
     import mmloader  # noqa: F401
 
-    for mod in {"webdataset": ["webdataset"], "webdataset-hub": ["webdataset"], "mosaicml-streaming": ["streaming"], "litdata": ["litdata"]}.get(
-        args.run, ["mmloader.readers", "mmloader.loading.stream", "mmloader.loading.threaded"]
-    ):
+    for mod in {
+        "webdataset": ["webdataset"],
+        "webdataset-hub": ["webdataset"],
+        "mosaicml-streaming": ["streaming"],
+        "litdata": ["litdata"],
+    }.get(args.run, ["mmloader.readers", "mmloader.loading.stream", "mmloader.loading.threaded"]):
         importlib.import_module(mod)
     try:
         urllib.request.urlopen(urllib.request.Request(f"{endpoint}/__reset__", method="POST")).read()

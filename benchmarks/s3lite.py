@@ -145,7 +145,9 @@ def make_app(root: Path) -> web.Application:
         for dirpath, _dirs, files in os.walk(base / sub):
             for name in files:
                 rel = os.path.relpath(os.path.join(dirpath, name), base).replace(os.sep, "/")
-                out.append({"type": "file", "path": rel, "size": os.path.getsize(os.path.join(dirpath, name)), "oid": "0" * 40})
+                out.append(
+                    {"type": "file", "path": rel, "size": os.path.getsize(os.path.join(dirpath, name)), "oid": "0" * 40}
+                )
         return web.json_response(sorted(out, key=lambda e: e["path"]))
 
     async def hub_resolve(request: web.Request) -> web.Response:

@@ -82,15 +82,18 @@ def build(out: Path, rows: int, px: int, convert: bool = True) -> dict:
 def run(case: str, paths: dict, workers: int, batch: int) -> dict:
     """One shuffled epoch of ``case``: samples/s and the first batch's wait."""
     import torch
-
     from data import warm
 
     import mmloader
 
-    path = paths[case.split("-")[1]] if case.startswith("mmloader") else paths["arrow" if case == "hf-map" else "parquet"]
+    path = (
+        paths[case.split("-")[1]] if case.startswith("mmloader") else paths["arrow" if case == "hf-map" else "parquet"]
+    )
     warm(path)
     if case.startswith("mmloader"):
-        ds = mmloader.zip(image=mmloader.ImageReader(str(path), field="jpg"), text=mmloader.TextReader(str(path), field="txt"))
+        ds = mmloader.zip(
+            image=mmloader.ImageReader(str(path), field="jpg"), text=mmloader.TextReader(str(path), field="txt")
+        )
         loader = mmloader.loader(mmloader.Stream(ds, batch_size=batch, seed=0), num_workers=workers)
     elif case == "hf-map":
         import datasets
@@ -151,14 +154,26 @@ def main() -> int:
     results: dict[str, list[dict]] = {c: [] for c in cases}
     for rep in range(args.repeats):  # a fresh process per run, cases alternating
         for case in cases:
-            cmd = [sys.executable, __file__, "--case", case, "--workers", str(args.workers), "--batch-size", str(args.batch_size)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--case",
+                case,
+                "--workers",
+                str(args.workers),
+                "--batch-size",
+                str(args.batch_size),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if done.returncode:
                 print(f"{case}: failed\n{done.stderr[-2000:]}", flush=True)
                 continue
             res = json.loads(done.stdout.splitlines()[-1])
             results[case].append(res)
-            print(f"repeat {rep}: {case}: {res['samples_per_s']:.0f} samples/s, first batch {res['first_batch_s'] * 1000:.0f} ms", flush=True)
+            print(
+                f"repeat {rep}: {case}: {res['samples_per_s']:.0f} samples/s, first batch {res['first_batch_s'] * 1000:.0f} ms",
+                flush=True,
+            )
     sizes = [int(s) for s in args.memory_rows.split(",")]
     mem: dict[tuple[str, int], dict] = {}
     for n in sizes:

@@ -129,7 +129,9 @@ class HubServer:
 
     def _error(self, h, status: int, code: str, message: str) -> None:
         body = json.dumps({"error": message}).encode()
-        self._send(h, status, body, {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"})
+        self._send(
+            h, status, body, {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"}
+        )
 
     def _json(self, h, value, headers: dict | None = None) -> None:
         self._send(h, 200, json.dumps(value).encode(), {"Content-Type": "application/json", **(headers or {})})
@@ -156,7 +158,9 @@ class HubServer:
         parts = urlsplit(h.path)
         blob = self._blobs.get(parts.path.rsplit("/", 1)[-1])
         if auth is not None:  # a signed URL: a second credential is refused, as S3 refuses it
-            self._send(h, 400, b"<Error><Code>InvalidArgument</Code><Message>Only one auth mechanism allowed</Message></Error>")
+            self._send(
+                h, 400, b"<Error><Code>InvalidArgument</Code><Message>Only one auth mechanism allowed</Message></Error>"
+            )
             return
         if blob is None or "sig" not in parse_qs(parts.query):
             self._send(h, 403, b"<Error><Code>AccessDenied</Code></Error>")
@@ -197,7 +201,16 @@ class HubServer:
         tree = repo.commits[sha]
         if api and kind == "revision":
             siblings = [{"rfilename": p} for p in sorted(tree)]
-            self._json(h, {"id": repo_id, "sha": sha, "private": repo.private, "gated": repo.gated and "auto", "siblings": siblings})
+            self._json(
+                h,
+                {
+                    "id": repo_id,
+                    "sha": sha,
+                    "private": repo.private,
+                    "gated": repo.gated and "auto",
+                    "siblings": siblings,
+                },
+            )
         elif api and kind == "tree":
             self._tree(h, repo_id, tree, sha, path, parse_qs(parts.query))
         elif api and kind == "paths-info":
@@ -205,12 +218,19 @@ class HubServer:
             form = parse_qs(h.rfile.read(length).decode())
             asked = form.get("paths", [])
             out = [self._entry(p, tree) for p in asked if p in tree]
-            out += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": p} for p in asked if self._is_dir(p, tree)]
+            out += [
+                {"type": "directory", "oid": "0" * 40, "size": 0, "path": p} for p in asked if self._is_dir(p, tree)
+            ]
             self._json(h, out)
         elif not api and kind == "resolve":
             if repo.gated and not can_read:
                 status = 403 if token else 401
-                self._error(h, status, "GatedRepo", f"Access to dataset {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.")
+                self._error(
+                    h,
+                    status,
+                    "GatedRepo",
+                    f"Access to dataset {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in.",
+                )
                 return
             data = tree.get(path)
             if data is None:
@@ -221,7 +241,12 @@ class HubServer:
             if len(data) >= LFS_THRESHOLD:
                 digest = hashlib.sha256(data).hexdigest()
                 location = f"{self.cdn_url}/blobs/{digest}?sig={hashlib.md5(digest.encode()).hexdigest()}"
-                self._send(h, 302, b"", {**head, "Location": location, "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data))})
+                self._send(
+                    h,
+                    302,
+                    b"",
+                    {**head, "Location": location, "X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data))},
+                )
                 return
             self._ranged(h, data, head)
         else:
@@ -234,7 +259,12 @@ class HubServer:
     @staticmethod
     def _entry(path: str, tree: dict) -> dict:
         data = tree[path]
-        entry = {"type": "file", "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(), "size": len(data), "path": path}
+        entry = {
+            "type": "file",
+            "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+            "size": len(data),
+            "path": path,
+        }
         if len(data) >= LFS_THRESHOLD:
             entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
         return entry

@@ -106,7 +106,9 @@ def test_resume_mid_epoch_and_mix_with_shards(path, tmp_path):
         [mmloader.zip(text=mmloader.TextReader(path, field="raw")), mmloader.zip(text=mmloader.TextReader(shards))],
         names=["table", "shards"],
     )
-    full = [k for b in mmloader.loader(mmloader.Stream(mixed, batch_size=3, seed=1), num_workers=0) for k in b["__key__"]]
+    full = [
+        k for b in mmloader.loader(mmloader.Stream(mixed, batch_size=3, seed=1), num_workers=0) for k in b["__key__"]
+    ]
     loader = mmloader.loader(mmloader.Stream(mixed, batch_size=3, seed=1), num_workers=2, backend="process")
     it = iter(loader)
     head = [k for _ in range(3) for k in next(it)["__key__"]]
@@ -147,7 +149,11 @@ def test_key_column_and_path_only_images(tmp_path):
             {
                 "key": ["a", "b", "c"],
                 "jpg": pa.array(
-                    [{"bytes": _png(0), "path": None}, {"bytes": None, "path": str(img)}, {"bytes": None, "path": "rel.png"}],
+                    [
+                        {"bytes": _png(0), "path": None},
+                        {"bytes": None, "path": str(img)},
+                        {"bytes": None, "path": "rel.png"},
+                    ],
                     pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
                 ),
             }

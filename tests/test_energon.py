@@ -96,7 +96,11 @@ def test_readers_configs_and_workers(prepared, tmp_path):
     ds = mmloader.zip(image=mmloader.ImageReader(store), text=mmloader.TextReader(store, field="txt"))
     assert tuple(ds[0]["image"].shape[:1]) == (3,)
     copy = pickle.loads(pickle.dumps(ds))
-    seen = [k for b in mmloader.loader(mmloader.Stream(copy, batch_size=4, seed=2), num_workers=2, backend="process") for k in b["__key__"]]
+    seen = [
+        k
+        for b in mmloader.loader(mmloader.Stream(copy, batch_size=4, seed=2), num_workers=2, backend="process")
+        for k in b["__key__"]
+    ]
     assert sorted(seen) == sorted(store.key(i) for i in range(len(store))) and len(seen) == 2 * PER_SHARD
     config = tmp_path / "exp.yaml"
     config.write_text(

@@ -96,7 +96,9 @@ def test_opens_directly_with_every_downloaded_sample(output):
 
 
 def test_metadata_as_a_field_and_a_filter(output):
-    ds = mmloader.zip(image=mmloader.ImageReader(output), text=mmloader.TextReader(output), meta=mmloader.JSONReader(output))
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(output), text=mmloader.TextReader(output), meta=mmloader.JSONReader(output)
+    )
     sample = ds[3]
     assert tuple(sample["image"].shape[1:]) == (sample["meta"]["height"], sample["meta"]["width"])
     tall = mmloader.select(ds, where="meta.height >= 30 and meta.status == 'success'", progress=False)

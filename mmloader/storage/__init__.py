@@ -43,15 +43,15 @@ _HALF_URL = re.compile(r"(?i)(s3a?|gcs?|az|azure|abfss?|https?):/(?!/)")
 
 def open_store(path: str | os.PathLike | Store, **options) -> Store:
     """Open an LMDB dataset, a shard directory (or its ``index.json``), or a table read in place
-(a ``datasets`` ``save_to_disk`` folder, Parquet files: :class:`ArrowStore`), a dataset
-prepared by ``energon prepare`` (:class:`EnergonStore`; ``split=`` picks the split, default
-``train``) or img2dataset's output folder (:class:`Img2DatasetStore`); nothing is read yet.
+    (a ``datasets`` ``save_to_disk`` folder, Parquet files: :class:`ArrowStore`), a dataset
+    prepared by ``energon prepare`` (:class:`EnergonStore`; ``split=`` picks the split, default
+    ``train``) or img2dataset's output folder (:class:`Img2DatasetStore`); nothing is read yet.
 
-    Shard options: ``check_headers`` (default True), ``verify_checksums`` (default False).
-    A URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) opens the dataset on object storage:
-    see :func:`open_url` for its options.
+        Shard options: ``check_headers`` (default True), ``verify_checksums`` (default False).
+        A URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) opens the dataset on object storage:
+        see :func:`open_url` for its options.
 
-    >>> ds = open_store("data.lmdb"); len(ds)    # doctest: +SKIP
+        >>> ds = open_store("data.lmdb"); len(ds)    # doctest: +SKIP
     """
     if isinstance(path, Store):
         return path

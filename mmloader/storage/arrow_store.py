@@ -46,7 +46,9 @@ def is_table(path: str | os.PathLike) -> bool:
     p = Path(path)
     if p.is_file():
         return p.suffix == ".parquet"
-    return p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file() or any(p.glob("*.parquet")))
+    return p.is_dir() and (
+        (p / "state.json").is_file() or (p / "dataset_dict.json").is_file() or any(p.glob("*.parquet"))
+    )
 
 
 def table_files(path: str | os.PathLike) -> tuple[str, list[Path]]:
@@ -142,7 +144,7 @@ class ArrowStore(Store):
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         n = int(self.starts[-1])
         fields = [c for c in schema.names if c != self.key_column]
-        self._meta = {
+        self._meta: dict[str, Any] = {
             "format": self.kind,
             "count": n,
             "fields": fields,
@@ -263,7 +265,9 @@ class ArrowStore(Store):
                 with open(path, "rb") as fh:  # datasets keeps a local file's path, not its bytes
                     return fh.read()
             if path:
-                raise FormatError(f"{self.path}: row {row}, column {name!r} holds only a path ({path!r}) that is not a file here")
+                raise FormatError(
+                    f"{self.path}: row {row}, column {name!r} holds only a path ({path!r}) that is not a file here"
+                )
             return None
         if kind == "number":
             return str(int(value) if isinstance(value, bool) else value).encode()
@@ -293,10 +297,12 @@ class ArrowStore(Store):
         unknown = [f for f in fields if f not in self.kinds]
         if unknown:
             raise KeyError(f"{self.path} has no column {unknown[0]!r} (columns: {', '.join(self._meta['fields'])})")
-        keys = [f"{i:08d}" for i in idx] if self.key_column is None else [str(k) for k in self._cells(idx, self.key_column)]
-        columns = {
-            name: [self._encode(name, v, i) for v, i in zip(self._cells(idx, name), idx)] for name in fields
-        }
+        keys = (
+            [f"{i:08d}" for i in idx]
+            if self.key_column is None
+            else [str(k) for k in self._cells(idx, self.key_column)]
+        )
+        columns = {name: [self._encode(name, v, i) for v, i in zip(self._cells(idx, name), idx)] for name in fields}
         return keys, columns
 
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:

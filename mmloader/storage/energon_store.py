@@ -82,7 +82,11 @@ class EnergonStore(ExternalIndexStore, TarStore):
     indexed_by = "energon prepare"
 
     def __init__(
-        self, path: str | os.PathLike, split: str = "train", split_config: str = "split.yaml", check_headers: bool = True
+        self,
+        path: str | os.PathLike,
+        split: str = "train",
+        split_config: str = "split.yaml",
+        check_headers: bool = True,
     ):
         root = Path(path).resolve()
         self.path, self.split, self.check_headers, self.verify_checksums = str(root), split, check_headers, False
@@ -100,7 +104,9 @@ class EnergonStore(ExternalIndexStore, TarStore):
             split_file = meta / "split.json"
         splits = _load(split_file) if split_file.is_file() else None
         if not isinstance(splits, dict) or not isinstance(splits.get("split_parts"), dict):
-            raise FormatError(f"{split_file}: no split_parts (run `energon prepare` with --split-ratio or --split-parts)")
+            raise FormatError(
+                f"{split_file}: no split_parts (run `energon prepare` with --split-ratio or --split-parts)"
+            )
         parts = splits["split_parts"]
         if split not in parts:
             raise FormatError(f"{root}: no split {split!r} in {split_file.name} (splits: {', '.join(parts)})")
@@ -108,7 +114,9 @@ class EnergonStore(ExternalIndexStore, TarStore):
         names = [n for pattern in parts[split] or [] for n in expand_braces(str(pattern)) if n not in excludes]
         unknown = [n for n in names if n not in counts]
         if unknown:
-            raise FormatError(f"{split_file}: split {split!r} names shards {unknown[:3]} that {info_file.name} does not list")
+            raise FormatError(
+                f"{split_file}: split {split!r} names shards {unknown[:3]} that {info_file.name} does not list"
+            )
         if not names:
             raise FormatError(f"{root}: split {split!r} holds no shards (after excludes)")
         # sample excludes: "shard.tar/KEY"

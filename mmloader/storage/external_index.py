@@ -16,7 +16,7 @@ import os
 import tarfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -51,7 +51,9 @@ def walk_shard(path: str | os.PathLike, fields: Sequence[str]) -> tuple[list[str
         row = [(-1, -1)] * len(fields)
         for f, (offset, size) in sample["__offsets__"].items():
             if f not in column:
-                raise FormatError(f"shard {path}: sample {sample['__key__']!r} has field {f!r}, which the dataset's metadata does not list ({', '.join(fields)})")
+                raise FormatError(
+                    f"shard {path}: sample {sample['__key__']!r} has field {f!r}, which the dataset's metadata does not list ({', '.join(fields)})"
+                )
             row[column[f]] = (offset, size)
         keys.append(sample["__key__"])
         rows.append(row)

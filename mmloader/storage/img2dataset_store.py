@@ -62,7 +62,9 @@ class Img2DatasetStore(ExternalIndexStore, TarStore):
             if count:
                 shards.append((tar.name, count))
         if not shards:
-            raise FormatError(f"{root}: img2dataset downloaded no image into any shard (every _stats.json: 0 successes)")
+            raise FormatError(
+                f"{root}: img2dataset downloaded no image into any shard (every _stats.json: 0 successes)"
+            )
         self._reset_handles()
         fields = self._first_fields(root / shards[0][0])
         total = sum(c for _n, c in shards)

@@ -12,9 +12,9 @@ from typing import Literal, cast
 from .client import Client, LocationLike, _Client
 from .errors import HostNotFound, ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
+from .hub import HubError, refusal_message, retry_after
 from .obstore_client import _ObstoreClient
 from .ranges import _check_length
-from .hub import HubError, refusal_message, retry_after
 from .retry import server_refusal
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
@@ -136,7 +136,7 @@ class _SimpleClient(_Client):
         """Follow redirects from ``url``; the token is not sent to another host."""
         from urllib.parse import urljoin, urlsplit
 
-        status, answer, body = 0, {}, b""
+        status, answer, body = 0, dict[str, str](), b""
         for _hop in range(self.MAX_REDIRECTS):
             parts = urlsplit(url)
             secure, host = parts.scheme == "https", _host_port(parts.netloc)
