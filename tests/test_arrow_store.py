@@ -183,3 +183,16 @@ def test_clear_errors(table, tmp_path):
         open_store(tmp_path / "bad")
     with pytest.raises(KeyError, match="no column 'jpg'"):
         open_store(table["saved"]).read_many([0], ["jpg"])
+
+
+def test_inspect_and_verify_read_every_row(table, tmp_path):
+    from mmloader.cli.inspect import describe
+    from mmloader.cli.verify import verify
+
+    text = describe(table["saved"], preview=1)
+    assert "format:  arrow" in text and "caption" in text and f"samples: {N}" in text
+    report = verify(table["parquet"], decode=True, progress=False)
+    assert report.ok and report.samples == N
+    pq.write_table(pa.table({"jpg": [b"not an image", b""]}), tmp_path / "bad.parquet")
+    bad = verify(tmp_path / "bad.parquet", decode=True, progress=False)
+    assert not bad.ok and "empty image" in bad.summary() and "does not decode" in bad.summary()

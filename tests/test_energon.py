@@ -160,3 +160,18 @@ def test_clear_errors(prepared, tmp_path):
     store = open_store(root)
     with pytest.raises(Exception, match="part_000.tar"):
         [store[i] for i in range(len(store))]
+
+
+def test_verify_checks_energons_index_against_the_tars(prepared, tmp_path):
+    import shutil
+    import sqlite3
+
+    from mmloader.cli.verify import verify
+
+    assert verify(prepared, progress=False).ok
+    root = tmp_path / "ds"
+    shutil.copytree(prepared, root)
+    with sqlite3.connect(root / ".nv-meta" / "index.sqlite") as db:  # one part's offset off by a block
+        db.execute("UPDATE sample_parts SET content_byte_offset = content_byte_offset + 512 WHERE sample_index = 1")
+    report = verify(root, progress=False)
+    assert not report.ok and "offset index does not match the tar" in report.summary()

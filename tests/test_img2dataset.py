@@ -130,3 +130,12 @@ def test_an_interrupted_or_changed_output_is_an_error(output, tmp_path):
     first.unlink()  # a shard whose run was interrupted: no statistics
     with pytest.raises(FormatError, match=r"00000.tar has no 00000_stats.json beside it"):
         open_store(copy)
+
+
+def test_inspect_and_verify(output):
+    from mmloader.cli.inspect import describe
+    from mmloader.cli.verify import verify
+
+    assert "tar, indexed by img2dataset" in describe(output, preview=1)
+    report = verify(output, decode=True, progress=False)
+    assert report.ok and report.samples == URLS - len(MISSING)

@@ -80,8 +80,22 @@ def open_with_metadata(path: str | os.PathLike | Store) -> tuple[Store, dict]:
 
 
 def format_name(store: Store) -> str:
-    """The format's name as every option spells it: ``lmdb`` or ``tar``."""
-    return "lmdb" if isinstance(store, LMDBStore) else "tar" if isinstance(store, TarStore) else type(store).__name__
+    """The format's name as every option spells it: ``lmdb`` or ``tar`` (``tar, indexed by
+    energon prepare`` for shards another tool indexed; ``arrow``/``parquet`` for tables)."""
+    if isinstance(store, LMDBStore):
+        return "lmdb"
+    if isinstance(store, TarStore):
+        by = store.metadata.get("indexed_by")
+        return f"tar, indexed by {by}" if by else "tar"
+    return str(store.metadata.get("format") or type(store).__name__)
+
+
+def _size_of(store: TarStore, s: int) -> int:
+    """A shard's size on disk (shards another tool indexed: no size in the manifest)."""
+    try:
+        return os.path.getsize(store.shard_path(s))
+    except OSError:
+        return 0
 
 
 def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
@@ -102,17 +116,18 @@ def describe(path: str | os.PathLike | Store, preview: int = 3) -> str:
     if meta.get("created"):
         lines.append(f"created: {meta['created']} by {meta.get('tool', '?')}")
     lines.append("fields:")
+    sizes = meta.get("field_bytes")  # tables and shards another tool indexed do not record them
+    columns = meta.get("columns", {})
     for f in meta["fields"]:
-        lines.append(
-            f"  {f:<10} {meta['field_counts'][f]:>10} samples  {human_bytes(meta['field_bytes'].get(f, 0)):>10}"
-        )
+        size = human_bytes(sizes.get(f, 0)) if sizes is not None else columns.get(f, "")
+        lines.append(f"  {f:<10} {meta['field_counts'][f]:>10} samples  {size:>10}")
     if isinstance(store, TarStore):
         shards = store.shards
-        total = sum(s["bytes"] for s in shards)
+        on_disk = [s.get("bytes", _size_of(store, i)) for i, s in enumerate(shards)]
         comp = sum(1 for s in shards if s["compressed"])
-        lines.append(f"shards:  {len(shards)} ({human_bytes(total)}{f', {comp} compressed' if comp else ''})")
-        for s in shards[:3]:
-            lines.append(f"  {s['file']}: {s['count']} samples, {human_bytes(s['bytes'])}")
+        lines.append(f"shards:  {len(shards)} ({human_bytes(sum(on_disk))}{f', {comp} compressed' if comp else ''})")
+        for s, size in list(zip(shards, on_disk))[:3]:
+            lines.append(f"  {s['file']}: {s['count']} samples, {human_bytes(size)}")
         if len(shards) > 3:
             lines.append(f"  ... {len(shards) - 3} more")
     user = meta.get("metadata") or {}
