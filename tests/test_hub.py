@@ -140,6 +140,9 @@ def test_missing_private_and_gated_repos(hub, local, monkeypatch):
         open_store("hf://datasets/org/pairs@v9/data/train")
     with pytest.raises(mmloader.errors.FormatError, match="no index.json"):
         open_store("hf://datasets/org/pairs/data/none")
+    hub.commit("org/pairs", {"foreign/a.tar": (Path(local["tar"]) / "data-000000.tar").read_bytes()})
+    with pytest.raises(mmloader.errors.FormatError, match=r"no index.json: Hub shards are read in place .*upload"):
+        open_store("hf://datasets/org/pairs/foreign")
     hub.create("org/private", private=True, readers={TOKEN})
     hub.upload_folder("org/private", local["tar"])
     hub.create("org/gated", gated=True, readers={TOKEN})

@@ -243,6 +243,13 @@ class RemoteTarStore(TarStore):
             names = [n for n, _ in self.location.list(purpose="meta")]
         except Exception:
             return ""
+        if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names) and self.location.hub is not None:
+            return (
+                f" (it holds tar files but no {MANIFEST}: Hub shards are read in place with mmloader's index "
+                f"beside them; index a local copy (`mmloader index DIR`) and upload {MANIFEST}, keys.npy, "
+                "keys.order.npy and the *.idx.npy files next to the shards, or write the dataset with mmloader "
+                "and upload the folder)"
+            )
         if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names):
             return (
                 f" (it holds tar files but no manifest: a writer killed before publishing leaves its shards "
