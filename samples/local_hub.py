@@ -54,6 +54,8 @@ class HubServer:
         self.cdn_requests: list[tuple[str, str, str | None]] = []
         self.retry_after = retry_after
         self._throttle = 0
+        #: repo id -> a URL its requests are redirected to (307, the path kept): a moved repository
+        self.moved: dict[str, str] = {}
         self._lock = threading.Lock()
         self._blobs: dict[str, bytes] = {}
         self.cdn = _Threading(("127.0.0.1", 0), self._handler(cdn=True))
@@ -186,6 +188,9 @@ class HubServer:
             self._error(h, 404, "RepoNotFound", "Not Found")
             return
         repo_id, rest = f"{segs[1]}/{segs[2]}", segs[3:]
+        if repo_id in self.moved:
+            self._send(h, 307, b"", {"Location": self.moved[repo_id] + h.path})
+            return
         repo = self.repos.get(repo_id)
         can_read = repo is not None and (not (repo.private or repo.gated) or token in repo.readers)
         if repo is None or (repo.private and not can_read):

@@ -16,7 +16,7 @@ from remote_servers import RangeServer, own_cache  # noqa: F401  (fixture)
 import mmloader
 from mmloader.storage import open_store
 from mmloader.storage.remote import Location, Policy, RemoteError, RemoteUnavailableError
-from mmloader.storage.remote.hub import HubError, hub_token, parse_hub_url, retry_after
+from mmloader.storage.remote.hub import HubError, forget_revisions, hub_token, parse_hub_url, retry_after
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
 from local_hub import HubServer  # noqa: E402
@@ -63,6 +63,12 @@ def test_parse_hub_urls():
         with pytest.raises(ValueError, match=said):
             parse_hub_url(bad)
     assert retry_after({"retry-after": "2"}) == 2.0 and retry_after({}) is None
+    for unencoded in (
+        "hf://datasets/org/name@refs/convert/parquet/default",
+        "hf://datasets/org/name@refs/pr/1/default",
+    ):
+        p = parse_hub_url(unencoded)  # as huggingface_hub takes them
+        assert p.revision.startswith("refs/") and p.path == "default", p
 
 
 def test_shards_and_lmdb_read_in_place_match_local(hub, local):
@@ -94,7 +100,15 @@ def test_revision_pinned_when_opened(hub, local):
     hub.commit("org/pairs", {f"data/train/{first}": b"\0" * 4096})
     assert _rows(copy) == before and _rows(store) == before
     assert copy.location.hub.sha == old_sha
-    assert open_store("hf://datasets/org/pairs/data/train").location.hub.sha != old_sha
+    # in this process, a revision stays the commit its first open resolved: two readers of one
+    # URL never read two commits
+    again = mmloader.TextReader("hf://datasets/org/pairs/data/train")
+    assert again.store.location.hub.sha == old_sha
+    forget_revisions()
+    newer = mmloader.TextReader("hf://datasets/org/pairs/data/train")
+    assert newer.store.location.hub.sha != old_sha
+    with pytest.raises(mmloader.errors.AlignmentError, match="open both at one revision"):
+        mmloader.zip(old=again, new=newer)
     # and a revision can be named: a commit, or a branch
     pinned = open_store(f"hf://datasets/org/pairs@{old_sha}/data/train")
     assert _rows(pinned) == before
@@ -129,7 +143,7 @@ def test_429_waits_retry_after(hub):
     hub.throttle(1)  # a sample read
     assert store[7]["__key__"]
     hub.throttle(1000)
-    with pytest.raises(RemoteUnavailableError, match="kept failing.*HTTP 429"):
+    with pytest.raises(RemoteUnavailableError, match="kept failing.*429"):
         open_store("hf://datasets/org/pairs/data/train", retry_deadline=1.0)
 
 
@@ -141,6 +155,7 @@ def test_missing_private_and_gated_repos(hub, local, monkeypatch):
     with pytest.raises(mmloader.errors.FormatError, match="no index.json"):
         open_store("hf://datasets/org/pairs/data/none")
     hub.commit("org/pairs", {"foreign/a.tar": (Path(local["tar"]) / "data-000000.tar").read_bytes()})
+    forget_revisions()  # (this process resolved main before the commit)
     with pytest.raises(mmloader.errors.FormatError, match=r"no index.json: Hub shards are read in place .*upload"):
         open_store("hf://datasets/org/pairs/foreign")
     hub.create("org/private", private=True, readers={TOKEN})
@@ -154,7 +169,7 @@ def test_missing_private_and_gated_repos(hub, local, monkeypatch):
     with pytest.raises(HubError, match="gated dataset.*the account of the token in use") as e:
         open_store("hf://datasets/org/gated", storage_options={"token": "hf_other_token_9876543210"})
     assert "hf_other_token" not in str(e.value)
-    with pytest.raises(HubError, match="the token in use cannot read it"):
+    with pytest.raises(HubError, match=r"the token in use \(storage_options\[.token.\]\) cannot read it"):
         open_store("hf://datasets/org/private", storage_options={"token": "hf_other_token_9876543210"})
     # the token: storage_options, HF_TOKEN, or the file `hf auth login` writes
     assert len(open_store("hf://datasets/org/private", storage_options={"token": TOKEN})) == 22
@@ -210,3 +225,90 @@ def test_policy_deadline_bounds_the_revision_call(monkeypatch):
     with pytest.raises(RemoteUnavailableError, match="resolve the revision kept failing"):
         Location("hf://datasets/org/pairs", policy=Policy(retry_deadline=0.5))
     assert time.monotonic() - t < 5
+
+
+def test_paths_that_need_percent_encoding(hub, local):
+    hub.upload_folder("org/pairs", local["tar"], "my data/données+@")
+    store = open_store("hf://datasets/org/pairs/my data/données+@")
+    assert _rows(store) == _rows(open_store(local["tar"]))
+    assert dict(store.location.list()) == dict(Location("hf://datasets/org/pairs/data/train").list())
+
+
+def test_listing_as_object_stores_list(hub):
+    loc = Location("hf://datasets/org/pairs/data/train")
+    assert [n for n, _s in loc.list("index.json")] == ["index.json"]
+    assert {n for n, _s in loc.list("data-00000")} == {n for n, _s in loc.list() if n.startswith("data-00000")}
+    assert loc.list("nothing/here") == []
+
+
+def test_opening_costs_no_request_per_shard(hub):
+    hub.requests.clear()
+    store = open_store("hf://datasets/org/pairs/data/train")
+    assert len(store.shards) == 5
+    assert [m for m, _p, _a in hub.requests if m == "HEAD"] == []  # the commit pins the versions
+
+
+def test_a_token_given_in_storage_options_never_shows(hub, local, caplog):
+    hub.create("org/private", private=True, readers={TOKEN})
+    hub.upload_folder("org/private", local["tar"])
+    store = open_store("hf://datasets/org/private", storage_options={"token": TOKEN})
+    assert TOKEN not in repr(store.location.hub) and TOKEN not in repr(store)
+    hub.throttle(1000)
+    with pytest.raises(RemoteUnavailableError) as e:
+        open_store("hf://datasets/org/private", storage_options={"token": TOKEN + "x"}, retry_deadline=0.5)
+    assert TOKEN not in str(e.value) and TOKEN not in caplog.text
+    hub.throttle(0)
+    with pytest.raises(ValueError, match="control character") as e:
+        open_store("hf://datasets/org/private", storage_options={"token": "hf_a\nb_0123456789"})
+    assert "0123456789" not in str(e.value)
+    assert len(open_store("hf://datasets/org/private", storage_options={"token": f" {TOKEN}\n"})) == 22  # stripped
+    with pytest.raises(TypeError, match="must be a string"):
+        open_store("hf://datasets/org/private", storage_options={"token": 123})
+    with pytest.raises(ValueError, match="there is none: run `hf auth login`"):
+        open_store("hf://datasets/org/private", storage_options={"token": True})
+    with pytest.raises(ValueError, match="both a token and an Authorization header"):
+        open_store("hf://datasets/org/private", storage_options={"token": TOKEN, "headers": {"Authorization": "x"}})
+
+
+def test_the_token_does_not_follow_a_redirect_to_another_host(hub, local, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    hub.moved["org/pairs"] = hub.cdn_url  # the API answers 307 to another host
+    hub.cdn_requests.clear()
+    with pytest.raises(Exception):
+        open_store("hf://datasets/org/pairs/data/train", retry_deadline=1)
+    assert hub.cdn_requests and all(auth is None for _m, _p, auth in hub.cdn_requests)
+
+
+def test_retry_after_zero_still_backs_off(hub):
+    hub.retry_after = 0
+    hub.throttle(10_000)
+    hub.requests.clear()
+    with pytest.raises(RemoteUnavailableError):
+        open_store("hf://datasets/org/pairs/data/train", retry_deadline=1.0)
+    assert len(hub.requests) < 40  # backoff from 0.1 s, not a request every millisecond
+
+
+def test_endpoint_typos_and_options_fail_at_once(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://no-such-hub.invalid")
+    t = time.monotonic()
+    with pytest.raises(HubError, match="does not resolve: check HF_ENDPOINT"):
+        open_store("hf://datasets/org/pairs")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"unknown storage_options \['tokne'\] for hf:// URLs"):
+        open_store("hf://datasets/org/pairs", storage_options={"tokne": "x"})
+    with pytest.raises(ValueError, match="is not an http"):
+        open_store("hf://datasets/org/pairs", storage_options={"endpoint": "not a url"})
+    with pytest.raises(ValueError, match="cannot hold credentials"):
+        open_store("hf://datasets/org/pairs", storage_options={"endpoint": "http://u:secret-pw-123@127.0.0.1:9"})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE is set"):
+        open_store("hf://datasets/org/pairs")
+    assert time.monotonic() - t < 5
+
+
+def test_a_repository_gone_mid_run_is_said(hub, local, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    store = open_store("hf://datasets/org/pairs/data/train")
+    del hub.repos["org/pairs"]
+    with pytest.raises(HubError, match="no such dataset repository"):
+        store[3]

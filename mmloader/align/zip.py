@@ -46,6 +46,7 @@ class Zipped(torch.utils.data.Dataset):
             if name.startswith("__"):
                 raise ValueError(f"zip(): modality name {name!r} is reserved")
             _check_coverage(name, r)
+        _check_one_commit(readers)
         self.readers = dict(readers)
         self.transforms = dict(transforms or {})
         unknown = set(self.transforms) - set(self.readers)
@@ -363,6 +364,23 @@ class Zipped(torch.utils.data.Dataset):
     def __repr__(self) -> str:
         mods = ", ".join(f"{n}={r!r}" for n, r in self.readers.items())
         return f"Zipped({mods}, {len(self)} samples{', by key' if self.by_key else ''})"
+
+
+def _check_one_commit(readers: Mapping[str, Reader]) -> None:
+    """Readers of one Hub repository must read one commit: modalities of two commits would pair
+    one version's images with another's captions."""
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    for name, r in readers.items():
+        hub = getattr(getattr(r.store, "location", None), "hub", None)
+        if hub is None:
+            continue
+        repo = (hub.endpoint, hub.where.repo_id)
+        first = seen.setdefault(repo, (name, hub.sha))
+        if first[1] != hub.sha:
+            raise AlignmentError(
+                f"zip(): {first[0]}= reads hf://datasets/{hub.where.repo_id} at commit {first[1]} and {name}= at "
+                f"{hub.sha}: open both at one revision (name the commit: @{first[1]})"
+            )
 
 
 def _check_coverage(name: str, reader: Reader) -> None:

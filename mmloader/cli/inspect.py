@@ -190,7 +190,9 @@ def add_arguments(s) -> None:
     from .args import int_at_least
 
     s.add_argument(
-        "path", help="a dataset: NAME.lmdb or a shard directory, local or a URL (s3://, gs://, az://, https://)"
+        "path",
+        help="a dataset: NAME.lmdb, a shard directory, an Arrow/Parquet table, an Energon or img2dataset folder, "
+        "local or a URL (s3://, gs://, az://, https://, hf://)",
     )
     s.add_argument("-n", "--preview", type=int_at_least(0), default=3, help="samples to preview (default 3)")
     s.add_argument(

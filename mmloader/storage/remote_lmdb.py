@@ -71,7 +71,7 @@ def open_remote_lmdb(
     )
     size, etag = loc.head(DATA, purpose="meta")
     if size is None:
-        raise FormatError(f"{loc.url} is not an LMDB dataset: no {DATA} there")
+        raise FormatError(f"{loc.shown} is not an LMDB dataset: no {DATA} there")
     remote_name = loc.name_url(DATA)
     cache = ShardCache(
         cache_dir or default_cache_dir(), loc.url, parse_limit(cache_limit), tag=f"{loc.identity()}|{size}-{etag}"
@@ -87,7 +87,7 @@ def open_remote_lmdb(
             total=size,
             unit="B",
             unit_scale=True,
-            desc=f"fetching {loc.url}",
+            desc=f"fetching {loc.shown}",
             disable=not show_progress(progress),
             leave=False,
         ) as bar:
@@ -100,7 +100,7 @@ def open_remote_lmdb(
             )
         if hit is None:
             raise RemoteError(
-                f"{loc.url}: {DATA} ({size} bytes) does not fit in the cache at {cache.root} "
+                f"{loc.shown}: {DATA} ({size} bytes) does not fit in the cache at {cache.root} "
                 f"(cache_limit={cache.limit}): raise cache_limit or free space"
             )
     else:
@@ -122,8 +122,8 @@ def open_remote_lmdb(
         _check(store)
     except FormatError as e:
         discard()
-        raise FormatError(f"{loc.url}: the fetched copy does not match its metadata: {e}") from None
-    store.url = loc.url  # type: ignore[attr-defined]
+        raise FormatError(f"{loc.shown}: the fetched copy does not match its metadata: {e}") from None
+    store.url = loc.shown  # type: ignore[attr-defined]
     return store
 
 

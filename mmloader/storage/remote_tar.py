@@ -108,7 +108,7 @@ class RemoteTarStore(TarStore):
         )
         self.location = Location(url, storage_options or {}, policy)
         self.check_headers, self.verify_checksums = check_headers, verify_checksums
-        self.path = self.url = self.location.url
+        self.path = self.url = self.location.shown  # named in messages (requests go through location)
         self.manifest_path = join(self.url, MANIFEST)  # type: ignore[assignment]  # named in messages
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self.cache_limit = parse_limit(cache_limit)
@@ -171,7 +171,7 @@ class RemoteTarStore(TarStore):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.path = self.url = self.location.url
+        self.path = self.url = self.location.shown  # named in messages (requests go through location)
         self.manifest_path = join(self.url, MANIFEST)  # type: ignore[assignment]  # named in messages
         self._idx = OrderedDict()
         self._keys = self._order = None
@@ -223,8 +223,11 @@ class RemoteTarStore(TarStore):
 
     def _pin_by_head(self) -> None:
         """Where there is no listing (plain HTTP), pin each shard's version with a HEAD request,
-        concurrently, so that worker processes share one set of versions."""
+        concurrently, so that worker processes share one set of versions. A Hub dataset needs
+        none: its commit is pinned, and its files never change."""
         assert self._meta is not None  # called by metadata, once it is read
+        if self.location.hub is not None:
+            return
         names = [sh["file"] for sh in self._meta["shards"]]
         if not names or len(names) > self.MAX_HEAD_PINS:
             return
@@ -259,7 +262,8 @@ class RemoteTarStore(TarStore):
         if any(n.endswith("data.mdb") for n in names):
             return " (it holds an LMDB data.mdb: name the dataset by its .lmdb folder)"
         if not names:
-            return " (nothing is stored under this prefix: check the bucket and the path)"
+            where = "the path in the repository (and its revision)" if self.location.hub else "the bucket and the path"
+            return f" (nothing is stored under this prefix: check {where})"
         return ""
 
     def shard_path(self, s: int) -> str:

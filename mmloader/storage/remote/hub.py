@@ -4,7 +4,10 @@ A Hub URL is resolved once, where the dataset is opened: the revision (a branch,
 ``main`` by default) becomes the commit it names at that moment (the Hub's revision API), and
 every later request — in this process or in workers, which receive the resolved location —
 names that commit. Files of a commit never change, so a push to the branch mid-run cannot mix
-two versions of the data. Files are read through the Hub's ``resolve`` endpoint with HTTP
+two versions of the data. Within a process, every open of one revision gets the commit its first
+open resolved (so two readers of one URL never read two commits); name a commit
+(``@SHA``) or call :func:`forget_revisions` to read a newer one. Files are read through the
+Hub's ``resolve`` endpoint with HTTP
 ``Range`` (the redirect to the Hub's CDN is followed, without the token); listings come from its
 tree API. These are the endpoints ``huggingface_hub`` calls.
 
@@ -19,16 +22,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
-from typing import Mapping
-from urllib.parse import quote, unquote
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+from urllib.parse import quote, unquote, urlsplit
 
 from .errors import RemoteError, RemoteUnavailableError
 from .redaction import redact, remember_secrets
-from .retry import Policy
+from .retry import Policy, unresolved_host
+from .urls import check_endpoint
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 #: ``storage_options`` an ``hf://`` URL takes besides the HTTP client's (headers, timeouts).
@@ -78,6 +84,10 @@ def parse_hub_url(url: str) -> HubPath:
     HubPath(repo_id='org/name', revision='v1.0', path='data/train', repo_type='datasets')
     """
     rest = url.split("://", 1)[1].strip("/")
+    # huggingface_hub also takes the special refs unencoded: @refs/convert/parquet, @refs/pr/1
+    special = re.match(r"^([^/]+/[^/]+/[^/@]+@)(refs/(?:convert|pr)/[^/]+)(/.*)?$", rest)
+    if special:
+        rest = special.group(1) + quote(special.group(2), safe="") + (special.group(3) or "")
     parts = rest.split("/")
     if parts[0] != "datasets":
         raise ValueError(
@@ -112,26 +122,57 @@ def hub_token(storage_options: Mapping | None = None, environ: Mapping[str, str]
         storage_options: the location's options.
         environ: the environment (default ``os.environ``).
     """
+    return _token_and_source(storage_options, environ)[0]
+
+
+def token_file(environ: Mapping[str, str] | None = None) -> str:
+    """Where ``hf auth login`` saves the token: ``$HF_TOKEN_PATH``, else ``$HF_HOME/token``."""
     environ = os.environ if environ is None else environ
-    given = (storage_options or {}).get("token")
-    if given is False:
-        return None
-    if given:
-        return str(given)
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        if environ.get(var, "").strip():
-            return environ[var].strip()
     home = environ.get("HF_HOME") or os.path.join(
         environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
     )
-    path = environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
+    return environ.get("HF_TOKEN_PATH") or os.path.join(home, "token")
+
+
+def _checked_token(token: Any, where: str) -> str:
+    """A token as sent: a string without surrounding blanks or control characters (a header
+    cannot hold them); what is wrong is said without showing it."""
+    if not isinstance(token, str):
+        raise TypeError(f"the Hub token ({where}) must be a string, not {type(token).__name__}")
+    token = token.strip()
+    remember_secrets(token)  # never shown in a message
+    if not token or any(ord(c) < 32 or ord(c) == 127 for c in token):
+        raise ValueError(f"the Hub token ({where}) is empty or holds a control character (a line break?)")
+    return token
+
+
+def _token_and_source(
+    storage_options: Mapping | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[str | None, str]:
+    """(the token, where it came from) — see :func:`hub_token`."""
+    environ = os.environ if environ is None else environ
+    given = (storage_options or {}).get("token")
+    if given is False:
+        return None, "no token (storage_options['token'] is False)"
+    if given is not None and given is not True:
+        return _checked_token(given, "storage_options['token']"), "storage_options['token']"
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if environ.get(var, "").strip():
+            return _checked_token(environ[var], var), var
+    path = token_file(environ)
     try:
         with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
+            token = f.read()
     except OSError:
-        return None
-    remember_secrets(token)  # never shown in a message
-    return token or None
+        token = ""
+    if not token.strip():
+        if given is True:
+            raise ValueError(
+                f"storage_options['token'] is True (the saved login), but there is none: run `hf auth login` "
+                f"or set HF_TOKEN (looked for {path})"
+            )
+        return None, "no token"
+    return _checked_token(token, path), f"the token file {path}"
 
 
 @dataclass(frozen=True)
@@ -149,14 +190,18 @@ class HubRepo:
     where: HubPath
     endpoint: str
     sha: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     use_token: bool = True
+
+    def __post_init__(self) -> None:
+        remember_secrets(self.token)  # also in a worker that unpickled it: never shown
 
     @property
     def folder_url(self) -> str:
-        """The HTTPS folder the files are read from: the resolve endpoint at the commit."""
+        """The HTTPS folder the files are read from: the resolve endpoint at the commit. The path
+        stays as written: the client percent-encodes what it requests, once."""
         base = f"{self.endpoint}/{self.where.repo_type}/{self.where.repo_id}/resolve/{self.sha}"
-        return base + (f"/{quote(self.where.path)}" if self.where.path else "")
+        return base + (f"/{self.where.path}" if self.where.path else "")
 
     @property
     def shown(self) -> str:
@@ -165,14 +210,23 @@ class HubRepo:
 
     def bearer(self) -> str | None:
         """The token this process sends (looked up here unless one was given)."""
+        return self.bearer_and_source()[0]
+
+    def bearer_and_source(self) -> tuple[str | None, str]:
+        """(the token this process sends, where it came from), for messages about it."""
         if not self.use_token:
-            return None
-        return self.token or hub_token()
+            return None, "no token (storage_options['token'] is False)"
+        if self.token:
+            return self.token, "storage_options['token']"
+        return _token_and_source()
 
     def list(self, prefix: str, policy: Policy) -> list[tuple[str, int]]:
         """(name relative to the folder, size) of every file under ``prefix``, from the tree API
         (paginated by its ``Link`` header)."""
-        folder = "/".join(p for p in (self.where.path, prefix.strip("/")) if p)
+        # As object stores list: every name starting with prefix, so the folder above it is listed
+        # ("data-00" lists the folder and keeps data-00*; "index.json" finds the file)
+        prefix = prefix.lstrip("/")
+        folder = "/".join(p for p in (self.where.path, prefix.rpartition("/")[0]) if p)
         url = (
             f"{self.endpoint}/api/{self.where.repo_type}/{self.where.repo_id}/tree/{self.sha}"
             + (f"/{quote(folder)}" if folder else "")
@@ -182,17 +236,36 @@ class HubRepo:
         out: list[tuple[str, int]] = []
         next_url: str | None = url
         while next_url:
-            entries, headers = hub_api(next_url, self, policy, "list files")
+            try:
+                entries, headers = hub_api(next_url, self, policy, "list files")
+            except FileNotFoundError:
+                return []  # no such folder: nothing under the prefix
             for entry in entries:
                 if entry.get("type") == "file":
                     size = (entry.get("lfs") or {}).get("size", entry.get("size", 0))
-                    out.append((entry["path"][cut:], int(size)))
+                    name = entry["path"][cut:]
+                    if name.startswith(prefix):
+                        out.append((name, int(size)))
             next_url = _next_link(headers.get("link", ""))
         return sorted(out)
 
 
+#: (endpoint, repo type, repo, revision) -> the commit this process resolved it to first
+_RESOLVED: dict[tuple[str, str, str, str], str] = {}
+_RESOLVED_LOCK = threading.Lock()
+
+
+def forget_revisions() -> None:
+    """Forget the commits this process resolved revisions to: the next open of ``main`` (or any
+    branch or tag) asks the Hub again and may read a newer commit. Datasets already open keep
+    theirs."""
+    with _RESOLVED_LOCK:
+        _RESOLVED.clear()
+
+
 def open_hub(url: str, storage_options: dict, policy: Policy) -> tuple[HubRepo, dict]:
-    """Resolve ``url``'s revision to its commit (one request to the revision API).
+    """Resolve ``url``'s revision to its commit (one request to the revision API, the first time
+    this process opens that revision: later opens get the same commit).
 
     Args:
         url: ``hf://datasets/ORG/NAME[@REVISION]/path``.
@@ -203,19 +276,44 @@ def open_hub(url: str, storage_options: dict, policy: Policy) -> tuple[HubRepo, 
         The resolved repository and the remaining ``storage_options`` (the HTTP client's).
     """
     where = parse_hub_url(url)
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise HubError(
+            f"{where.url}: HF_HUB_OFFLINE is set, and mmloader reads Hub datasets over the network: unset it, "
+            f"or download the dataset (`hf download {where.repo_id} --repo-type dataset --local-dir DIR`) and "
+            "open the folder"
+        )
     opts = dict(storage_options)
     given = opts.pop("token", None)
     endpoint = hub_endpoint({"endpoint": opts.pop("endpoint", None)})
+    where_given = "storage_options['endpoint']" if storage_options.get("endpoint") else "HF_ENDPOINT"
+    if not urlsplit(endpoint).scheme.startswith("http") or not urlsplit(endpoint).netloc:
+        raise ValueError(f"{where.url}: the Hub endpoint {endpoint!r} ({where_given}) is not an http(s):// URL")
+    check_endpoint(endpoint, where_given)
+    if given is not None and given is not False and given is not True:
+        given = _checked_token(given, "storage_options['token']")
+    elif given is True:
+        given = _token_and_source({"token": True})[0]
+    headers = {**(opts.get("headers") or {}), **(opts.get("default_headers") or {})}
+    if given and any(str(k).lower() == "authorization" for k in headers):
+        raise ValueError(
+            f"{where.url}: storage_options gives both a token and an Authorization header: give one (the token)"
+        )
     probe = HubRepo(where, endpoint, where.revision, token=given or None, use_token=given is not False)
-    info, _headers = hub_api(
-        f"{endpoint}/api/{where.repo_type}/{where.repo_id}/revision/{quote(where.revision, safe='')}",
-        probe,
-        policy,
-        "resolve the revision",
-    )
-    sha = info.get("sha") if isinstance(info, dict) else None
-    if not isinstance(sha, str) or not sha:
-        raise HubError(f"{where.url}: the Hub's revision API gave no commit for {where.revision!r} ({endpoint})")
+    memo = (endpoint, where.repo_type, where.repo_id, where.revision)
+    with _RESOLVED_LOCK:
+        sha = _RESOLVED.get(memo)
+    if sha is None:
+        info, _headers = hub_api(
+            f"{endpoint}/api/{where.repo_type}/{where.repo_id}/revision/{quote(where.revision, safe='')}",
+            probe,
+            policy,
+            "resolve the revision",
+        )
+        sha = info.get("sha") if isinstance(info, dict) else None
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{40}", sha):
+            raise HubError(f"{where.url}: the Hub's revision API gave no commit for {where.revision!r} ({endpoint})")
+        with _RESOLVED_LOCK:
+            sha = _RESOLVED.setdefault(memo, sha)
     return HubRepo(where, endpoint, sha, token=probe.token, use_token=probe.use_token), opts
 
 
@@ -247,7 +345,9 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
             return None
 
 
-def refusal_message(status: int, headers: Mapping[str, str], repo: HubRepo, token_sent: bool) -> str | None:
+def refusal_message(
+    status: int, headers: Mapping[str, str], repo: HubRepo, token_sent: bool, token_source: str = ""
+) -> str | None:
     """What to tell the user of a 401/403/404 from the Hub (None: not a refusal of the repo).
 
     Args:
@@ -255,21 +355,31 @@ def refusal_message(status: int, headers: Mapping[str, str], repo: HubRepo, toke
         headers: the answer's headers, names lower-case (``x-error-code``, ``x-error-message``).
         repo: the repository asked for.
         token_sent: whether the request carried a token.
+        token_source: where that token came from (``HF_TOKEN``, the token file, ...).
     """
     code = headers.get("x-error-code", "")
     said = headers.get("x-error-message", "")
     name = f"hf://{repo.where.repo_type}/{repo.where.repo_id}"
     page = f"{repo.endpoint}/{repo.where.repo_type}/{repo.where.repo_id}"
-    how = "set HF_TOKEN, run `hf auth login`, or pass storage_options={'token': ...}"
+    how = "set HF_TOKEN or run `hf auth login` (mmloader.open also takes storage_options={'token': ...})"
+    token = f"the token in use ({token_source})" if token_source else "the token in use"
     if code == "GatedRepo" or (status == 403 and "gated" in said.lower()):
-        who = "the account of the token in use" if token_sent else "your account, then " + how
+        who = f"the account of {token}" if token_sent else "your account, then " + how
         return f"{name} is a gated dataset: accept its conditions at {page} with {who}"
     if code == "RevisionNotFound":
-        return f"{name} has no revision {repo.where.revision!r} (a branch, tag or commit): check it at {page}"
+        if re.fullmatch(r"[0-9a-f]{40}", repo.sha) and repo.sha != repo.where.revision:
+            return (
+                f"{name}: the commit {repo.sha} this dataset was opened at no longer exists (its history was "
+                "rewritten): open the dataset again"
+            )
+        hint = " (a revision holding '/' is written %2F: @refs%2Fpr%2F1)" if "/" not in repo.where.revision else ""
+        return f"{name} has no revision {repo.where.revision!r} (a branch, tag or commit): check it at {page}{hint}"
+    if status == 401 and token_sent and "credential" in said.lower():
+        return f"{name}: the Hub refused {token} ({said}): run `hf auth login` again, or unset it"
     if code in ("RepoNotFound", "RepositoryNotFound") or status == 401:
         if token_sent:
             return (
-                f"{name}: no such dataset repository on {repo.endpoint}, or the token in use cannot read it "
+                f"{name}: no such dataset repository on {repo.endpoint}, or {token} cannot read it "
                 f"(a private repository of another account): check the name at {page}"
             )
         return (
@@ -283,10 +393,29 @@ def refusal_message(status: int, headers: Mapping[str, str], repo: HubRepo, toke
     return None
 
 
+class _DropTokenOnOtherHost(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but never carry the token to another host."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 (urllib's hook)
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urlsplit(newurl).netloc != urlsplit(req.full_url).netloc:
+            for name in list(new.headers):
+                if name.lower() == "authorization":
+                    del new.headers[name]
+            new.unredirected_hdrs.pop("Authorization", None)
+        return new
+
+
+_OPENER = urllib.request.build_opener(_DropTokenOnOtherHost)
+#: the largest API answer read (a tree listing page is far smaller)
+MAX_API_BYTES = 256 << 20
+
+
 def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
-    """GET a Hub API ``url`` -> (parsed JSON, headers), retried under ``policy``: 429 waits the
-    server's ``Retry-After``, 5xx and connection errors back off; refusals are :class:`HubError`
-    at once, a missing path :class:`FileNotFoundError`.
+    """GET a Hub API ``url`` -> (parsed JSON, headers), retried under ``policy``: 429 and 503
+    wait the server's ``Retry-After`` (at least the backoff), 5xx and connection errors back off,
+    the whole call ends within ``retry_deadline`` (a body that trickles in included); refusals
+    are :class:`HubError` at once, a missing path :class:`FileNotFoundError`.
 
     Args:
         url: the API URL.
@@ -294,24 +423,37 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
         policy: the retry policy.
         what: what the request does, for messages.
     """
-    token = repo.bearer()
+    token, source = repo.bearer_and_source()
     headers = {"Accept": "application/json", "User-Agent": "mmloader"}
-    if token:
+    if token and urlsplit(url).netloc == urlsplit(repo.endpoint).netloc:  # a Link elsewhere: no token
         headers["Authorization"] = f"Bearer {token}"
     start, attempt = time.monotonic(), 0
+    deadline = start + policy.retry_deadline + policy.request_timeout
     while True:
         wait: float | None = None
         try:
             req = urllib.request.Request(url, headers=headers)
-            with urllib.request.urlopen(req, timeout=policy.request_timeout) as resp:
-                body = resp.read()
+            with _OPENER.open(req, timeout=policy.request_timeout) as resp:
+                chunks, size = [], 0
+                while chunk := resp.read1(1 << 16):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_API_BYTES or time.monotonic() > deadline:
+                        raise RemoteUnavailableError(
+                            f"{repo.where.url}: {what}: the answer from {repo.endpoint} came too slowly or was too "
+                            f"large ({size:,} bytes after {time.monotonic() - start:.0f} s)"
+                        )
                 answer = {k.lower(): v for k, v in resp.headers.items()}
-            return json.loads(body), answer
+            return json.loads(b"".join(chunks)), answer
         except urllib.error.HTTPError as e:
             got = {k.lower(): v for k, v in (e.headers or {}).items()}
             status = e.code
             e.close()
-            refusal = refusal_message(status, got, repo, bool(token)) if status in (401, 403, 404) else None
+            refusal = (
+                refusal_message(status, got, repo, "Authorization" in headers, source)
+                if status in (401, 403, 404)
+                else None
+            )
             if refusal:
                 raise HubError(redact(refusal)) from None
             if status == 404:
@@ -319,14 +461,23 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
             if not (status == 429 or status >= 500):
                 raise HubError(redact(f"{repo.where.url}: {what} failed: HTTP {status} from {repo.endpoint}")) from None
             last = f"HTTP {status}"
-            if status == 429:
+            if status in (429, 503):
                 wait = retry_after(got)
+        except json.JSONDecodeError:
+            raise HubError(f"{repo.where.url}: {what}: {repo.endpoint} did not answer with JSON") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
-            if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError):
+            if isinstance(e, RemoteUnavailableError):
                 raise
-            if isinstance(e, json.JSONDecodeError):
-                raise HubError(f"{repo.where.url}: {what}: {repo.endpoint} did not answer with JSON") from None
-            last = type(e).__name__ + ": " + str(getattr(e, "reason", e))
+            reason = getattr(e, "reason", e)
+            host = unresolved_host(reason if isinstance(reason, BaseException) else e, url)
+            if host is not None:  # a typo in the endpoint: no wait cures it
+                raise HubError(
+                    f"{repo.where.url}: the Hub's host name {host!r} does not resolve: check HF_ENDPOINT or "
+                    f"storage_options['endpoint'] ({repo.endpoint})"
+                ) from None
+            if isinstance(e, ValueError) and not isinstance(e, urllib.error.URLError):
+                raise ValueError(redact(f"{repo.where.url}: {what}: {e}")) from None
+            last = type(e).__name__ + ": " + redact(str(reason))
         elapsed = time.monotonic() - start
         if elapsed >= policy.retry_deadline:
             raise RemoteUnavailableError(
@@ -335,6 +486,6 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                     f"retry_deadline={policy.retry_deadline:g} s); last error: {last}"
                 )
             )
-        delay = policy.delay(attempt) if wait is None else wait
+        delay = policy.delay(attempt) if wait is None else max(wait, policy.delay(attempt))
         time.sleep(min(delay, max(policy.retry_deadline - elapsed, 0.0)))
         attempt += 1

@@ -14,7 +14,7 @@ from ...errors import MMLoaderError
 from .client import _CLIENT_OPTION_KEYS, Client
 from .errors import ObjectChangedError, RemoteError
 from .fsspec_client import _FsspecClient
-from .hub import HubRepo, open_hub
+from .hub import HUB_OPTION_KEYS, HubRepo, open_hub
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .redaction import redact, redact_url
 from .retry import Policy, short_message
@@ -68,6 +68,13 @@ class Location:
         #: The Hub repository at one commit (``hf://`` URLs; see :mod:`.hub`), else None.
         self.hub: HubRepo | None = getattr(self, "hub", None)
         if self.scheme == "hf":
+            # a misspelt option fails before any request (the Hub may be slow to answer)
+            accepted = _OBSTORE_CONFIG_KEYS["http"] | _CLIENT_OPTION_KEYS | {"headers"} | HUB_OPTION_KEYS
+            unknown = sorted(str(k) for k in self.storage_options if k not in accepted)
+            if unknown:
+                raise ValueError(
+                    f"{self.url}: unknown storage_options {unknown} for hf:// URLs (accepted: {', '.join(sorted(accepted))})"
+                )
             # resolved here, once, in the process that opens the dataset: the revision becomes
             # its commit, and the location an HTTPS folder at that commit (workers get that)
             self.hub, self.storage_options = open_hub(self.url, self.storage_options, self.policy)
@@ -216,8 +223,13 @@ class Location:
             return {}
         return self.client(purpose).versions()
 
+    @property
+    def shown(self) -> str:
+        """The folder as messages name it: the URL, or for the Hub ``hf://...@COMMIT/path``."""
+        return self.hub.shown if self.hub is not None else self.url
+
     def __repr__(self) -> str:
-        return f"Location({self.hub.shown if self.hub else self.url!r})"
+        return f"Location({self.shown!r})"
 
     def child(self, name: str) -> "Location":
         child = Location.__new__(Location)
@@ -230,7 +242,8 @@ class Location:
         return child
 
     def name_url(self, name: str) -> str:
-        return join(self.url, name) if name else self.url
+        """The URL of ``name`` as messages name it (the Hub: ``hf://...@COMMIT/path/name``)."""
+        return join(self.shown, name) if name else self.shown
 
     # -- clients ---------------------------------------------------------------------------------
     def _env_key(self) -> tuple:

@@ -352,7 +352,7 @@ class _Deadline:
                 self.policy.retry_deadline - elapsed,
             )
         asked = getattr(e, "retry_after", None)  # a 429/503's Retry-After: the server's own wait
-        delay = self.policy.delay(self.attempt) if asked is None else float(asked)
+        delay = self.policy.delay(self.attempt) if asked is None else max(float(asked), self.policy.delay(self.attempt))
         delay = min(delay, max(self.policy.retry_deadline - elapsed, 0.0))
         self.attempt += 1
         return delay

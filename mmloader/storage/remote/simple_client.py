@@ -42,8 +42,10 @@ class _SimpleClient(_Client):
         # the Basic credentials of an http://user:password@host/ URL)
         self.headers = dict(opts.get("default_headers") or {})
         hub = getattr(location, "hub", None)
+        self._token_source = ""
         if hub is not None and not any(k.lower() == "authorization" for k in self.headers):
-            token = hub.bearer()  # looked up in this process: never pickled from the environment
+            # looked up in this process: never pickled from the environment
+            token, self._token_source = hub.bearer_and_source()
             if token:
                 self.headers["Authorization"] = f"Bearer {token}"
         #: name -> (URL a redirect sent it to, until when to go there directly): the Hub's
@@ -149,7 +151,9 @@ class _SimpleClient(_Client):
                     self._moved[name] = (url, time.monotonic() + self.MOVED_TTL)
                 return status, answer, body
             url = urljoin(url, answer["location"])
-        return status, answer, body
+        from .errors import RemoteError
+
+        raise RemoteError(f"{self.url(name)}: more than {self.MAX_REDIRECTS} redirects (a redirect loop on the server)")
 
     def _send(self, secure: bool, host: str, method: str, target: str, hdrs: dict) -> tuple[int, dict, bytes]:
         """One request on this thread's connection to ``host``."""
@@ -179,8 +183,9 @@ class _SimpleClient(_Client):
 
     def _check(self, status: int, body: bytes, name: str, headers: dict | None = None) -> None:
         hub = getattr(self.location, "hub", None)
-        if status in (401, 403) and hub is not None:  # gated, private: say which and what to do
-            refusal = refusal_message(status, headers or {}, hub, "Authorization" in self.headers)
+        if status in (401, 403, 404) and hub is not None:  # gated, private, gone: say which and what to do
+            sent = "Authorization" in self.headers
+            refusal = refusal_message(status, headers or {}, hub, sent, self._token_source if sent else "")
             if refusal:
                 raise HubError(refusal)
         if status == 429 or status == 503:  # the server says how long to wait (Retry-After)
@@ -282,8 +287,8 @@ class _SimpleClient(_Client):
     def head(self, name: str) -> tuple[int | None, str | None]:
         def once():
             status, headers, body = self._request("HEAD", name)
-            if status == 404:
-                return None, None
+            if status == 404 and headers.get("x-error-code", "EntryNotFound") == "EntryNotFound":
+                return None, None  # (a repository or commit gone is said by _check)
             self._check(status, body, name, headers)
             return int(headers["content-length"]), headers.get("etag")
 
