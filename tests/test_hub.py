@@ -312,3 +312,36 @@ def test_a_repository_gone_mid_run_is_said(hub, local, monkeypatch):
     del hub.repos["org/pairs"]
     with pytest.raises(HubError, match="no such dataset repository"):
         store[3]
+
+
+def test_parquet_on_the_hub_read_in_place(hub, tmp_path):
+    """The Hub's own Parquet layout (refs/convert/parquet: default/train/0000.parquet ...), written
+    by the real `datasets`, read by ranged GETs of its column chunks."""
+    datasets = pytest.importorskip("datasets")
+    import io as _io
+
+    from PIL import Image
+
+    def png(i):
+        buf = _io.BytesIO()
+        Image.new("RGB", (8, 8), (i * 9, 0, 0)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": png(i), "path": None} for i in range(30)], "caption": [f"c{i}" for i in range(30)]},
+        features=datasets.Features({"image": datasets.Image(), "caption": datasets.Value("string")}),
+    )
+    (tmp_path / "pq").mkdir()
+    for k in range(3):
+        ds.shard(3, k, contiguous=True).to_parquet(str(tmp_path / "pq" / f"{k:04d}.parquet"), batch_size=4)
+    hub.commit("org/pairs", {}, branch="refs/convert/parquet")
+    hub.upload_folder("org/pairs", tmp_path / "pq", "default/train", branch="refs/convert/parquet")
+    local = open_store(tmp_path / "pq")
+    remote = mmloader.open("hf://datasets/org/pairs@refs%2Fconvert%2Fparquet/default/train")
+    assert type(remote).__name__ == "ArrowStore" and len(remote) == 30
+    assert [remote[i] for i in range(30)] == [local[i] for i in range(30)]
+    one = open_store("hf://datasets/org/pairs@refs%2Fconvert%2Fparquet/default/train/0001.parquet")
+    assert [one[i]["caption"] for i in range(len(one))] == [f"c{i}".encode() for i in range(10, 20)]
+    stream = mmloader.Stream(mmloader.zip(text=mmloader.TextReader(remote, field="caption")), batch_size=7, seed=1)
+    got = [t for b in mmloader.loader(stream, num_workers=2, backend="process") for t in b["text"]]
+    assert sorted(set(got)) == sorted(f"c{i}" for i in range(30))

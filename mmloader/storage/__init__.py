@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from ..errors import FormatError
+from ..errors import FormatError, MMLoaderError
 from .arrow_store import ArrowStore, is_table
 from .base import KeysView, Store
 from .energon_store import EnergonStore, is_energon
@@ -131,10 +131,23 @@ def open_url(
         )
     from .remote_tar import RemoteTarStore
 
+    if url.rstrip("/").lower().endswith(".parquet"):  # one Parquet file, read in place
+        return ArrowStore(url, storage_options=storage_options, **options)
     store = RemoteTarStore(
         url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, **options
     )
-    store.metadata  # noqa: B018  one GET: a missing or foreign dataset is an error here, naming the URL
+    try:
+        store.metadata  # noqa: B018  one GET: a missing or foreign dataset is an error here, naming the URL
+    except FormatError:
+        # no index.json: a folder of Parquet files (the Hub's refs/convert/parquet) is a table
+        try:
+            tables = [n for n, _s in store.location.list(purpose="meta") if n.endswith(".parquet") and "/" not in n]
+        except (OSError, MMLoaderError):
+            tables = []
+        if not tables:
+            raise
+        keep = {k: v for k, v in options.items() if k in ("retry_deadline", "request_timeout", "cache_bytes")}
+        return ArrowStore(url, storage_options=storage_options, **keep)
     return store
 
 

@@ -15,6 +15,7 @@ files itself (handles never travel to workers).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .base import Store
+from .remote.urls import is_url
 
 #: the columns that give keys, in order of preference
 KEY_COLUMNS = ("__key__", "key")
@@ -103,19 +105,29 @@ class ArrowStore(Store):
 
     format = "arrow"
 
-    def __init__(self, path: str | os.PathLike, cache_bytes: int = 256 << 20):
+    def __init__(
+        self, path: str | os.PathLike, cache_bytes: int = 256 << 20, storage_options: dict | None = None, **remote
+    ):
         self.path = str(path)
-        self.kind, files = table_files(path)
-        self.files = [str(f) for f in files]
+        self.location = None
+        self.sizes: list[int] = []
+        if is_url(self.path):  # Parquet on object storage or the Hub: column chunks by ranged GETs
+            self.location, names = _remote_files(self.path, storage_options, remote)
+            self.path = self.location.shown
+            self.kind, self.files = "parquet", [n for n, _size in names]
+            self.sizes = [size for _n, size in names]
+        else:
+            self.kind, files = table_files(path)
+            self.files = [str(f) for f in files]
         self.cache_bytes = int(cache_bytes)
         pa = _pa()
         schema = None
         counts: list[int] = []
         nulls: dict[str, int] = {}
-        for f in self.files:
+        for i, f in enumerate(self.files):
             try:
                 if self.kind == "parquet":
-                    meta = pa.parquet.ParquetFile(f).metadata
+                    meta = pa.parquet.ParquetFile(self._source(i)).metadata
                     file_schema = meta.schema.to_arrow_schema()
                     counts.append(meta.num_rows)
                     for rg in range(meta.num_row_groups):
@@ -171,6 +183,12 @@ class ArrowStore(Store):
         self.__dict__.update(state)
         self._reset()
 
+    def _source(self, f: int):
+        """File ``f`` as pyarrow reads it: a local path, or a file whose reads are ranged GETs."""
+        if self.location is None:
+            return self.files[f]
+        return RangedFile(self.location, self.files[f], self.sizes[f])
+
     @staticmethod
     def _read_ipc(path: str):
         pa = _pa()
@@ -190,7 +208,8 @@ class ArrowStore(Store):
                 if h is None:
                     pa = _pa()
                     if self.kind == "parquet":
-                        h = pa.parquet.ParquetFile(self.files[f], memory_map=True)
+                        source = self._source(f)
+                        h = pa.parquet.ParquetFile(source, memory_map=isinstance(source, str))
                     else:
                         h = self._read_ipc(self.files[f])
                     self._open[f] = h
@@ -312,3 +331,70 @@ class ArrowStore(Store):
         out: dict[str, Any] = {"__key__": keys[0], "__index__": i}
         out.update({k: v[0] for k, v in columns.items() if v[0] is not None})
         return out
+
+
+def _remote_files(url: str, storage_options: dict | None, remote: dict):
+    """(the folder's Location, [(name, size)] of its Parquet files) of a table URL: a folder of
+    ``.parquet`` files, or one file."""
+    from .remote import Location, Policy
+
+    policy = Policy.from_env(**{k: remote.pop(k) for k in ("retry_deadline", "request_timeout") if k in remote})
+    if remote:
+        raise TypeError(f"{url}: options {sorted(remote)} do not apply to Parquet tables")
+    one = url.rstrip("/").endswith(".parquet")
+    folder, _, name = url.rstrip("/").rpartition("/") if one else (url, "", "")
+    location = Location(folder, storage_options or {}, policy)
+    if one:
+        size = location.size(name, purpose="meta")
+        if size is None:
+            raise FileNotFoundError(f"{location.name_url(name)}: no such file")
+        return location, [(name, size)]
+    names = [(n, size) for n, size in location.list(purpose="meta") if n.endswith(".parquet") and "/" not in n]
+    if not names:
+        raise FormatError(f"{location.shown} holds no .parquet file")
+    return location, sorted(names)
+
+
+class RangedFile(io.RawIOBase):
+    """A file on object storage or the Hub as pyarrow reads it: each read one ranged GET (pyarrow
+    reads a file's footer, then whole column chunks).
+
+    Args:
+        location: the folder.
+        name: the file's name in it.
+        size: its size in bytes.
+    """
+
+    def __init__(self, location, name: str, size: int):
+        super().__init__()
+        self.location, self.name, self._size, self._pos = location, name, int(size), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        return self._size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + int(offset))
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self.location.get_ranges([(self.name, self._pos, end)])[0]
+        self._pos = end
+        return bytes(data)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
