@@ -172,10 +172,11 @@ class ArrowStore(Store):
         self._open: dict[int, Any] = {}
         self._groups: OrderedDict[tuple[int, int, str], Any] = OrderedDict()  # decoded row groups
         self._held = 0
+        self._starts_of: dict[tuple[int, str], np.ndarray] = {}  # (file, column) -> chunk starts
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_lock", "_open", "_groups", "_held", "_pid"):
+        for k in ("_lock", "_open", "_groups", "_held", "_pid", "_starts_of"):
             state.pop(k, None)
         return state
 
@@ -227,7 +228,15 @@ class ArrowStore(Store):
         """The cells of ``rows`` (within file ``f``, ascending) of column ``name``, as Python values."""
         h = self._handle(f)
         if self.kind == "arrow":
-            return h.column(name).take(rows).to_pylist()
+            # chunk by chunk: ChunkedArray.take concatenates every chunk first (the whole column
+            # copied for each batch: 185 ms against 4 ms for 64 rows of a 400 MB column)
+            column = h.column(name)
+            starts = self._chunk_starts(f, name, column)
+            which = np.searchsorted(starts, rows, side="right") - 1
+            values: list = []
+            for c in np.unique(which).tolist():
+                values += column.chunk(c).take(rows[which == c] - starts[c]).to_pylist()
+            return values
         meta = h.metadata
         bounds = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
         out: list = []
@@ -236,6 +245,14 @@ class ArrowStore(Store):
             local = rows[groups == g] - bounds[g]
             out += self._group(f, g, name).take(local).to_pylist()
         return out
+
+    def _chunk_starts(self, f: int, name: str, column) -> np.ndarray:
+        """The first row of each chunk (record batch) of a memory-mapped column."""
+        key = (f, name)
+        starts = self._starts_of.get(key)
+        if starts is None:
+            starts = self._starts_of[key] = np.concatenate([[0], np.cumsum([len(c) for c in column.chunks])])
+        return starts
 
     def _group(self, f: int, g: int, name: str):
         """One decoded column of one row group, from the cache (least recently used dropped)."""
