@@ -9,7 +9,7 @@ img2dataset writes) gives the keys; otherwise a row's key is its number, zero-pa
 
 Nothing of the table is held in memory: Arrow files are memory-mapped (pages the OS can drop),
 and a Parquet row group is decoded when a row of it is asked for and kept in a small cache
-(``cache_bytes``), since the plan reads rows in runs of consecutive blocks. A process opens the
+(``cache_bytes``: by default room for the row groups one shuffle window spans). A process opens the
 files itself (handles never travel to workers).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -28,6 +29,8 @@ import numpy as np
 from ..errors import FormatError
 from .base import Store
 from .remote.urls import is_url
+
+log = logging.getLogger("mmloader")
 
 #: the columns that give keys, in order of preference
 KEY_COLUMNS = ("__key__", "key")
@@ -98,7 +101,10 @@ class ArrowStore(Store):
 
     Args:
         path: a ``save_to_disk`` folder, a Parquet file, or a folder of Parquet files.
-        cache_bytes: decoded Parquet row groups kept per process (bytes).
+        cache_bytes: decoded Parquet row groups kept per process (bytes); default: room for the
+            row groups a shuffle window (16,384 rows) spans, at least 64 MiB, at most 2 GiB.
+        storage_options: client settings for a table on object storage or the Hub.
+        remote: ``retry_deadline``, ``request_timeout`` for a table on object storage.
 
     >>> ds = ArrowStore("hf-dataset/"); ds[0]["image"][:4], ds.fields   # doctest: +SKIP
     """
@@ -106,7 +112,11 @@ class ArrowStore(Store):
     format = "arrow"
 
     def __init__(
-        self, path: str | os.PathLike, cache_bytes: int = 256 << 20, storage_options: dict | None = None, **remote
+        self,
+        path: str | os.PathLike,
+        cache_bytes: int | None = None,
+        storage_options: dict | None = None,
+        **remote,
     ):
         self.path = str(path)
         self.location = None
@@ -119,8 +129,9 @@ class ArrowStore(Store):
         else:
             self.kind, files = table_files(path)
             self.files = [str(f) for f in files]
-        self.cache_bytes = int(cache_bytes)
         pa = _pa()
+        group_rows: list[int] = []  # rows and bytes of the largest row group (sizing the cache)
+        group_bytes = 0
         schema = None
         counts: list[int] = []
         nulls: dict[str, int] = {}
@@ -132,6 +143,8 @@ class ArrowStore(Store):
                     counts.append(meta.num_rows)
                     for rg in range(meta.num_row_groups):
                         group = meta.row_group(rg)
+                        group_rows.append(group.num_rows)
+                        group_bytes = max(group_bytes, group.total_byte_size)
                         for c in range(group.num_columns):
                             col = group.column(c)
                             stats = col.statistics
@@ -151,6 +164,7 @@ class ArrowStore(Store):
             elif not file_schema.equals(schema, check_metadata=False):
                 raise FormatError(f"{f}: its columns differ from those of {self.files[0]} ({file_schema} vs {schema})")
         assert schema is not None
+        self.cache_bytes = self._cache_size(cache_bytes, group_rows, group_bytes)
         self.kinds = {name: _cell_kind(schema.field(name).type) for name in schema.names}
         self.key_column = next((c for c in KEY_COLUMNS if self.kinds.get(c) in ("text", "number")), None)
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
@@ -173,16 +187,45 @@ class ArrowStore(Store):
         self._groups: OrderedDict[tuple[int, int, str], Any] = OrderedDict()  # decoded row groups
         self._held = 0
         self._starts_of: dict[tuple[int, str], np.ndarray] = {}  # (file, column) -> chunk starts
+        self._decoding: dict[tuple[int, int, str], threading.Lock] = {}  # row groups being decoded
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_lock", "_open", "_groups", "_held", "_pid", "_starts_of"):
+        for k in ("_lock", "_open", "_groups", "_held", "_pid", "_starts_of", "_decoding"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
+
+    #: Rows a shuffled read touches at once: the Stream's default shuffle window (16 blocks of 1,024).
+    WINDOW_ROWS = 16 * 1024
+    #: The most the automatic cache takes per process.
+    MAX_AUTO_CACHE = 2 << 30
+
+    def _cache_size(self, given: int | None, group_rows: list[int], group_bytes: int) -> int:
+        """``cache_bytes``, or (None) enough for the row groups a shuffle window spans: a row
+        group is decoded whole, and one evicted while its rows are still being asked for is
+        decoded again (measured: 295 samples/s with room for 2 of 5 groups, 3,000 with all)."""
+        if given is not None:
+            if not isinstance(given, int) or isinstance(given, bool) or given < 0:
+                raise ValueError(f"cache_bytes={given!r}: expected a number of bytes >= 0")
+            return given
+        if not group_rows:
+            return 0
+        smallest = max(min(group_rows), 1)
+        need = (-(-self.WINDOW_ROWS // smallest) + 1) * group_bytes
+        if need > self.MAX_AUTO_CACHE:
+            log.warning(
+                "%s: row groups of %d MB: a shuffled read spans more of them than %d GB holds, so some are "
+                "decoded more than once; write the table with smaller row groups (about 64-128 MB) or convert "
+                "it (`mmloader convert parquet`)",
+                self.path,
+                group_bytes >> 20,
+                self.MAX_AUTO_CACHE >> 30,
+            )
+        return int(min(max(need, 64 << 20), self.MAX_AUTO_CACHE))
 
     def _source(self, f: int):
         """File ``f`` as pyarrow reads it: a local path, or a file whose reads are ranged GETs."""
@@ -262,13 +305,20 @@ class ArrowStore(Store):
             if hit is not None:
                 self._groups.move_to_end(key)
                 return hit
-        col = self._handle(f).read_row_group(g, columns=[name]).column(0).combine_chunks()
-        with self._lock:
-            self._groups[key] = col
-            self._held += col.nbytes
-            while self._held > self.cache_bytes and len(self._groups) > 1:
-                _k, old = self._groups.popitem(last=False)
-                self._held -= old.nbytes
+            decoding = self._decoding.setdefault(key, threading.Lock())
+        with decoding:  # threads asking for one row group decode it once
+            with self._lock:
+                hit = self._groups.get(key)
+            if hit is not None:
+                return hit
+            col = self._handle(f).read_row_group(g, columns=[name]).column(0).combine_chunks()
+            with self._lock:
+                self._groups[key] = col
+                self._held += col.nbytes
+                while self._held > self.cache_bytes and len(self._groups) > 1:
+                    _k, old = self._groups.popitem(last=False)
+                    self._held -= old.nbytes
+                self._decoding.pop(key, None)
         return col
 
     def _cells(self, indices: Sequence[int], name: str) -> list:
