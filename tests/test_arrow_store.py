@@ -196,3 +196,73 @@ def test_inspect_and_verify_read_every_row(table, tmp_path):
     pq.write_table(pa.table({"jpg": [b"not an image", b""]}), tmp_path / "bad.parquet")
     bad = verify(tmp_path / "bad.parquet", decode=True, progress=False)
     assert not bad.ok and "empty image" in bad.summary() and "does not decode" in bad.summary()
+
+
+def test_column_types_read_as_the_table_holds_them(tmp_path):
+    import base64
+
+    table = pa.table(
+        {
+            "cat": pa.array(["a cat", "a dog", "a cat"]).dictionary_encode(),  # pandas category
+            "photo": pa.array(
+                [{"bytes": b"x", "path": None, "width": 3}] * 3,
+                pa.struct([("bytes", pa.binary()), ("path", pa.string()), ("width", pa.int32())]),
+            ),
+            "frames": pa.array([[{"bytes": b"\x89PNG", "path": None}]] * 3),
+            "score": pa.array([0.5, None, 2.0]),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    store = open_store(tmp_path / "t.parquet")
+    assert [store[i]["cat"] for i in range(3)] == [b"a cat", b"a dog", b"a cat"]
+    assert json.loads(store[0]["photo"]) == {"bytes": base64.b64encode(b"x").decode(), "path": None, "width": 3}
+    assert base64.b64decode(json.loads(store[1]["frames"])[0]["bytes"]) == b"\x89PNG"
+    assert store.metadata["field_counts"]["score"] == 2 and "score" not in store[1]
+
+
+def test_keys_must_name_each_row_once(tmp_path):
+    pq.write_table(pa.table({"key": ["a", "b", "a"], "txt": ["1", "2", "3"]}), tmp_path / "dup.parquet")
+    with pytest.raises(FormatError, match=r"column 'key' \(the keys\) holds 'a' more than once"):
+        open_store(tmp_path / "dup.parquet")
+    pq.write_table(pa.table({"key": ["a", None], "txt": ["1", "2"]}), tmp_path / "null.parquet")
+    with pytest.raises(FormatError, match=r"is empty at row 1"):
+        open_store(tmp_path / "null.parquet")
+    pq.write_table(pa.table({"key": [10, 7, 3], "txt": ["a", "b", "c"]}), tmp_path / "int.parquet")
+    ints = open_store(tmp_path / "int.parquet")
+    assert [ints.index_of(k) for k in ("3", "10", "7", "8")] == [2, 0, 1, None]
+    pq.write_table(pa.table({"key": [0.5, 1.5], "txt": ["a", "b"]}), tmp_path / "float.parquet")
+    floats = open_store(tmp_path / "float.parquet")
+    assert floats.key_column is None and "key" in floats.fields  # a float column is data, not keys
+
+
+def test_tables_without_keys_are_never_matched_by_row_number(tmp_path):
+    pq.write_table(pa.table({"txt": [f"a{i}" for i in range(5)]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"txt": [f"b{i}" for i in range(4)]}), tmp_path / "b.parquet")
+    with pytest.raises(mmloader.errors.AlignmentError, match="without a key column"):
+        mmloader.zip(
+            a=mmloader.TextReader(tmp_path / "a.parquet"), b=mmloader.TextReader(tmp_path / "b.parquet"), align="inner"
+        )
+
+
+def test_nested_and_unrecorded_null_counts_are_counted(tmp_path):
+    table = pa.table({"tags": pa.array([["x"], None, [], ["y", None]]), "txt": ["a", None, "c", "d"]})
+    pq.write_table(table, tmp_path / "nested.parquet")
+    pq.write_table(table, tmp_path / "nostats.parquet", write_statistics=False)
+    for name in ("nested", "nostats"):
+        counts = open_store(tmp_path / f"{name}.parquet").metadata["field_counts"]
+        assert counts == {"tags": 3, "txt": 3}, (name, counts)
+
+
+def test_a_resume_state_reads_no_image_row_group(table):
+    store = ArrowStore(table["parquet"])
+    stream = mmloader.Stream(mmloader.zip(text=mmloader.TextReader(store, field="raw")), batch_size=4)
+    loader = mmloader.loader(stream, num_workers=1, backend="thread")
+    next(iter(loader))
+    loader.state_dict()
+    assert {name for _f, _g, name in store._groups} <= {"raw"}
+    assert store.content_digest() == ArrowStore(table["parquet"]).content_digest()
+
+
+def test_unknown_options_are_refused(table):
+    with pytest.raises(TypeError, match=r"options \['verify_checksums'\] do not apply"):
+        open_store(table["saved"], verify_checksums=True)

@@ -75,7 +75,7 @@ def _energon_reads(root: Path, split: str) -> list[tuple[str, str]]:
 
     wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
     ds = get_val_dataset(str(root), batch_size=None, worker_config=wc, split_part=split)
-    return [(s.__key__, s.caption) for s in get_loader(ds)]
+    return [(s.__key__, getattr(s, "caption", None) or s.text) for s in get_loader(ds)]
 
 
 @pytest.mark.parametrize("split", ["train", "val", "test"])
@@ -175,3 +175,58 @@ def test_verify_checks_energons_index_against_the_tars(prepared, tmp_path):
         db.execute("UPDATE sample_parts SET content_byte_offset = content_byte_offset + 512 WHERE sample_index = 1")
     report = verify(root, progress=False)
     assert not report.ok and "offset index does not match the tar" in report.summary()
+
+
+def test_excluded_keys_with_slashes_and_fields_of_later_shards(tmp_path):
+    root = tmp_path / "ds"
+    (root / "train").mkdir(parents=True)
+    for s in range(2):
+        with wds.TarWriter(str(root / "train" / f"s{s}.tar")) as w:
+            for i in range(4):
+                extra = {"json": {"i": i}} if s == 1 else {}  # a field only the later shard has
+                w.write({"__key__": f"dir{i % 2}/k{s}_{i}", "txt": f"t{s}{i}", **extra})
+    _prepare(
+        root,
+        "--split-parts",
+        "train:train/s{0..1}.tar",
+        "--split-parts",
+        "val:train/s1.tar",
+        "--sample-type",
+        "TextSample",
+        "--field-map",
+        '{"text": "txt"}',
+    )
+    split = root / ".nv-meta" / "split.yaml"
+    spec = yaml.safe_load(split.read_text())
+    spec["exclude"] = ["train/s0.tar/dir1/k0_1"]
+    split.write_text(yaml.safe_dump(spec))
+    store = open_store(root)
+    keys = sorted(store.key(i) for i in range(len(store)))
+    assert keys == sorted(k for k, _c in _energon_reads(root, "train")) and "dir1/k0_1" not in keys
+    assert store.index_of("dir1/k0_1") is None and store.metadata["field_counts"]["json"] == 4
+    (root / ".nv-meta" / "index.sqlite").unlink()  # an older preparation: the headers walked
+    old = open_store(root)
+    assert sorted(old.key(i) for i in range(len(old))) == keys and old.metadata["field_counts"]["json"] == 4
+    # two splits of one folder are two stores, zipped or in a config
+    val = mmloader.TextReader(open_store(root, split="val"), field="txt")
+    train = mmloader.TextReader(open_store(root, split="train"), field="txt")
+    with pytest.raises(mmloader.errors.AlignmentError):
+        mmloader.zip(v=val, t=train)  # 4 val samples vs 7 train: not the same samples
+
+
+def test_a_modalitys_own_path_takes_the_split(prepared, tmp_path):
+    config = {
+        "batch_size": 4,
+        "sources": {
+            "coco": {
+                "split": "val",
+                "modalities": {
+                    "text": {"path": str(prepared), "field": "txt"},
+                    "image": {"path": str(prepared), "field": "jpg"},
+                },
+            }
+        },
+    }
+    stream = mmloader.from_config(config)
+    texts = sorted(t for b in mmloader.loader(stream, num_workers=0) for t in b["text"])
+    assert texts == sorted(f"caption {n}" for n in range(2 * PER_SHARD, 3 * PER_SHARD))

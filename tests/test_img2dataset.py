@@ -139,3 +139,10 @@ def test_inspect_and_verify(output):
     assert "tar, indexed by img2dataset" in describe(output, preview=1)
     report = verify(output, decode=True, progress=False)
     assert report.ok and report.samples == URLS - len(MISSING)
+
+
+def test_a_key_of_no_shard_is_found_without_reading_any(output):
+    store = open_store(output)
+    assert store.index_of("99999999") is None and not store._idx  # no shard's headers walked
+    key = store.key(len(store) - 1)
+    assert store.index_of(key) == len(store) - 1

@@ -18,8 +18,12 @@ from ..readers.columns import per_sample
 log = logging.getLogger("mmloader")
 
 
-def _store_id(reader: Reader) -> tuple[str, str]:
-    return (reader.store.format, reader.store.path)
+def _store_id(reader: Reader) -> tuple:
+    """Which readers read one store (one read per sample serves them): the store's identity,
+    which for an Energon dataset includes its split."""
+    store = reader.store
+    identity = getattr(store, "identity", None)
+    return identity() if callable(identity) else (store.format, store.path)
 
 
 class Zipped(torch.utils.data.Dataset):
@@ -60,7 +64,7 @@ class Zipped(torch.utils.data.Dataset):
                 self.transforms[name] = rest
         self.cache = cache
         # Group readers by store: one store.read() per store per sample.
-        groups: dict[tuple[str, str], list[str]] = {}
+        groups: dict[tuple, list[str]] = {}
         for name, r in self.readers.items():
             groups.setdefault(_store_id(r), []).append(name)
         self._groups = list(groups.values())
@@ -80,8 +84,15 @@ class Zipped(torch.utils.data.Dataset):
         fp = primary.keys.fingerprint()
         if all(len(o) == n and o.keys.fingerprint() == fp for o in others):
             return  # same key sequence: zip by position, checked per sample
-        self.by_key = True
         counts = {self._name(primary): n, **{self._name(o): len(o) for o in others}}
+        made_up = [self._name(r) for r in (primary, *others) if getattr(r.store, "synthetic_keys", False)]
+        if made_up:  # a table without a key column: its "keys" are row numbers, other rows elsewhere
+            raise AlignmentError(
+                f"zip(): the readers hold different samples (counts {counts}) and {made_up} read a table without a "
+                "key column, whose keys are row numbers: matched by key they would pair one table's row 5 with "
+                "another's. Give the tables a __key__ (or key) column, or zip readers of one table"
+            )
+        self.by_key = True
         if align == "strict":
             for o in others:
                 missing = self._missing(primary, o, limit=5)

@@ -84,6 +84,7 @@ MIX_KEYS = {"mode", "epoch_size", "schedule"}
 READER_KEYS = {
     "field",
     "path",
+    "split",
     "index_path",
     "reader",
     "output",
@@ -369,16 +370,16 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
             mwhere = f"{where}.modalities.{mname}"
             own = opts.pop("path", None)
             index_path = opts.pop("index_path", None) if own else src.get("index_path")
+            split = opts.pop("split", None) or src.get("split")  # an Energon dataset's split
             path = own or src.get("path")
             if not path:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
-            if str(path) not in stores:
-                stores[str(path)] = _open(
-                    str(path), root, f"{mwhere if own else where}.path", index_path, None if own else src.get("split")
-                )
+            at = f"{path}|{split or ''}"  # two splits of one folder are two stores
+            if at not in stores:
+                stores[at] = _open(str(path), root, f"{mwhere if own else where}.path", index_path, split)
             if isinstance(opts.get("tokenizer"), (str, os.PathLike)) and not Path(opts["tokenizer"]).is_absolute():
                 opts["tokenizer"] = str(root / opts["tokenizer"])  # relative to root, as paths are
-            readers[mname] = _reader(stores[str(path)], mname, opts, mwhere, pil_images, readers)
+            readers[mname] = _reader(stores[at], mname, opts, mwhere, pil_images, readers)
         try:
             # Zipped directly: through zip_readers(**readers) a modality named align, transforms
             # or cache would land in that parameter

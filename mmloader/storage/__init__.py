@@ -73,22 +73,29 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
     if p.is_dir() and (p / "data.mdb").is_file():
         return LMDBStore(p)
     if is_energon(p):  # prepared by `energon prepare` (an index.json too or not): its split honoured
-        keep = ("split", "split_config", "check_headers")
-        return EnergonStore(p, **{k: v for k, v in options.items() if k in keep})
+        return EnergonStore(p, **_only(p, options, ("split", "split_config", "check_headers")))
     if (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.suffix == ".json"):
         return TarStore(p, **options)
     if "split" in options:
         raise TypeError(f"{p}: split= applies to Energon datasets (a folder with .nv-meta/); this is not one")
     if is_img2dataset(p):  # shards + .parquet + _stats.json, no index needed
-        return Img2DatasetStore(p, **{k: v for k, v in options.items() if k == "check_headers"})
+        return Img2DatasetStore(p, **_only(p, options, ("check_headers",)))
     if p.is_dir() and (any(p.glob("*.tar")) or any(p.glob("*.tgz")) or any(p.glob("*.tar.gz"))):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
     if is_table(p):  # a datasets save_to_disk folder, or Parquet: read in place
-        return ArrowStore(p, **{k: v for k, v in options.items() if k == "cache_bytes"})
+        return ArrowStore(p, **_only(p, options, ("cache_bytes",)))
     raise FormatError(
         f"{p} is neither an mmloader LMDB dataset (data.mdb), a shard directory ({MANIFEST}), an Arrow folder "
         "(datasets' save_to_disk) nor Parquet"
     )
+
+
+def _only(path: Path, options: dict, accepted: tuple[str, ...]) -> dict:
+    """``options``, or a TypeError naming those this kind of dataset does not take."""
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"{path}: options {unknown} do not apply to this dataset (it takes: {', '.join(accepted)})")
+    return options
 
 
 def open_url(

@@ -83,17 +83,38 @@ def table_files(path: str | os.PathLike) -> tuple[str, list[Path]]:
 
 
 def _cell_kind(t) -> str:
-    """How a column's cells become bytes: bytes, text, struct (HF Image/Audio), number or json."""
+    """How a column's cells become bytes: bytes, text, struct (HF Image/Audio), number or json.
+    A dictionary-encoded column (pandas ``category``) is its values' kind."""
     pa = _pa()
+    if pa.types.is_dictionary(t):
+        return _cell_kind(t.value_type)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
         return "bytes"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+    if getattr(pa.types, "is_binary_view", lambda _t: False)(t):
+        return "bytes"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _t: False)(t):
         return "text"
-    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
-        return "struct"
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+    if pa.types.is_struct(t) and {t.field(i).name for i in range(t.num_fields)} in ({"bytes"}, {"bytes", "path"}):
+        return "struct"  # datasets' Image and Audio: {bytes, path}; any other struct is JSON
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t) or pa.types.is_boolean(t):
         return "number"
     return "json"
+
+
+def _json_default(value: Any):
+    """JSON for what a table holds that JSON does not: bytes as base64 text, the rest as text."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        import base64
+
+        return base64.b64encode(bytes(value)).decode()
+    return str(value)
+
+
+def _is_view(t) -> bool:
+    pa = _pa()
+    return any(getattr(pa.types, f, lambda _t: False)(t) for f in ("is_string_view", "is_binary_view"))
 
 
 class ArrowStore(Store):
@@ -132,6 +153,7 @@ class ArrowStore(Store):
         pa = _pa()
         group_rows: list[int] = []  # rows and bytes of the largest row group (sizing the cache)
         group_bytes = 0
+        uncounted: dict[str, int] = {}  # Parquet columns whose statistics give no null count -> bytes
         schema = None
         counts: list[int] = []
         nulls: dict[str, int] = {}
@@ -147,10 +169,15 @@ class ArrowStore(Store):
                         group_bytes = max(group_bytes, group.total_byte_size)
                         for c in range(group.num_columns):
                             col = group.column(c)
-                            stats = col.statistics
-                            name = col.path_in_schema.split(".")[0]
-                            if stats is not None and stats.has_null_count and "." not in col.path_in_schema:
+                            stats, leaf = col.statistics, col.path_in_schema
+                            name = leaf.split(".")[0]
+                            # a row's value is missing where the column is null: the statistics say
+                            # it of a flat column, and of an Image/Audio struct through its bytes
+                            counted = leaf == name or leaf == f"{name}.bytes"
+                            if counted and stats is not None and stats.has_null_count:
                                 nulls[name] = nulls.get(name, 0) + stats.null_count
+                            elif "." not in leaf or not leaf.endswith(".path"):
+                                uncounted[name] = uncounted.get(name, 0) + col.total_compressed_size
                 else:
                     table = self._read_ipc(f)
                     file_schema = table.schema
@@ -166,9 +193,13 @@ class ArrowStore(Store):
         assert schema is not None
         self.cache_bytes = self._cache_size(cache_bytes, group_rows, group_bytes)
         self.kinds = {name: _cell_kind(schema.field(name).type) for name in schema.names}
-        self.key_column = next((c for c in KEY_COLUMNS if self.kinds.get(c) in ("text", "number")), None)
+        self.key_column = next((c for c in KEY_COLUMNS if self.kinds.get(c) in ("text", "integer", "bytes")), None)
+        #: keys are row numbers (no key column): they name other rows in another table
+        self.synthetic_keys = self.key_column is None
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         n = int(self.starts[-1])
+        for name, nbytes in uncounted.items():  # nested columns, files written without statistics
+            nulls[name] = self._count_nulls(name, nbytes)
         fields = [c for c in schema.names if c != self.key_column]
         self._meta: dict[str, Any] = {
             "format": self.kind,
@@ -178,6 +209,8 @@ class ArrowStore(Store):
             "columns": {c: str(schema.field(c).type) for c in schema.names},
         }
         self._reset()
+        if self.key_column is not None:
+            self._check_keys()
 
     # -- per-process handles ---------------------------------------------------------------------------
     def _reset(self) -> None:
@@ -188,16 +221,38 @@ class ArrowStore(Store):
         self._held = 0
         self._starts_of: dict[tuple[int, str], np.ndarray] = {}  # (file, column) -> chunk starts
         self._decoding: dict[tuple[int, int, str], threading.Lock] = {}  # row groups being decoded
+        self._bounds: dict[int, np.ndarray] = {}  # file -> first row of each row group
+        self._key_index: tuple[np.ndarray, np.ndarray] | None = None  # sorted keys, their rows
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_lock", "_open", "_groups", "_held", "_pid", "_starts_of", "_decoding"):
+        for k in ("_lock", "_open", "_groups", "_held", "_pid", "_starts_of", "_decoding", "_bounds", "_key_index"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
+
+    #: Columns without a recorded null count are read at open to count them up to this size.
+    MAX_COUNTED_BYTES = 256 << 20
+
+    def _count_nulls(self, name: str, nbytes: int) -> int:
+        """Rows where column ``name`` is null, read from the files (what zip's coverage check and
+        the readers' field alternatives need); a column too large to read is assumed whole."""
+        if nbytes > self.MAX_COUNTED_BYTES:
+            log.warning(
+                "%s: column %r records no null count (nested, or written without statistics) and is too large to "
+                "count at open: every row is taken to have it; a row without it is an error when it is read",
+                self.path,
+                name,
+            )
+            return 0
+        pa = _pa()
+        return sum(
+            pa.parquet.ParquetFile(self._source(i)).read(columns=[name]).column(0).null_count
+            for i in range(len(self.files))
+        )
 
     #: Rows a shuffled read touches at once: the Stream's default shuffle window (16 blocks of 1,024).
     WINDOW_ROWS = 16 * 1024
@@ -278,10 +333,17 @@ class ArrowStore(Store):
             which = np.searchsorted(starts, rows, side="right") - 1
             values: list = []
             for c in np.unique(which).tolist():
-                values += column.chunk(c).take(rows[which == c] - starts[c]).to_pylist()
+                chunk = column.chunk(c)
+                if _is_view(chunk.type):  # no take kernel for view types
+                    chunk = chunk.cast(_pa().large_binary() if "binary" in str(chunk.type) else _pa().large_string())
+                values += chunk.take(rows[which == c] - starts[c]).to_pylist()
             return values
-        meta = h.metadata
-        bounds = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])])
+        bounds = self._bounds.get(f)
+        if bounds is None:
+            meta = h.metadata
+            bounds = self._bounds[f] = np.concatenate(
+                [[0], np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])]
+            )
         out: list = []
         groups = np.searchsorted(bounds, rows, side="right") - 1
         for g in np.unique(groups).tolist():
@@ -355,28 +417,83 @@ class ArrowStore(Store):
                     f"{self.path}: row {row}, column {name!r} holds only a path ({path!r}) that is not a file here"
                 )
             return None
-        if kind == "number":
+        if kind in ("number", "integer"):
             return str(int(value) if isinstance(value, bool) else value).encode()
-        return json.dumps(value, default=str).encode()
+        return json.dumps(value, default=_json_default).encode()
+
+    def content_digest(self) -> str:
+        """A digest of the table's content without reading its rows (what resumes compare): the
+        schema and counts, and per file its row groups' sizes and column statistics (Parquet
+        footers) or datasets' own fingerprint of the Arrow files (``state.json``)."""
+        import hashlib
+
+        h = hashlib.sha256(json.dumps(self._meta, sort_keys=True, default=str).encode())
+        if self.kind == "arrow":
+            state = os.path.join(self.path, "state.json")
+            with open(state, "rb") as f:
+                h.update(json.dumps(json.load(f).get("_fingerprint"), default=str).encode())
+            for name in self.files:
+                h.update(f"{os.path.basename(name)}:{os.path.getsize(name)}".encode())
+        else:
+            pa = _pa()
+            for i, name in enumerate(self.files):
+                meta = pa.parquet.ParquetFile(self._source(i)).metadata
+                h.update(os.path.basename(name).encode())
+                for g in range(meta.num_row_groups):
+                    group = meta.row_group(g)
+                    h.update(f"{group.num_rows}:{group.total_byte_size}".encode())
+                    for c in range(group.num_columns):
+                        col = group.column(c)
+                        stats = col.statistics
+                        h.update(f"{col.total_compressed_size}:{stats.to_dict() if stats is not None else ''}".encode())
+        return h.hexdigest()[:32]
+
+    @staticmethod
+    def _key_text(value: Any) -> str:
+        """A key as text: bytes decoded, integers written out (what key() and index_of() share)."""
+        return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+    def _all_keys(self) -> list[str]:
+        """Every key, in row order (the key column read whole, once: it is small)."""
+        out: list[str] = []
+        assert self.key_column is not None
+        for f in range(len(self.files)):
+            h = self._handle(f)
+            col = h.column(self.key_column) if self.kind == "arrow" else h.read(columns=[self.key_column]).column(0)
+            out += [self._key_text(v) if v is not None else None for v in col.to_pylist()]  # type: ignore[misc]
+        return out
+
+    def _check_keys(self) -> None:
+        """A key column must name each row once: a missing or repeated key would pair one row's
+        image with another's caption when readers are zipped by key."""
+        keys = self._all_keys()
+        missing = next((i for i, k in enumerate(keys) if k is None), None)
+        if missing is not None:
+            raise FormatError(f"{self.path}: column {self.key_column!r} (the keys) is empty at row {missing}")
+        if len(set(keys)) != len(keys):
+            seen: set[str] = set()
+            twice = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            raise FormatError(
+                f"{self.path}: column {self.key_column!r} (the keys) holds {twice!r} more than once: keys must be "
+                "unique (rename the column if it is not a key)"
+            )
 
     def key(self, index: int) -> str:
         i = self._check_index(index)
         if self.key_column is None:
             return f"{i:08d}"
-        return str(self._cells([i], self.key_column)[0])
+        return self._key_text(self._cells([i], self.key_column)[0])
 
     def index_of(self, key: str) -> int | None:
         if self.key_column is None:
             return int(key) if key.isdigit() and int(key) < len(self) and key == f"{int(key):08d}" else None
-        import pyarrow.compute as pc
-
-        for f in range(len(self.files)):
-            h = self._handle(f)
-            col = h.column(self.key_column) if self.kind == "arrow" else h.read(columns=[self.key_column]).column(0)
-            at = pc.index(col.cast("string"), key).as_py()
-            if at >= 0:
-                return int(self.starts[f]) + at
-        return None
+        if self._key_index is None:  # built once per process, on the first lookup: O(log n) after
+            keys = np.array(self._all_keys(), dtype=object)
+            order = np.argsort(keys, kind="stable")
+            self._key_index = (keys[order], order)
+        ordered, rows = self._key_index
+        at = int(np.searchsorted(ordered, key))
+        return int(rows[at]) if at < len(ordered) and ordered[at] == key else None
 
     def read_many(self, indices, fields, views: bool = False):
         idx = self._check_indices(indices)
@@ -386,7 +503,7 @@ class ArrowStore(Store):
         keys = (
             [f"{i:08d}" for i in idx]
             if self.key_column is None
-            else [str(k) for k in self._cells(idx, self.key_column)]
+            else [self._key_text(k) for k in self._cells(idx, self.key_column)]
         )
         columns = {name: [self._encode(name, v, i) for v, i in zip(self._cells(idx, name), idx)] for name in fields}
         return keys, columns

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 from pathlib import Path
 from typing import Sequence
@@ -28,31 +27,23 @@ from .external_index import ExternalIndexStore, walk_shard
 from .tar_store import TarStore
 
 META = ".nv-meta"
-_BRACE = re.compile(r"\{([^{}]*)\}")
+#: query parameters per SQL statement (SQLite builds allow 999 at least)
+_BATCH = 500
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """``shard_{000..002}.tar`` / ``{000-002}`` / ``{a,b}`` patterns expanded as ``braceexpand`` does.
+    """A pattern expanded as Energon expands it (``braceexpand``, which webdataset brings):
+    ``{000..002}``, ``{a,b}``, nested and stepped ranges.
 
     Args:
         pattern: a name with brace patterns.
 
-    >>> expand_braces("p/{000-002}.tar"), expand_braces("{a,b}{1..2}")
+    >>> expand_braces("p/{000..002}.tar"), expand_braces("{a,b}{1..2}")
     (['p/000.tar', 'p/001.tar', 'p/002.tar'], ['a1', 'a2', 'b1', 'b2'])
     """
-    m = _BRACE.search(pattern)
-    if m is None:
-        return [pattern]
-    body, head, tail = m.group(1), pattern[: m.start()], pattern[m.end() :]
-    rng = re.fullmatch(r"(-?\d+)(?:\.\.|-)(-?\d+)", body)
-    if rng:
-        a, b = rng.group(1), rng.group(2)
-        width = len(a) if a.startswith("0") or len(a) == len(b) else 0
-        step = 1 if int(b) >= int(a) else -1
-        choices = [str(v).zfill(width) for v in range(int(a), int(b) + step, step)]
-    else:
-        choices = body.split(",")
-    return [out for c in choices for out in expand_braces(head + c + tail)]
+    from braceexpand import braceexpand
+
+    return list(braceexpand(pattern))
 
 
 def is_energon(path: str | os.PathLike) -> bool:
@@ -90,6 +81,7 @@ class EnergonStore(ExternalIndexStore, TarStore):
     ):
         root = Path(path).resolve()
         self.path, self.split, self.check_headers, self.verify_checksums = str(root), split, check_headers, False
+        self.split_config = split_config
         meta = root / META
         info_file = next((meta / n for n in (".info.json", ".info.yaml") if (meta / n).is_file()), None)
         if info_file is None:
@@ -99,6 +91,7 @@ class EnergonStore(ExternalIndexStore, TarStore):
         if not isinstance(counts, dict) or not counts:
             raise FormatError(f"{info_file}: no shard_counts (not written by energon prepare?)")
         self.all_shards = list(counts)  # index.sqlite's tar_file_id is the position here
+        self._ids = {name: i for i, name in enumerate(self.all_shards)}
         split_file = meta / split_config
         if not split_file.is_file() and split_config == "split.yaml" and (meta / "split.json").is_file():
             split_file = meta / "split.json"
@@ -119,17 +112,27 @@ class EnergonStore(ExternalIndexStore, TarStore):
             )
         if not names:
             raise FormatError(f"{root}: split {split!r} holds no shards (after excludes)")
-        # sample excludes: "shard.tar/KEY"
+        # sample excludes: "shard.tar/KEY", compared whole as Energon compares them (a key, or a
+        # shard's folder, may hold "/" too)
+        samples_out = {e for e in excludes if "/" in e}
         self.excluded: dict[str, set[str]] = {}
-        for e in excludes:
-            if "/" in e:
-                shard, _, key = e.rpartition("/")
-                self.excluded.setdefault(shard, set()).add(key)
+        for n in names:
+            keys = {e[len(n) + 1 :] for e in samples_out if e.startswith(n + "/")}
+            if keys:
+                self.excluded[n] = keys
         self.sqlite = str(meta / "index.sqlite") if (meta / "index.sqlite").is_file() else None
         self.files = names
+        self._positions = {name: i for i, name in enumerate(names)}
         self._reset_handles()
         fields, field_counts, dropped = self._survey(names, {n: int(counts[n]) for n in names})
         self._setup([(n, int(counts[n]) - dropped.get(n, 0)) for n in names], fields, field_counts)
+
+    def __repr__(self) -> str:
+        return f"EnergonStore({self.path!r}, split={self.split!r})"
+
+    def identity(self) -> tuple:
+        """What tells this store from another: the folder and the split read."""
+        return (self.format, self.path, self.split, self.split_config)
 
     # -- the index ---------------------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
@@ -140,15 +143,14 @@ class EnergonStore(ExternalIndexStore, TarStore):
         return self._conn
 
     def _tar_id(self, name: str) -> int:
-        return self.all_shards.index(name)
+        return self._ids[name]
 
     def _survey(self, names: list[str], counts: dict[str, int]) -> tuple[list[str], dict[str, int], dict[str, int]]:
         """(fields, samples having each, excluded samples per shard) of the split."""
         dropped: dict[str, int] = {}
-        if self.sqlite is None:  # an older preparation: fields from the first shard's headers
-            keys, table = walk_shard(os.path.join(self.path, names[0]), self._walk_fields(names[0]))
-            fields = self._walk_fields(names[0])
-            totals = {f: 0 for f in fields}
+        if self.sqlite is None:  # an older preparation: every shard's headers walked
+            fields = sorted({f for n in names for f in self._walk_fields(n)})
+            totals: dict[str, int] = {f: 0 for f in fields}
             for n in names:
                 keys, table = walk_shard(os.path.join(self.path, n), fields)
                 gone = np.isin(keys, list(self.excluded.get(n, ())))
@@ -159,21 +161,27 @@ class EnergonStore(ExternalIndexStore, TarStore):
         db = self._db()
         ids = [self._tar_id(n) for n in names]
         totals = {}
-        marks = ",".join("?" * len(ids))
         try:
-            for part, count in db.execute(
-                f"SELECT part_name, COUNT(*) FROM sample_parts WHERE tar_file_id IN ({marks}) GROUP BY part_name", ids
-            ):
-                totals[part] = int(count)
+            for at in range(0, len(ids), _BATCH):
+                batch = ids[at : at + _BATCH]
+                for part, count in db.execute(
+                    f"SELECT part_name, COUNT(*) FROM sample_parts WHERE tar_file_id IN ({','.join('?' * len(batch))}) "
+                    "GROUP BY part_name",
+                    batch,
+                ):
+                    totals[part] = totals.get(part, 0) + int(count)
             for n in names:
-                keys = sorted(self.excluded.get(n, ()))
-                if not keys:
+                out = sorted(self.excluded.get(n, ()))
+                if not out:
                     continue
-                tid = self._tar_id(n)
-                rows = db.execute(
-                    f"SELECT sample_index FROM samples WHERE tar_file_id = ? AND sample_key IN ({','.join('?' * len(keys))})",
-                    [tid, *keys],
-                ).fetchall()
+                tid, rows = self._tar_id(n), []
+                for at in range(0, len(out), _BATCH):
+                    chunk = out[at : at + _BATCH]
+                    rows += db.execute(
+                        f"SELECT sample_index FROM samples WHERE tar_file_id = ? AND sample_key IN "
+                        f"({','.join('?' * len(chunk))})",
+                        [tid, *chunk],
+                    ).fetchall()
                 dropped[n] = len(rows)
                 for (index,) in rows:
                     for (part,) in db.execute(
@@ -227,9 +235,12 @@ class EnergonStore(ExternalIndexStore, TarStore):
         starts = self.metadata["_starts"]
         if self.sqlite is not None:
             hit = self._db().execute("SELECT tar_file_id FROM samples WHERE sample_key = ?", (key,)).fetchone()
-            if hit is None or self.all_shards[hit[0]] not in self.files:
+            if hit is None or self.all_shards[hit[0]] not in self._positions:
                 return None
-            candidates: Sequence[int] = [self.files.index(self.all_shards[hit[0]])]
+            name = self.all_shards[hit[0]]
+            if key in self.excluded.get(name, ()):
+                return None
+            candidates: Sequence[int] = [self._positions[name]]
         else:
             candidates = range(len(self.files))
         for s in candidates:
@@ -237,8 +248,3 @@ class EnergonStore(ExternalIndexStore, TarStore):
             if key in keys:
                 return starts[s] + keys.index(key)
         return None
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_conn", None)
-        return state

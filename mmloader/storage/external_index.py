@@ -95,9 +95,11 @@ class ExternalIndexStore:
         super()._reset_handles()  # type: ignore[misc]
         self._shard_keys: OrderedDict[int, list[str]] = OrderedDict()
 
+    #: per-process state (descriptors, caches, connections): never pickled
+    _PER_PROCESS = ("_lock", "_pid", "_fds", "_closing", "_idx", "_keys", "_order", "_shard_keys", "_conn", "_conn_pid")
+
     def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_") or k == "_meta"}
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in self._PER_PROCESS}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -106,8 +106,8 @@ class Img2DatasetStore(ExternalIndexStore, TarStore):
     def index_of(self, key: str) -> int | None:
         # img2dataset's keys begin with their shard's number (shard 00012: "00012" + row)
         starts = self.metadata["_starts"]
-        order = sorted(range(len(self.shards)), key=lambda s: not key.startswith(Path(self.shards[s]["file"]).stem))
-        for s in order:
+        # only the shards whose number begins the key: a key of no shard walks none
+        for s in (s for s in range(len(self.shards)) if key.startswith(Path(self.shards[s]["file"]).stem)):
             keys = self._keys_of(s)
             if key in keys:
                 return starts[s] + keys.index(key)
