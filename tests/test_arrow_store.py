@@ -221,12 +221,18 @@ def test_column_types_read_as_the_table_holds_them(tmp_path):
 
 
 def test_keys_must_name_each_row_once(tmp_path):
-    pq.write_table(pa.table({"key": ["a", "b", "a"], "txt": ["1", "2", "3"]}), tmp_path / "dup.parquet")
-    with pytest.raises(FormatError, match=r"column 'key' \(the keys\) holds 'a' more than once"):
+    pq.write_table(pa.table({"__key__": ["a", "b", "a"], "txt": ["1", "2", "3"]}), tmp_path / "dup.parquet")
+    with pytest.raises(FormatError, match=r"column '__key__' \(the keys\) holds 'a' more than once"):
         open_store(tmp_path / "dup.parquet")
-    pq.write_table(pa.table({"key": ["a", None], "txt": ["1", "2"]}), tmp_path / "null.parquet")
+    pq.write_table(pa.table({"__key__": ["a", None], "txt": ["1", "2"]}), tmp_path / "null.parquet")
     with pytest.raises(FormatError, match=r"is empty at row 1"):
         open_store(tmp_path / "null.parquet")
+    # a column merely called key (a music key) that does not name rows: data, rows keyed by number
+    pq.write_table(pa.table({"key": ["C", "G", "C"], "txt": ["1", "2", "3"]}), tmp_path / "music.parquet")
+    music = open_store(tmp_path / "music.parquet")
+    assert music.synthetic_keys and music.fields == ["key", "txt"] and music[2]["key"] == b"C"
+    pq.write_table(pa.table({"__key__": [b"\xff\x01", b"\xfe\x01"], "txt": ["1", "2"]}), tmp_path / "digest.parquet")
+    assert list(open_store(tmp_path / "digest.parquet").keys) == ["ff01", "fe01"]  # binary keys: hex
     pq.write_table(pa.table({"key": [10, 7, 3], "txt": ["a", "b", "c"]}), tmp_path / "int.parquet")
     ints = open_store(tmp_path / "int.parquet")
     assert [ints.index_of(k) for k in ("3", "10", "7", "8")] == [2, 0, 1, None]
@@ -266,3 +272,9 @@ def test_a_resume_state_reads_no_image_row_group(table):
 def test_unknown_options_are_refused(table):
     with pytest.raises(TypeError, match=r"options \['verify_checksums'\] do not apply"):
         open_store(table["saved"], verify_checksums=True)
+
+
+def test_dotted_column_names(tmp_path):
+    pq.write_table(pa.table({"seg.png": [b"x", None], "txt": ["a", "b"]}), tmp_path / "a.parquet")
+    store = open_store(tmp_path / "a.parquet")
+    assert store.metadata["field_counts"] == {"seg.png": 1, "txt": 2}

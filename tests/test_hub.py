@@ -266,8 +266,16 @@ def test_a_token_given_in_storage_options_never_shows(hub, local, caplog):
         open_store("hf://datasets/org/private", storage_options={"token": 123})
     with pytest.raises(ValueError, match="there is none: run `hf auth login`"):
         open_store("hf://datasets/org/private", storage_options={"token": True})
-    with pytest.raises(ValueError, match="both a token and an Authorization header"):
-        open_store("hf://datasets/org/private", storage_options={"token": TOKEN, "headers": {"Authorization": "x"}})
+    with pytest.raises(ValueError, match="not as an Authorization header"):
+        open_store("hf://datasets/org/private", storage_options={"headers": {"Authorization": f"Bearer {TOKEN}"}})
+    with pytest.raises(ValueError, match=r"unknown storage_options \['proxy_url'\] for hf://"):
+        open_store("hf://datasets/org/private", storage_options={"proxy_url": "http://proxy:3128"})
+    # token=True: the saved login, looked up in each process (never pickled)
+    token_file = Path(os.environ["HF_HOME"]) / "token"
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text(TOKEN)
+    saved = open_store("hf://datasets/org/private", storage_options={"token": True})
+    assert len(saved) == 22 and TOKEN.encode() not in pickle.dumps(saved)
 
 
 def test_the_token_does_not_follow_a_redirect_to_another_host(hub, local, monkeypatch):

@@ -23,7 +23,10 @@ def _store_id(reader: Reader) -> tuple:
     which for an Energon dataset includes its split."""
     store = reader.store
     identity = getattr(store, "identity", None)
-    return identity() if callable(identity) else (store.format, store.path)
+    if callable(identity):
+        return identity()
+    location = getattr(store, "location", None)  # one bucket name on two endpoints: two stores
+    return (store.format, store.path, location.identity() if location is not None else "")
 
 
 class Zipped(torch.utils.data.Dataset):
@@ -88,7 +91,7 @@ class Zipped(torch.utils.data.Dataset):
         made_up = [self._name(r) for r in (primary, *others) if getattr(r.store, "synthetic_keys", False)]
         if made_up:  # a table without a key column: its "keys" are row numbers, other rows elsewhere
             raise AlignmentError(
-                f"zip(): the readers hold different samples (counts {counts}) and {made_up} read a table without a "
+                f"zip(): the readers' keys differ (counts {counts}) and {made_up} read a table without a "
                 "key column, whose keys are row numbers: matched by key they would pair one table's row 5 with "
                 "another's. Give the tables a __key__ (or key) column, or zip readers of one table"
             )
@@ -380,12 +383,12 @@ class Zipped(torch.utils.data.Dataset):
 def _check_one_commit(readers: Mapping[str, Reader]) -> None:
     """Readers of one Hub repository must read one commit: modalities of two commits would pair
     one version's images with another's captions."""
-    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    seen: dict[tuple, tuple[str, str]] = {}
     for name, r in readers.items():
         hub = getattr(getattr(r.store, "location", None), "hub", None)
         if hub is None:
             continue
-        repo = (hub.endpoint, hub.where.repo_id)
+        repo = (hub.endpoint, hub.where.repo_id, hub.where.revision)
         first = seen.setdefault(repo, (name, hub.sha))
         if first[1] != hub.sha:
             raise AlignmentError(

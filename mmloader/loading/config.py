@@ -248,6 +248,13 @@ def _modalities(spec: Any, where: str) -> list[tuple[str, dict]]:
     return items
 
 
+def _is_energon_path(path: str, root: Path) -> bool:
+    from ..storage.energon_store import is_energon
+
+    p = Path(path)
+    return not is_url(path) and is_energon(p if p.is_absolute() else root / p)
+
+
 def _open(path: str, root: Path, where: str, index_path: str | None = None, split: str | None = None):
     options = {} if split is None else {"split": str(split)}  # an Energon dataset's split
     if is_url(path):  # a dataset on object storage: credentials and cache from the environment
@@ -370,8 +377,12 @@ def build_sources(cfg: Mapping, pil_images: bool = False) -> dict[str, Zipped]:
             mwhere = f"{where}.modalities.{mname}"
             own = opts.pop("path", None)
             index_path = opts.pop("index_path", None) if own else src.get("index_path")
-            split = opts.pop("split", None) or src.get("split")  # an Energon dataset's split
             path = own or src.get("path")
+            # an Energon dataset's split: the modality's own, or the source's where the path it
+            # reads is an Energon folder (a modality's own path may be any dataset)
+            split = opts.pop("split", None)
+            if split is None and src.get("split") is not None and (not own or _is_energon_path(str(own), root)):
+                split = src.get("split")
             if not path:
                 raise ConfigError(f"{mwhere}: no 'path' (set it on the source or the modality)")
             at = f"{path}|{split or ''}"  # two splits of one folder are two stores

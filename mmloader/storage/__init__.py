@@ -138,23 +138,29 @@ def open_url(
         )
     from .remote_tar import RemoteTarStore
 
+    table_options = {k: options.pop(k) for k in ("cache_bytes",) if k in options}
     if url.rstrip("/").lower().endswith(".parquet"):  # one Parquet file, read in place
-        return ArrowStore(url, storage_options=storage_options, **options)
+        return ArrowStore(url, storage_options=storage_options, **table_options, **options)
     store = RemoteTarStore(
         url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, **options
     )
     try:
         store.metadata  # noqa: B018  one GET: a missing or foreign dataset is an error here, naming the URL
-    except FormatError:
-        # no index.json: a folder of Parquet files (the Hub's refs/convert/parquet) is a table
-        try:
-            tables = [n for n, _s in store.location.list(purpose="meta") if n.endswith(".parquet") and "/" not in n]
-        except (OSError, MMLoaderError):
-            tables = []
-        if not tables:
+    except FormatError as e:
+        # no index.json, no tar: a folder of Parquet files (the Hub's refs/convert/parquet) is a
+        # table (img2dataset's output holds .parquet files beside its tars: that is no table)
+        if f"has no {MANIFEST}" not in str(e):
             raise
-        keep = {k: v for k, v in options.items() if k in ("retry_deadline", "request_timeout", "cache_bytes")}
-        return ArrowStore(url, storage_options=storage_options, **keep)
+        try:
+            names = [n for n, _s in store.location.list(purpose="meta") if "/" not in n]
+        except (OSError, MMLoaderError):
+            names = []
+        if not any(n.endswith(".parquet") for n in names) or any(
+            n.endswith((".tar", ".tgz", ".tar.gz")) for n in names
+        ):
+            raise
+        keep = {k: v for k, v in options.items() if k in ("retry_deadline", "request_timeout")}
+        return ArrowStore(url, storage_options=storage_options, **table_options, **keep)
     return store
 
 

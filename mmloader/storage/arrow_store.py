@@ -7,9 +7,10 @@ struct (``{bytes, path}``) as its bytes, numbers as their text (what :class:`~mm
 parses), anything else (lists, other structs) as JSON. A ``__key__`` column (or ``key``, as
 img2dataset writes) gives the keys; otherwise a row's key is its number, zero-padded.
 
-Nothing of the table is held in memory: Arrow files are memory-mapped (pages the OS can drop),
+Nothing of the table's data is held in memory: Arrow files are memory-mapped (pages the OS can drop),
 and a Parquet row group is decoded when a row of it is asked for and kept in a small cache
-(``cache_bytes``: by default room for the row groups one shuffle window spans). A process opens the
+(``cache_bytes``: by default room for the row groups one shuffle window spans); a key column is
+read whole (to check it, and per process on a first lookup by key). A process opens the
 files itself (handles never travel to workers).
 """
 
@@ -170,13 +171,13 @@ class ArrowStore(Store):
                         for c in range(group.num_columns):
                             col = group.column(c)
                             stats, leaf = col.statistics, col.path_in_schema
-                            name = leaf.split(".")[0]
+                            name = _column_of(leaf, file_schema.names)
                             # a row's value is missing where the column is null: the statistics say
                             # it of a flat column, and of an Image/Audio struct through its bytes
                             counted = leaf == name or leaf == f"{name}.bytes"
                             if counted and stats is not None and stats.has_null_count:
                                 nulls[name] = nulls.get(name, 0) + stats.null_count
-                            elif "." not in leaf or not leaf.endswith(".path"):
+                            elif leaf != f"{name}.path":
                                 uncounted[name] = uncounted.get(name, 0) + col.total_compressed_size
                 else:
                     table = self._read_ipc(f)
@@ -199,7 +200,7 @@ class ArrowStore(Store):
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
         n = int(self.starts[-1])
         for name, nbytes in uncounted.items():  # nested columns, files written without statistics
-            nulls[name] = self._count_nulls(name, nbytes)
+            nulls[name] = self._count_nulls(name, nbytes, nulls.get(name, 0))
         fields = [c for c in schema.names if c != self.key_column]
         self._meta: dict[str, Any] = {
             "format": self.kind,
@@ -237,9 +238,10 @@ class ArrowStore(Store):
     #: Columns without a recorded null count are read at open to count them up to this size.
     MAX_COUNTED_BYTES = 256 << 20
 
-    def _count_nulls(self, name: str, nbytes: int) -> int:
+    def _count_nulls(self, name: str, nbytes: int, known: int) -> int:
         """Rows where column ``name`` is null, read from the files (what zip's coverage check and
-        the readers' field alternatives need); a column too large to read is assumed whole."""
+        the readers' field alternatives need); for a column too large to read, the nulls the
+        statistics did record (``known``), the rest taken as present."""
         if nbytes > self.MAX_COUNTED_BYTES:
             log.warning(
                 "%s: column %r records no null count (nested, or written without statistics) and is too large to "
@@ -247,7 +249,7 @@ class ArrowStore(Store):
                 self.path,
                 name,
             )
-            return 0
+            return known
         pa = _pa()
         return sum(
             pa.parquet.ParquetFile(self._source(i)).read(columns=[name]).column(0).null_count
@@ -267,11 +269,12 @@ class ArrowStore(Store):
             if not isinstance(given, int) or isinstance(given, bool) or given < 0:
                 raise ValueError(f"cache_bytes={given!r}: expected a number of bytes >= 0")
             return given
-        if not group_rows:
+        rows = [r for r in group_rows if r]
+        if not rows:
             return 0
-        smallest = max(min(group_rows), 1)
-        need = (-(-self.WINDOW_ROWS // smallest) + 1) * group_bytes
-        if need > self.MAX_AUTO_CACHE:
+        typical = max(int(np.median(rows)), 1)  # (a file's short last row group is not typical)
+        need = (-(-self.WINDOW_ROWS // typical) + 1) * group_bytes
+        if need > self.MAX_AUTO_CACHE and group_bytes > (128 << 20):
             log.warning(
                 "%s: row groups of %d MB: a shuffled read spans more of them than %d GB holds, so some are "
                 "decoded more than once; write the table with smaller row groups (about 64-128 MB) or convert "
@@ -450,8 +453,14 @@ class ArrowStore(Store):
 
     @staticmethod
     def _key_text(value: Any) -> str:
-        """A key as text: bytes decoded, integers written out (what key() and index_of() share)."""
-        return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+        """A key as text: bytes decoded (hex when they are no UTF-8: digests), integers written
+        out (what key() and index_of() share)."""
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                return bytes(value).hex()
+        return str(value)
 
     def _all_keys(self) -> list[str]:
         """Every key, in row order (the key column read whole, once: it is small)."""
@@ -467,16 +476,21 @@ class ArrowStore(Store):
         """A key column must name each row once: a missing or repeated key would pair one row's
         image with another's caption when readers are zipped by key."""
         keys = self._all_keys()
-        missing = next((i for i, k in enumerate(keys) if k is None), None)
-        if missing is not None:
-            raise FormatError(f"{self.path}: column {self.key_column!r} (the keys) is empty at row {missing}")
+        missing = next((i for i, k in enumerate(keys) if k is None or k == ""), None)
+        twice = None
         if len(set(keys)) != len(keys):
             seen: set[str] = set()
             twice = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-            raise FormatError(
-                f"{self.path}: column {self.key_column!r} (the keys) holds {twice!r} more than once: keys must be "
-                "unique (rename the column if it is not a key)"
-            )
+        if missing is None and twice is None:
+            return
+        problem = f"is empty at row {missing}" if missing is not None else f"holds {twice!r} more than once"
+        if self.key_column == "key":  # a column that merely is called key (a music key, a label): data
+            log.warning("%s: column 'key' %s, so it is read as data and rows are keyed by number", self.path, problem)
+            self.key_column, self.synthetic_keys = None, True
+            self._meta["fields"] = list(self.kinds)
+            self._meta["field_counts"]["key"] = sum(k is not None for k in keys)
+            return
+        raise FormatError(f"{self.path}: column {self.key_column!r} (the keys) {problem}: keys must name each row once")
 
     def key(self, index: int) -> str:
         i = self._check_index(index)
@@ -582,3 +596,13 @@ class RangedFile(io.RawIOBase):
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+
+def _column_of(leaf: str, names: Sequence[str]) -> str:
+    """The top-level column a Parquet leaf (``path_in_schema``) belongs to: a name may hold dots
+    itself (``seg.png``), so the longest column name that is the leaf or begins it."""
+    best = ""
+    for name in names:
+        if (leaf == name or leaf.startswith(name + ".")) and len(name) > len(best):
+            best = name
+    return best or leaf.split(".")[0]

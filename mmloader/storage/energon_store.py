@@ -234,13 +234,11 @@ class EnergonStore(ExternalIndexStore, TarStore):
     def index_of(self, key: str) -> int | None:
         starts = self.metadata["_starts"]
         if self.sqlite is not None:
-            hit = self._db().execute("SELECT tar_file_id FROM samples WHERE sample_key = ?", (key,)).fetchone()
-            if hit is None or self.all_shards[hit[0]] not in self._positions:
-                return None
-            name = self.all_shards[hit[0]]
-            if key in self.excluded.get(name, ()):
-                return None
-            candidates: Sequence[int] = [self._positions[name]]
+            hits = self._db().execute("SELECT tar_file_id FROM samples WHERE sample_key = ?", (key,)).fetchall()
+            names = [self.all_shards[t] for (t,) in hits]
+            candidates: Sequence[int] = [
+                self._positions[n] for n in names if n in self._positions and key not in self.excluded.get(n, ())
+            ]
         else:
             candidates = range(len(self.files))
         for s in candidates:

@@ -20,6 +20,7 @@ or that file is read again in each process and never travels in a pickle.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -37,8 +38,9 @@ from .retry import Policy, unresolved_host
 from .urls import check_endpoint
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-#: ``storage_options`` an ``hf://`` URL takes besides the HTTP client's (headers, timeouts).
-HUB_OPTION_KEYS = {"token", "endpoint"}
+#: ``storage_options`` an ``hf://`` URL takes (its requests go through the standard library's
+#: client, which reads no other client setting).
+HUB_OPTION_KEYS = {"token", "endpoint", "headers", "default_headers"}
 
 
 class HubError(RemoteError):
@@ -194,7 +196,7 @@ class HubRepo:
     use_token: bool = True
 
     def __post_init__(self) -> None:
-        remember_secrets(self.token)  # also in a worker that unpickled it: never shown
+        remember_secrets(self.token)  # never shown (a worker that unpickles it: Location.__setstate__)
 
     @property
     def folder_url(self) -> str:
@@ -291,12 +293,14 @@ def open_hub(url: str, storage_options: dict, policy: Policy) -> tuple[HubRepo, 
     check_endpoint(endpoint, where_given)
     if given is not None and given is not False and given is not True:
         given = _checked_token(given, "storage_options['token']")
-    elif given is True:
-        given = _token_and_source({"token": True})[0]
+    elif given is True:  # the saved login: it must exist, and each process reads it itself
+        _token_and_source({"token": True})
+        given = None
     headers = {**(opts.get("headers") or {}), **(opts.get("default_headers") or {})}
-    if given and any(str(k).lower() == "authorization" for k in headers):
+    if any(str(k).lower() == "authorization" for k in headers):
         raise ValueError(
-            f"{where.url}: storage_options gives both a token and an Authorization header: give one (the token)"
+            f"{where.url}: give the Hub token as storage_options['token'] (or HF_TOKEN), not as an Authorization "
+            "header: the Hub's API calls send the token too"
         )
     probe = HubRepo(where, endpoint, where.revision, token=given or None, use_token=given is not False)
     memo = (endpoint, where.repo_type, where.repo_id, where.revision)
@@ -388,9 +392,7 @@ def refusal_message(
         )
     if status == 403:
         return f"{name}: the Hub refused access (HTTP 403{': ' + said if said else ''}); {how} with a token that may read it"
-    if status == 404 and code != "EntryNotFound":
-        return f"{name}: not found on {repo.endpoint} (HTTP 404{': ' + said if said else ''})"
-    return None
+    return None  # a 404 without a code (a mirror, a proxy) or EntryNotFound: the file is missing
 
 
 class _DropTokenOnOtherHost(urllib.request.HTTPRedirectHandler):
@@ -465,9 +467,7 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                 wait = retry_after(got)
         except json.JSONDecodeError:
             raise HubError(f"{repo.where.url}: {what}: {repo.endpoint} did not answer with JSON") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            if isinstance(e, RemoteUnavailableError):
-                raise
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             host = unresolved_host(reason if isinstance(reason, BaseException) else e, url)
             if host is not None:  # a typo in the endpoint: no wait cures it

@@ -16,7 +16,7 @@ from .errors import ObjectChangedError, RemoteError
 from .fsspec_client import _FsspecClient
 from .hub import HUB_OPTION_KEYS, HubRepo, open_hub
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
-from .redaction import redact, redact_url
+from .redaction import redact, redact_url, remember_secrets
 from .retry import Policy, short_message
 from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
 from .simple_client import _SimpleClient
@@ -69,7 +69,7 @@ class Location:
         self.hub: HubRepo | None = getattr(self, "hub", None)
         if self.scheme == "hf":
             # a misspelt option fails before any request (the Hub may be slow to answer)
-            accepted = _OBSTORE_CONFIG_KEYS["http"] | _CLIENT_OPTION_KEYS | {"headers"} | HUB_OPTION_KEYS
+            accepted = HUB_OPTION_KEYS
             unknown = sorted(str(k) for k in self.storage_options if k not in accepted)
             if unknown:
                 raise ValueError(
@@ -188,6 +188,8 @@ class Location:
     def __setstate__(self, state: dict) -> None:
         self.url, self.storage_options, self.policy = state["url"], state["storage_options"], state["policy"]
         self.hub = state.get("hub")
+        if self.hub is not None:
+            remember_secrets(self.hub.token)  # a worker's messages scrub it too
         self.__post_init__()
         self.pins = dict(state.get("pins") or {})
 

@@ -20,6 +20,9 @@ from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
 from .urls import endpoint_of
 
+#: the headers a request keeps when a redirect sends it to another host
+_HOP_HEADERS = {"range", "if-match", "user-agent", "accept", "accept-encoding"}
+
 
 def _host_port(netloc: str) -> str:
     """``host:port`` of a URL's authority, without userinfo (never sent as a host name)."""
@@ -143,7 +146,9 @@ class _SimpleClient(_Client):
             parts = urlsplit(url)
             secure, host = parts.scheme == "https", _host_port(parts.netloc)
             if (secure, host) != (self.secure, self.host):
-                hdrs = {k: v for k, v in hdrs.items() if k.lower() != "authorization"}
+                # another host (the Hub's CDN, a signed URL): only what the request itself needs,
+                # never a credential, cookie or custom header of this location
+                hdrs = {k: v for k, v in hdrs.items() if k.lower() in _HOP_HEADERS}
             target = parts.path + (f"?{parts.query}" if parts.query else "")
             status, answer, body = self._send(secure, host, method, target or "/", hdrs)
             if status not in (301, 302, 303, 307, 308) or "location" not in answer:
@@ -287,8 +292,12 @@ class _SimpleClient(_Client):
     def head(self, name: str) -> tuple[int | None, str | None]:
         def once():
             status, headers, body = self._request("HEAD", name)
-            if status == 404 and headers.get("x-error-code", "EntryNotFound") == "EntryNotFound":
-                return None, None  # (a repository or commit gone is said by _check)
+            gone = (
+                getattr(self.location, "hub", None) is not None
+                and headers.get("x-error-code", "EntryNotFound") != "EntryNotFound"
+            )
+            if status == 404 and not gone:
+                return None, None  # (a Hub repository or commit gone is said by _check)
             self._check(status, body, name, headers)
             return int(headers["content-length"]), headers.get("etag")
 
