@@ -5,7 +5,7 @@
 
 The table: ``--rows`` photographic 256-px JPEGs (~20 KB, cycled from 512 distinct ones) with
 captions, as HF ``datasets`` holds it (an ``Image`` column ``jpg`` and a string column ``txt``),
-saved with ``save_to_disk`` and ``to_parquet`` in files of at most 5,000 rows (at least 4 files). Every loader reads one
+saved with ``save_to_disk`` and ``to_parquet`` in files of 5,000 rows (one row group each). Every loader reads one
 shuffled epoch with ``--workers`` workers in batches of ``--batch-size`` and delivers what a
 training step takes: uint8 image tensors ``(B, 3, 256, 256)`` and the captions.
 
@@ -46,7 +46,7 @@ def build(out: Path, rows: int, px: int, convert: bool = True) -> dict:
     import datasets
     from data import caption, photo
 
-    stem = f"tables-{rows}-{px}px-v2"
+    stem = f"tables-{rows}-{px}px-v4"
     paths = {"arrow": out / f"{stem}-arrow", "parquet": out / f"{stem}-parquet"}
     if convert:
         paths["tar"] = out / f"{stem}-tar"
@@ -64,9 +64,9 @@ def build(out: Path, rows: int, px: int, convert: bool = True) -> dict:
 
     features = datasets.Features({"jpg": datasets.Image(), "txt": datasets.Value("string")})
     ds = datasets.Dataset.from_generator(gen, features=features, cache_dir=str(out / "hf-cache"))
-    # files of 5,000 rows at most (at least 4): a table 10x larger has 10x the files, as sharded
-    # datasets do, so its row groups (decoded whole) stay the size they were
-    shards = max(4, -(-rows // 5000))
+    # files of 5,000 rows (at least 2): a table 10x larger has 10x the files, as sharded datasets
+    # do, so its row groups (decoded whole) stay the size they were
+    shards = max(2, -(-rows // 5000))
     ds.save_to_disk(str(paths["arrow"]), num_shards=shards)
     paths["parquet"].mkdir(parents=True, exist_ok=True)
     for k in range(shards):
