@@ -430,6 +430,9 @@ class ArrowStore(Store):
         footers) or datasets' own fingerprint of the Arrow files (``state.json``)."""
         import hashlib
 
+        known: str | None = getattr(self, "_digest", None)
+        if known is not None:  # every checkpoint asks: the footers are read once
+            return known
         h = hashlib.sha256(json.dumps(self._meta, sort_keys=True, default=str).encode())
         if self.kind == "arrow":
             state = os.path.join(self.path, "state.json")
@@ -449,7 +452,8 @@ class ArrowStore(Store):
                         col = group.column(c)
                         stats = col.statistics
                         h.update(f"{col.total_compressed_size}:{stats.to_dict() if stats is not None else ''}".encode())
-        return h.hexdigest()[:32]
+        self._digest = h.hexdigest()[:32]
+        return self._digest
 
     @staticmethod
     def _key_text(value: Any) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from ..errors import FormatError
-from .external_index import ExternalIndexStore, walk_shard
+from .external_index import ExternalIndexStore, shard_fields, walk_shard
 from .tar_store import TarStore
 
 META = ".nv-meta"
@@ -149,7 +149,7 @@ class EnergonStore(ExternalIndexStore, TarStore):
         """(fields, samples having each, excluded samples per shard) of the split."""
         dropped: dict[str, int] = {}
         if self.sqlite is None:  # an older preparation: every shard's headers walked
-            fields = sorted({f for n in names for f in self._walk_fields(n)})
+            fields = sorted({f for n in names for f in shard_fields(os.path.join(self.path, n))})
             totals: dict[str, int] = {f: 0 for f in fields}
             for n in names:
                 keys, table = walk_shard(os.path.join(self.path, n), fields)
@@ -191,16 +191,6 @@ class EnergonStore(ExternalIndexStore, TarStore):
         except sqlite3.Error as e:
             raise FormatError(f"{self.sqlite}: unreadable Energon index ({e}): run `energon prepare` again") from None
         return sorted(totals), totals, dropped
-
-    def _walk_fields(self, name: str) -> list[str]:
-        """Every field of a shard, from its headers (for a preparation without index.sqlite)."""
-        import tarfile
-
-        from .tar_stages import split_member_name
-
-        with tarfile.open(os.path.join(self.path, name), mode="r:") as tf:
-            found = {split_member_name(m.name)[1] for m in tf if m.isreg() and split_member_name(m.name)}  # type: ignore[index]
-        return sorted(found)
 
     def shard_table(self, s: int) -> tuple[list[str], np.ndarray]:
         name = self.files[s]

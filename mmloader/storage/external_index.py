@@ -60,6 +60,33 @@ def walk_shard(path: str | os.PathLike, fields: Sequence[str]) -> tuple[list[str
     return keys, np.asarray(rows, dtype=np.int64).reshape(len(rows), len(fields), 2)
 
 
+def shard_fields(path: str | os.PathLike, first_sample: bool = False) -> list[str]:
+    """The fields (member extensions) of an uncompressed tar, from its headers alone: of every
+    sample, or of the first one only.
+
+    Args:
+        path: the shard.
+        first_sample: stop after the first sample's members.
+    """
+    from .tar_stages import split_member_name
+
+    key, fields = None, set()
+    try:
+        with tarfile.open(str(path), mode="r:") as tf:
+            for member in tf:
+                tf.members = []  # type: ignore[attr-defined]  # tarfile keeps every header otherwise
+                split = split_member_name(member.name) if member.isreg() else None
+                if split is None:
+                    continue
+                if first_sample and key is not None and split[0] != key:
+                    break
+                key = split[0]
+                fields.add(split[1])
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise FormatError(f"shard {path} is not a readable tar file: {e}") from None
+    return sorted(fields)
+
+
 class ExternalIndexStore:
     """The part of an externally indexed store that :class:`TarStore` lacks; mixed in before it.
 

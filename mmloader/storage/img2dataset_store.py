@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError
-from .external_index import ExternalIndexStore, walk_shard
-from .tar_stages import split_member_name
+from .external_index import ExternalIndexStore, shard_fields, walk_shard
 from .tar_store import TarStore
 
 
@@ -66,30 +65,13 @@ class Img2DatasetStore(ExternalIndexStore, TarStore):
                 f"{root}: img2dataset downloaded no image into any shard (every _stats.json: 0 successes)"
             )
         self._reset_handles()
-        fields = self._first_fields(root / shards[0][0])
+        # img2dataset writes the same fields for every sample (a shard that differs is an error
+        # when it is read): the first sample's are the dataset's
+        fields = shard_fields(root / shards[0][0], first_sample=True)
+        if not fields:
+            raise FormatError(f"shard {root / shards[0][0]} holds no sample")
         total = sum(c for _n, c in shards)
         self._setup(shards, fields, {f: total for f in fields})
-
-    @staticmethod
-    def _first_fields(tar: Path) -> list[str]:
-        """The fields of the first sample: img2dataset writes the same fields for every sample
-        (a shard that differs is an error when it is read)."""
-        import tarfile
-
-        key = None
-        fields: list[str] = []
-        with tarfile.open(str(tar), mode="r:") as tf:
-            for member in tf:
-                split = split_member_name(member.name) if member.isreg() else None
-                if split is None:
-                    continue
-                if key is not None and split[0] != key:
-                    break
-                key = split[0]
-                fields.append(split[1])
-        if not fields:
-            raise FormatError(f"shard {tar} holds no sample")
-        return sorted(fields)
 
     def shard_table(self, s: int) -> tuple[list[str], np.ndarray]:
         keys, table = walk_shard(self.shard_path(s), self.metadata["fields"])
