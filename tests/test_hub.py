@@ -227,6 +227,45 @@ def test_policy_deadline_bounds_the_revision_call(monkeypatch):
     assert time.monotonic() - t < 5
 
 
+@pytest.fixture
+def untrusted_tls(tmp_path):
+    """An HTTPS server on 127.0.0.1 whose certificate is self-signed (openssl's), so no client
+    that verifies certificates accepts it."""
+    import http.server
+    import shutil
+    import ssl
+    import subprocess
+    import threading
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_certificate_that_does_not_verify_fails_at_once(untrusted_tls, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", untrusted_tls)
+    policy = Policy(retry_deadline=60)
+    t = time.monotonic()
+    with pytest.raises(RemoteError, match="TLS certificate does not verify .*self.signed"):
+        Location("hf://datasets/org/pairs", policy=policy)  # the Hub's API
+    with pytest.raises(RemoteError, match="TLS certificate does not verify"):
+        Location(untrusted_tls + "/data", policy=policy).get("data-000000.tar")  # plain https://
+    assert time.monotonic() - t < 10  # not retried for the minute the deadline allows
+
+
 def test_paths_that_need_percent_encoding(hub, local):
     hub.upload_folder("org/pairs", local["tar"], "my data/données+@")
     store = open_store("hf://datasets/org/pairs/my data/données+@")

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from ..errors import FormatError
-from .external_index import ExternalIndexStore, shard_fields, walk_shard
+from .external_index import ExternalIndexStore, shard_samples, walk_shard
 from .tar_store import TarStore
 
 META = ".nv-meta"
@@ -148,16 +148,20 @@ class EnergonStore(ExternalIndexStore, TarStore):
     def _survey(self, names: list[str], counts: dict[str, int]) -> tuple[list[str], dict[str, int], dict[str, int]]:
         """(fields, samples having each, excluded samples per shard) of the split."""
         dropped: dict[str, int] = {}
-        if self.sqlite is None:  # an older preparation: every shard's headers walked
-            fields = sorted({f for n in names for f in shard_fields(os.path.join(self.path, n))})
-            totals: dict[str, int] = {f: 0 for f in fields}
+        if self.sqlite is None:  # an older preparation: every shard's headers walked, once
+            seen: set[str] = set()  # an excluded sample's fields too: the shard still holds them
+            totals: dict[str, int] = {}
             for n in names:
-                keys, table = walk_shard(os.path.join(self.path, n), fields)
-                gone = np.isin(keys, list(self.excluded.get(n, ())))
-                dropped[n] = int(gone.sum())
-                for c, f in enumerate(fields):
-                    totals[f] += int((table[~gone, c, 0] >= 0).sum())
-            return fields, totals, dropped
+                gone = self.excluded.get(n, ())
+                dropped[n] = 0
+                for key, offsets in shard_samples(os.path.join(self.path, n)):
+                    seen.update(offsets)
+                    if key in gone:
+                        dropped[n] += 1
+                        continue
+                    for f in offsets:
+                        totals[f] = totals.get(f, 0) + 1
+            return sorted(seen), {f: totals.get(f, 0) for f in sorted(seen)}, dropped
         db = self._db()
         ids = [self._tar_id(n) for n in names]
         totals = {}

@@ -16,7 +16,7 @@ import os
 import tarfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -27,17 +27,13 @@ from .tar_stages import group_samples
 MAX_TABLES = 64
 
 
-def walk_shard(path: str | os.PathLike, fields: Sequence[str]) -> tuple[list[str], np.ndarray]:
-    """Keys and the ``(samples, fields, 2)`` offset table (data offset, size; -1: absent) of an
-    uncompressed tar, from its headers alone (``tarfile`` seeks over the data).
+def shard_samples(path: str | os.PathLike) -> Iterator[tuple[str, dict[str, tuple[int, int]]]]:
+    """Each sample of an uncompressed tar as (key, {field: (data offset, size)}), in tar order,
+    from its headers alone (``tarfile`` seeks over the data).
 
     Args:
         path: the shard.
-        fields: the offset table's columns.
     """
-    column = {f: c for c, f in enumerate(fields)}
-    keys: list[str] = []
-    rows: list[list[tuple[int, int]]] = []
     try:
         with tarfile.open(str(path), mode="r:") as tf:
             members = []
@@ -48,14 +44,29 @@ def walk_shard(path: str | os.PathLike, fields: Sequence[str]) -> tuple[list[str
     except (tarfile.TarError, EOFError, OSError) as e:
         raise FormatError(f"shard {path} is not a readable tar file: {e}") from None
     for sample in group_samples(members, where=str(path)):
+        yield sample["__key__"], sample["__offsets__"]
+
+
+def walk_shard(path: str | os.PathLike, fields: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """Keys and the ``(samples, fields, 2)`` offset table (data offset, size; -1: absent) of an
+    uncompressed tar, from its headers alone.
+
+    Args:
+        path: the shard.
+        fields: the offset table's columns.
+    """
+    column = {f: c for c, f in enumerate(fields)}
+    keys: list[str] = []
+    rows: list[list[tuple[int, int]]] = []
+    for key, offsets in shard_samples(path):
         row = [(-1, -1)] * len(fields)
-        for f, (offset, size) in sample["__offsets__"].items():
+        for f, (offset, size) in offsets.items():
             if f not in column:
                 raise FormatError(
-                    f"shard {path}: sample {sample['__key__']!r} has field {f!r}, which the dataset's metadata does not list ({', '.join(fields)})"
+                    f"shard {path}: sample {key!r} has field {f!r}, which the dataset's metadata does not list ({', '.join(fields)})"
                 )
             row[column[f]] = (offset, size)
-        keys.append(sample["__key__"])
+        keys.append(key)
         rows.append(row)
     return keys, np.asarray(rows, dtype=np.int64).reshape(len(rows), len(fields), 2)
 

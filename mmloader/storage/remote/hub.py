@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
-from .errors import RemoteError, RemoteUnavailableError
+from .errors import RemoteError, RemoteUnavailableError, _HTTPStatus
 from .redaction import redact, remember_secrets
-from .retry import Policy, unresolved_host
+from .retry import Policy, _Deadline, unresolved_host
 from .urls import check_endpoint
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -429,10 +429,11 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
     headers = {"Accept": "application/json", "User-Agent": "mmloader"}
     if token and urlsplit(url).netloc == urlsplit(repo.endpoint).netloc:  # a Link elsewhere: no token
         headers["Authorization"] = f"Bearer {token}"
-    start, attempt = time.monotonic(), 0
-    deadline = start + policy.retry_deadline + policy.request_timeout
+    deadline = _Deadline(policy, repo.where.url, what)
+    # A body that trickles in is cut off too: one request may not outlast the deadline.
+    body_deadline = deadline.start + policy.retry_deadline + policy.request_timeout
     while True:
-        wait: float | None = None
+        failure: BaseException
         try:
             req = urllib.request.Request(url, headers=headers)
             with _OPENER.open(req, timeout=policy.request_timeout) as resp:
@@ -440,10 +441,10 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                 while chunk := resp.read1(1 << 16):
                     chunks.append(chunk)
                     size += len(chunk)
-                    if size > MAX_API_BYTES or time.monotonic() > deadline:
+                    if size > MAX_API_BYTES or time.monotonic() > body_deadline:
                         raise RemoteUnavailableError(
                             f"{repo.where.url}: {what}: the answer from {repo.endpoint} came too slowly or was too "
-                            f"large ({size:,} bytes after {time.monotonic() - start:.0f} s)"
+                            f"large ({size:,} bytes after {time.monotonic() - deadline.start:.0f} s)"
                         )
                 answer = {k.lower(): v for k, v in resp.headers.items()}
             return json.loads(b"".join(chunks)), answer
@@ -462,9 +463,8 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                 raise FileNotFoundError(f"{repo.shown}: no such file or folder ({what})") from None
             if not (status == 429 or status >= 500):
                 raise HubError(redact(f"{repo.where.url}: {what} failed: HTTP {status} from {repo.endpoint}")) from None
-            last = f"HTTP {status}"
-            if status in (429, 503):
-                wait = retry_after(got)
+            # Only the status and the server's wait travel on: the error itself holds the answer.
+            failure = _HTTPStatus(status, url, retry_after=retry_after(got) if status in (429, 503) else None)
         except json.JSONDecodeError:
             raise HubError(f"{repo.where.url}: {what}: {repo.endpoint} did not answer with JSON") from None
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
@@ -477,15 +477,6 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                 ) from None
             if isinstance(e, ValueError) and not isinstance(e, urllib.error.URLError):
                 raise ValueError(redact(f"{repo.where.url}: {what}: {e}")) from None
-            last = type(e).__name__ + ": " + redact(str(reason))
-        elapsed = time.monotonic() - start
-        if elapsed >= policy.retry_deadline:
-            raise RemoteUnavailableError(
-                redact(
-                    f"{repo.where.url}: {what} kept failing for {elapsed:.0f} s ({attempt + 1} attempts; "
-                    f"retry_deadline={policy.retry_deadline:g} s); last error: {last}"
-                )
-            )
-        delay = policy.delay(attempt) if wait is None else max(wait, policy.delay(attempt))
-        time.sleep(min(delay, max(policy.retry_deadline - elapsed, 0.0)))
-        attempt += 1
+            failure = e
+        # Outside the except blocks, so that what the deadline raises carries no context.
+        time.sleep(deadline.next_delay(failure, None))

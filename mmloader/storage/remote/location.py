@@ -97,14 +97,7 @@ class Location:
         token = self.storage_options.pop("token")
         if not isinstance(token, str) or not token:
             raise ValueError(f"{redact_url(self.url)}: storage_options['token'] must be a non-empty string")
-        headers = dict(self.storage_options.get("default_headers") or {})
-        if any(str(k).lower() == "authorization" for k in headers):
-            raise ValueError(
-                f"{redact_url(self.url)}: a token and an Authorization header (storage_options['default_headers']) "
-                "both given: give one"
-            )
-        headers["Authorization"] = f"Bearer {token}"
-        self.storage_options["default_headers"] = headers
+        self._add_authorization(f"Bearer {token}", "storage_options['token']")
 
     def _take_userinfo(self) -> None:
         """An HTTP URL's ``user:password@`` into an ``Authorization: Basic`` header; refused
@@ -119,16 +112,21 @@ class Location:
                 f"{shown}: {self.scheme}:// URLs cannot hold credentials: give them as storage_options "
                 "(e.g. access_key_id and secret_access_key) or in the environment (AWS_ACCESS_KEY_ID, ...)"
             )
+        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        self._add_authorization(f"Basic {token}", "credentials in the URL")
+        self.url = bare
+
+    def _add_authorization(self, value: str, given_as: str) -> None:
+        """``value`` as the Authorization header every client sends; refused when one is
+        already there (credentials given twice: which should win is not for us to guess)."""
         headers = dict(self.storage_options.get("default_headers") or {})
         if any(str(k).lower() == "authorization" for k in headers):
             raise ValueError(
-                f"{shown}: credentials both in the URL and in storage_options['default_headers']"
-                "['Authorization']: give them once"
+                f"{redact_url(self.url)}: {given_as} and an Authorization header already given "
+                "(storage_options['token'], ['headers'] or ['default_headers']): give credentials once"
             )
-        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
-        headers["Authorization"] = f"Basic {token}"
+        headers["Authorization"] = value
         self.storage_options["default_headers"] = headers
-        self.url = bare
 
     def _check_options(self) -> None:
         """``storage_options`` every client takes, or a ValueError listing them: obstore's

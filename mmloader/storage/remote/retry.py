@@ -11,6 +11,7 @@ import os
 import random
 import re
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
@@ -78,14 +79,16 @@ def _status(e: BaseException) -> int | None:
 
 def transient(e: BaseException) -> bool:
     """Whether a failed request may succeed when repeated: timeouts, connection errors and
-    resets, short bodies, 5xx and 408/429; not a missing object, a refused permission or
-    another 4xx."""
+    resets, short bodies, 5xx and 408/429; not a missing object, a refused permission, a TLS
+    certificate that does not verify or another 4xx."""
     if isinstance(
         e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError, LongBody, ValueError)
     ):
         return False
     if isinstance(e, ShortBody):
         return True
+    if untrusted_certificate(e) is not None:
+        return False  # a certificate that does not verify verifies no better on the next try
     if unresolved_host(e) is not None:
         return False
     if type(e).__module__.startswith("obstore") and (
@@ -203,6 +206,27 @@ def unresolved_host(e: BaseException, url: str = "") -> str | None:
     return _host_in(text, url)
 
 
+def untrusted_certificate(e: BaseException) -> str | None:
+    """Why the server's TLS certificate did not verify, when that is what ``e`` says (the
+    standard library's ``SSLCertVerificationError``, bare or inside a ``URLError``, or the
+    ``InvalidCertificate`` in obstore's error text); else None.
+
+    Args:
+        e: a failed request's error.
+
+    >>> untrusted_certificate(ValueError("x")) is None
+    True
+    """
+    for cur in (e, getattr(e, "reason", None), e.__cause__):
+        if isinstance(cur, ssl.SSLCertVerificationError):
+            return cur.verify_message or str(cur)
+    m = re.search(r"InvalidCertificate\(([^)]*)", str(e)) if type(e).__module__.startswith("obstore") else None
+    if m is None:
+        return None
+    names = [w for w in re.findall(r"[A-Za-z]\w+", m.group(1)) if w not in ("Other", "OtherError")]
+    return names[0] if names else "invalid certificate"
+
+
 def _host_in(text: str, url: str) -> str:
     for candidate in (*re.findall(r"[a-z][a-z0-9+.-]*://[^\s'\",)]+", text, re.I), url):
         try:
@@ -254,12 +278,12 @@ class _Deadline:
         self.rebuilt = False
 
     @staticmethod
-    def _shown(text: str, location: _Rebuildable) -> str:
+    def _shown(text: str, location: _Rebuildable | None) -> str:
         options: Mapping | None = getattr(location, "storage_options", None)
         return redact(text, options)
 
     @classmethod
-    def _chainable(cls, cause: BaseException, location: _Rebuildable) -> bool:
+    def _chainable(cls, cause: BaseException, location: _Rebuildable | None) -> bool:
         """Whether ``cause`` may be chained to an error mmloader raises: neither it nor an error
         it is chained to keeps a request or an answer (:data:`_CARRIERS`: headers, bodies), and
         none's text or ``repr`` changes when redacted."""
@@ -278,7 +302,7 @@ class _Deadline:
             todo += [c for c in (cur.__cause__, cur.__context__) if c is not None]
         return not todo
 
-    def _fail(self, cls: type[Exception], text: str, cause: BaseException | None, location: _Rebuildable):
+    def _fail(self, cls: type[Exception], text: str, cause: BaseException | None, location: _Rebuildable | None):
         """``cls`` with the message ``URL: text`` redacted, chained to ``cause`` where that shows
         no credential (:meth:`_chainable`), else to nothing."""
         error = cls(self._shown(f"{self.url}: {text}", location))
@@ -287,19 +311,29 @@ class _Deadline:
         error.__cause__, error.__context__, error.__suppress_context__ = cause, None, True
         return error
 
-    def next_delay(self, e: BaseException, location: _Rebuildable) -> float:
+    def next_delay(self, e: BaseException, location: _Rebuildable | None) -> float:
         """Seconds to wait before trying again, or raise the error for good. Called outside the
         ``except`` block that caught ``e`` (what is raised inside one has ``e`` as its
-        ``__context__``, whatever it says)."""
+        ``__context__``, whatever it says). ``location`` is rebuilt once after an auth error;
+        None for a caller that settles auth errors itself (the Hub's API calls)."""
         if getattr(e, "final", False):  # an error that already says what to do (a gated Hub repo)
             raise e
-        if _auth_error(e) and not self.rebuilt:
+        if location is not None and _auth_error(e) and not self.rebuilt:
             self.rebuilt = True
             location.rebuild()  # credentials may have rotated: resolve them again
             return 0.0
         refusal = server_refusal(e)
         if refusal is not None:  # a missing bucket is not a missing object, and no retry cures it
             raise self._fail(RemoteError, f"{self.what} failed: {refusal}", None, location)
+        untrusted = untrusted_certificate(e)
+        if untrusted is not None:
+            raise self._fail(
+                RemoteError,
+                f"{self.what} failed: the server's TLS certificate does not verify ({untrusted}); "
+                "nothing is read from a server whose identity is not proven",
+                None,
+                location,
+            )
         host = unresolved_host(e, self.url)
         if host is not None:  # a wrong URL or endpoint: waiting does not make the name exist
             detail = e.detail if isinstance(e, HostNotFound) else short_message(e)
