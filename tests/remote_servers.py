@@ -19,6 +19,7 @@ import os
 import socket
 import socketserver
 import struct
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -159,7 +160,7 @@ class RangeServer:
     without exactly that header is answered 401, the answer echoing the header it got; ``seen``
     lists the ``Authorization`` headers of every request."""
 
-    def __init__(self, root: str | os.PathLike, authorization: str | None = None):
+    def __init__(self, root: str | os.PathLike, authorization: str | None = None, tls: tuple | None = None):
         root = str(root)
         self.seen: list = []
         seen = self.seen
@@ -174,12 +175,36 @@ class RangeServer:
         self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        if tls is not None:  # (certificate, key) files: HTTPS
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            self.url = f"https://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def make_certificate(folder: Path) -> tuple[str, str]:
+    """(certificate, key) files of a self-signed certificate for 127.0.0.1, made by openssl
+    (skips the test where there is none). Trusted only where ``SSL_CERT_FILE`` names it."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a certificate")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:FALSE",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
 
 
 class FaultProxy:

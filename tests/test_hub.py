@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_dataset
-from remote_servers import RangeServer, own_cache  # noqa: F401  (fixture)
+from remote_servers import RangeServer, make_certificate, own_cache  # noqa: F401  (fixture)
 
 import mmloader
 from mmloader.storage import open_store
@@ -229,30 +229,11 @@ def test_policy_deadline_bounds_the_revision_call(monkeypatch):
 
 @pytest.fixture
 def untrusted_tls(tmp_path):
-    """An HTTPS server on 127.0.0.1 whose certificate is self-signed (openssl's), so no client
-    that verifies certificates accepts it."""
-    import http.server
-    import shutil
-    import ssl
-    import subprocess
-    import threading
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a certificate")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-days", "1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
-    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"https://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    """An HTTPS server on 127.0.0.1 whose certificate is self-signed, so no client that verifies
+    certificates accepts it."""
+    server = RangeServer(tmp_path, tls=make_certificate(tmp_path))
+    yield server.url
+    server.stop()
 
 
 def test_a_certificate_that_does_not_verify_fails_at_once(untrusted_tls, monkeypatch):
@@ -307,8 +288,6 @@ def test_a_token_given_in_storage_options_never_shows(hub, local, caplog):
         open_store("hf://datasets/org/private", storage_options={"token": True})
     with pytest.raises(ValueError, match="not as an Authorization header"):
         open_store("hf://datasets/org/private", storage_options={"headers": {"Authorization": f"Bearer {TOKEN}"}})
-    with pytest.raises(ValueError, match=r"unknown storage_options \['proxy_url'\] for hf://"):
-        open_store("hf://datasets/org/private", storage_options={"proxy_url": "http://proxy:3128"})
     # token=True: the saved login, looked up in each process (never pickled)
     token_file = Path(os.environ["HF_HOME"]) / "token"
     token_file.parent.mkdir(parents=True, exist_ok=True)

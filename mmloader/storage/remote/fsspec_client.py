@@ -58,6 +58,11 @@ class _FsspecClient(_Client):
         headers = opts.get("default_headers")  # storage_options["headers"] joined it (Location)
         if location.scheme == "http" and headers:
             kwargs["headers"] = dict(headers)  # sent with every request, as obstore does
+        if location.scheme == "http":
+            # a proxy as the other clients choose it: proxy_url, else HTTP(S)_PROXY and NO_PROXY
+            kwargs["client_kwargs"] = {"trust_env": True}
+            if opts.get("proxy_url"):
+                kwargs["proxy"] = opts["proxy_url"]
         for k in list(opts):
             if k in _CLIENT_OPTION_KEYS:
                 opts.pop(k)

@@ -33,6 +33,8 @@ from typing import Any, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import RemoteError, RemoteUnavailableError, _HTTPStatus
+from .proxy import ProxyRefused, proxy_for, tunnel_failure
+from .proxy import refusal as proxy_refusal
 from .redaction import redact, remember_secrets
 from .retry import Policy, _Deadline, unresolved_host
 from .urls import check_endpoint
@@ -40,7 +42,7 @@ from .urls import check_endpoint
 DEFAULT_ENDPOINT = "https://huggingface.co"
 #: ``storage_options`` an ``hf://`` URL takes (its requests go through the standard library's
 #: client, which reads no other client setting).
-HUB_OPTION_KEYS = {"token", "endpoint", "headers", "default_headers"}
+HUB_OPTION_KEYS = {"token", "endpoint", "headers", "default_headers", "proxy_url"}
 
 
 class HubError(RemoteError):
@@ -187,6 +189,7 @@ class HubRepo:
         sha: the commit the revision named when the dataset was opened.
         token: a token given in ``storage_options`` (None: looked up in each process).
         use_token: False when ``storage_options["token"]`` is ``False``.
+        proxy_url: ``storage_options["proxy_url"]`` (else the environment's proxy, if any).
     """
 
     where: HubPath
@@ -194,6 +197,7 @@ class HubRepo:
     sha: str
     token: str | None = field(default=None, repr=False)
     use_token: bool = True
+    proxy_url: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         remember_secrets(self.token)  # never shown (a worker that unpickles it: Location.__setstate__)
@@ -302,7 +306,10 @@ def open_hub(url: str, storage_options: dict, policy: Policy) -> tuple[HubRepo, 
             f"{where.url}: give the Hub token as storage_options['token'] (or HF_TOKEN), not as an Authorization "
             "header: the Hub's API calls send the token too"
         )
-    probe = HubRepo(where, endpoint, where.revision, token=given or None, use_token=given is not False)
+    proxy_url = opts.get("proxy_url")  # kept in opts too: the files' client goes through it
+    probe = HubRepo(
+        where, endpoint, where.revision, token=given or None, use_token=given is not False, proxy_url=proxy_url
+    )
     memo = (endpoint, where.repo_type, where.repo_id, where.revision)
     with _RESOLVED_LOCK:
         sha = _RESOLVED.get(memo)
@@ -318,7 +325,7 @@ def open_hub(url: str, storage_options: dict, policy: Policy) -> tuple[HubRepo, 
             raise HubError(f"{where.url}: the Hub's revision API gave no commit for {where.revision!r} ({endpoint})")
         with _RESOLVED_LOCK:
             sha = _RESOLVED.setdefault(memo, sha)
-    return HubRepo(where, endpoint, sha, token=probe.token, use_token=probe.use_token), opts
+    return HubRepo(where, endpoint, sha, token=probe.token, use_token=probe.use_token, proxy_url=proxy_url), opts
 
 
 def _next_link(header: str) -> str | None:
@@ -408,7 +415,6 @@ class _DropTokenOnOtherHost(urllib.request.HTTPRedirectHandler):
         return new
 
 
-_OPENER = urllib.request.build_opener(_DropTokenOnOtherHost)
 #: the largest API answer read (a tree listing page is far smaller)
 MAX_API_BYTES = 256 << 20
 
@@ -429,6 +435,12 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
     headers = {"Accept": "application/json", "User-Agent": "mmloader"}
     if token and urlsplit(url).netloc == urlsplit(repo.endpoint).netloc:  # a Link elsewhere: no token
         headers["Authorization"] = f"Bearer {token}"
+    parts = urlsplit(url)
+    proxy = proxy_for(parts.scheme == "https", parts.netloc, repo.proxy_url)
+    # the proxy chosen by mmloader's rules (proxy_url, then the environment as it is now)
+    opener = urllib.request.build_opener(
+        _DropTokenOnOtherHost, urllib.request.ProxyHandler({parts.scheme: proxy.url} if proxy else {})
+    )
     deadline = _Deadline(policy, repo.where.url, what)
     # A body that trickles in is cut off too: one request may not outlast the deadline.
     body_deadline = deadline.start + policy.retry_deadline + policy.request_timeout
@@ -436,7 +448,7 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
         failure: BaseException
         try:
             req = urllib.request.Request(url, headers=headers)
-            with _OPENER.open(req, timeout=policy.request_timeout) as resp:
+            with opener.open(req, timeout=policy.request_timeout) as resp:
                 chunks, size = [], 0
                 while chunk := resp.read1(1 << 16):
                     chunks.append(chunk)
@@ -461,6 +473,9 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                 raise HubError(redact(refusal)) from None
             if status == 404:
                 raise FileNotFoundError(f"{repo.shown}: no such file or folder ({what})") from None
+            refused = proxy_refusal(status, proxy, repo.where.url)
+            if refused is not None:
+                raise refused from None
             if not (status == 429 or status >= 500):
                 raise HubError(redact(f"{repo.where.url}: {what} failed: HTTP {status} from {repo.endpoint}")) from None
             # Only the status and the server's wait travel on: the error itself holds the answer.
@@ -469,7 +484,14 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
             raise HubError(f"{repo.where.url}: {what}: {repo.endpoint} did not answer with JSON") from None
         except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
+            tunnel = tunnel_failure(reason if isinstance(reason, BaseException) else e, proxy, repo.where.url)
+            if isinstance(tunnel, ProxyRefused):
+                raise tunnel from None
             host = unresolved_host(reason if isinstance(reason, BaseException) else e, url)
+            if host is not None and proxy is not None:  # the name looked up was the proxy's
+                raise HubError(
+                    f"{repo.where.url}: the proxy's host name does not resolve: check {proxy.shown}"
+                ) from None
             if host is not None:  # a typo in the endpoint: no wait cures it
                 raise HubError(
                     f"{repo.where.url}: the Hub's host name {host!r} does not resolve: check HF_ENDPOINT or "
@@ -477,6 +499,6 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                 ) from None
             if isinstance(e, ValueError) and not isinstance(e, urllib.error.URLError):
                 raise ValueError(redact(f"{repo.where.url}: {what}: {e}")) from None
-            failure = e
+            failure = tunnel or e
         # Outside the except blocks, so that what the deadline raises carries no context.
         time.sleep(deadline.next_delay(failure, None))

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Protocol
 from urllib.parse import urlsplit
 
 from .errors import HostNotFound, LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
+from .proxy import Proxy, proxy_for
 from .redaction import redact, redact_url
 
 log = logging.getLogger("mmloader")
@@ -87,8 +88,8 @@ def transient(e: BaseException) -> bool:
         return False
     if isinstance(e, ShortBody):
         return True
-    if untrusted_certificate(e) is not None:
-        return False  # a certificate that does not verify verifies no better on the next try
+    if untrusted_certificate(e) is not None or proxy_auth_refused(e):
+        return False  # a certificate that does not verify, or a proxy's 407, is the same next time
     if unresolved_host(e) is not None:
         return False
     if type(e).__module__.startswith("obstore") and (
@@ -206,6 +207,18 @@ def unresolved_host(e: BaseException, url: str = "") -> str | None:
     return _host_in(text, url)
 
 
+def proxy_auth_refused(e: BaseException) -> bool:
+    """Whether ``e`` is a proxy's 407 (Proxy Authentication Required): an answer's status, or
+    the ``ProxyAuthRequired`` of obstore's error text (a ``CONNECT`` the proxy refused).
+
+    Args:
+        e: a failed request's error.
+    """
+    if _status(e) == 407:
+        return True
+    return type(e).__module__.startswith("obstore") and "ProxyAuthRequired" in str(e)
+
+
 def untrusted_certificate(e: BaseException) -> str | None:
     """Why the server's TLS certificate did not verify, when that is what ``e`` says (the
     standard library's ``SSLCertVerificationError``, bare or inside a ``URLError``, or the
@@ -311,6 +324,15 @@ class _Deadline:
         error.__cause__, error.__context__, error.__suppress_context__ = cause, None, True
         return error
 
+    def _proxy(self, location: _Rebuildable | None) -> Proxy | None:
+        """The proxy the request went through, if one applies to its URL (:mod:`.proxy`)."""
+        parts = urlsplit(self.url)
+        options = getattr(location, "storage_options", None) or {}
+        try:
+            return proxy_for(parts.scheme == "https", parts.netloc, options.get("proxy_url"))
+        except ValueError:
+            return None
+
     def next_delay(self, e: BaseException, location: _Rebuildable | None) -> float:
         """Seconds to wait before trying again, or raise the error for good. Called outside the
         ``except`` block that caught ``e`` (what is raised inside one has ``e`` as its
@@ -330,13 +352,25 @@ class _Deadline:
             raise self._fail(
                 RemoteError,
                 f"{self.what} failed: the server's TLS certificate does not verify ({untrusted}); "
-                "nothing is read from a server whose identity is not proven",
+                "nothing is read from a server whose identity is not proven (a private CA: name its "
+                "certificate in SSL_CERT_FILE)",
+                None,
+                location,
+            )
+        if proxy_auth_refused(e):
+            raise self._fail(
+                RemoteError,
+                f"{self.what} failed: the proxy asks for credentials or refused them (HTTP 407): give them in "
+                "its URL (HTTPS_PROXY, HTTP_PROXY or storage_options['proxy_url']: http://USER:PASSWORD@host:port)",
                 None,
                 location,
             )
         host = unresolved_host(e, self.url)
         if host is not None:  # a wrong URL or endpoint: waiting does not make the name exist
             detail = e.detail if isinstance(e, HostNotFound) else short_message(e)
+            proxy = None if isinstance(e, HostNotFound) else self._proxy(location)
+            if proxy is not None:  # the client's text does not say whose name it looked up
+                host = f"{host}' or the proxy's '{urlsplit('//' + proxy.address).hostname}"
             raise self._fail(
                 RemoteError,
                 f"{self.what} failed: the host name {host!r} does not resolve; check the URL "

@@ -14,7 +14,11 @@ from .errors import HostNotFound, ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
 from .hub import HubError, refusal_message, retry_after
 from .obstore_client import _ObstoreClient
+from .proxy import Proxy, connection, proxy_for, tunnel_failure
+from .proxy import refusal as proxy_refusal
+from .proxy import target as proxy_target
 from .ranges import _check_length
+from .redaction import redact_url
 from .retry import server_refusal
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
@@ -54,6 +58,7 @@ class _SimpleClient(_Client):
         #: name -> (URL a redirect sent it to, until when to go there directly): the Hub's
         #: resolve endpoint answers each file with a redirect to its CDN (a signed URL)
         self._moved: dict[str, tuple[str, float]] = {}
+        self._proxies: dict[tuple[bool, str], Proxy | None] = {}
         self.creds: tuple[str, str, str | None] | Literal[True] | None
         if location.scheme == "http":
             parts = urlsplit(location.url)
@@ -90,8 +95,6 @@ class _SimpleClient(_Client):
 
     def _conn(self, secure: bool | None = None, host: str | None = None):
         """This thread's kept-alive connection to ``host`` (default: the location's)."""
-        import http.client
-
         secure = self.secure if secure is None else secure
         host = self.host if host is None else host
         conns = getattr(self._local, "conns", None)
@@ -100,9 +103,17 @@ class _SimpleClient(_Client):
             self._local.pid = os.getpid()
         c = conns.get((secure, host))
         if c is None:
-            cls = http.client.HTTPSConnection if secure else http.client.HTTPConnection
-            c = conns[secure, host] = cls(host, timeout=self.location.policy.request_timeout)
+            c = conns[secure, host] = connection(
+                secure, host, self.location.policy.request_timeout, self._proxy(secure, host)
+            )
         return c
+
+    def _proxy(self, secure: bool, host: str) -> Proxy | None:
+        """The proxy requests to ``host`` go through (:func:`~.proxy.proxy_for`), looked up once."""
+        key = (secure, host)
+        if key not in self._proxies:
+            self._proxies[key] = proxy_for(secure, host, self.location.storage_options.get("proxy_url"))
+        return self._proxies[key]
 
     #: Redirects followed per request; where one was sent is remembered this long (s).
     MAX_REDIRECTS, MOVED_TTL = 5, 300.0
@@ -162,22 +173,34 @@ class _SimpleClient(_Client):
 
     def _send(self, secure: bool, host: str, method: str, target: str, hdrs: dict) -> tuple[int, dict, bytes]:
         """One request on this thread's connection to ``host``."""
+        proxy = self._proxy(secure, host)
+        sent_target, hdrs = proxy_target(secure, host, target, proxy, hdrs)
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             conn = self._conn(secure, host)
             try:
-                conn.request(method, target, headers=hdrs)
+                conn.request(method, sent_target, headers=hdrs)
                 resp = conn.getresponse()
                 body = resp.read()
+                refused = proxy_refusal(resp.status, proxy, self._shown(secure, host, target))
+                if refused is not None:
+                    raise refused
                 return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
             except (ConnectionError, OSError) as e:
                 conn.close()
                 self._local.conns.pop((secure, host), None)
                 import http.client
 
+                refused_tunnel = tunnel_failure(e, proxy, self._shown(secure, host, target))
+                if refused_tunnel is not None:
+                    raise refused_tunnel from None
+
                 if isinstance(e, socket.gaierror) and e.errno != socket.EAI_AGAIN:
                     # no such host (EAI_AGAIN, a resolver that did not answer, is retried)
                     from urllib.parse import urlsplit
 
+                    if proxy is not None:  # the name looked up was the proxy's
+                        bare = urlsplit(f"//{proxy.address}").hostname or proxy.address
+                        raise HostNotFound(bare, f"the proxy {proxy.shown}; gaierror: {e}") from None
                     bare = urlsplit(f"//{host}").hostname or host
                     raise HostNotFound(bare, f"gaierror: {e}") from None
                 if attempt or not isinstance(
@@ -185,6 +208,10 @@ class _SimpleClient(_Client):
                 ):
                     raise
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _shown(secure: bool, host: str, target: str) -> str:
+        return redact_url(f"{'https' if secure else 'http'}://{host}{target}")
 
     def _check(self, status: int, body: bytes, name: str, headers: dict | None = None) -> None:
         hub = getattr(self.location, "hub", None)

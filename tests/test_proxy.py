@@ -1,0 +1,155 @@
+"""Remote reads through an HTTP proxy (a real one: proxy.py on 127.0.0.1, asking for
+credentials), as a cluster behind one reads: ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` or
+``storage_options["proxy_url"]``, with every client (obstore, the standard library's, fsspec),
+plain HTTP, HTTPS through a CONNECT tunnel, and hf:// (the Hub's API and its files)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import write_dataset
+from remote_servers import RangeServer, make_certificate
+
+from mmloader.storage import open_store
+from mmloader.storage.remote import RemoteError
+from mmloader.storage.remote.hub import forget_revisions
+from mmloader.storage.remote.proxy import parse_proxy, proxy_for
+
+pytest.importorskip("proxy", reason="proxy.py (the test extras) is the proxy these tests go through")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+from local_hub import HubServer  # noqa: E402
+
+PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy", "no_proxy")
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    """proxy.py on 127.0.0.1, which answers 407 to a request without ``user:pw``: ``host:port``."""
+    folder = tmp_path_factory.mktemp("proxy")
+    port_file = folder / "port"
+    cmd = [sys.executable, "-m", "proxy", "--hostname", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
+           "--num-acceptors", "1", "--num-workers", "1", "--threaded", "--basic-auth", "user:pw",
+           "--log-level", "WARNING"]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"proxy.py did not start (exit code {process.poll()})")
+        time.sleep(0.05)
+    yield f"127.0.0.1:{port_file.read_text().strip()}"
+    process.terminate()
+    process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    """Tar shards served over HTTP and HTTPS (a certificate trusted through SSL_CERT_FILE)."""
+    root = tmp_path_factory.mktemp("origin")
+    local = write_dataset(root / "shards", 12, "tar", shard_size=5)
+    cert = make_certificate(root)
+    servers = {"http": RangeServer(root), "https": RangeServer(root, tls=cert)}
+    yield local, servers, cert[0]
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture
+def env(monkeypatch, origin):
+    for var in PROXY_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", origin[2])
+    return monkeypatch
+
+
+def _rows(store) -> list[tuple]:
+    return [(store[i]["__key__"], store[i]["txt"]) for i in range(len(store))]
+
+
+def test_proxy_rules():
+    assert parse_proxy("http://u:p%40ss@10.0.0.1:3128").authorization == "Basic dTpwQHNz"  # u:p@ss
+    for bad, said in (("https://p:3128", "only http://"), ("socks5://p:1080", "only http://"), ("http://p:x", "port")):
+        with pytest.raises(ValueError, match=said):
+            parse_proxy(bad)
+    assert "u:p" not in repr(parse_proxy("http://u:p@h:1"))
+
+
+def test_proxy_choice_follows_the_environment(env):
+    assert proxy_for(True, "example.org:443") is None
+    env.setenv("HTTPS_PROXY", "http://secure-proxy:3128")
+    env.setenv("HTTP_PROXY", "http://plain-proxy:3128")
+    assert proxy_for(True, "example.org:443").address == "secure-proxy:3128"
+    assert proxy_for(False, "example.org").address == "plain-proxy:3128"
+    env.setenv("NO_PROXY", "internal.corp,127.0.0.1")
+    assert proxy_for(True, "data.internal.corp:443") is None and proxy_for(False, "127.0.0.1:9000") is None
+    assert proxy_for(True, "127.0.0.1:9000", "http://given:1").address == "given:1"  # proxy_url wins
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("client", ["obstore", "simple", "fsspec"])
+def test_reads_go_through_the_proxy(proxy, origin, env, scheme, client):
+    local, servers, _cert = origin
+    if client != "obstore":
+        env.setenv("MMLOADER_REMOTE_CLIENT", client)
+    url = f"{servers[scheme].url}/shards"
+    expected = _rows(open_store(local))
+    env.setenv(f"{scheme.upper()}_PROXY", f"http://user:pw@{proxy}")
+    assert _rows(open_store(url)) == expected
+
+    env.setenv(f"{scheme.upper()}_PROXY", f"http://user:wrong@{proxy}")  # the proxy refuses: it was used
+    t = time.monotonic()
+    with pytest.raises(RemoteError, match="407") as e:
+        _rows(open_store(url, retry_deadline=30))
+    assert time.monotonic() - t < 10 and "wrong" not in str(e.value)  # not retried; no password shown
+
+    env.setenv("NO_PROXY", "127.0.0.1")  # the same proxy, bypassed for this host
+    assert _rows(open_store(url)) == expected
+
+
+@pytest.mark.parametrize("client", ["obstore", "simple"])
+def test_proxy_url_option_wins_over_the_environment(proxy, origin, env, client):
+    local, servers, _cert = origin
+    if client != "obstore":
+        env.setenv("MMLOADER_REMOTE_CLIENT", client)
+    env.setenv("HTTPS_PROXY", f"http://user:wrong@{proxy}")
+    store = open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": f"http://user:pw@{proxy}"})
+    assert _rows(store) == _rows(open_store(local))
+    t = time.monotonic()
+    with pytest.raises(RemoteError, match="no-such-proxy.invalid"):  # the proxy's name, not the server's
+        _rows(open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "no-such-proxy.invalid:3128"}))
+    assert time.monotonic() - t < 10
+
+
+def test_hub_through_the_proxy(proxy, origin, env, tmp_path):
+    local, _servers, _cert = origin
+    hub = HubServer()
+    try:
+        for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH"):
+            env.delenv(var, raising=False)
+        env.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        env.setenv("HF_ENDPOINT", hub.url)
+        hub.upload_folder("org/proxied", local, "data")
+        forget_revisions()
+        env.setenv("HTTP_PROXY", f"http://user:wrong@{proxy}")
+        with pytest.raises(RemoteError, match="proxy .*407"):  # the revision API call goes through it
+            open_store("hf://datasets/org/proxied/data", retry_deadline=30)
+        env.setenv("HTTP_PROXY", f"http://user:pw@{proxy}")
+        store = open_store("hf://datasets/org/proxied/data")
+        assert _rows(store) == _rows(open_store(local))
+        env.setenv("HTTP_PROXY", f"http://user:wrong@{proxy}")  # the files go through it too
+        with pytest.raises(RemoteError, match="407"):
+            open_store("hf://datasets/org/proxied/data")[3]
+        env.delenv("HTTP_PROXY")
+        forget_revisions()
+        given = {"proxy_url": f"http://user:pw@{proxy}"}
+        assert _rows(open_store("hf://datasets/org/proxied/data", storage_options=given)) == _rows(store)
+        forget_revisions()
+        with pytest.raises(RemoteError, match="proxy.*no-such-proxy.invalid"):
+            open_store("hf://datasets/org/proxied/data", storage_options={"proxy_url": "no-such-proxy.invalid:1"})
+    finally:
+        forget_revisions()
+        hub.stop()
