@@ -15,7 +15,7 @@ from conftest import write_dataset
 from remote_servers import RangeServer, make_certificate
 
 from mmloader.storage import open_store
-from mmloader.storage.remote import RemoteError
+from mmloader.storage.remote import Location, RemoteError
 from mmloader.storage.remote.hub import forget_revisions
 from mmloader.storage.remote.proxy import parse_proxy, proxy_for
 
@@ -87,6 +87,28 @@ def test_proxy_choice_follows_the_environment(env):
     env.setenv("NO_PROXY", "internal.corp,127.0.0.1")
     assert proxy_for(True, "data.internal.corp:443") is None and proxy_for(False, "127.0.0.1:9000") is None
     assert proxy_for(True, "127.0.0.1:9000", "http://given:1").address == "given:1"  # proxy_url wins
+    for no_proxy, host, direct in (
+        ("*", "anything.org", True),
+        ("127.0.0.1:9000", "127.0.0.1:9000", True),
+        ("127.0.0.1:9000", "127.0.0.1:9001", False),
+        ("10.0.0.0/8", "10.20.30.40:80", True),
+        ("::1", "[::1]:9000", True),
+        ("[::1]:9000", "[::1]:9000", True),
+        ("fd00::/8", "[fd12::1]", True),
+        ("*.corp.net", "a.b.corp.net", True),
+        ("corp.net", "notcorp.net", False),
+        ("example.org:443", "example.org", True),  # HTTPS: port 443 when none is named
+    ):
+        env.setenv("NO_PROXY", no_proxy)
+        assert (proxy_for(True, host) is None) is direct, (no_proxy, host)
+    env.delenv("NO_PROXY")
+    env.setenv("https_proxy", "http://lower:1")  # the lowercase variable first, as curl reads them
+    assert proxy_for(True, "example.org").address == "lower:1"
+    env.setenv("https_proxy", "")  # set and empty: no proxy for HTTPS (not the uppercase one)
+    assert proxy_for(True, "example.org") is None
+    env.delenv("HTTP_PROXY")
+    env.setenv("ALL_PROXY", "all-proxy:8080")
+    assert proxy_for(False, "example.org").address == "all-proxy:8080"
 
 
 @pytest.mark.parametrize("scheme", ["http", "https"])
@@ -97,7 +119,7 @@ def test_reads_go_through_the_proxy(proxy, origin, env, scheme, client):
         env.setenv("MMLOADER_REMOTE_CLIENT", client)
     url = f"{servers[scheme].url}/shards"
     expected = _rows(open_store(local))
-    env.setenv(f"{scheme.upper()}_PROXY", f"http://user:pw@{proxy}")
+    env.setenv(f"{scheme.upper()}_PROXY", f"user:pw@{proxy}")  # no scheme: http:// (curl's reading)
     assert _rows(open_store(url)) == expected
 
     env.setenv(f"{scheme.upper()}_PROXY", f"http://user:wrong@{proxy}")  # the proxy refuses: it was used
@@ -106,8 +128,14 @@ def test_reads_go_through_the_proxy(proxy, origin, env, scheme, client):
         _rows(open_store(url, retry_deadline=30))
     assert time.monotonic() - t < 10 and "wrong" not in str(e.value)  # not retried; no password shown
 
-    env.setenv("NO_PROXY", "127.0.0.1")  # the same proxy, bypassed for this host
-    assert _rows(open_store(url)) == expected
+    for no_proxy in ("127.0.0.1", "*", f"127.0.0.1:{servers[scheme].port}"):  # bypassed for this host
+        env.setenv("NO_PROXY", no_proxy)
+        assert _rows(open_store(url, retry_deadline=5)) == expected, no_proxy
+    env.delenv("NO_PROXY")
+    env.setenv("ALL_PROXY", f"http://user:wrong@{proxy}")  # the only variable left: used
+    env.delenv(f"{scheme.upper()}_PROXY")
+    with pytest.raises(RemoteError, match="407"):
+        _rows(open_store(url, retry_deadline=30))
 
 
 @pytest.mark.parametrize("client", ["obstore", "simple"])
@@ -122,6 +150,65 @@ def test_proxy_url_option_wins_over_the_environment(proxy, origin, env, client):
     with pytest.raises(RemoteError, match="no-such-proxy.invalid"):  # the proxy's name, not the server's
         _rows(open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "no-such-proxy.invalid:3128"}))
     assert time.monotonic() - t < 10
+
+
+def test_no_credentials_from_netrc_or_to_a_redirect(proxy, origin, env, tmp_path):
+    """A ~/.netrc's credentials are never sent (fsspec's aiohttp would, trusting the
+    environment), and a redirect of the Hub's API to a host the proxy does not serve gets no
+    Proxy-Authorization."""
+    import http.server
+    import threading
+
+    local, servers, _cert = origin
+    (tmp_path / ".netrc").write_text("default login bob password netrc-password-123\n")
+    env.setenv("HOME", str(tmp_path))
+    env.setenv("NETRC", str(tmp_path / ".netrc"))
+    env.setenv("MMLOADER_REMOTE_CLIENT", "fsspec")
+    servers["http"].seen.clear()
+    assert len(_rows(open_store(f"{servers['http'].url}/shards"))) == 12
+    assert servers["http"].seen and not any(servers["http"].seen), servers["http"].seen
+
+    seen: list[dict] = []
+
+    class Target(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the revision API, after the redirect
+            seen.append(dict(self.headers))
+            body = b'{"sha": "' + b"a" * 40 + b'"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    target = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Target)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(307)
+            self.send_header("Location", f"http://localhost:{target.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    try:
+        forget_revisions()
+        env.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.server_address[1]}")
+        env.setenv("HTTP_PROXY", f"http://user:pw@{proxy}")
+        env.setenv("NO_PROXY", "localhost")  # the redirect's host: reached directly
+        Location("hf://datasets/org/redirected")
+        assert seen and not any(k.lower() == "proxy-authorization" for k in seen[0]), seen
+    finally:
+        forget_revisions()
+        for server in (hub, target):
+            server.shutdown()
+            server.server_close()
 
 
 def test_hub_through_the_proxy(proxy, origin, env, tmp_path):
@@ -147,6 +234,11 @@ def test_hub_through_the_proxy(proxy, origin, env, tmp_path):
         forget_revisions()
         given = {"proxy_url": f"http://user:pw@{proxy}"}
         assert _rows(open_store("hf://datasets/org/proxied/data", storage_options=given)) == _rows(store)
+        forget_revisions()
+        env.setenv("NO_PROXY", "127.0.0.1")  # proxy_url wins over it, for the API calls too
+        with pytest.raises(RemoteError, match="proxy .*407"):
+            open_store("hf://datasets/org/proxied/data", storage_options={"proxy_url": f"user:wrong@{proxy}"})
+        env.delenv("NO_PROXY")
         forget_revisions()
         with pytest.raises(RemoteError, match="proxy.*no-such-proxy.invalid"):
             open_store("hf://datasets/org/proxied/data", storage_options={"proxy_url": "no-such-proxy.invalid:1"})

@@ -7,7 +7,10 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import subprocess
+import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -164,3 +167,36 @@ def test_every_client_sends_the_headers_option_and_unknown_options_are_refused(k
         Location(url, {"headers": {"authorization": "Bearer x"}, "default_headers": {"Authorization": "Bearer y"}})
     with pytest.raises(ValueError, match=r"unknown storage_options \['anon'\] for s3:// URLs"):
         Location("s3://bucket/ds", {"anon": True})
+
+
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+def test_certificates(kind, tmp_path):
+    """A certificate that does not verify fails at once, saying so, with every client; one a
+    private CA made is trusted through SSL_CERT_FILE, and ``allow_invalid_certificates`` reads
+    from a server without checking it, with every client too."""
+    pytest.importorskip(NEEDS[kind]) if NEEDS[kind] else None
+    from remote_servers import make_certificate
+
+    from mmloader.storage.remote import Policy, RemoteError
+
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "x.bin").write_bytes(b"payload")
+    server = RangeServer(tmp_path, tls=make_certificate(tmp_path))
+    url = f"{server.url}/ds"
+    try:
+        t = time.monotonic()
+        with pytest.raises(RemoteError, match="TLS certificate does not verify"):
+            CLIENTS[kind](Location(url, policy=Policy(retry_deadline=60))).get("x.bin")
+        assert time.monotonic() - t < 10  # not retried for the minute the deadline allows
+        unchecked = Location(url, {"allow_invalid_certificates": True})
+        assert CLIENTS[kind](unchecked).get("x.bin") == b"payload"
+        # SSL_CERT_FILE set when the process starts, as a user sets it (aiohttp reads it at import)
+        code = (
+            f"from test_remote_clients import CLIENTS, Location; "
+            f"assert CLIENTS[{kind!r}](Location({url!r})).get('x.bin') == b'payload'"
+        )
+        env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "cert.pem")}
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.dirname(__file__), capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    finally:
+        server.stop()

@@ -41,7 +41,8 @@ class _HTTPStatus(OSError):
     kept so that :func:`~.retry.server_refusal` can read the S3 error code in it."""
 
     def __init__(self, status: int, url: str, body: bytes = b"", retry_after: float | None = None):
-        super().__init__(f"{url}: HTTP status {status}: {body[:200].decode('utf-8', 'replace')}")
+        said = body[:200].decode("utf-8", "replace").strip()
+        super().__init__(f"{url}: HTTP status {status}" + (f": {said}" if said else ""))
         self.status, self.body = status, body[:4096]
         #: seconds the server asked to wait before trying again (``Retry-After``), if it said
         self.retry_after = retry_after

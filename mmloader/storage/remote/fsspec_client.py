@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .errors import ShortBody
+from .proxy import proxy_for
 from .retry import _Deadline
 from .runtime import _background
 from .sigv4 import _botocore_credentials
@@ -59,10 +61,20 @@ class _FsspecClient(_Client):
         if location.scheme == "http" and headers:
             kwargs["headers"] = dict(headers)  # sent with every request, as obstore does
         if location.scheme == "http":
-            # a proxy as the other clients choose it: proxy_url, else HTTP(S)_PROXY and NO_PROXY
-            kwargs["client_kwargs"] = {"trust_env": True}
-            if opts.get("proxy_url"):
-                kwargs["proxy"] = opts["proxy_url"]
+            # the proxy the other clients choose (proxy.proxy_for), given per request: aiohttp's
+            # trust_env would read its own rules, and ~/.netrc's credentials for any host
+            parts = urlsplit(location.url)
+            proxy = proxy_for(parts.scheme == "https", parts.netloc.rpartition("@")[2], opts.get("proxy_url"))
+            if str(opts.get("allow_invalid_certificates", "")).lower() in ("true", "1"):
+                kwargs["ssl"] = False  # as obstore and the standard library's client: unchecked
+            if proxy is not None:
+                kwargs["proxy"] = f"http://{proxy.address}"
+                if proxy.authorization and parts.scheme == "https":
+                    kwargs["proxy_headers"] = {"Proxy-Authorization": proxy.authorization}  # the CONNECT's
+                elif proxy.authorization:
+                    # plain HTTP: every request, redirects' too, goes to the proxy, which takes
+                    # the header off (aiohttp sends proxy_headers only with a CONNECT)
+                    kwargs["headers"] = {**kwargs.get("headers", {}), "Proxy-Authorization": proxy.authorization}
         for k in list(opts):
             if k in _CLIENT_OPTION_KEYS:
                 opts.pop(k)

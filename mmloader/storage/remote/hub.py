@@ -412,7 +412,32 @@ class _DropTokenOnOtherHost(urllib.request.HTTPRedirectHandler):
                 if name.lower() == "authorization":
                     del new.headers[name]
             new.unredirected_hdrs.pop("Authorization", None)
+        if new is not None:  # a proxy's credentials go only where _ProxiedAsChosen sends them
+            for name in list(new.headers):
+                if name.lower() == "proxy-authorization":
+                    del new.headers[name]
         return new
+
+
+class _ProxiedAsChosen(urllib.request.BaseHandler):
+    """Sends each request, a redirect's too, through the proxy :func:`~.proxy.proxy_for`
+    chooses for its host: the API calls follow the files' rules (urllib's own handler reads
+    ``NO_PROXY`` even over ``proxy_url``)."""
+
+    handler_order = 100  # before the request is built, as urllib's ProxyHandler
+
+    def __init__(self, proxy_url: str | None):
+        self.proxy_url = proxy_url
+
+    def http_request(self, req: urllib.request.Request) -> urllib.request.Request:  # noqa: D102 (urllib's hook)
+        proxy = proxy_for(req.type == "https", req.host, self.proxy_url)
+        if proxy is not None:
+            req.set_proxy(proxy.address, "http")
+            if proxy.authorization:  # not copied to a redirect's request (unredirected)
+                req.add_unredirected_header("Proxy-Authorization", proxy.authorization)
+        return req
+
+    https_request = http_request
 
 
 #: the largest API answer read (a tree listing page is far smaller)
@@ -421,7 +446,8 @@ MAX_API_BYTES = 256 << 20
 
 def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
     """GET a Hub API ``url`` -> (parsed JSON, headers), retried under ``policy``: 429 and 503
-    wait the server's ``Retry-After`` (at least the backoff), 5xx and connection errors back off,
+    wait the server's ``Retry-After`` (at least the backoff), 5xx (not 501/505) and connection
+    errors back off,
     the whole call ends within ``retry_deadline`` (a body that trickles in included); refusals
     are :class:`HubError` at once, a missing path :class:`FileNotFoundError`.
 
@@ -436,10 +462,10 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
     if token and urlsplit(url).netloc == urlsplit(repo.endpoint).netloc:  # a Link elsewhere: no token
         headers["Authorization"] = f"Bearer {token}"
     parts = urlsplit(url)
-    proxy = proxy_for(parts.scheme == "https", parts.netloc, repo.proxy_url)
-    # the proxy chosen by mmloader's rules (proxy_url, then the environment as it is now)
+    proxy = proxy_for(parts.scheme == "https", parts.netloc, repo.proxy_url)  # for messages
+    # ProxyHandler({}): none of urllib's proxy rules, only mmloader's (_ProxiedAsChosen)
     opener = urllib.request.build_opener(
-        _DropTokenOnOtherHost, urllib.request.ProxyHandler({parts.scheme: proxy.url} if proxy else {})
+        _DropTokenOnOtherHost, urllib.request.ProxyHandler({}), _ProxiedAsChosen(repo.proxy_url)
     )
     deadline = _Deadline(policy, repo.where.url, what)
     # A body that trickles in is cut off too: one request may not outlast the deadline.

@@ -123,7 +123,7 @@ class Location:
         if any(str(k).lower() == "authorization" for k in headers):
             raise ValueError(
                 f"{redact_url(self.url)}: {given_as} and an Authorization header already given "
-                "(storage_options['token'], ['headers'] or ['default_headers']): give credentials once"
+                "(storage_options['token'] or ['default_headers']): give credentials once"
             )
         headers["Authorization"] = value
         self.storage_options["default_headers"] = headers

@@ -7,8 +7,10 @@ import asyncio
 import builtins
 import os
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
 
 from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
+from .proxy import obstore_options
 from .ranges import _check_length
 from .retry import _Deadline
 from .runtime import _mark_obstore, event_loop, run
@@ -96,6 +98,14 @@ class _ObstoreClient(_Client):
         elif location.scheme == "http":
             if url.lower().startswith("http://"):
                 client_options.setdefault("allow_http", True)
+            # the route the other clients take (proxy.proxy_for), not obstore's own reading of
+            # the variables
+            parts = urlsplit(url)
+            client_options.update(
+                obstore_options(
+                    parts.scheme == "https", parts.netloc.rpartition("@")[2], client_options.get("proxy_url")
+                )
+            )
         retry: RetryConfig = {"max_retries": 0}  # mmloader retries (backoff + deadline) around every request
         if location.scheme == "http":
             self.store = from_url(url, client_options=cast("ClientConfig", client_options), retry_config=retry)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
+import os
 import re
-import urllib.request
+import ssl
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
@@ -27,12 +29,20 @@ class ProxyRefused(RemoteError):
 @dataclass(frozen=True)
 class Proxy:
     """An HTTP proxy: ``address`` (``host:port``), its URL with credentials redacted (``shown``,
-    for messages), the ``Proxy-Authorization`` its URL's credentials make, and the URL itself."""
+    for messages), the credentials its URL holds, and the URL itself."""
 
     address: str
     shown: str
-    authorization: str | None = field(default=None, repr=False)
+    #: (user, password) from its URL, or None
+    credentials: tuple[str, str] | None = field(default=None, repr=False)
     url: str = field(default="", repr=False)
+
+    @property
+    def authorization(self) -> str | None:
+        """The ``Proxy-Authorization`` header its credentials make (Basic), or None."""
+        if self.credentials is None:
+            return None
+        return "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
 
 
 def parse_proxy(url: str) -> Proxy:
@@ -56,23 +66,85 @@ def parse_proxy(url: str) -> Proxy:
             "end to end, through a CONNECT tunnel); not a proxy spoken to over TLS or SOCKS"
         )
     try:
-        host, port = parts.hostname, parts.port or 80
+        host, port = parts.hostname, 80 if parts.port is None else parts.port
     except ValueError:
-        raise ValueError(f"proxy {shown}: the port is not a number") from None
-    if not host:
-        raise ValueError(f"proxy {shown}: no host")
-    authorization = None
+        raise ValueError(
+            f"proxy {shown}: the port is not a number (a password holding '/', '?', '#' or '@' must be "
+            "percent-encoded: %2F, %3F, %23, %40)"
+        ) from None
+    if not host or not 0 < port < 65536:
+        raise ValueError(f"proxy {shown}: no host, or a port out of range")
+    credentials = None
     if parts.username is not None:
-        user, password = unquote(parts.username), unquote(parts.password or "")
-        remember_secrets([password] if password else [])
-        authorization = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        credentials = (unquote(parts.username), unquote(parts.password or ""))
+        remember_secrets(credentials[1])
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return Proxy(address, shown, authorization, url)
+    return Proxy(address, shown, credentials, url)
+
+
+def environment_proxies() -> dict[str, str]:
+    """The proxy variables as curl reads them: ``https``, ``http``, ``all`` and ``no`` from
+    ``https_proxy`` / ``HTTPS_PROXY`` and so on, the lowercase one first (an empty one, set,
+    means none)."""
+    found = {}
+    for kind in ("https", "http", "all", "no"):
+        lower, upper = f"{kind}_proxy", f"{kind.upper()}_PROXY"
+        value = os.environ[lower] if lower in os.environ else os.environ.get(upper, "")
+        if value.strip():
+            found[kind] = value.strip()
+    return found
+
+
+def bypassed(host: str, no_proxy: str, secure: bool = True) -> bool:
+    """Whether ``NO_PROXY`` (``no_proxy``) names ``host``: ``*``; a name, which matches it and its
+    subdomains (``corp.net``, ``.corp.net``, ``*.corp.net``); an address or a CIDR range, IPv4 or
+    IPv6 (``10.0.0.0/8``, ``::1``); any of these with ``:PORT``, which then must match too.
+
+    Args:
+        host: the server, as ``host[:port]`` (``[v6]:port``).
+        no_proxy: the comma-separated list.
+        secure: whether the request is HTTPS (the port when ``host`` names none).
+
+    >>> bypassed("data.corp.net:443", "localhost,.corp.net")
+    True
+    >>> bypassed("[::1]:9000", "::1"), bypassed("10.1.2.3", "10.0.0.0/8"), bypassed("a.org:80", "a.org:8080")
+    (True, True, False)
+    """
+    parts = urlsplit("//" + host)
+    name = (parts.hostname or host).lower()
+    try:
+        port = parts.port or (443 if secure else 80)
+    except ValueError:
+        return False
+    for entry in no_proxy.replace(" ", "").lower().split(","):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        wanted, wanted_port = entry, None
+        if entry.startswith("["):  # [v6]:port
+            wanted, _, rest = entry[1:].partition("]")
+            wanted_port = rest[1:] or None
+        elif entry.count(":") == 1:  # name:port or v4:port (a bare v6 address has more colons)
+            wanted, wanted_port = entry.split(":")
+        if wanted_port is not None and wanted_port != str(port):
+            continue
+        try:
+            if ipaddress.ip_address(name) in ipaddress.ip_network(wanted, strict=False):
+                return True
+            continue
+        except ValueError:
+            pass  # a name, not an address
+        wanted = wanted.removeprefix("*.").lstrip(".")
+        if wanted and (name == wanted or name.endswith("." + wanted)):
+            return True
+    return False
 
 
 def proxy_for(secure: bool, host: str, proxy_url: str | None = None) -> Proxy | None:
     """The proxy a request to ``host`` (``host[:port]``) goes through, or None for a direct
-    connection.
+    connection: ``proxy_url``, else the environment's (:func:`environment_proxies`) unless
+    ``NO_PROXY`` names the host (:func:`bypassed`).
 
     Args:
         secure: whether the request is HTTPS.
@@ -81,14 +153,42 @@ def proxy_for(secure: bool, host: str, proxy_url: str | None = None) -> Proxy | 
     """
     if proxy_url:
         return parse_proxy(proxy_url)
-    proxies = urllib.request.getproxies_environment()
-    if not proxies or urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
-        return None
+    proxies = environment_proxies()
     chosen = proxies.get("https" if secure else "http") or proxies.get("all")
-    return parse_proxy(chosen) if chosen else None
+    if not chosen or bypassed(host, proxies.get("no", ""), secure):
+        return None
+    return parse_proxy(chosen)
 
 
-def connection(secure: bool, host: str, timeout: float, proxy: Proxy | None) -> http.client.HTTPConnection:
+def obstore_options(secure: bool, host: str, proxy_url: str | None = None) -> dict[str, str]:
+    """obstore's ``proxy_url``/``proxy_excludes`` client options that make it take the route
+    :func:`proxy_for` chooses (left alone, its HTTP library reads the variables by rules of its
+    own: no ``*`` or ``:PORT`` in ``NO_PROXY``, the uppercase variable first).
+
+    Args:
+        secure: whether the requests are HTTPS.
+        host: the server, as ``host[:port]``.
+        proxy_url: ``storage_options["proxy_url"]``.
+    """
+    proxy = proxy_for(secure, host, proxy_url)
+    if proxy is not None:
+        return {"proxy_url": proxy.url}
+    proxies = environment_proxies()
+    if not any(k in proxies for k in ("https", "http", "all")):
+        return {}  # no proxy anywhere: obstore finds none either
+    # Direct to this host, though the environment names a proxy: giving obstore a proxy that
+    # excludes the host is the one way its options say so (another host, reached by a
+    # redirect, goes through the environment's proxy, as it would have).
+    try:
+        fallback = parse_proxy(proxies.get("https" if secure else "http") or proxies["all"]).url
+    except (ValueError, KeyError):
+        fallback = "http://127.0.0.1:9"  # unusable (SOCKS, ...): never used for this host anyway
+    return {"proxy_url": fallback, "proxy_excludes": urlsplit("//" + host).hostname or host}
+
+
+def connection(
+    secure: bool, host: str, timeout: float, proxy: Proxy | None, verify: bool = True
+) -> http.client.HTTPConnection:
     """A connection for requests to ``host``: direct, tunnelled through ``proxy`` (HTTPS), or
     to ``proxy`` itself (plain HTTP: the request names the absolute URL, see :func:`target`).
 
@@ -97,17 +197,26 @@ def connection(secure: bool, host: str, timeout: float, proxy: Proxy | None) -> 
         host: the server, as ``host[:port]``.
         timeout: seconds a connect or read may take.
         proxy: the proxy, or None.
+        verify: whether an HTTPS server's certificate is verified (``allow_invalid_certificates``
+            turns it off).
     """
-    cls = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+    conn: http.client.HTTPConnection
+    address = host if proxy is None else proxy.address
+    if secure:
+        context = ssl.create_default_context() if verify else ssl._create_unverified_context()
+        conn = http.client.HTTPSConnection(address, timeout=timeout, context=context)
+    else:
+        conn = http.client.HTTPConnection(address, timeout=timeout)
     if proxy is None:
-        return cls(host, timeout=timeout)
-    conn = cls(proxy.address, timeout=timeout)
+        return conn
     if secure:
         conn.set_tunnel(host, headers={"Proxy-Authorization": proxy.authorization} if proxy.authorization else None)
     return conn
 
 
-def target(secure: bool, host: str, path: str, proxy: Proxy | None, headers: dict) -> tuple[str, dict]:
+def target(
+    secure: bool, host: str, path: str, proxy: Proxy | None, headers: dict[str, str]
+) -> tuple[str, dict[str, str]]:
     """The request target and headers for ``path`` on ``host``: unchanged, except for plain HTTP
     through a proxy (the absolute URL, and the proxy's credentials).
 

@@ -232,7 +232,7 @@ def untrusted_certificate(e: BaseException) -> str | None:
     """
     for cur in (e, getattr(e, "reason", None), e.__cause__):
         if isinstance(cur, ssl.SSLCertVerificationError):
-            return cur.verify_message or str(cur)
+            return getattr(cur, "verify_message", None) or str(cur)  # aiohttp's has none
     m = re.search(r"InvalidCertificate\(([^)]*)", str(e)) if type(e).__module__.startswith("obstore") else None
     if m is None:
         return None
@@ -256,6 +256,11 @@ def _auth_error(e: BaseException) -> bool:
 
 
 def short_message(e: BaseException) -> str:
+    """The error's type and the first line of its text (an HTTP status as ``HTTP 503``)."""
+    status = getattr(e, "status", None)
+    if type(e).__name__ == "_HTTPStatus" and isinstance(status, int):  # the URL is said already
+        said = bytes(getattr(e, "body", b"") or b"").decode("utf-8", "replace").strip().splitlines()
+        return f"HTTP {status}" + (f": {said[0][:300]}" if said else "")
     text = str(e).strip().splitlines()
     first = text[0] if text else type(e).__name__
     return f"{type(e).__name__}: {first[:300]}"
@@ -327,11 +332,21 @@ class _Deadline:
     def _proxy(self, location: _Rebuildable | None) -> Proxy | None:
         """The proxy the request went through, if one applies to its URL (:mod:`.proxy`)."""
         parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https"):  # s3://, gs://: the client's endpoint, not known here
+            return None
         options = getattr(location, "storage_options", None) or {}
         try:
             return proxy_for(parts.scheme == "https", parts.netloc, options.get("proxy_url"))
         except ValueError:
             return None
+
+    def _through(self, location: _Rebuildable | None) -> str:
+        """For a failure message: the proxy the requests went through (which may be what failed:
+        down, or unable to reach the server, a 502), or nothing."""
+        proxy = self._proxy(location)
+        if proxy is None:
+            return ""
+        return f"; through the proxy {proxy.shown} (down, or unable to reach or resolve the host?)"
 
     def next_delay(self, e: BaseException, location: _Rebuildable | None) -> float:
         """Seconds to wait before trying again, or raise the error for good. Called outside the
@@ -360,8 +375,8 @@ class _Deadline:
         if proxy_auth_refused(e):
             raise self._fail(
                 RemoteError,
-                f"{self.what} failed: the proxy asks for credentials or refused them (HTTP 407): give them in "
-                "its URL (HTTPS_PROXY, HTTP_PROXY or storage_options['proxy_url']: http://USER:PASSWORD@host:port)",
+                f"{self.what} failed: the proxy asks for credentials or refused them (HTTP 407): put the user "
+                "name and password in the proxy's URL (HTTPS_PROXY, HTTP_PROXY or storage_options['proxy_url'])",
                 None,
                 location,
             )
@@ -369,12 +384,12 @@ class _Deadline:
         if host is not None:  # a wrong URL or endpoint: waiting does not make the name exist
             detail = e.detail if isinstance(e, HostNotFound) else short_message(e)
             proxy = None if isinstance(e, HostNotFound) else self._proxy(location)
+            whose = repr(host)
             if proxy is not None:  # the client's text does not say whose name it looked up
-                host = f"{host}' or the proxy's '{urlsplit('//' + proxy.address).hostname}"
+                whose += f" (or the proxy's, {urlsplit('//' + proxy.address).hostname!r})"
             raise self._fail(
                 RemoteError,
-                f"{self.what} failed: the host name {host!r} does not resolve; check the URL "
-                f"or the endpoint ({detail})",
+                f"{self.what} failed: the host name {whose} does not resolve; check the URL or the endpoint ({detail})",
                 None,
                 location,
             )
@@ -407,7 +422,8 @@ class _Deadline:
             raise self._fail(
                 RemoteUnavailableError,
                 f"{self.what} kept failing for {elapsed:.0f} s ({self.attempt + 1} attempts; "
-                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}",
+                f"retry_deadline={self.policy.retry_deadline:g} s); last error: {short_message(e)}"
+                + self._through(location),
                 e,
                 location,
             )

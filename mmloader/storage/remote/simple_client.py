@@ -59,6 +59,8 @@ class _SimpleClient(_Client):
         #: resolve endpoint answers each file with a redirect to its CDN (a signed URL)
         self._moved: dict[str, tuple[str, float]] = {}
         self._proxies: dict[tuple[bool, str], Proxy | None] = {}
+        # obstore's allow_invalid_certificates, honoured here too (a test server, a private CA)
+        self._verify = str(opts.get("allow_invalid_certificates", "")).lower() not in ("true", "1")
         self.creds: tuple[str, str, str | None] | Literal[True] | None
         if location.scheme == "http":
             parts = urlsplit(location.url)
@@ -104,7 +106,7 @@ class _SimpleClient(_Client):
         c = conns.get((secure, host))
         if c is None:
             c = conns[secure, host] = connection(
-                secure, host, self.location.policy.request_timeout, self._proxy(secure, host)
+                secure, host, self.location.policy.request_timeout, self._proxy(secure, host), self._verify
             )
         return c
 
@@ -211,6 +213,7 @@ class _SimpleClient(_Client):
 
     @staticmethod
     def _shown(secure: bool, host: str, target: str) -> str:
+        """The URL of a request, as messages show it (redacted: a signed URL's query)."""
         return redact_url(f"{'https' if secure else 'http'}://{host}{target}")
 
     def _check(self, status: int, body: bytes, name: str, headers: dict | None = None) -> None:
