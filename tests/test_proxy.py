@@ -150,6 +150,10 @@ def test_proxy_url_option_wins_over_the_environment(proxy, origin, env, client):
     with pytest.raises(RemoteError, match="no-such-proxy.invalid"):  # the proxy's name, not the server's
         _rows(open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "no-such-proxy.invalid:3128"}))
     assert time.monotonic() - t < 10
+    with pytest.raises(RemoteError, match=r"kept failing.*through the proxy http://127\.0\.0\.1:9 \(down"):
+        _rows(
+            open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "127.0.0.1:9"}, retry_deadline=1)
+        )
 
 
 def test_no_credentials_from_netrc_or_to_a_redirect(proxy, origin, env, tmp_path):
