@@ -3,8 +3,10 @@ calls), reached through HF_ENDPOINT; huggingface_hub's own HfFileSystem reads th
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import re
 import sys
 import time
 from pathlib import Path
@@ -156,7 +158,7 @@ def test_missing_private_and_gated_repos(hub, local, monkeypatch):
         open_store("hf://datasets/org/pairs/data/none")
     hub.commit("org/pairs", {"foreign/a.tar": (Path(local["tar"]) / "data-000000.tar").read_bytes()})
     forget_revisions()  # (this process resolved main before the commit)
-    with pytest.raises(mmloader.errors.FormatError, match=r"no index.json: Hub shards are read in place .*upload"):
+    with pytest.raises(mmloader.errors.FormatError, match=r"no index.json: index them once .*-o DIR`, and open DIR"):
         open_store("hf://datasets/org/pairs/foreign")
     hub.create("org/private", private=True, readers={TOKEN})
     hub.upload_folder("org/private", local["tar"])
@@ -371,3 +373,46 @@ def test_parquet_on_the_hub_read_in_place(hub, tmp_path):
     stream = mmloader.Stream(mmloader.zip(text=mmloader.TextReader(remote, field="caption")), batch_size=7, seed=1)
     got = [t for b in mmloader.loader(stream, num_workers=2, backend="process") for t in b["text"]]
     assert sorted(set(got)) == sorted(f"c{i}" for i in range(30))
+
+
+def test_shards_another_tool_wrote_read_in_place_with_a_local_index(hub, tmp_path, capsys):
+    """A public WebDataset collection: tars without mmloader's index, in someone else's repository.
+    `mmloader index hf://... -o DIR` keeps the index in DIR; opening DIR reads the shards on the
+    Hub, at the commit indexed, as webdataset itself reads them."""
+    import webdataset as wds
+
+    from mmloader.cli import main
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with wds.ShardWriter(str(foreign / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
+        for i in range(15):
+            sw.write({"__key__": f"k{i:03d}", "txt": f"caption {i}", "jpg": bytes([i]) * (100 + i)})
+    hub.upload_folder("org/wds", foreign, "train")
+    index = tmp_path / "wds-index"
+    assert main(["index", "hf://datasets/org/wds/train", "-o", str(index), "-q"]) == 0
+    assert "read them in place" in capsys.readouterr().out
+    assert not list(index.glob("*.tar"))  # the shards stay on the Hub
+    manifest = json.loads((index / "index.json").read_text())
+    assert re.fullmatch(r"hf://datasets/org/wds@[0-9a-f]{40}/train", manifest["shards_url"])
+    store = mmloader.open(str(index))
+    seen = [
+        (s["__key__"], s["txt"], s["jpg"])
+        for s in wds.WebDataset(sorted(str(p) for p in foreign.glob("*.tar")), shardshuffle=False)
+    ]
+    assert [(r["__key__"], r["txt"], r["jpg"]) for r in _rows(store)] == seen
+    assert main(["verify", str(index), "-q"]) == 0
+
+    # a push to the branch later: the index's commit is still what is read, in workers too
+    with wds.ShardWriter(str(tmp_path / "new-%03d.tar"), maxcount=6, verbose=0) as sw:
+        for i in range(15):
+            sw.write({"__key__": f"k{i:03d}", "txt": f"other {i}", "jpg": b"x"})
+    hub.commit("org/wds", {"train/f-000.tar": (tmp_path / "new-000.tar").read_bytes()})
+    forget_revisions()
+    again = pickle.loads(pickle.dumps(mmloader.open(str(index))))
+    assert [r["txt"] for r in _rows(again)] == [t for _k, t, _j in seen]
+
+    capsys.readouterr()
+    assert main(["index", "hf://datasets/org/wds/train", "-o", str(index), "-q"]) == 1  # never over a folder
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+    assert _rows(mmloader.open(str(index)))  # which is left as it was

@@ -461,6 +461,47 @@ def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
     assert "s3://mmloader-test/nothing-here has no index.json" in capsys.readouterr().err
 
 
+def test_an_index_kept_locally_for_shards_on_s3(s3, tmp_path, capsys):
+    """`mmloader index s3://... -o DIR`: the index in a local folder, each shard pinned to the
+    version indexed; a shard replaced on the bucket since is an error, never bytes read at the
+    old offsets; an index that cannot be finished leaves no folder behind."""
+    import webdataset as wds
+
+    from mmloader.cli import main
+    from mmloader.storage.remote import ObjectChangedError
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with wds.ShardWriter(str(foreign / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
+        for smp in make_samples(15):
+            sw.write({"__key__": smp["__key__"], "txt": smp["txt"], "jpg": smp["jpg"]})
+    url = s3.upload(foreign, "kept-locally")
+    index = tmp_path / "index"
+    assert main(["index", url, "-o", str(index), "-q"]) == 0
+    assert s3.keys("kept-locally/") == [f"kept-locally/f-00{i}.tar" for i in range(3)]  # nothing written there
+    manifest = json.loads((index / "index.json").read_text())
+    assert manifest["shards_url"] == url and all(sh["etag"] for sh in manifest["shards"])
+    store = mmloader.open(str(index))
+    assert isinstance(store, RemoteTarStore) and len(store) == 15
+    expected = [
+        (s["__key__"], s["txt"]) for s in wds.WebDataset(sorted(map(str, foreign.glob("*.tar"))), shardshuffle=False)
+    ]
+    assert [(store[i]["__key__"], store[i]["txt"]) for i in range(15)] == expected
+
+    (foreign / "f-001.tar").write_bytes((foreign / "f-002.tar").read_bytes())  # replaced on the bucket
+    s3.client().upload_file(str(foreign / "f-001.tar"), s3.bucket, "kept-locally/f-001.tar")
+    fresh = mmloader.open(str(index))
+    assert fresh[0]["txt"] == store[0]["txt"]  # the shards left as they were still read
+    with pytest.raises(ObjectChangedError, match="f-001.tar"):
+        fresh[7]
+
+    (foreign / "f-002.tar").write_bytes(b"not a tar" * 100)
+    s3.client().upload_file(str(foreign / "f-002.tar"), s3.bucket, "kept-locally/f-002.tar")
+    assert main(["index", url, "-o", str(tmp_path / "broken"), "-q"]) == 1
+    assert "f-002.tar" in capsys.readouterr().err
+    assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken*"))
+
+
 def test_preview_bench_and_plan_on_urls(data, tmp_path, capsys):
     from mmloader.cli import main
 

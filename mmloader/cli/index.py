@@ -7,13 +7,19 @@ EXAMPLES = [
     "mmloader index webdataset-shards/",
     "mmloader index shards/ -o shards-index/",
     "mmloader index s3://bucket/img2dataset-shards/",
+    "mmloader index hf://datasets/ORG/NAME/train -o name-index/   # then open name-index/",
 ]
 
 
 def add_arguments(s) -> None:
     """The options of ``mmloader index``."""
     s.add_argument("dir", help="a folder of .tar/.tgz/.tar.gz shards (or a URL: the index is uploaded beside them)")
-    s.add_argument("-o", "--output", help="where to write the index (default: DIR)")
+    s.add_argument(
+        "-o",
+        "--output",
+        help="where to write the index (default: DIR); for a URL, a new local folder: the index is kept there, "
+        "the shards are read where they are (open the folder)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -26,6 +32,8 @@ def run(args) -> int:
         from ..storage.remote_write import build_index_remote
 
         manifest = build_index_remote(args.dir, output=args.output, progress=not args.quiet)
+        if args.output and "://" not in args.output:
+            print(f"the shards stay at {manifest['shards_url']}: open {args.output} to read them in place")
     else:
         manifest = build_index(args.dir, output=args.output, progress=not args.quiet)
     comp = sum(1 for s in manifest["shards"] if s["compressed"])

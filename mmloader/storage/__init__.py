@@ -75,6 +75,12 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
     if is_energon(p):  # prepared by `energon prepare` (an index.json too or not): its split honoured
         return EnergonStore(p, **_only(p, options, ("split", "split_config", "check_headers")))
     if (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.suffix == ".json"):
+        folder = p if p.is_dir() else p.parent
+        remote = _shards_url(folder / MANIFEST)
+        if remote is not None:  # `mmloader index URL -o DIR`: the index here, the shards in place there
+            from .remote_tar import RemoteTarStore
+
+            return RemoteTarStore(remote, index_dir=folder, **options)
         return TarStore(p, **options)
     if "split" in options:
         raise TypeError(f"{p}: split= applies to Energon datasets (a folder with .nv-meta/); this is not one")
@@ -88,6 +94,22 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         f"{p} is neither an mmloader LMDB dataset (data.mdb), a shard directory ({MANIFEST}), an Arrow folder "
         "(datasets' save_to_disk) nor Parquet"
     )
+
+
+def _shards_url(manifest: Path) -> str | None:
+    """The URL of the shards a local index describes (its ``shards_url``), or None for shards
+    beside it. The manifest is read again, checked, when the store opens."""
+    import json
+
+    try:
+        with open(manifest, "rb") as f:
+            head = json.loads(f.read())
+    except (OSError, ValueError):
+        return None  # the store's own reading names what is wrong
+    url = head.get("shards_url") if isinstance(head, dict) else None
+    if url is not None and not (isinstance(url, str) and is_url(url)):
+        raise FormatError(f"{manifest}: shards_url {url!r} is not a URL")
+    return url
 
 
 def _only(path: Path, options: dict, accepted: tuple[str, ...]) -> dict:

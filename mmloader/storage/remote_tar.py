@@ -70,6 +70,10 @@ def offsets_from_bytes(data: bytes, where: str) -> np.ndarray:
 class RemoteTarStore(TarStore):
     """A shard directory on object storage, with :class:`TarStore`'s API.
 
+    ``index_dir``: a local folder holding the manifest and indexes (what ``mmloader index URL -o
+    DIR`` wrote), for shards another tool wrote where no index can go beside them (a Hub dataset
+    of someone else's): :func:`~mmloader.storage.open_store` opens such a folder as this store.
+
     >>> ds = RemoteTarStore("s3://bucket/shards/", cache_dir="/scratch/mm", cache_limit="200G")  # doctest: +SKIP
     >>> ds[5]["txt"], len(ds)                                                                  # doctest: +SKIP
     """
@@ -90,6 +94,7 @@ class RemoteTarStore(TarStore):
         retry_deadline: float | None = None,
         request_timeout: float | None = None,
         max_in_flight: int | None = None,
+        index_dir: str | os.PathLike | None = None,
     ):
         url = url.rstrip("/")
         if url.endswith("/" + MANIFEST):
@@ -109,7 +114,10 @@ class RemoteTarStore(TarStore):
         self.location = Location(url, storage_options or {}, policy)
         self.check_headers, self.verify_checksums = check_headers, verify_checksums
         self.path = self.url = self.location.shown  # named in messages (requests go through location)
-        self.manifest_path = join(self.url, MANIFEST)  # type: ignore[assignment]  # named in messages
+        #: a local folder holding the manifest and indexes (``mmloader index URL -o DIR``): the
+        #: shards are read where they are, the index from here
+        self.index_dir = os.path.abspath(index_dir) if index_dir is not None else None
+        self.manifest_path = self._manifest_path()  # type: ignore[assignment]  # named in messages
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self.cache_limit = parse_limit(cache_limit)
         self.readahead, self.readahead_bytes, self.chunk_bytes = readahead, readahead_bytes, chunk_bytes
@@ -167,12 +175,13 @@ class RemoteTarStore(TarStore):
             "chunk_bytes": self.chunk_bytes,
             "coalesce": self.coalesce,
             "_owner": self._owner,
+            "index_dir": self.index_dir,
         }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.path = self.url = self.location.shown  # named in messages (requests go through location)
-        self.manifest_path = join(self.url, MANIFEST)  # type: ignore[assignment]  # named in messages
+        self.manifest_path = self._manifest_path()  # type: ignore[assignment]  # named in messages
         self._idx = OrderedDict()
         self._keys = self._order = None
         self._reset_remote()
@@ -186,11 +195,44 @@ class RemoteTarStore(TarStore):
             pass
 
     def __repr__(self) -> str:
+        if self.index_dir is not None:
+            return f"RemoteTarStore({self.url!r}, index_dir={self.index_dir!r})"
         return f"RemoteTarStore({self.url!r})"
+
+    def _manifest_path(self) -> str:
+        return os.path.join(self.index_dir, MANIFEST) if self.index_dir is not None else join(self.url, MANIFEST)
+
+    def _index_files(self, names: list[str]) -> list[bytes]:
+        """The manifest's key and offset files: from ``index_dir``, else beside the shards."""
+        if self.index_dir is None:
+            return self.location.get_many(names, purpose="meta")
+        out = []
+        for name in names:
+            try:
+                with open(os.path.join(self.index_dir, name), "rb") as f:
+                    out.append(f.read())
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{os.path.join(self.index_dir, name)}: no such file") from None
+        return out
+
+    def _local_index_metadata(self) -> dict:
+        """The manifest of an index kept in ``index_dir``, every shard pinned to the version it
+        was indexed at (the ETag the manifest records; a Hub dataset's commit is in its URL): a
+        shard replaced since is an ObjectChangedError, never bytes at another file's offsets."""
+        assert self.index_dir is not None
+        text = open(self.manifest_path, "rb").read()
+        meta = prepare_manifest(text, self.manifest_path)
+        for shard in meta["shards"]:
+            if shard.get("etag"):
+                self.location.pin(shard["file"], shard["etag"])
+        meta["_digest"] = hashlib.sha256(text).hexdigest()[:16]
+        return meta
 
     # -- metadata and indexes ------------------------------------------------------------------------
     @property
     def metadata(self) -> dict:
+        if self._meta is None and self.index_dir is not None:
+            self._meta = self._local_index_metadata()
         if self._meta is None:
             # Pin every object's version first (one listing per 1,000 objects), then read the
             # manifest as that version: the indexes and shards read later, in this process or
@@ -248,16 +290,15 @@ class RemoteTarStore(TarStore):
             return ""
         if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names) and self.location.hub is not None:
             return (
-                f" (it holds tar files but no {MANIFEST}: Hub shards are read in place with mmloader's index "
-                f"beside them; index a local copy (`mmloader index DIR`) and upload {MANIFEST}, keys.npy, "
-                "keys.order.npy and the *.idx.npy files next to the shards, or write the dataset with mmloader "
-                "and upload the folder)"
+                f" (it holds tar files but no {MANIFEST}: index them once into a local folder, "
+                f"`mmloader index {self.url} -o DIR`, and open DIR: the shards stay on the Hub, read in place)"
             )
         if any(n.endswith((".tar", ".tgz", ".tar.gz")) for n in names):
             return (
                 f" (it holds tar files but no manifest: a writer killed before publishing leaves its shards "
                 f"without {MANIFEST}, and indexing those would publish half a dataset; if they are complete "
-                f"shards written by another tool, run `mmloader index {self.url}`)"
+                f"shards written by another tool, run `mmloader index {self.url}` (the index beside them), or "
+                f"`mmloader index {self.url} -o DIR` and open DIR (the index in a local folder))"
             )
         if any(n.endswith("data.mdb") for n in names):
             return " (it holds an LMDB data.mdb: name the dataset by its .lmdb folder)"
@@ -274,7 +315,7 @@ class RemoteTarStore(TarStore):
         keys, order = self._keys, self._order
         if keys is None or order is None:
             meta = self.metadata
-            raw = self.location.get_many([meta["keys"], meta["key_order"]], purpose="meta")
+            raw = self._index_files([meta["keys"], meta["key_order"]])
             keys = np.load(io.BytesIO(raw[0]), allow_pickle=False)
             order = np.load(io.BytesIO(raw[1]), allow_pickle=False)
             self._keys, self._order = keys, order
@@ -302,12 +343,14 @@ class RemoteTarStore(TarStore):
                 )
         names = [meta["shards"][s]["index"] for s in missing]
         try:
-            raw = self.location.get_many(names, purpose="meta")
+            raw = self._index_files(names)
         except FileNotFoundError as e:
             raise FormatError(f"{e}: an offset index listed in {self.manifest_path} is missing") from None
         with self._lock:
             for s, name, data in zip(missing, names, raw):
-                table = offsets_from_bytes(data, join(self.url, name))
+                table = offsets_from_bytes(
+                    data, join(self.url, name) if self.index_dir is None else os.path.join(self.index_dir, name)
+                )
                 if table.shape[0] != meta["shards"][s]["count"]:
                     raise FormatError(
                         f"{name}: {table.shape[0]} rows but the manifest lists "

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from ..errors import FormatError
 from .atomic import AtomicWriter
 from .lmdb_store import LMDBWriter
-from .remote import Location
+from .remote import Location, RemoteError
 from .shard_index import MANIFEST, ShardIndexBuilder, index_shard
 from .tar_writer import ShardWriter
 
@@ -316,29 +316,50 @@ def upload_existing(
 
 def build_index_remote(
     url: str,
-    output: str | None = None,
+    output: str | os.PathLike | None = None,
     progress: bool = True,
     storage_options: dict | None = None,
     suffixes: tuple[str, ...] = (".tar", ".tgz", ".tar.gz"),
 ) -> dict:
     """``mmloader index s3://bucket/shards/``: index tar shards already on object storage (e.g.
     written by img2dataset). Each shard is downloaded once into a temporary file and read
-    sequentially; the offset indexes, key index and manifest are uploaded beside the shards,
-    the manifest last."""
+    sequentially. The offset indexes, key index and manifest are uploaded beside the shards, the
+    manifest last; or, with a local ``output`` folder (where nothing can be written beside the
+    shards: a Hub dataset of someone else's), written there, the manifest naming the shards'
+    URL (a Hub revision as its commit) and each shard's version (ETag): opening the folder reads
+    the shards in place, and a shard replaced since is an error, never wrong bytes.
+
+    Args:
+        url: the folder of shards.
+        output: None or ``url`` (beside the shards), or a local folder that does not exist yet.
+        progress: show a progress bar.
+        storage_options: the client's settings.
+        suffixes: which files are shards.
+    """
     location = Location(url, storage_options or {})
-    location.check_writable()  # an index is written beside the shards
-    if output is not None and Location(output).url != location.url:
-        raise ValueError(
-            f"--output {Location(output).url}: an index of shards on object storage is written beside them "
-            f"({location.url})"
-        )
+    local = output is not None and "://" not in os.fspath(output)
+    if local:
+        final = Path(output).resolve()  # type: ignore[arg-type]
+        if final.exists() and (not final.is_dir() or any(final.iterdir())):
+            raise FileExistsError(f"{final} exists and is not an empty folder: the index needs a folder of its own")
+    else:
+        location.check_writable()  # an index is written beside the shards
+        if output is not None and Location(os.fspath(output)).url != location.url:
+            raise ValueError(
+                f"--output {Location(os.fspath(output)).url}: an index of shards on object storage is written beside "
+                f"them ({location.url}), or in a local folder"
+            )
     objects = sorted((n, size) for n, size in location.list() if n.endswith(suffixes) and "/" not in n)
     if not objects:
         raise FormatError(f"{location.url} holds no tar shards ({', '.join('*' + s for s in suffixes)})")
+    versions = _shard_versions(location, [n for n, _s in objects]) if local else {}
     tmp = tempfile.mkdtemp(prefix=".mmloader-index-", dir=_tmp_root())
+    out = Path(tmp) / "index"
+    if local:  # beside the final folder (one file system: renamed into place, complete)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        out = Path(tmp) / "index"
-        out.mkdir()
+        out.mkdir(exist_ok=True)
         builder = ShardIndexBuilder(out, unique_keys=False)
         with tqdm(
             total=sum(s for _n, s in objects), unit="B", unit_scale=True, desc="indexing shards", disable=not progress
@@ -352,8 +373,38 @@ def build_index_remote(
                     os.close(fd)
                 index_shard(builder, shard, name, where=location.name_url(name))
                 shard.unlink()
-        manifest = builder.finish(indexed_from=location.url)
-        upload_dataset(out, location, "tar", progress=progress)
+        if not local:
+            manifest = builder.finish(indexed_from=location.url)
+            upload_dataset(out, location, "tar", progress=progress)
+            return manifest
+        for entry in builder.shards:
+            if versions.get(entry["file"]):
+                entry["etag"] = versions[entry["file"]]
+        manifest = builder.finish(indexed_from=location.shown, shards_url=location.shown)
+        if final.exists():
+            final.rmdir()  # empty (checked above)
+        os.replace(out, final)
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if local and out.exists():
+            shutil.rmtree(out, ignore_errors=True)  # an interrupted index leaves nothing under its name
+
+
+def _shard_versions(location: Location, names: list[str]) -> dict[str, str]:
+    """name -> version (ETag) of each shard, pinned for the reads that index it: from one
+    listing, else a HEAD per shard; none for a Hub dataset (its URL names the commit)."""
+    if location.hub is not None:
+        return {}
+    try:
+        versions = {n: e for n, e in location.versions().items() if n in set(names)}
+    except (FileNotFoundError, RemoteError, OSError):
+        versions = {}
+    for name in names:
+        if name not in versions:
+            _size, etag = location.head(name)
+            if etag:
+                versions[name] = etag
+    for name, etag in versions.items():
+        location.pin(name, etag)
+    return versions

@@ -137,10 +137,24 @@ def build_index(
     Shards are read sequentially once (compressed ones too). ``output`` defaults to
     ``directory``, and then the manifest holds no local path (the folder may be published);
     when it differs, the manifest refers to the shards, and to ``directory`` as
-    ``indexed_from``, by absolute path (an index of this machine's files).
+    ``indexed_from``, by absolute path (an index of this machine's files). A URL
+    (``s3://``, ``hf://``, ...) is indexed by
+    :func:`~mmloader.storage.remote_write.build_index_remote`: beside the shards, or in a local
+    ``output`` folder that then reads them in place.
+
+    Args:
+        directory: the folder (or URL) of shards.
+        output: where the index goes (default: beside the shards).
+        pattern: which files are shards (local folders).
+        progress: show a progress bar.
 
     >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
+    >>> build_index("hf://datasets/ORG/NAME/train", output="name-index/")   # doctest: +SKIP
     """
+    if "://" in os.fspath(directory):
+        from .remote_write import build_index_remote
+
+        return build_index_remote(os.fspath(directory), output=output, progress=progress)
     src = Path(directory).resolve()
     out = Path(output).resolve() if output else src
     if not src.is_dir():

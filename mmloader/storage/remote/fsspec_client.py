@@ -5,6 +5,7 @@ resolves)."""
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -67,6 +68,10 @@ class _FsspecClient(_Client):
             proxy = proxy_for(parts.scheme == "https", parts.netloc.rpartition("@")[2], opts.get("proxy_url"))
             if str(opts.get("allow_invalid_certificates", "")).lower() in ("true", "1"):
                 kwargs["ssl"] = False  # as obstore and the standard library's client: unchecked
+            elif parts.scheme == "https":
+                # made now, so that SSL_CERT_FILE is read as the other clients read it (aiohttp's
+                # default context is made once, when aiohttp is imported)
+                kwargs["ssl"] = ssl.create_default_context()
             if proxy is not None:
                 kwargs["proxy"] = f"http://{proxy.address}"
                 if proxy.authorization and parts.scheme == "https":
