@@ -416,3 +416,20 @@ def test_shards_another_tool_wrote_read_in_place_with_a_local_index(hub, tmp_pat
     assert main(["index", "hf://datasets/org/wds/train", "-o", str(index), "-q"]) == 1  # never over a folder
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert _rows(mmloader.open(str(index)))  # which is left as it was
+    assert main(["index", "hf://datasets/org/wds/train", "-q"]) == 1  # nothing is written to the Hub
+    assert "keep the index in a local folder: `mmloader index hf://datasets/org/wds@" in capsys.readouterr().err
+
+    # a new folder gets the mode mkdir gives (an index to share); an empty one given is filled in place
+    umask = os.umask(0o022)
+    try:
+        mmloader.build_index("hf://datasets/org/wds/train", output=tmp_path / "shared" / "idx", progress=False)
+        assert (tmp_path / "shared" / "idx").stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(umask)
+    given = tmp_path / "given"
+    given.mkdir()
+    given.chmod(0o2775)  # a team's folder: group-writable, setgid
+    inode = given.stat().st_ino
+    mmloader.build_index("hf://datasets/org/wds/train", output=given, progress=False)
+    assert given.stat().st_ino == inode and given.stat().st_mode & 0o2777 == 0o2775
+    assert len(mmloader.open(str(given))) == 15 and not list(tmp_path.glob(".given*"))

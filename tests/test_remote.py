@@ -492,8 +492,10 @@ def test_an_index_kept_locally_for_shards_on_s3(s3, tmp_path, capsys):
     s3.client().upload_file(str(foreign / "f-001.tar"), s3.bucket, "kept-locally/f-001.tar")
     fresh = mmloader.open(str(index))
     assert fresh[0]["txt"] == store[0]["txt"]  # the shards left as they were still read
-    with pytest.raises(ObjectChangedError, match="f-001.tar"):
+    with pytest.raises(ObjectChangedError, match=r"f-001.tar.*the index in .*index describes .*build it again"):
         fresh[7]
+    cached = mmloader.open(str(index), cache_dir=tmp_path / "cache", verify_checksums=True)
+    assert cached.prefetch([0], progress=False) == 1  # checksummed as it is cached (the file read back)
 
     (foreign / "f-002.tar").write_bytes(b"not a tar" * 100)
     s3.client().upload_file(str(foreign / "f-002.tar"), s3.bucket, "kept-locally/f-002.tar")
@@ -813,3 +815,21 @@ def test_opening_a_dataset_whose_endpoint_does_not_answer_takes_one_deadline():
     with pytest.raises(RemoteUnavailableError, match="kept failing"):
         mmloader.open("s3://bucket/ds", storage_options=options, retry_deadline=2)
     assert time.monotonic() - started < 3.0
+
+
+def test_sigterm_is_an_interrupt_while_an_index_is_built(tmp_path):
+    """`kill`/Slurm/Kubernetes send SIGTERM: an index being built cleans up as for Ctrl-C."""
+    code = textwrap.dedent(
+        """
+        import os, signal, time
+        from mmloader.storage.remote_write import _terminate_as_interrupt
+        try:
+            with _terminate_as_interrupt():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+        except KeyboardInterrupt:
+            print("interrupted", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "interrupted True", done.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 HELP = "build manifest and offset indexes for tar shards written by other tools"
 EXAMPLES = [
     "mmloader index webdataset-shards/",
@@ -33,7 +35,8 @@ def run(args) -> int:
 
         manifest = build_index_remote(args.dir, output=args.output, progress=not args.quiet)
         if args.output and "://" not in args.output:
-            print(f"the shards stay at {manifest['shards_url']}: open {args.output} to read them in place")
+            where = os.path.expanduser(args.output)
+            print(f"the shards stay at {manifest['shards_url']}: open {where} to read them in place")
     else:
         manifest = build_index(args.dir, output=args.output, progress=not args.quiet)
     comp = sum(1 for s in manifest["shards"] if s["compressed"])

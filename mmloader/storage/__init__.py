@@ -107,8 +107,8 @@ def _shards_url(manifest: Path) -> str | None:
     except (OSError, ValueError):
         return None  # the store's own reading names what is wrong
     url = head.get("shards_url") if isinstance(head, dict) else None
-    if url is not None and not (isinstance(url, str) and is_url(url)):
-        raise FormatError(f"{manifest}: shards_url {url!r} is not a URL")
+    if url is not None and not (isinstance(url, str) and is_url(url) and not url.lower().startswith("file:")):
+        raise FormatError(f"{manifest}: shards_url {url!r} is not the URL of shards on object storage or the Hub")
     return url
 
 

@@ -117,6 +117,11 @@ class RemoteTarStore(TarStore):
         #: a local folder holding the manifest and indexes (``mmloader index URL -o DIR``): the
         #: shards are read where they are, the index from here
         self.index_dir = os.path.abspath(index_dir) if index_dir is not None else None
+        if self.index_dir is not None:
+            self.location.changed_remedy = (
+                f"the index in {self.index_dir} describes the version it was built from: build it again "
+                f"(`mmloader index {self.url} -o NEW_DIR`)"
+            )
         self.manifest_path = self._manifest_path()  # type: ignore[assignment]  # named in messages
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
         self.cache_limit = parse_limit(cache_limit)

@@ -17,6 +17,7 @@ upload becomes visible only when complete), so a failed upload leaves the old on
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -325,23 +326,28 @@ def build_index_remote(
     written by img2dataset). Each shard is downloaded once into a temporary file and read
     sequentially. The offset indexes, key index and manifest are uploaded beside the shards, the
     manifest last; or, with a local ``output`` folder (where nothing can be written beside the
-    shards: a Hub dataset of someone else's), written there, the manifest naming the shards'
-    URL (a Hub revision as its commit) and each shard's version (ETag): opening the folder reads
-    the shards in place, and a shard replaced since is an error, never wrong bytes.
+    shards: a Hub dataset of someone else's), written there, the manifest last, naming the
+    shards' URL (a Hub revision as its commit) and each shard's version (ETag): opening the
+    folder reads the shards in place, and a shard replaced since is an error, never wrong bytes.
 
     Args:
-        url: the folder of shards.
-        output: None or ``url`` (beside the shards), or a local folder that does not exist yet.
+        url: the folder of shards (one that lists: ``s3://``, ``gs://``, ``az://``, ``hf://``).
+        output: None or ``url`` (beside the shards), or a local folder: new, or empty.
         progress: show a progress bar.
         storage_options: the client's settings.
         suffixes: which files are shards.
     """
     location = Location(url, storage_options or {})
     local = output is not None and "://" not in os.fspath(output)
+    final = Path(os.fspath(output)).expanduser().resolve() if output is not None and local else Path()
     if local:
-        final = Path(output).resolve()  # type: ignore[arg-type]
         if final.exists() and (not final.is_dir() or any(final.iterdir())):
             raise FileExistsError(f"{final} exists and is not an empty folder: the index needs a folder of its own")
+    elif location.hub is not None:
+        raise ValueError(
+            f"{location.shown}: mmloader does not write to the Hub; keep the index in a local folder: "
+            f"`mmloader index {location.shown} -o DIR`, then open DIR (the shards are read on the Hub)"
+        )
     else:
         location.check_writable()  # an index is written beside the shards
         if output is not None and Location(os.fspath(output)).url != location.url:
@@ -349,46 +355,98 @@ def build_index_remote(
                 f"--output {Location(os.fspath(output)).url}: an index of shards on object storage is written beside "
                 f"them ({location.url}), or in a local folder"
             )
-    objects = sorted((n, size) for n, size in location.list() if n.endswith(suffixes) and "/" not in n)
+    if location.scheme == "http" and location.hub is None:
+        raise ValueError(
+            f"{location.shown}: a plain HTTP(S) server cannot list a folder, so its shards cannot be found: "
+            "index a local copy, or shards on s3://, gs://, az:// or hf://"
+        )
+    listed = location.list()
+    objects = sorted((n, size) for n, size in listed if n.endswith(suffixes) and "/" not in n)
     if not objects:
-        raise FormatError(f"{location.url} holds no tar shards ({', '.join('*' + s for s in suffixes)})")
+        nested = sorted({n.split("/")[0] for n, _s in listed if "/" in n and n.endswith(suffixes)})
+        hint = f" (its sub-folders do: index each, e.g. {location.shown}/{nested[0]})" if nested else ""
+        raise FormatError(f"{location.shown} holds no tar shards ({', '.join('*' + s for s in suffixes)}){hint}")
     versions = _shard_versions(location, [n for n, _s in objects]) if local else {}
-    tmp = tempfile.mkdtemp(prefix=".mmloader-index-", dir=_tmp_root())
-    out = Path(tmp) / "index"
-    if local:  # beside the final folder (one file system: renamed into place, complete)
+    if local:
+        made = not final.exists()
+        # a new folder is built beside its final name and renamed into place; an empty one given
+        # (`-o .`, a mount point) is filled in place: either way the manifest comes last
         final.parent.mkdir(parents=True, exist_ok=True)
-        out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent)) if made else final
+        if made:
+            umask = os.umask(0)
+            os.umask(umask)
+            out.chmod(0o777 & ~umask)  # as mkdir makes it, not mkdtemp's 0700: an index to share
+        work = out
+    else:
+        work = Path(tempfile.mkdtemp(prefix=".mmloader-index-", dir=_tmp_root()))
+        out = work / "index"
+        out.mkdir()
+    done = False
     try:
-        out.mkdir(exist_ok=True)
-        builder = ShardIndexBuilder(out, unique_keys=False)
-        with tqdm(
-            total=sum(s for _n, s in objects), unit="B", unit_scale=True, desc="indexing shards", disable=not progress
-        ) as bar:
-            for name, size in objects:
-                shard = Path(tmp) / "shard"
-                fd = os.open(shard, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    location.download(name, fd, size, progress=bar.update)
-                finally:
-                    os.close(fd)
-                index_shard(builder, shard, name, where=location.name_url(name))
-                shard.unlink()
-        if not local:
-            manifest = builder.finish(indexed_from=location.url)
-            upload_dataset(out, location, "tar", progress=progress)
+        with _terminate_as_interrupt():
+            builder = ShardIndexBuilder(out, unique_keys=False)
+            shard = work / ".shard.partial"  # beside the index: one folder to clean up
+            with tqdm(
+                total=sum(s for _n, s in objects),
+                unit="B",
+                unit_scale=True,
+                desc="indexing shards",
+                disable=not progress,
+            ) as bar:
+                for name, size in objects:
+                    fd = os.open(shard, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    try:
+                        location.download(name, fd, size, progress=bar.update)
+                    finally:
+                        os.close(fd)
+                    index_shard(builder, shard, name, where=location.name_url(name))
+            shard.unlink(missing_ok=True)
+            if not local:
+                manifest = builder.finish(indexed_from=location.url)
+                upload_dataset(out, location, "tar", progress=progress)
+            else:
+                for entry in builder.shards:
+                    if versions.get(entry["file"]):
+                        entry["etag"] = versions[entry["file"]]
+                manifest = builder.finish(indexed_from=location.shown, shards_url=location.shown)
+                if made:
+                    os.replace(out, final)
+            done = True
             return manifest
-        for entry in builder.shards:
-            if versions.get(entry["file"]):
-                entry["etag"] = versions[entry["file"]]
-        manifest = builder.finish(indexed_from=location.shown, shards_url=location.shown)
-        if final.exists():
-            final.rmdir()  # empty (checked above)
-        os.replace(out, final)
-        return manifest
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if local and out.exists():
-            shutil.rmtree(out, ignore_errors=True)  # an interrupted index leaves nothing under its name
+        if not local:
+            shutil.rmtree(work, ignore_errors=True)
+        elif not done and made:
+            shutil.rmtree(out, ignore_errors=True)  # an unfinished index leaves nothing under its name
+        elif not done:
+            for leftover in list(final.iterdir()):  # the folder given stays, empty as it was
+                shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (``kill``, ``timeout``, Slurm, Kubernetes) raises KeyboardInterrupt while the
+    block runs, so that its clean-up runs as for Ctrl-C; only in the main thread, and only where
+    SIGTERM still has its default action."""
+    import signal
+    import threading
+
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _shard_versions(location: Location, names: list[str]) -> dict[str, str]:

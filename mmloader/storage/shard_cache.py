@@ -230,7 +230,7 @@ class ShardCache:
                 self.refused = "full"
                 return None
             try:
-                fd = os.open(part, os.O_WRONLY)
+                fd = os.open(part, os.O_RDWR)  # read back too: verify_checksums hashes it before publishing
                 try:
                     download(fd, progress)
                     os.fsync(fd)

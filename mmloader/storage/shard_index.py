@@ -131,6 +131,7 @@ def build_index(
     output: str | os.PathLike | None = None,
     pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"),
     progress: bool = True,
+    storage_options: dict | None = None,
 ) -> dict:
     """Index tar shards written by any tool: manifest + offset indexes + key index.
 
@@ -147,6 +148,7 @@ def build_index(
         output: where the index goes (default: beside the shards).
         pattern: which files are shards (local folders).
         progress: show a progress bar.
+        storage_options: the client's settings, for a URL.
 
     >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
     >>> build_index("hf://datasets/ORG/NAME/train", output="name-index/")   # doctest: +SKIP
@@ -154,7 +156,9 @@ def build_index(
     if "://" in os.fspath(directory):
         from .remote_write import build_index_remote
 
-        return build_index_remote(os.fspath(directory), output=output, progress=progress)
+        return build_index_remote(
+            os.fspath(directory), output=output, progress=progress, storage_options=storage_options
+        )
     src = Path(directory).resolve()
     out = Path(output).resolve() if output else src
     if not src.is_dir():

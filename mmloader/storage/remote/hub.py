@@ -384,6 +384,11 @@ def refusal_message(
                 "rewritten): open the dataset again"
             )
         hint = " (a revision holding '/' is written %2F: @refs%2Fpr%2F1)" if "/" not in repo.where.revision else ""
+        if re.fullmatch(r"[0-9a-f]{40}", repo.where.revision):  # a commit named: one a local index was built at?
+            hint += (
+                "; if a local index (mmloader index ... -o DIR) was built at this commit, the history was "
+                "rewritten since: build the index again"
+            )
         return f"{name} has no revision {repo.where.revision!r} (a branch, tag or commit): check it at {page}{hint}"
     if status == 401 and token_sent and "credential" in said.lower():
         return f"{name}: the Hub refused {token} ({said}): run `hf auth login` again, or unset it"

@@ -64,6 +64,9 @@ class Location:
     def __post_init__(self) -> None:
         self.url = lower_scheme(self.url.rstrip("/"))
         self.scheme = scheme_of(self.url)
+        #: what to do when an object changed under this dataset (a local index built from the
+        #: earlier version must be built again)
+        self.changed_remedy = getattr(self, "changed_remedy", "open the dataset again")
         self.storage_options = dict(self.storage_options or {})
         #: The Hub repository at one commit (``hf://`` URLs; see :mod:`.hub`), else None.
         self.hub: HubRepo | None = getattr(self, "hub", None)
@@ -181,11 +184,13 @@ class Location:
             "policy": self.policy,
             "pins": self.pins,
             "hub": self.hub,
+            "changed_remedy": self.changed_remedy,
         }
 
     def __setstate__(self, state: dict) -> None:
         self.url, self.storage_options, self.policy = state["url"], state["storage_options"], state["policy"]
         self.hub = state.get("hub")
+        self.changed_remedy = state.get("changed_remedy", "open the dataset again")
         if self.hub is not None:
             remember_secrets(self.hub.token)  # a worker's messages scrub it too
         self.__post_init__()
@@ -209,7 +214,7 @@ class Location:
             raise ObjectChangedError(
                 f"{self.name_url(name)}: the object changed since this dataset was opened "
                 f"(ETag {etag} instead of {pinned}); reading on would mix two versions of "
-                "the data: open the dataset again"
+                f"the data: {self.changed_remedy}"
             )
 
     def identity(self) -> str:

@@ -398,10 +398,10 @@ class _Deadline:
         if isinstance(e, ObjectChangedError):
             raise e
         if type(e).__name__ == "PreconditionError" or _status(e) == 412:
+            remedy = getattr(location, "changed_remedy", "open the dataset again")
             raise ObjectChangedError(
                 f"{self.url}: the object changed since this dataset was opened (its ETag "
-                "no longer matches); reading on would mix two versions of the data: open "
-                "the dataset again"
+                f"no longer matches); reading on would mix two versions of the data: {remedy}"
             ) from None
         if _status(e) == 416:
             raise ObjectChangedError(
