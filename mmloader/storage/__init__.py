@@ -13,7 +13,8 @@ from .energon_store import EnergonStore, is_energon
 from .img2dataset_store import Img2DatasetStore, is_img2dataset
 from .lmdb_store import LMDBStore, LMDBWriter
 from .remote import is_url
-from .shard_index import MANIFEST, build_index
+from .shard_index import MANIFEST
+from .shard_index import build_index as build_local_index
 from .tar_store import TarStore
 from .tar_writer import ShardWriter
 
@@ -94,6 +95,37 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         f"{p} is neither an mmloader LMDB dataset (data.mdb), a shard directory ({MANIFEST}), an Arrow folder "
         "(datasets' save_to_disk) nor Parquet"
     )
+
+
+def build_index(
+    directory: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    progress: bool = True,
+    storage_options: dict | None = None,
+) -> dict:
+    """Index tar shards written by any tool (manifest + offset indexes + key index): a local
+    folder (:func:`~mmloader.storage.shard_index.build_index`), or a URL
+    (:func:`~mmloader.storage.remote_write.build_index_remote`): the index beside the shards, or
+    in a local ``output`` folder that then opens as the dataset, its shards read in place.
+
+    Args:
+        directory: the folder or URL (``s3://``, ``gs://``, ``az://``, ``hf://``) of the shards.
+        output: where the index goes (default: beside the shards).
+        progress: show a progress bar.
+        storage_options: the client's settings, for a URL.
+
+    >>> build_index("foreign-shards/", output="foreign-index/")              # doctest: +SKIP
+    >>> build_index("hf://datasets/ORG/NAME/train", output="name-index/")   # doctest: +SKIP
+    """
+    if is_url(directory):
+        from .remote_write import build_index_remote
+
+        return build_index_remote(
+            os.fspath(directory), output=output, progress=progress, storage_options=storage_options
+        )
+    if storage_options:
+        raise TypeError(f"{directory}: storage_options apply to URLs, not to a local folder")
+    return build_local_index(directory, output=output, progress=progress)
 
 
 def _shards_url(manifest: Path) -> str | None:

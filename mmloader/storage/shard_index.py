@@ -131,34 +131,23 @@ def build_index(
     output: str | os.PathLike | None = None,
     pattern: tuple[str, ...] = ("*.tar", "*.tgz", "*.tar.gz"),
     progress: bool = True,
-    storage_options: dict | None = None,
 ) -> dict:
     """Index tar shards written by any tool: manifest + offset indexes + key index.
 
     Shards are read sequentially once (compressed ones too). ``output`` defaults to
     ``directory``, and then the manifest holds no local path (the folder may be published);
     when it differs, the manifest refers to the shards, and to ``directory`` as
-    ``indexed_from``, by absolute path (an index of this machine's files). A URL
-    (``s3://``, ``hf://``, ...) is indexed by
-    :func:`~mmloader.storage.remote_write.build_index_remote`: beside the shards, or in a local
-    ``output`` folder that then reads them in place.
+    ``indexed_from``, by absolute path (an index of this machine's files). (URLs:
+    :func:`mmloader.storage.build_index`.)
 
     Args:
-        directory: the folder (or URL) of shards.
+        directory: the folder of shards.
         output: where the index goes (default: beside the shards).
-        pattern: which files are shards (local folders).
+        pattern: which files are shards.
         progress: show a progress bar.
-        storage_options: the client's settings, for a URL.
 
     >>> build_index("foreign-shards/", output="foreign-index/")   # doctest: +SKIP
-    >>> build_index("hf://datasets/ORG/NAME/train", output="name-index/")   # doctest: +SKIP
     """
-    if "://" in os.fspath(directory):
-        from .remote_write import build_index_remote
-
-        return build_index_remote(
-            os.fspath(directory), output=output, progress=progress, storage_options=storage_options
-        )
     src = Path(directory).resolve()
     out = Path(output).resolve() if output else src
     if not src.is_dir():
