@@ -435,16 +435,22 @@ def test_credentials_are_resolved_again_when_the_environment_changes(data, monke
     assert store[1]["txt"] == mmloader.open(data["local"]["tar"])[1]["txt"]
 
 
-def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
+def _foreign_shards(folder: Path) -> Path:
+    """15 samples in tar shards of 6 that webdataset wrote (no mmloader index)."""
     import webdataset as wds
+
+    folder.mkdir()
+    with wds.ShardWriter(str(folder / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
+        for smp in make_samples(15):
+            sw.write({"__key__": smp["__key__"], "txt": smp["txt"], "jpg": smp["jpg"]})
+    return folder
+
+
+def test_index_verify_inspect_merge_on_urls(s3, data, tmp_path, capsys):
 
     from mmloader.cli import main
 
-    foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    with wds.ShardWriter(str(foreign / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
-        for smp in make_samples(15):
-            sw.write({"__key__": smp["__key__"], "txt": smp["txt"], "jpg": smp["jpg"]})
+    foreign = _foreign_shards(tmp_path / "foreign")
     url = s3.upload(foreign, "foreign")
     assert main(["index", url, "-q"]) == 0
     assert main(["verify", url, "-q"]) == 0
@@ -470,11 +476,7 @@ def test_an_index_kept_locally_for_shards_on_s3(s3, tmp_path, capsys):
     from mmloader.cli import main
     from mmloader.storage.remote import ObjectChangedError
 
-    foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    with wds.ShardWriter(str(foreign / "f-%03d.tar"), maxcount=6, verbose=0) as sw:
-        for smp in make_samples(15):
-            sw.write({"__key__": smp["__key__"], "txt": smp["txt"], "jpg": smp["jpg"]})
+    foreign = _foreign_shards(tmp_path / "foreign")
     url = s3.upload(foreign, "kept-locally")
     index = tmp_path / "index"
     assert main(["index", url, "-o", str(index), "-q"]) == 0
