@@ -26,7 +26,7 @@ import tempfile
 import threading
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from tqdm import tqdm
 
@@ -386,7 +386,6 @@ def build_index_remote(
     try:
         with _terminate_as_interrupt():
             builder = ShardIndexBuilder(out, unique_keys=False)
-            shard = work / ".shard.partial"  # beside the index: one folder to clean up
             with tqdm(
                 total=sum(s for _n, s in objects),
                 unit="B",
@@ -394,14 +393,8 @@ def build_index_remote(
                 desc="indexing shards",
                 disable=not progress,
             ) as bar:
-                for name, size in objects:
-                    fd = os.open(shard, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    try:
-                        location.download(name, fd, size, progress=bar.update)
-                    finally:
-                        os.close(fd)
+                for name, shard in _downloaded(location, objects, work, bar.update):
                     index_shard(builder, shard, name, where=location.name_url(name))
-            shard.unlink(missing_ok=True)
             if not local:
                 manifest = builder.finish(indexed_from=location.url)
                 upload_dataset(out, location, "tar", progress=progress)
@@ -422,6 +415,65 @@ def build_index_remote(
         elif not done:
             for leftover in list(final.iterdir()):  # the folder given stays, empty as it was
                 shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+
+#: The most shards downloaded at once while an index is built. Location.download already reads
+#: one shard by 8 concurrent 16 MiB ranges; small shards (one range each) are overlapped instead,
+#: as many as keep those 128 MiB in memory at most.
+DOWNLOADS_IN_FLIGHT = 8
+IN_MEMORY_BYTES = 128 << 20
+
+
+def _downloaded(
+    location: Location, objects: list[tuple[str, int]], folder: Path, progress
+) -> Iterator[tuple[str, Path]]:
+    """Each shard of ``objects`` as (name, local file), in order, downloaded into ``folder``
+    ahead of the one being indexed: several at once when they are small (one request each is
+    one stream's bandwidth, rarely a store's), up to :data:`DOWNLOADS_IN_FLIGHT` and
+    :data:`IN_MEMORY_BYTES`; each file is removed once the caller has read it. Leaving early (an
+    error, Ctrl-C) stops the downloads in flight at their next chunk."""
+    stop = threading.Event()
+    largest = max((size for _n, size in objects), default=1)
+    in_flight = max(1, min(DOWNLOADS_IN_FLIGHT, IN_MEMORY_BYTES // max(largest, 1)))
+
+    def fetch(i: int, name: str, size: int) -> Path:
+        path = folder / f".shard-{i}.partial"
+
+        def chunk(n: int) -> None:
+            if stop.is_set():
+                raise InterruptedError(f"{name}: download stopped")
+            progress(n)
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            location.download(name, fd, size, progress=chunk)
+        finally:
+            os.close(fd)
+        return path
+
+    pool = concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="mmloader-index")
+    todo = iter(enumerate(objects))
+    pending: list[tuple[str, concurrent.futures.Future]] = []
+    try:
+        for i, (name, size) in todo:
+            pending.append((name, pool.submit(fetch, i, name, size)))
+            if len(pending) == in_flight:
+                break
+        while pending:
+            name, future = pending.pop(0)
+            path = future.result()
+            try:
+                yield name, path
+            finally:
+                path.unlink(missing_ok=True)
+            for i, (following, size) in todo:
+                pending.append((following, pool.submit(fetch, i, following, size)))
+                break
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for leftover in folder.glob(".shard-*.partial"):
+            leftover.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
