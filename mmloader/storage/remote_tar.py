@@ -205,7 +205,11 @@ class RemoteTarStore(TarStore):
         return f"RemoteTarStore({self.url!r})"
 
     def _manifest_path(self) -> str:
-        return os.path.join(self.index_dir, MANIFEST) if self.index_dir is not None else join(self.url, MANIFEST)
+        return self._index_path(MANIFEST)
+
+    def _index_path(self, name: str) -> str:
+        """Where the index file ``name`` lies: in ``index_dir``, else beside the shards."""
+        return os.path.join(self.index_dir, name) if self.index_dir is not None else join(self.url, name)
 
     def _index_files(self, names: list[str]) -> list[bytes]:
         """The manifest's key and offset files: from ``index_dir``, else beside the shards."""
@@ -214,10 +218,10 @@ class RemoteTarStore(TarStore):
         out = []
         for name in names:
             try:
-                with open(os.path.join(self.index_dir, name), "rb") as f:
+                with open(self._index_path(name), "rb") as f:
                     out.append(f.read())
             except FileNotFoundError:
-                raise FileNotFoundError(f"{os.path.join(self.index_dir, name)}: no such file") from None
+                raise FileNotFoundError(f"{self._index_path(name)}: no such file") from None
         return out
 
     def _local_index_metadata(self) -> dict:
@@ -225,7 +229,8 @@ class RemoteTarStore(TarStore):
         was indexed at (the ETag the manifest records; a Hub dataset's commit is in its URL): a
         shard replaced since is an ObjectChangedError, never bytes at another file's offsets."""
         assert self.index_dir is not None
-        text = open(self.manifest_path, "rb").read()
+        with open(self.manifest_path, "rb") as f:
+            text = f.read()
         meta = prepare_manifest(text, self.manifest_path)
         for shard in meta["shards"]:
             if shard.get("etag"):
@@ -353,9 +358,7 @@ class RemoteTarStore(TarStore):
             raise FormatError(f"{e}: an offset index listed in {self.manifest_path} is missing") from None
         with self._lock:
             for s, name, data in zip(missing, names, raw):
-                table = offsets_from_bytes(
-                    data, join(self.url, name) if self.index_dir is None else os.path.join(self.index_dir, name)
-                )
+                table = offsets_from_bytes(data, self._index_path(name))
                 if table.shape[0] != meta["shards"][s]["count"]:
                     raise FormatError(
                         f"{name}: {table.shape[0]} rows but the manifest lists "

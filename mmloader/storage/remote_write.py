@@ -506,8 +506,9 @@ def _shard_versions(location: Location, names: list[str]) -> dict[str, str]:
     listing, else a HEAD per shard; none for a Hub dataset (its URL names the commit)."""
     if location.hub is not None:
         return {}
+    wanted = set(names)
     try:
-        versions = {n: e for n, e in location.versions().items() if n in set(names)}
+        versions = {n: e for n, e in location.versions().items() if n in wanted}
     except (FileNotFoundError, RemoteError, OSError):
         versions = {}
     for name in names:

@@ -141,6 +141,11 @@ def bypassed(host: str, no_proxy: str, secure: bool = True) -> bool:
     return False
 
 
+def _for_scheme(proxies: dict[str, str], secure: bool) -> str | None:
+    """The environment's proxy for HTTPS (or plain HTTP) requests: its own variable, else ``all``."""
+    return proxies.get("https" if secure else "http") or proxies.get("all")
+
+
 def proxy_for(secure: bool, host: str, proxy_url: str | None = None) -> Proxy | None:
     """The proxy a request to ``host`` (``host[:port]``) goes through, or None for a direct
     connection: ``proxy_url``, else the environment's (:func:`environment_proxies`) unless
@@ -154,7 +159,7 @@ def proxy_for(secure: bool, host: str, proxy_url: str | None = None) -> Proxy | 
     if proxy_url:
         return parse_proxy(proxy_url)
     proxies = environment_proxies()
-    chosen = proxies.get("https" if secure else "http") or proxies.get("all")
+    chosen = _for_scheme(proxies, secure)
     if not chosen or bypassed(host, proxies.get("no", ""), secure):
         return None
     return parse_proxy(chosen)
@@ -174,14 +179,15 @@ def obstore_options(secure: bool, host: str, proxy_url: str | None = None) -> di
     if proxy is not None:
         return {"proxy_url": proxy.url}
     proxies = environment_proxies()
+    environment = _for_scheme(proxies, secure)
     if not any(k in proxies for k in ("https", "http", "all")):
         return {}  # no proxy anywhere: obstore finds none either
     # Direct to this host, though the environment names a proxy: giving obstore a proxy that
     # excludes the host is the one way its options say so (another host, reached by a
     # redirect, goes through the environment's proxy, as it would have).
     try:
-        fallback = parse_proxy(proxies.get("https" if secure else "http") or proxies["all"]).url
-    except (ValueError, KeyError):
+        fallback = parse_proxy(environment).url if environment else "http://127.0.0.1:9"
+    except ValueError:
         fallback = "http://127.0.0.1:9"  # unusable (SOCKS, ...): never used for this host anyway
     return {"proxy_url": fallback, "proxy_excludes": urlsplit("//" + host).hostname or host}
 
