@@ -204,7 +204,7 @@ def test_config_filter_limit_keys_per_source(path, tmp_path):
 def test_expression_evaluates_column_wise_with_missing_values():
     e = Expression("a >= 1 and b != 'x'")
     cols = {"a": np.array([1.0, np.nan, 2.0]), "b": np.array(["y", "y", None], dtype=object)}
-    assert e.evaluate(cols).tolist() == [True, False, True]
+    assert e.evaluate(cols).tolist() == [True, False, False]  # a missing b is unknown, not 'not x'
     assert Expression("b in ['y']").evaluate(cols).tolist() == [True, True, False]
     assert json.dumps(e.names) == '["a", "b"]'
 

@@ -26,7 +26,7 @@ from ..media.imageinfo import probe
 from ..readers.basic import JSONReader, LabelReader, TextReader
 from ..readers.image import ImageReader
 from .identity import digest, store_content
-from .where import Expression
+from .where import SEMANTICS, Expression
 
 log = logging.getLogger("mmloader")
 
@@ -52,7 +52,9 @@ def select(
     ``<json modality>.<field>[.<field>...]`` (or a bare field when one json modality has it),
     ``<image modality>.width`` / ``.height`` (from the header; bare ``width``/``height`` with
     one image modality), ``<label modality>`` (or bare ``label``), ``<text modality>`` (the
-    text), ``<modality>.bytes`` (stored size). A sample missing a field fails comparisons with it.
+    text), ``<modality>.bytes`` (stored size). A missing field or JSON ``null`` makes a comparison
+    unknown, and a sample passes only when the whole expression is true (SQL's three-valued
+    logic: :mod:`mmloader.align.where`); ``x == None`` / ``x != None`` test presence.
 
     >>> ds = mmloader.zip(image=mmloader.ImageReader(p), meta=mmloader.JSONReader(p))   # doctest: +SKIP
     >>> good = mmloader.select(ds, "meta.clip_score >= 0.28 and image.width >= 256")   # doctest: +SKIP
@@ -410,7 +412,7 @@ def _cache_file(dataset: Any, where: str | None, cache_dir: str | os.PathLike | 
         root = Path(os.environ.get("MMLOADER_CACHE_DIR") or Path.home() / ".cache" / "mmloader")
     else:
         root = Path(cache_dir)
-    return root / "selections" / f"{digest(content_id(dataset), where)}.npy"
+    return root / "selections" / f"{digest(content_id(dataset), where, SEMANTICS)}.npy"  # a rule changed: computed anew
 
 
 def content_id(dataset: Any) -> str:
