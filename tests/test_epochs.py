@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 
 import pytest
 import torch
@@ -296,3 +297,52 @@ def test_a_finished_pass_leaves_no_queue_feeder_thread_for_the_next_fork(path):
         )
         assert len(_pass(loader)) == PER_EPOCH
         assert not [t.name for t in threading.enumerate() if t.name.startswith("QueueFeederThread")]
+
+
+@pytest.fixture(scope="module")
+def path48(tmp_path_factory):
+    """48 samples: whole batches of 4 on 1, 2, 3 and 4 ranks."""
+    path = tmp_path_factory.mktemp("epochs48") / "d.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(48):
+            w.write({"__key__": f"k{i:03d}", "txt": f"t{i}"})
+    return path
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 2), (2, 3), (3, 2), (2, 2), (4, 1), (1, 4)])
+@pytest.mark.parametrize("step", [1, 2])
+def test_len_after_a_resume_lets_a_framework_train_every_epoch(path48, saved, resumed, step):
+    """A framework that reads len() once as the epoch's length and counts the steps taken before
+    the state was saved (Lightning): the resumed epoch delivers every unseen sample, and each
+    later epoch all 48 exactly once, on any change of world size."""
+    trained: dict[int, list[str]] = {}
+    states = []
+    for rank in range(saved):
+        stream = _stream(path48)
+        stream.set_world(rank, saved)
+        loader = mmloader.loader(stream, num_workers=0)
+        trained.setdefault(0, []).extend(_flat(_pass(loader, limit=step)))
+        states.append(loader.state_dict())
+    assert all(s == states[0] for s in states)  # the ranks step together: one state serves all
+    fresh = {}
+    for rank in range(resumed):
+        stream = _stream(path48)
+        stream.set_world(rank, resumed)
+        loader = mmloader.loader(stream, num_workers=0)
+        fresh[rank] = len(loader)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            loader.load_state_dict(states[0])
+        length = len(loader)  # read once per fit, after the state was loaded
+        assert length >= fresh[rank]
+        # the length read before the load is too short exactly when the resumed epoch needs more
+        assert bool([w for w in said if "ends the epoch" in str(w.message)]) == (length > fresh[rank])
+        trained[0].extend(_flat(_pass(loader, limit=length - step)))  # the framework counts from `step`
+        for epoch in (1, 2):
+            loader.set_epoch(epoch)
+            batches = _pass(loader, limit=length)
+            assert len(batches) == fresh[rank], (epoch, rank)
+            trained.setdefault(epoch, []).extend(_flat(batches))
+    everything = [f"k{i:03d}" for i in range(48)]
+    assert set(trained[0]) == set(everything)  # the resumed epoch: nothing left out
+    assert sorted(trained[1]) == sorted(trained[2]) == everything  # later epochs: each sample once

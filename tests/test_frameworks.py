@@ -198,3 +198,89 @@ def test_lightning_validates_and_fits_with_mmloader_val_loaders(data):
             verbose=False,
         )
         assert sorted(model.seen) == [f"k{i:04d}" for i in range(SAMPLES)]
+
+
+# -- resumes onto another world size: every later epoch whole, the resumed one exactly once -------
+
+
+def _seen_all(out: Path) -> list[list[dict]]:
+    """The records of every rank that trained into ``out`` (a run before a resume and after it)."""
+    return [[json.loads(line) for line in f.read_text().splitlines()] for f in sorted(out.glob("seen-rank*.jsonl"))]
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def lightning_preempted(data, tmp_path_factory):
+    """Lightning checkpoints after step 4 of epoch 0: on 2 ranks (the loader returned by the
+    module's own train_dataloader) and on 1 (a DataModule)."""
+    runs = {}
+    for world, how in ((2, []), (1, ["--datamodule"])):
+        out = tmp_path_factory.mktemp(f"lightning-preempted-{world}")
+        _run("lightning_fit.py", str(data), str(out), "--preempt-after", "4", "--devices", str(world), *how)
+        runs[world] = out
+    return runs
+
+
+@pytest.mark.parametrize(
+    "saved, resumed, how, backend",
+    [
+        (2, 1, "plain", "thread"),  # fewer ranks: Lightning's epoch length must stay the whole epoch's
+        (2, 1, "datamodule", "process"),
+        (1, 2, "datamodule", "thread"),  # more ranks: the resumed epoch takes more steps than a fresh one
+        (1, 2, "datamodule", "process"),
+    ],
+)
+def test_lightning_resumed_onto_another_world_trains_every_epoch_exactly_once(
+    data, lightning_preempted, tmp_path, saved, resumed, how, backend
+):
+    out = _copy_run(lightning_preempted[saved], tmp_path / "run")
+    assert sum(len(r) for r in _seen_all(out)) == 4 * saved
+    args = ["--resume", str(out / "preempt.ckpt"), "--devices", str(resumed), "--max-epochs", "3"]
+    _run(
+        "lightning_fit.py",
+        str(data),
+        str(out),
+        *args,
+        "--backend",
+        backend,
+        *(["--datamodule"] if how != "plain" else []),
+    )
+    _assert_each_epoch_exactly_once(_per_epoch(_seen_all(out)), [0, 1, 2])
+    assert json.loads((out / "warnings-rank0.json").read_text()) == []
+
+
+def test_lightning_own_loader_resumed_onto_more_ranks_says_the_epoch_is_cut(data, lightning_preempted, tmp_path):
+    """Lightning reads len() before it loads the loader's state; a loader returned by the module
+    itself cannot be loaded first, so a resume needing more steps than that length is said."""
+    out = _copy_run(lightning_preempted[1], tmp_path / "run")
+    _run("lightning_fit.py", str(data), str(out), "--resume", str(out / "preempt.ckpt"), "--devices", "2")
+    said = json.loads((out / "warnings-rank0.json").read_text())
+    assert any("needs 8 steps per rank" in w and "len() was 6" in w and "DataModule" in w for w in said), said
+
+
+@pytest.fixture(scope="module")
+def hf_preempted(data, tmp_path_factory):
+    """transformers.Trainer checkpoints at step 4 of epoch 0, saved on 2 ranks and on 1."""
+    pytest.importorskip("transformers")
+    runs = {}
+    for world in (2, 1):
+        out = tmp_path_factory.mktemp(f"hf-preempted-{world}")
+        _run("hf_trainer_fit.py", str(data), str(out), "--preempt-after", "4", nproc=world)
+        runs[world] = out
+    return runs
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 2)])
+def test_hf_trainer_resumed_onto_another_world_trains_every_epoch_exactly_once(
+    data, hf_preempted, tmp_path, saved, resumed
+):
+    out = _copy_run(hf_preempted[saved], tmp_path / "run")
+    assert sum(len(r) for r in _seen_all(out)) == 4 * saved
+    _run("hf_trainer_fit.py", str(data), str(out), "--resume", nproc=resumed)
+    _assert_each_epoch_exactly_once(_per_epoch(_seen_all(out)), [0, 1])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,10 @@ class LoaderCheckpoint(TrainerCallback):
             return
         folder = self.resume_from or Path(args.output_dir) / f"checkpoint-{state.global_step}"
         path = self._file(folder)
+        if not path.is_file() and (Path(folder) / STATE_FILE.format(rank=0)).is_file():
+            # Resumed onto more ranks than saved: a state says where all ranks are (the ranks
+            # step together), so rank 0's serves every rank of the new world.
+            path = Path(folder) / STATE_FILE.format(rank=0)
         if not path.is_file():
             raise ResumeError(
                 f"resuming at step {state.global_step}, but {path} does not exist: this checkpoint "
@@ -96,3 +101,24 @@ class LoaderCheckpoint(TrainerCallback):
             )
         self.loader.load_state_dict(json.loads(path.read_text()))
         log.info("mmloader: loader resumed from %s (epoch %s)", path, self.loader.epoch)
+        _make_room_for_the_resumed_epoch(self.loader, args, state)
+
+
+def _make_room_for_the_resumed_epoch(loader: Any, args: Any, state: Any) -> None:
+    """Raise the Trainer's step budget when a resume onto more ranks needs it.
+
+    An epoch-based Trainer stops at ``num_train_epochs`` x its optimizer steps per epoch,
+    counted from the global step, which includes the steps taken in the saved world. A rank of
+    a larger world took more of those steps per sample than it takes now, so without room the
+    last epoch would stop short, its last batches untrained."""
+    stream = getattr(loader, "stream", None)
+    if args.max_steps > 0 or stream is None or not hasattr(stream, "epoch_length"):
+        return  # a step budget the user chose is theirs
+    accumulate = max(int(args.gradient_accumulation_steps), 1)
+    per_epoch = max(-(-stream.epoch_length() // accumulate), 1)  # what the Trainer computed
+    epochs = math.ceil(args.num_train_epochs)
+    epoch = state.global_step // per_epoch  # the epoch the Trainer resumes in
+    needed = state.global_step + -(-stream.remaining() // accumulate) + max(epochs - epoch - 1, 0) * per_epoch
+    if needed > state.max_steps:
+        log.info("mmloader: max_steps %d -> %d, for the rest of the resumed epoch", state.max_steps, needed)
+        state.max_steps = needed

@@ -47,6 +47,7 @@ class DataModule(pl.LightningDataModule):
         self.sources: dict[str, StreamSource | None] = {"train": train, "val": val}
         self.loader_options = loader_options
         self.loaders: dict[str, Any] = {}
+        self._states_to_load: dict[str, dict] = {}
 
     def _loader(self, stage: str) -> Any:
         if stage not in self.loaders:
@@ -60,8 +61,27 @@ class DataModule(pl.LightningDataModule):
                 stream = source()
             if not isinstance(stream, Stream):
                 raise TypeError(f"DataModule({stage}=...) must give an mmloader.Stream, got {type(stream).__name__}")
-            self.loaders[stage] = make_loader(stream, **self.loader_options)
+            loader = make_loader(stream, **self.loader_options)
+            if stage in self._states_to_load:  # a resume: loaded before Lightning reads len()
+                loader.load_state_dict(self._states_to_load.pop(stage))
+            self.loaders[stage] = loader
         return self.loaders[stage]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's state, saved by Lightning in each checkpoint beside its own copy.
+
+        Lightning reads ``len()`` of a loader before it loads the loader's state into it, and
+        stops each epoch at that length; a resume onto more ranks takes more steps in its epoch
+        than a fresh epoch there has. This copy is loaded when the loader is made, before
+        Lightning reads the length, so the resumed epoch is delivered whole on any world size."""
+        return {"loaders": {"train": self.loaders["train"].state_dict()}} if "train" in self.loaders else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the loader states of a checkpoint, for the loaders made after it (see :meth:`state_dict`)."""
+        self._states_to_load = dict(state_dict.get("loaders", {}))
+        for stage in list(self._states_to_load):
+            if stage in self.loaders:  # made already: loaded now
+                self.loaders[stage].load_state_dict(self._states_to_load.pop(stage))
 
     def train_dataloader(self) -> Any:
         """The training loader (made once)."""

@@ -178,6 +178,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         self._epoch_chosen = False  # set_epoch was called since the last pass began
         self._resume_fresh = False  # load_state_dict was called since the last pass began
         self._steps_before = 0  # batches (samples unbatched) this rank delivered of the resumed epoch before
+        self._len_read: int | None = None  # what len() last said with no resume pending (a framework's epoch)
         self.builder = BatchBuilder(
             self.datasets,
             self.mix.names if self.mix is not None else None,
@@ -377,10 +378,25 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
     def __len__(self) -> int:
         """Batches per rank of the epoch when batching, else samples per rank.
 
-        During a resumed pass this is still the whole epoch's count, as frameworks expect
-        (they count the steps already taken): the batches delivered before the state was
-        saved plus those still to come (:meth:`remaining`)."""
-        return self._steps_before + self.remaining()
+        Frameworks read this once per fit as the epoch's length and stop each epoch there
+        (Lightning), counting the steps a resumed epoch took before its state was saved. So
+        while a resume is pending or delivering it is the larger of the epoch's whole count in
+        this world and the resumed epoch's steps (those taken before, in the world that saved
+        the state, plus :meth:`remaining`): a resume onto fewer ranks (fewer steps taken
+        before than this world's epoch has) keeps every later epoch whole, one onto more ranks
+        (more steps) lets the resumed epoch finish. Without a resume the two are equal."""
+        resumed = self._steps_before + self.remaining()
+        if not self.control.resuming:
+            self._len_read = resumed
+            return resumed
+        return max(resumed, self.epoch_length())
+
+    def epoch_length(self) -> int:
+        """Batches (samples unbatched) per rank of the current epoch delivered whole, in this world."""
+        rank, world = self._where()
+        plan = self.plan()
+        whole = self._per_rank(plan, RangeList([(0, len(plan))]), world, rank)
+        return batches_per_rank(whole, self.batch_size) if self.batch_size else whole
 
     def remaining(self) -> int:
         """Batches (samples unbatched) per rank that the current pass delivers."""
@@ -472,6 +488,26 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         self.control.resuming = True
         self._resume_fresh = True
         self._steps_before = steps
+        self._warn_if_framework_cuts_the_epoch(state)
+
+    def _warn_if_framework_cuts_the_epoch(self, state: dict) -> None:
+        """A resume onto more ranks needs more steps in its epoch than a fresh epoch has here; a
+        framework that read ``len`` before the state was loaded stops the epoch short of them."""
+        read, needed = self._len_read, len(self)
+        if read is None or needed <= read:
+            return
+        short = needed - read
+        saved, world = state.get("world"), self._where()[1]
+        warnings.warn(
+            f"this resume of epoch {state['epoch']} (saved on {saved} rank{'s' * (saved != 1)}, resumed on "
+            f"{world}) needs {needed} steps per rank in its epoch ({self._steps_before} taken "
+            f"before + {self.remaining()} to come), but len() was {read} when read before the state was "
+            f"loaded: a framework that read it then (Lightning with the loader returned by its own "
+            f"train_dataloader()) ends the epoch {short} batches early and their samples go untrained. "
+            "Load the state before the framework reads the length (mmloader.frameworks.lightning.DataModule "
+            "does), or resume onto the same or fewer ranks.",
+            stacklevel=3,
+        )
 
     def python_work(self) -> list[str]:
         """What in this pipeline runs user Python per sample or batch (transforms, custom

@@ -37,7 +37,8 @@ class Preempt(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.global_step == self.after:
-            torch.distributed.barrier()
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()
             os._exit(0)
 
 

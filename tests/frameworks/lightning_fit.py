@@ -13,6 +13,7 @@ import argparse
 import functools
 import json
 import os
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -66,6 +67,7 @@ def main() -> None:
     p.add_argument("--limit-train-batches", type=int)
     p.add_argument("--datamodule", action="store_true")
     p.add_argument("--max-epochs", type=int, default=2)
+    p.add_argument("--devices", type=int, default=2)
     a = p.parse_args()
     from mmloader.frameworks.lightning import DataModule, DataWaitCallback
 
@@ -73,8 +75,8 @@ def main() -> None:
     callbacks = [wait] + ([Preempt(a.preempt_after, str(Path(a.out) / "preempt.ckpt"))] if a.preempt_after else [])
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=2,
-        strategy=a.strategy,
+        devices=a.devices,
+        strategy=a.strategy if a.devices > 1 else "auto",
         max_epochs=a.max_epochs,
         limit_train_batches=a.limit_train_batches,
         callbacks=callbacks,
@@ -84,14 +86,18 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    if a.datamodule:
-        dm = DataModule(functools.partial(stream, a.data), backend=a.backend, num_workers=2)
-        trainer.fit(Model(a.out), dm, ckpt_path=a.resume)
-        loader = dm.train_dataloader()
-    else:
-        model = Model(a.out, a.data, a.backend)
-        trainer.fit(model, ckpt_path=a.resume)
-        loader = model.loader
+    with warnings.catch_warnings(record=True) as caught:  # mmloader's warnings, for the tests to read
+        warnings.simplefilter("always")
+        if a.datamodule:
+            dm = DataModule(functools.partial(stream, a.data), backend=a.backend, num_workers=2)
+            trainer.fit(Model(a.out), dm, ckpt_path=a.resume)
+            loader = dm.train_dataloader()
+        else:
+            model = Model(a.out, a.data, a.backend)
+            trainer.fit(model, ckpt_path=a.resume)
+            loader = model.loader
+    ours = [str(w.message) for w in caught if "mmloader" in w.filename]
+    Path(a.out, f"warnings-rank{trainer.global_rank}.json").write_text(json.dumps(ours))
     stats = loader.stats()
     Path(a.out, f"stats-rank{trainer.global_rank}.json").write_text(json.dumps({**stats, "logged": wait.last}))
 
