@@ -140,7 +140,20 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                     pass  # unreadable: lmdb.open below reports it, naming the environment
                 # lock=False: datasets are frozen once written, so no reader table (no slot
                 # exhaustion with many workers); readahead off: random access pays no extra IO.
-                env = lmdb.open(path, readonly=True, lock=False, readahead=False, max_dbs=MAX_DBS, subdir=True)
+                # The data file itself is opened (subdir=False): py-lmdb refuses an environment
+                # whose files are those of one open in this process, and of a folder it counts
+                # lock.mdb too, which a reader without locks never holds open. A dataset written
+                # again beside the old lock.mdb (or whose new file takes the inode of the old,
+                # deleted lock.mdb) would be refused while the old environment is still open;
+                # the old data.mdb, held open by its environment, can never be the new file.
+                env = lmdb.open(
+                    os.path.join(path, "data.mdb"),
+                    readonly=True,
+                    lock=False,
+                    readahead=False,
+                    max_dbs=MAX_DBS,
+                    subdir=False,
+                )
                 with env.begin(buffers=True) as txn:  # views: an address inside the map, for the trimmer
                     records = [(bytes(k), v) for k, v in txn.cursor()]  # the main database lists the named ones
                     names = [k for k, _v in records]
