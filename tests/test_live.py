@@ -89,7 +89,7 @@ def test_a_finite_source_ends_the_pass_with_its_last_short_batch(backend):
     # each reader's last batch is short; the pass ends at the first step no reader has
     assert [len(b["__key__"]) for b in batches] == [8] * 4 + [5, 5]
     assert len(set(_keys(batches))) == len(_keys(batches))
-    assert stream.ended is not None
+    assert "ran out of samples at batch 6 of the pass" in stream.ended
     dropped = mmloader.Stream(
         mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8, steps=100, drop_last=True
     )
@@ -371,12 +371,18 @@ def _stalls_after(n: int):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_stalled_source_ends_the_pass_within_its_timeout_or_raises(backend):
+def test_a_stalled_source_ends_the_pass_within_its_timeout_or_raises(backend, caplog):
     stream = mmloader.Stream(mmloader.live(_stalls_after(8), timeout=0.5), batch_size=4, steps=100)
     began = time.monotonic()
-    batches = list(_loader(stream, backend))
+    with caplog.at_level(logging.WARNING, logger="mmloader"):
+        batches = list(_loader(stream, backend))
     assert time.monotonic() - began < 8  # 0.5 s of waiting, plus starting workers
     assert len(_keys(batches)) == 8 * 2
+    said = " ".join(r.getMessage() for r in caplog.records)
+    # what happened, where, and what to do, in words (not "its reader 0/1 stalled at step 4")
+    assert "every rank ends this pass after 4 of 100 batches" in said
+    assert "got no sample for 0.5 s at batch 5 of the pass" in said and "timeout=" in said
+    assert "reader for rank=0, worker=" in said and "on_stall='raise'" in said
     raising = mmloader.Stream(mmloader.live(_stalls_after(8), timeout=0.5, on_stall="raise"), batch_size=4, steps=100)
     with pytest.raises(LiveSourceError, match=r"no sample for 0.5 s"):
         list(_loader(raising, backend))

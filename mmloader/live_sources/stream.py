@@ -358,23 +358,31 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         total = self._capped(uncapped)
         self._delivered, self.ended = 0, None
         self._warn_steps_cut(total, uncapped)
-        expected = 0
+        expected, last_short = 0, None
         try:
             while expected < total:
                 code, error, batch, info, why = READY, None, None, None, ""
                 try:
                     batch, info = next(batches)
                     if info.get("ended"):
-                        code, why = ENDED, f"its reader {info['slice']} {info['ended']} at step {info['step']}"
+                        code, why = ENDED, self._why_ended(info)
                     elif info["step"] != expected:  # a reader ended: later steps must not go first
-                        code, why = ENDED, f"a reader of it ended before step {expected}"
-                except StopIteration:
-                    code, why = ENDED, "its readers ended or stalled"
+                        code, why = ENDED, f"a reader of the source ended before batch {expected + 1} of the pass"
+                except StopIteration:  # the readers' last batches were short: the last one says why
+                    code, why = (
+                        ENDED,
+                        (
+                            self._why_ended({**last_short, "ended": last_short["short"]})
+                            if last_short is not None
+                            else "its readers ran out of samples or waited too long for one"
+                        ),
+                    )
                 except Exception as e:
                     code, error = FAILED, e
                 agreed, who = agree(code, group, world, rank)
                 if agreed == READY:
                     assert info is not None  # (READY: this rank had a batch, with its info)
+                    last_short = info if info.get("short") else last_short
                     self._record(info)
                     expected += 1
                     yield batch
@@ -386,9 +394,15 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                         f"live source {self.live_name!r}: the loader of rank {who} failed (its error is in its "
                         f"log); rank {rank} ends its pass too, after {expected} batches"
                     )
-                self.ended = f"rank {who}: {why}" if who == rank else f"rank {who}'s source ended, stalled or left"
+                self.ended = (
+                    f"on rank {who}, {why}"
+                    if who == rank
+                    else f"rank {who}'s source ran out, waited too long for a sample, or its loop left the pass"
+                    " (its log says which)"
+                )
                 log.warning(
-                    "live source %r: the pass ends after %d of %s batches on every rank (%s)%s",
+                    "live source %r: every rank ends this pass after %d of %s batches, together so that no "
+                    "rank waits for another: %s%s",
                     self.live_name,
                     expected,
                     total if total != sys.maxsize else "unbounded",
@@ -413,6 +427,22 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 close()
             if any(state is None for state in self._slices.values()):
                 self._restarted_passes += 1  # its next pass starts sources that cannot say where they are
+
+    def _why_ended(self, info: dict) -> str:
+        """What happened to the reader that could not fill its batch, and what to do, in words."""
+        rank, part = info["slice"].split("/")
+        reader = f"the source's reader for rank={rank}, worker={part} (what it yields for those arguments)"
+        at = f"batch {info['step'] + 1} of the pass"
+        if info["ended"] == "stalled":
+            return (
+                f"{reader} got no sample for {self.source.timeout:g} s at {at} (the source's timeout=): "
+                "its producer is slow or stuck; give live(..., timeout=) more seconds, or on_stall='raise' "
+                "to fail instead of ending the pass"
+            )
+        return (
+            f"{reader} ran out of samples at {at} (its iterable ended, or its queue closed): give every "
+            "slice enough samples for the pass, or fewer steps="
+        )
 
     def _warn_steps_cut(self, total: int, stored_steps: int) -> None:
         """Say once that ``steps=`` cuts the stored part's epoch (the rest of it is not delivered)."""
