@@ -441,7 +441,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
             )
         return (
             f"{reader} ran out of samples at {at} (its iterable ended, or its queue closed): give every "
-            "slice enough samples for the pass, or fewer steps="
+            "reader enough samples for the pass, or fewer steps="
         )
 
     def _warn_steps_cut(self, total: int, stored_steps: int) -> None:
