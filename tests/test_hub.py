@@ -222,11 +222,50 @@ def test_https_bearer_token(local):
 
 
 def test_policy_deadline_bounds_the_revision_call(monkeypatch):
+    from mmloader.storage.remote import HostUnreachable, forget_answers
+
+    forget_answers()
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     t = time.monotonic()
-    with pytest.raises(RemoteUnavailableError, match="resolve the revision kept failing"):
+    with pytest.raises(RemoteUnavailableError, match="resolve the revision failed: cannot connect to 127.0.0.1:9"):
         Location("hf://datasets/org/pairs", policy=Policy(retry_deadline=0.5))
     assert time.monotonic() - t < 5
+    t = time.monotonic()  # the default deadline (120 s): a Hub that never answered fails within seconds
+    with pytest.raises(HostUnreachable) as e:
+        Location("hf://datasets/org/pairs", policy=Policy())
+    assert time.monotonic() - t < 20
+    assert re.search(
+        r"hf://datasets/org/pairs: resolve the revision failed: cannot connect to 127\.0\.0\.1:9: the connection "
+        r"was refused .*first_contact_deadline=5 s.*check the Hub's endpoint \(HF_ENDPOINT",
+        str(e.value),
+    ), str(e.value)
+
+
+def test_a_hub_that_answered_once_is_waited_for_when_it_restarts(hub, monkeypatch):
+    """The Hub's API answered, then refuses connections for 2.5 s (restarting): the next call
+    waits for it, though a Hub never heard from fails after first_contact_deadline."""
+    import threading
+
+    from remote_servers import FaultProxy
+
+    from mmloader.storage.remote import forget_answers
+
+    forget_answers()
+    front = FaultProxy(hub.url.removeprefix("http://"))  # in front of the API; stopped and started again
+    monkeypatch.setenv("HF_ENDPOINT", front.url)
+    policy = Policy(retry_deadline=60, first_contact_deadline=0.5)
+    try:
+        forget_revisions()
+        assert Location("hf://datasets/org/pairs/data/train", policy=policy).list("")
+        front.stop()
+        threading.Timer(2.5, front.start).start()
+        forget_revisions()  # the revision is asked for again
+        t = time.monotonic()
+        assert Location("hf://datasets/org/pairs/data/train", policy=policy).list("")
+        assert time.monotonic() - t >= 2.0
+    finally:
+        front.stop()
+        forget_revisions()
 
 
 @pytest.fixture

@@ -150,10 +150,16 @@ def test_proxy_url_option_wins_over_the_environment(proxy, origin, env, client):
     with pytest.raises(RemoteError, match="no-such-proxy.invalid"):  # the proxy's name, not the server's
         _rows(open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "no-such-proxy.invalid:3128"}))
     assert time.monotonic() - t < 10
-    with pytest.raises(RemoteError, match=r"kept failing.*through the proxy http://127\.0\.0\.1:9 \(down"):
-        _rows(
-            open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "127.0.0.1:9"}, retry_deadline=1)
-        )
+    env.delenv("MMLOADER_RETRY_DEADLINE", raising=False)  # 120 s
+    env.setenv("MMLOADER_FIRST_CONTACT_DEADLINE", "1")  # (default 5 s)
+    t = time.monotonic()  # a proxy that is down: named, within seconds, not after retry_deadline
+    with pytest.raises(
+        RemoteError,
+        match=r"cannot connect to the proxy http://127\.0\.0\.1:9 \(on the way to 127\.0\.0\.1:\d+\): the "
+        r"connection was refused .*check .*that the proxy http://127\.0\.0\.1:9 runs there",
+    ):
+        _rows(open_store(f"{servers['https'].url}/shards", storage_options={"proxy_url": "127.0.0.1:9"}))
+    assert time.monotonic() - t < 20
 
 
 def test_no_credentials_from_netrc_or_to_a_redirect(proxy, origin, env, tmp_path):

@@ -814,9 +814,45 @@ def test_opening_a_dataset_whose_endpoint_does_not_answer_takes_one_deadline():
         port = sock.getsockname()[1]  # nobody listens there once closed
     options = {"endpoint": f"http://127.0.0.1:{port}", "access_key_id": "AKID", "secret_access_key": "testing1"}
     started = time.monotonic()
-    with pytest.raises(RemoteUnavailableError, match="kept failing"):
+    with pytest.raises(
+        RemoteUnavailableError, match=f"s3://bucket/ds: LIST failed: cannot connect to 127.0.0.1:{port}"
+    ):
         mmloader.open("s3://bucket/ds", storage_options=options, retry_deadline=2)
     assert time.monotonic() - started < 3.0
+
+
+@pytest.mark.timeout(120)  # before: two minutes each, retrying a refused connection for retry_deadline
+def test_the_cli_against_an_endpoint_that_refuses_fails_within_seconds_saying_why(tmp_path):
+    """``mmloader inspect http://127.0.0.1:PORT/data/`` (and ``s3://`` at such an endpoint),
+    nothing listening there: exit status 1 within seconds, one error naming the URL, the host,
+    that the connection was refused and what to check (it retried for 120 s)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nobody listens there once closed
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MMLOADER_", "AWS_")) and "PROXY" not in k.upper()}
+    env["MMLOADER_CACHE_DIR"] = str(tmp_path / "cache")
+    s3_env = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "AKID"}
+    s3_env["AWS_SECRET_ACCESS_KEY"] = "testing1"
+    for url, run_env, check in (
+        (f"http://127.0.0.1:{port}/data/", env, "check the URL's host and port"),
+        ("s3://bucket/data/", s3_env, "check the endpoint (storage_options['endpoint'], AWS_ENDPOINT_URL)"),
+    ):
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "mmloader.cli", "inspect", url],
+            capture_output=True,
+            text=True,
+            env=run_env,
+            timeout=100,
+        )
+        elapsed, said = time.monotonic() - started, done.stdout + done.stderr
+        assert done.returncode == 1 and elapsed < 20, (elapsed, said)
+        errors = [line for line in said.splitlines() if "error:" in line]
+        assert len(errors) == 1, said
+        assert f"cannot connect to 127.0.0.1:{port}: the connection was refused" in errors[0], said
+        assert check in errors[0] and "first_contact_deadline=5 s" in errors[0], said
 
 
 def test_sigterm_is_an_interrupt_while_an_index_is_built(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -199,4 +200,135 @@ def test_certificates(kind, tmp_path):
         done = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.dirname(__file__), capture_output=True)
         assert done.returncode == 0, done.stderr.decode()[-2000:]
     finally:
+        server.stop()
+
+
+# -- a host that never answered: fail within seconds, saying why; one that answered: wait for it ----------
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: connections to it are refused)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def first_contacts(monkeypatch):
+    """No server has answered this process yet (a port of an earlier test's server may come
+    again), no proxy in the environment, and the default deadlines (120 s, 5 s for a first
+    contact)."""
+    from mmloader.storage.remote import forget_answers
+
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("MMLOADER_RETRY_DEADLINE", "MMLOADER_FIRST_CONTACT_DEADLINE"):
+        monkeypatch.delenv(var, raising=False)
+    forget_answers()
+    yield monkeypatch
+    forget_answers()
+
+
+@pytest.mark.timeout(120)  # before: 120 s per request (the whole retry_deadline), each retry logged
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind, first_contacts):
+    """Connection refused (plain HTTP, and S3 at an endpoint), a host name that does not resolve,
+    and a connect that times out: each fails within seconds, though ``retry_deadline`` is
+    120 s, with an error naming the host, the reason and what to check."""
+    import socket
+
+    from mmloader.storage.remote import HostUnreachable, Policy, RemoteError
+
+    if NEEDS[kind]:
+        pytest.importorskip(NEEDS[kind])
+    port = _closed_port()
+    s3 = {"endpoint": f"http://127.0.0.1:{port}", "access_key_id": "AKID", "secret_access_key": "testing1"}
+    for url, options, said, limit in (
+        (f"http://127.0.0.1:{port}/ds", {}, "the URL's host and port", "5"),  # the default
+        ("s3://bucket/ds", s3, r"the endpoint \(storage_options\['endpoint'\], AWS_ENDPOINT_URL\)", "1.5"),
+    ):
+        if limit != "5":
+            first_contacts.setenv("MMLOADER_FIRST_CONTACT_DEADLINE", limit)
+        t = time.monotonic()
+        with pytest.raises(HostUnreachable) as e:
+            CLIENTS[kind](Location(url, dict(options))).get("index.json")
+        elapsed = time.monotonic() - t
+        assert elapsed < 20, (url, elapsed)
+        message = str(e.value)
+        assert re.search(
+            rf"index\.json: GET failed: cannot connect to 127\.0\.0\.1:{port}: the connection was refused", message
+        ), message
+        assert f"first_contact_deadline={limit} s" in message, message
+        assert re.search(f"check {said}, the network", message), message
+        assert "retry_deadline" not in message, message
+
+    t = time.monotonic()  # a name that does not resolve: at once
+    with pytest.raises(RemoteError, match="the host name 'no-such-host.invalid' does not resolve"):
+        CLIENTS[kind](Location("http://no-such-host.invalid/ds")).get("index.json")
+    assert time.monotonic() - t < 20
+
+    # a connect that times out: a listening socket that never accepts, its queue full
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    queued = []
+    for _ in range(4):
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            sock.connect(listener.getsockname())
+        except BlockingIOError:
+            pass
+        queued.append(sock)
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/ds"
+        t = time.monotonic()
+        with pytest.raises(HostUnreachable, match=r"the connect timed out \(connect_timeout=1 s\)"):
+            CLIENTS[kind](Location(url, policy=Policy(connect_timeout=1, first_contact_deadline=1))).get("index.json")
+        assert time.monotonic() - t < 20
+    finally:
+        for sock in (*queued, listener):
+            sock.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", sorted(CLIENTS))
+def test_a_server_that_answered_once_is_waited_for_when_it_restarts(kind, first_contacts, tmp_path):
+    """A server that answered, then refuses connections for 2.5 s (restarting): the read waits
+    for it and succeeds, though the first-contact deadline is 0.5 s; a host never heard from
+    fails after those 0.5 s."""
+    import pickle
+    import threading
+
+    from remote_servers import FaultProxy
+
+    from mmloader.storage.remote import HostUnreachable, Policy, answered, forget_answers, location_server
+
+    if kind == "fsspec":
+        pytest.importorskip("aiohttp")
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "x.bin").write_bytes(b"payload" * 100)
+    server = RangeServer(tmp_path)
+    front = FaultProxy(f"127.0.0.1:{server.port}")  # stopped and started again on its port
+    policy = Policy(retry_deadline=60, first_contact_deadline=0.5)
+    try:
+        location = Location(f"{front.url}/ds", policy=policy)
+        client = CLIENTS[kind](location)
+        assert client.get("x.bin") == b"payload" * 100
+        assert answered(location_server(location))
+        front.stop()
+        threading.Timer(2.5, front.start).start()
+        t = time.monotonic()
+        assert client.get("x.bin") == b"payload" * 100  # retried for retry_deadline, not 0.5 s
+        assert time.monotonic() - t >= 2.0
+
+        blob = pickle.dumps(location)
+        forget_answers()
+        assert answered(location_server(pickle.loads(blob)))  # a worker is told that it answered
+        t = time.monotonic()
+        with pytest.raises(HostUnreachable, match="first_contact_deadline=0.5 s"):
+            CLIENTS[kind](Location(f"http://127.0.0.1:{_closed_port()}/ds", policy=policy)).get("x.bin")
+        assert time.monotonic() - t < 10
+    finally:
+        front.stop()
         server.stop()

@@ -40,7 +40,11 @@ missing object is :class:`FileNotFoundError` at once, other 4xx answers are not 
 403 after one rebuild of the client: rotated credentials are read again); a missing bucket, an
 invalid bucket name or refused access is a :class:`RemoteError` at once that names what the server
 said (``no such bucket 'b' (the server says NoSuchBucket: ...)``), and so is a host name that does
-not resolve (``the host name 'h' does not resolve``).
+not resolve (``the host name 'h' does not resolve``). A failure to connect (refused, a resolver
+that does not answer, a connect timed out) to a host that has not answered this process yet is
+retried for ``first_contact_deadline`` seconds only (default 5): then :class:`HostUnreachable`
+names the host, the reason and what to check; once a host has answered (any HTTP answer), a
+failure to connect to it is a server restarting, retried for the whole ``retry_deadline``.
 
 
 **Where things live.** :mod:`.urls` (URL helpers), :mod:`.redaction` (what is shown),
@@ -56,7 +60,9 @@ from __future__ import annotations
 
 from .client import _CLIENT_OPTION_KEYS, Client, _Client
 from .errors import (
+    ConnectFailed,
     HostNotFound,
+    HostUnreachable,
     LongBody,
     ObjectChangedError,
     RemoteError,
@@ -73,9 +79,16 @@ from .retry import (
     _OBSTORE_PERMANENT,
     S3_REFUSALS,
     Policy,
+    Server,
     _auth_error,
     _Deadline,
     _status,
+    answered,
+    connect_failure,
+    forget_answers,
+    location_server,
+    mark_answered,
+    server_of,
     server_refusal,
     short_message,
     transient,
@@ -111,6 +124,7 @@ __all__ = [
     "CREDENTIAL_ENV",
     "Client",
     "HostNotFound",
+    "HostUnreachable",
     "Location",
     "LongBody",
     "ObjectChangedError",

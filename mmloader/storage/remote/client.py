@@ -8,7 +8,7 @@ import concurrent.futures
 import time
 from typing import Callable, Protocol, runtime_checkable
 
-from .retry import Policy, _Deadline
+from .retry import Policy, Server, _Deadline, location_server
 from .runtime import _background
 
 #: Client settings (obstore's ``client_options``) every client accepts in ``storage_options``;
@@ -115,9 +115,18 @@ class _Client:
 
     location: LocationLike
     get_ranges: Callable[[list[tuple[str, int, int]]], list]  # each client defines it
+    _contact: Server | None = None
 
     def url(self, name: str) -> str:
         return self.location.name_url(name)
+
+    @property
+    def _server(self) -> Server:
+        """Where the requests go (:func:`~.retry.location_server`): whether it has answered
+        decides how long a failure to connect is retried."""
+        if self._contact is None:
+            self._contact = location_server(self.location)
+        return self._contact
 
     def _rebuild(self) -> None:
         """Build the client again (credentials resolved again after an authentication error)."""
@@ -129,12 +138,15 @@ class _Client:
 
     def _retry(self, what: str, name: str, fn):
         """``fn()``, retried under the location's policy (see :class:`_Deadline`)."""
-        deadline = _Deadline(self.location.policy, self.url(name), what)
+        deadline = _Deadline(self.location.policy, self.url(name), what, self._server)
         while True:
             try:
-                return fn()
+                result = fn()
             except Exception as e:
                 failed = e
+            else:
+                deadline.answered()
+                return result
             # here, not in the except block: what next_delay raises would have the client's
             # error, which may hold the request's headers, as its __context__
             rebuilt = deadline.rebuilt

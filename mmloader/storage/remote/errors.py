@@ -14,6 +14,14 @@ class RemoteUnavailableError(RemoteError):
     """Object storage did not answer successfully within the retry deadline."""
 
 
+class HostUnreachable(RemoteUnavailableError):
+    """A host that has not answered this process yet could not be reached (the connection
+    refused, its name not resolved, the connect timed out) within ``first_contact_deadline``: a
+    wrong endpoint, a server not started, a network or proxy in the way. The message names the
+    host, the reason and what to check. A host that answered once is retried for the whole
+    ``retry_deadline`` instead (a server restarting)."""
+
+
 class ObjectChangedError(RemoteError):
     """An object is no longer the version this dataset was opened with (replaced or rewritten):
     reading on would mix two versions of the data, so it is never retried or skipped."""
@@ -34,6 +42,18 @@ class HostNotFound(OSError):
     def __init__(self, host: str, detail: str = ""):
         super().__init__(f"the host name {host!r} does not resolve" + (f" ({detail})" if detail else ""))
         self.host, self.detail = host, detail
+
+
+class ConnectFailed(OSError):
+    """The standard library's client could not connect: ``kind`` is ``"refused"``, ``"timeout"``,
+    ``"dns"`` (a resolver that did not answer), ``"unreachable"`` or ``"connect"``; ``address``
+    is the ``host:port`` it connected to (a proxy's, when one is used). Raised before any byte
+    of the request was sent; retried (:mod:`.retry` bounds how long while the host has never
+    answered)."""
+
+    def __init__(self, kind: str, address: str, detail: str = ""):
+        super().__init__(f"cannot connect to {address} ({kind})" + (f": {detail}" if detail else ""))
+        self.kind, self.address, self.detail = kind, address, detail
 
 
 class _HTTPStatus(OSError):

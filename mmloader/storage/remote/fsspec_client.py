@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .errors import ShortBody
 from .proxy import proxy_for
-from .retry import _Deadline
+from .retry import _Deadline, mark_answered
 from .runtime import _background
 from .sigv4 import _botocore_credentials
 from .urls import endpoint_of, join
@@ -72,6 +72,13 @@ class _FsspecClient(_Client):
                 # made now, so that SSL_CERT_FILE is read as the other clients read it (aiohttp's
                 # default context is made once, when aiohttp is imported)
                 kwargs["ssl"] = ssl.create_default_context()
+            import aiohttp
+
+            # aiohttp's default timeouts (300 s in all), but a connect may take connect_timeout, as
+            # with the other clients (not aiohttp's 30 s per attempt)
+            kwargs["client_kwargs"] = {
+                "timeout": aiohttp.ClientTimeout(total=300, sock_connect=location.policy.connect_timeout)
+            }
             if proxy is not None:
                 kwargs["proxy"] = f"http://{proxy.address}"
                 if proxy.authorization and parts.scheme == "https":
@@ -120,6 +127,8 @@ class _FsspecClient(_Client):
             ends = [requests[i][2] for i in todo]
             results = self.fs.cat_ranges(paths, starts, ends, on_error="return")
             again, delay = [], 0.0
+            if any(not isinstance(r, BaseException) for r in results):
+                mark_answered(self._server)
             for i, r in zip(todo, results):
                 name, a, b = requests[i]
                 if not isinstance(r, BaseException) and a is not None and len(r) != b - a:
@@ -128,7 +137,10 @@ class _FsspecClient(_Client):
                     d = deadlines.setdefault(
                         i,
                         _Deadline(
-                            self.location.policy, self.url(name), "GET" if a is None else f"GET bytes {a}-{b - 1}"
+                            self.location.policy,
+                            self.url(name),
+                            "GET" if a is None else f"GET bytes {a}-{b - 1}",
+                            self._server,
                         ),
                     )
                     delay = max(delay, d.next_delay(r, self.location))

@@ -20,6 +20,7 @@ or that file is read again in each process and never travels in a pickle.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -33,10 +34,10 @@ from typing import Any, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import RemoteError, RemoteUnavailableError, _HTTPStatus
-from .proxy import ProxyRefused, proxy_for, tunnel_failure
+from .proxy import ProxyRefused, TimedHTTPConnection, TimedHTTPSConnection, proxy_for, tunnel_failure
 from .proxy import refusal as proxy_refusal
 from .redaction import redact, remember_secrets
-from .retry import Policy, _Deadline, unresolved_host
+from .retry import Policy, _Deadline, server_of, unresolved_host
 from .urls import check_endpoint
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -445,6 +446,30 @@ class _ProxiedAsChosen(urllib.request.BaseHandler):
     https_request = http_request
 
 
+class _TimedHTTPHandler(urllib.request.HTTPHandler):
+    """urllib's ``http://`` handler, its connect bounded by ``connect_timeout`` (the request's
+    timeout bounds each read), as the files' client connects."""
+
+    def __init__(self, connect_timeout: float):
+        super().__init__()
+        self.connect_timeout = connect_timeout
+
+    def http_open(self, req):  # noqa: D102 (urllib's hook)
+        return self.do_open(functools.partial(TimedHTTPConnection, connect_timeout=self.connect_timeout), req)
+
+
+class _TimedHTTPSHandler(urllib.request.HTTPSHandler):
+    """urllib's ``https://`` handler, its connect bounded by ``connect_timeout``."""
+
+    def __init__(self, connect_timeout: float):
+        super().__init__()
+        self.connect_timeout = connect_timeout
+
+    def https_open(self, req):  # noqa: D102 (urllib's hook)
+        connect = functools.partial(TimedHTTPSConnection, connect_timeout=self.connect_timeout)
+        return self.do_open(connect, req, context=self._context)
+
+
 #: the largest API answer read (a tree listing page is far smaller)
 MAX_API_BYTES = 256 << 20
 
@@ -470,9 +495,13 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
     proxy = proxy_for(parts.scheme == "https", parts.netloc, repo.proxy_url)  # for messages
     # ProxyHandler({}): none of urllib's proxy rules, only mmloader's (_ProxiedAsChosen)
     opener = urllib.request.build_opener(
-        _DropTokenOnOtherHost, urllib.request.ProxyHandler({}), _ProxiedAsChosen(repo.proxy_url)
+        _DropTokenOnOtherHost,
+        urllib.request.ProxyHandler({}),
+        _ProxiedAsChosen(repo.proxy_url),
+        _TimedHTTPHandler(policy.connect_timeout),
+        _TimedHTTPSHandler(policy.connect_timeout),
     )
-    deadline = _Deadline(policy, repo.where.url, what)
+    deadline = _Deadline(policy, repo.where.url, what, server_of(url, repo.proxy_url))
     # A body that trickles in is cut off too: one request may not outlast the deadline.
     body_deadline = deadline.start + policy.retry_deadline + policy.request_timeout
     while True:
@@ -490,8 +519,10 @@ def hub_api(url: str, repo: HubRepo, policy: Policy, what: str):
                             f"large ({size:,} bytes after {time.monotonic() - deadline.start:.0f} s)"
                         )
                 answer = {k.lower(): v for k, v in resp.headers.items()}
+            deadline.answered()
             return json.loads(b"".join(chunks)), answer
         except urllib.error.HTTPError as e:
+            deadline.answered()  # an error status is an answer: the host is there
             got = {k.lower(): v for k, v in (e.headers or {}).items()}
             status = e.code
             e.close()

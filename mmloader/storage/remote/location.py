@@ -17,7 +17,7 @@ from .fsspec_client import _FsspecClient
 from .hub import HUB_OPTION_KEYS, HubRepo, open_hub
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .redaction import redact, redact_url, remember_secrets
-from .retry import Policy, short_message
+from .retry import Policy, answered, location_server, mark_answered, short_message
 from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
 from .simple_client import _SimpleClient
 from .urls import check_endpoint, check_url, endpoint_of, join, lower_scheme, scheme_of, split_userinfo
@@ -185,6 +185,9 @@ class Location:
             "pins": self.pins,
             "hub": self.hub,
             "changed_remedy": self.changed_remedy,
+            # a worker's failure to connect to a server that answered here is a server restarting
+            # (retried for the whole retry_deadline), not a wrong endpoint
+            "answered": answered(location_server(self)),
         }
 
     def __setstate__(self, state: dict) -> None:
@@ -195,6 +198,8 @@ class Location:
             remember_secrets(self.hub.token)  # a worker's messages scrub it too
         self.__post_init__()
         self.pins = dict(state.get("pins") or {})
+        if state.get("answered"):
+            mark_answered(location_server(self))
 
     def pin(self, name: str, etag: str | None) -> None:
         """Read ``name`` only as the version ``etag`` from now on: requests carry ``If-Match``

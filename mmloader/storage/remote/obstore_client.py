@@ -130,15 +130,18 @@ class _ObstoreClient(_Client):
         return self._sem[1]
 
     async def _retrying(self, what: str, name: str, make):
-        deadline = _Deadline(self.location.policy, self.url(name), what)
+        deadline = _Deadline(self.location.policy, self.url(name), what, self._server)
         while True:
             try:
                 async with self._semaphore():
-                    return await asyncio.wait_for(make(), self.location.policy.request_timeout + 5)
+                    result = await asyncio.wait_for(make(), self.location.policy.request_timeout + 5)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # classified: retried, or raised naming the URL
                 failed = e
+            else:
+                deadline.answered()
+                return result
             # outside the except block: what next_delay raises has no __context__ (obstore's
             # error may quote a server's answer echoing the request's credentials)
             rebuilt = deadline.rebuilt

@@ -11,6 +11,7 @@ import http.client
 import ipaddress
 import os
 import re
+import socket
 import ssl
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
@@ -192,8 +193,45 @@ def obstore_options(secure: bool, host: str, proxy_url: str | None = None) -> di
     return {"proxy_url": fallback, "proxy_excludes": urlsplit("//" + host).hostname or host}
 
 
+class _ConnectTimeout:
+    """A connection whose connect (TCP, a proxy's ``CONNECT``, TLS) may take ``connect_timeout``
+    seconds, and each read afterwards ``timeout``: a host that does not accept connections is
+    given up on as soon as obstore gives up on it, a slow answer is waited for."""
+
+    timeout: float | None
+    sock: socket.socket | None
+
+    def __init__(self, *args, connect_timeout: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]  # http.client's connection
+        self.connect_timeout = connect_timeout
+
+    def connect(self) -> None:
+        full = self.timeout
+        if self.connect_timeout is not None:
+            self.timeout = self.connect_timeout if full is None else min(full, self.connect_timeout)
+        try:
+            super().connect()  # type: ignore[misc]  # http.client's connection
+        finally:
+            self.timeout = full
+        if self.sock is not None:
+            self.sock.settimeout(full)
+
+
+class TimedHTTPConnection(_ConnectTimeout, http.client.HTTPConnection):
+    """``http.client.HTTPConnection`` with a connect timeout of its own (``connect_timeout=``)."""
+
+
+class TimedHTTPSConnection(_ConnectTimeout, http.client.HTTPSConnection):
+    """``http.client.HTTPSConnection`` with a connect timeout of its own (``connect_timeout=``)."""
+
+
 def connection(
-    secure: bool, host: str, timeout: float, proxy: Proxy | None, verify: bool = True
+    secure: bool,
+    host: str,
+    timeout: float,
+    proxy: Proxy | None,
+    verify: bool = True,
+    connect_timeout: float | None = None,
 ) -> http.client.HTTPConnection:
     """A connection for requests to ``host``: direct, tunnelled through ``proxy`` (HTTPS), or
     to ``proxy`` itself (plain HTTP: the request names the absolute URL, see :func:`target`).
@@ -201,18 +239,19 @@ def connection(
     Args:
         secure: whether the requests are HTTPS.
         host: the server, as ``host[:port]``.
-        timeout: seconds a connect or read may take.
+        timeout: seconds a read (and, without ``connect_timeout``, the connect) may take.
         proxy: the proxy, or None.
         verify: whether an HTTPS server's certificate is verified (``allow_invalid_certificates``
             turns it off).
+        connect_timeout: seconds the connect may take (TCP, a proxy's tunnel, TLS).
     """
     conn: http.client.HTTPConnection
     address = host if proxy is None else proxy.address
     if secure:
         context = ssl.create_default_context() if verify else ssl._create_unverified_context()
-        conn = http.client.HTTPSConnection(address, timeout=timeout, context=context)
+        conn = TimedHTTPSConnection(address, timeout=timeout, context=context, connect_timeout=connect_timeout)
     else:
-        conn = http.client.HTTPConnection(address, timeout=timeout)
+        conn = TimedHTTPConnection(address, timeout=timeout, connect_timeout=connect_timeout)
     if proxy is None:
         return conn
     if secure:

@@ -1,11 +1,14 @@
 """The retry policy: which failures are retried (:func:`transient`), which are named at once
 (:func:`server_refusal`: a missing bucket, refused access; :func:`unresolved_host`: a host name
-that does not resolve), and the per-request bookkeeping of backoff and deadline
-(:class:`_Deadline`), whose messages and log lines go through :func:`~.redaction.redact`."""
+that does not resolve), which are failures to connect (:func:`connect_failure`), retried only
+briefly while their host has never answered (:func:`answered`), and the per-request
+bookkeeping of backoff and deadline (:class:`_Deadline`), whose messages and log lines go
+through :func:`~.redaction.redact`."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import random
@@ -17,9 +20,19 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 from urllib.parse import urlsplit
 
-from .errors import HostNotFound, LongBody, ObjectChangedError, RemoteError, RemoteUnavailableError, ShortBody
+from .errors import (
+    ConnectFailed,
+    HostNotFound,
+    HostUnreachable,
+    LongBody,
+    ObjectChangedError,
+    RemoteError,
+    RemoteUnavailableError,
+    ShortBody,
+)
 from .proxy import Proxy, proxy_for
 from .redaction import redact, redact_url
+from .urls import endpoint_of
 
 log = logging.getLogger("mmloader")
 
@@ -28,8 +41,13 @@ log = logging.getLogger("mmloader")
 class Policy:
     """How requests behave: ``retry_deadline`` (s) bounds how long a failing request is retried
     (a server that is gone pauses the reader that long, then the error names the URL);
-    ``request_timeout`` (s) bounds one request; ``max_in_flight`` requests run at once per
-    process; backoff doubles from ``backoff`` up to ``max_backoff`` with full jitter."""
+    ``first_contact_deadline`` (s, at most ``retry_deadline``) bounds it instead while the
+    request cannot connect to a host that has not answered this process yet (refused, a
+    resolver that does not answer, a connect timed out: a wrong endpoint, not a server
+    restarting);
+    ``request_timeout`` (s) bounds one request, ``connect_timeout`` (s) its connect;
+    ``max_in_flight`` requests run at once per process; backoff doubles from ``backoff`` up to
+    ``max_backoff`` with full jitter."""
 
     retry_deadline: float = 120.0
     request_timeout: float = 30.0
@@ -37,10 +55,15 @@ class Policy:
     max_in_flight: int = 64
     backoff: float = 0.1
     max_backoff: float = 5.0
+    first_contact_deadline: float = 5.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "Policy":
-        env = {"retry_deadline": "MMLOADER_RETRY_DEADLINE", "request_timeout": "MMLOADER_REQUEST_TIMEOUT"}
+        env = {
+            "retry_deadline": "MMLOADER_RETRY_DEADLINE",
+            "request_timeout": "MMLOADER_REQUEST_TIMEOUT",
+            "first_contact_deadline": "MMLOADER_FIRST_CONTACT_DEADLINE",
+        }
         values: dict[str, Any] = {}
         for name, var in env.items():
             if os.environ.get(var):
@@ -51,6 +74,7 @@ class Policy:
     def __post_init__(self) -> None:
         for name, low, strict in (
             ("retry_deadline", 0, False),
+            ("first_contact_deadline", 0, False),
             ("request_timeout", 0, True),
             ("connect_timeout", 0, True),
             ("backoff", 0, False),
@@ -251,6 +275,208 @@ def _host_in(text: str, url: str) -> str:
     return "?"
 
 
+@dataclass(frozen=True)
+class Server:
+    """The server a location's requests go to, as far as this process can tell: ``address``
+    (``host:port``, or the bucket where the storage service's host is not known here), and the
+    proxy the requests go through (what is connected to, then). ``key`` is what
+    :func:`answered` remembers: the scheme, host and port, and the proxy."""
+
+    key: str
+    address: str
+    proxy: Proxy | None = None
+
+
+def server_of(url: str, proxy_url: str | None = None) -> Server | None:
+    """The :class:`Server` of an ``http(s)://`` URL (None for another scheme or a URL without a
+    host), with the proxy :func:`~.proxy.proxy_for` chooses for it.
+
+    Args:
+        url: the URL requests go to.
+        proxy_url: ``storage_options["proxy_url"]``.
+
+    >>> server_of("http://127.0.0.1/data/x").address
+    '127.0.0.1:80'
+    """
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not host:
+        return None
+    address = f"[{host}]:" if ":" in host else f"{host}:"
+    address += str(port or (443 if scheme == "https" else 80))
+    try:
+        proxy = proxy_for(scheme == "https", address, proxy_url)
+    except ValueError:
+        proxy = None
+    return Server(f"{scheme}://{address}" + (f" via {proxy.address}" if proxy else ""), address, proxy)
+
+
+def location_server(location: Any) -> Server:
+    """The :class:`Server` of a :class:`~.location.Location`: its URL's (``http(s)://``), its
+    endpoint's (``storage_options["endpoint"]``, ``AWS_ENDPOINT_URL``), or the storage
+    service's for the bucket.
+
+    Args:
+        location: the location (its ``url``, ``scheme`` and ``storage_options``).
+    """
+    options = getattr(location, "storage_options", None) or {}
+    scheme, url = location.scheme, location.url
+    if scheme != "http":
+        endpoint, _where = endpoint_of(scheme, options)
+        bucket = url.split("://", 1)[-1].partition("/")[0]
+        if endpoint:
+            url = endpoint
+        elif scheme == "s3":  # the standard library's client's host (obstore's differs by region only)
+            region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            url = f"https://{bucket}.s3.{region or 'us-east-1'}.amazonaws.com"
+        elif scheme == "gs":
+            url = "https://storage.googleapis.com"
+        else:
+            return Server(f"{scheme}://{bucket}", bucket)
+    found = server_of(url, options.get("proxy_url"))
+    return found if found is not None else Server(url, url)
+
+
+#: The servers (:attr:`Server.key`) that answered a request of this process (any HTTP answer,
+#: an error status too); inherited by forked processes, and passed on to others with a
+#: location that has answered (:meth:`~.location.Location.__getstate__`).
+_ANSWERED: set[str] = set()
+
+
+def answered(server: Server | str | None) -> bool:
+    """Whether ``server`` (a :class:`Server` or its key) answered a request of this process: a
+    failure to connect to it is then a server restarting, retried for the whole
+    ``retry_deadline``; before, a wrong endpoint, failing after ``first_contact_deadline``."""
+    key = server.key if isinstance(server, Server) else server
+    return key is not None and key in _ANSWERED
+
+
+def mark_answered(server: Server | str | None) -> None:
+    """Remember that ``server`` (a :class:`Server` or its key) answered (see :func:`answered`)."""
+    key = server.key if isinstance(server, Server) else server
+    if key is not None and key not in _ANSWERED:
+        _ANSWERED.add(key)
+
+
+def forget_answers() -> None:
+    """Forget every server that answered (tests; a process that wants first contacts again)."""
+    _ANSWERED.clear()
+
+
+#: How each client words a failure to connect, as :func:`connect_failure`'s kinds.
+_CONNECT_KINDS = {
+    "refused": "the connection was refused (nothing listens there?)",
+    "timeout": "the connect timed out",
+    "dns": "the host name could not be resolved (the resolver did not answer)",
+    "unreachable": "there is no route to it (the network is unreachable)",
+    "connect": "the connection failed",
+}
+_UNREACHABLE = {
+    getattr(errno, n) for n in ("ENETUNREACH", "EHOSTUNREACH", "ENETDOWN", "EHOSTDOWN") if hasattr(errno, n)
+}
+#: obstore (reqwest, hyper): ``ConnectError("tcp connect error", 127.0.0.1:9, Os { ..., kind:
+#: ConnectionRefused, ... })``, ``ConnectError("dns error", ...)``; older versions in one line
+#: (``error trying to connect: tcp connect error: Connection refused``).
+_OBSTORE_CONNECT = re.compile(r'ConnectError\(\s*"([^"]*)"|error trying to connect', re.I)
+_OBSTORE_ADDRESS = re.compile(r'"tcp connect error",\s*([^\s,]+),')
+
+
+def _os_kind(e: BaseException) -> str | None:
+    """The kind of an operating system's error of a connect (None: not one of a connect)."""
+    if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+        return "refused"
+    if isinstance(e, socket.gaierror):
+        return "dns"
+    if isinstance(e, (TimeoutError, socket.timeout, asyncio.TimeoutError)):
+        return "timeout"
+    if getattr(e, "errno", None) in _UNREACHABLE:
+        return "unreachable"
+    return None
+
+
+def connect_failure(e: BaseException) -> tuple[str, str | None] | None:
+    """``(kind, address)`` when ``e`` says that no connection to the server (or its proxy) was
+    made: ``kind`` is ``"refused"``, ``"timeout"`` (the connect's), ``"dns"`` (a resolver that
+    did not answer: a name that does not exist is :func:`unresolved_host`'s), ``"unreachable"``
+    or ``"connect"``; ``address`` is the ``host:port`` it names, or None. None for any other
+    failure (an answer, a reset, a timeout waiting for an answer).
+
+    Args:
+        e: a failed request's error.
+
+    >>> connect_failure(ConnectFailed("refused", "127.0.0.1:9"))
+    ('refused', '127.0.0.1:9')
+    >>> connect_failure(TimeoutError("timed out")) is None  # a connect's, or an answer's?
+    True
+    """
+    import urllib.error
+
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(seen) < 8 and all(cur is not s for s in seen):
+        seen.append(cur)
+        module, name = type(cur).__module__, type(cur).__name__
+        if isinstance(cur, ConnectFailed):
+            return cur.kind, cur.address
+        if isinstance(cur, urllib.error.URLError) and not isinstance(cur, urllib.error.HTTPError):
+            # urllib wraps only what failed before the request was sent: the connect
+            reason = cur.reason
+            if isinstance(reason, BaseException):
+                kind = _os_kind(reason)
+                if kind is not None:
+                    return kind, None
+        elif isinstance(cur, ConnectionRefusedError):  # raised by a connect only
+            return "refused", None
+        elif module.startswith("aiohttp"):
+            if name == "ConnectionTimeoutError":  # ClientTimeout's sock_connect
+                return "timeout", None
+            os_error = getattr(cur, "os_error", None)  # ClientConnectorError and its kinds
+            if isinstance(os_error, OSError):
+                host, port = getattr(cur, "host", None), getattr(cur, "port", None)
+                return _os_kind(os_error) or "connect", (f"{host}:{port}" if host and port else None)
+        elif module.startswith("botocore"):
+            if name in ("ConnectTimeoutError",):
+                return "timeout", None
+            if name in ("EndpointConnectionError", "ProxyConnectionError"):
+                inner = (getattr(cur, "kwargs", None) or {}).get("error")
+                found = connect_failure(inner) if isinstance(inner, BaseException) else None
+                return found or ("connect", None)
+        elif module.startswith("obstore"):
+            text = str(cur)
+            m = _OBSTORE_CONNECT.search(text)
+            if m is None:
+                return None
+            address = _OBSTORE_ADDRESS.search(text)
+            where = address.group(1) if address else None
+            if (m.group(1) or "").lower() == "dns error" or "Temporary failure in name resolution" in text:
+                return "dns", where
+            if re.search(r"ConnectionRefused|Connection refused", text):
+                return "refused", where
+            if re.search(r"kind: TimedOut|timed out|Elapsed", text):
+                return "timeout", where
+            if re.search(r"NetworkUnreachable|HostUnreachable|[Nn]o route to host|[Nn]etwork is unreachable", text):
+                return "unreachable", where
+            return "connect", where
+        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+    return None
+
+
+def _answer_in(e: BaseException) -> bool:
+    """Whether ``e`` comes of an answer of the server (an HTTP status, a missing object, a body
+    cut short): it has answered, whatever a later request meets."""
+    if isinstance(e, (FileNotFoundError, ObjectChangedError, ShortBody, LongBody)):
+        return True
+    if isinstance(e, PermissionError) and e.errno is None:  # a 401/403 (a connect's EACCES has an errno)
+        return True
+    if connect_failure(e) is not None:
+        return False
+    return _status(e) is not None or server_refusal(e) is not None
+
+
 def _auth_error(e: BaseException) -> bool:
     return isinstance(e, PermissionError) or _status(e) in (401, 403)
 
@@ -289,11 +515,18 @@ class _Deadline:
     (:meth:`_chainable`), and the clients call :meth:`next_delay` outside their ``except``
     blocks, so that ``__context__`` holds nothing either."""
 
-    def __init__(self, policy: Policy, url: str, what: str):
+    def __init__(self, policy: Policy, url: str, what: str, server: Server | None = None):
         self.policy, self.url, self.what = policy, redact_url(url), what
+        #: where the request goes (:func:`location_server`, :func:`server_of`); else its URL's
+        self.server = server if server is not None else server_of(url)
         self.start = time.monotonic()
         self.attempt = 0
         self.rebuilt = False
+
+    def answered(self) -> None:
+        """The request got an answer: its server is no longer a first contact (:func:`answered`)."""
+        if self.server is not None:
+            mark_answered(self.server)
 
     @staticmethod
     def _shown(text: str, location: _Rebuildable | None) -> str:
@@ -348,11 +581,47 @@ class _Deadline:
             return ""
         return f"; through the proxy {proxy.shown} (down, or unable to reach or resolve the host?)"
 
+    def _unreachable(self, unreached: tuple[str, str | None], e: BaseException, elapsed: float, deadline: float) -> str:
+        """The message of a host never heard from that could not be reached: which, why, what to
+        check."""
+        kind, address = unreached
+        server = self.server
+        proxy = server.proxy if server is not None else None
+        target = server.address if server is not None else urlsplit(self.url).netloc
+        if proxy is not None and (address is None or address == proxy.address) and kind != "dns":
+            whom = f"the proxy {proxy.shown} (on the way to {target})"
+        else:
+            whom = address or target
+        why = _CONNECT_KINDS.get(kind, _CONNECT_KINDS["connect"])
+        if kind == "timeout":
+            why += f" (connect_timeout={self.policy.connect_timeout:g} s)"
+        if self.url.startswith("hf://"):
+            check = "the Hub's endpoint (HF_ENDPOINT or storage_options['endpoint'])"
+        elif self.url.startswith("s3://"):
+            check = "the endpoint (storage_options['endpoint'], AWS_ENDPOINT_URL)"
+        elif self.url.startswith(("http://", "https://")):
+            check = "the URL's host and port"
+        else:
+            check = "the URL and the endpoint"
+        if proxy is not None:
+            check += f", the network, and that the proxy {proxy.shown} runs there"
+        else:
+            check += ", the network, and a proxy if one is needed"
+        check += " (HTTPS_PROXY, HTTP_PROXY or storage_options['proxy_url'])"
+        detail = e.detail if isinstance(e, ConnectFailed) and e.detail else short_message(e)
+        return (
+            f"{self.what} failed: cannot connect to {whom}: {why}; no answer from it yet in this process "
+            f"({self.attempt + 1} attempts in {elapsed:.1f} s, first_contact_deadline={deadline:g} s): "
+            f"check {check} ({detail})"
+        )
+
     def next_delay(self, e: BaseException, location: _Rebuildable | None) -> float:
         """Seconds to wait before trying again, or raise the error for good. Called outside the
         ``except`` block that caught ``e`` (what is raised inside one has ``e`` as its
         ``__context__``, whatever it says). ``location`` is rebuilt once after an auth error;
         None for a caller that settles auth errors itself (the Hub's API calls)."""
+        if self.server is not None and _answer_in(e):
+            mark_answered(self.server)
         if getattr(e, "final", False):  # an error that already says what to do (a gated Hub repo)
             raise e
         if location is not None and _auth_error(e) and not self.rebuilt:
@@ -418,7 +687,14 @@ class _Deadline:
         if not transient(e):
             raise self._fail(RemoteError, f"{self.what} failed: {short_message(e)}", e, location)
         elapsed = time.monotonic() - self.start
-        if elapsed >= self.policy.retry_deadline:
+        deadline = self.policy.retry_deadline
+        unreached = connect_failure(e)
+        if unreached is not None and not answered(self.server):
+            # a host never heard from: a wrong endpoint far more often than a server restarting
+            deadline = min(deadline, self.policy.first_contact_deadline)
+            if elapsed >= deadline:
+                raise self._fail(HostUnreachable, self._unreachable(unreached, e, elapsed, deadline), e, location)
+        if elapsed >= deadline:
             raise self._fail(
                 RemoteUnavailableError,
                 f"{self.what} kept failing for {elapsed:.0f} s ({self.attempt + 1} attempts; "
@@ -433,10 +709,10 @@ class _Deadline:
                 self.url,
                 self.what,
                 self._shown(short_message(e), location),
-                self.policy.retry_deadline - elapsed,
+                deadline - elapsed,
             )
         asked = getattr(e, "retry_after", None)  # a 429/503's Retry-After: the server's own wait
         delay = self.policy.delay(self.attempt) if asked is None else max(float(asked), self.policy.delay(self.attempt))
-        delay = min(delay, max(self.policy.retry_deadline - elapsed, 0.0))
+        delay = min(delay, max(deadline - elapsed, 0.0))
         self.attempt += 1
         return delay

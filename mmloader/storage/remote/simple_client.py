@@ -10,7 +10,7 @@ import time
 from typing import Literal, cast
 
 from .client import Client, LocationLike, _Client
-from .errors import HostNotFound, ObjectChangedError, _HTTPStatus
+from .errors import ConnectFailed, HostNotFound, ObjectChangedError, _HTTPStatus
 from .fsspec_client import _FsspecClient
 from .hub import HubError, refusal_message, retry_after
 from .obstore_client import _ObstoreClient
@@ -19,7 +19,7 @@ from .proxy import refusal as proxy_refusal
 from .proxy import target as proxy_target
 from .ranges import _check_length
 from .redaction import redact_url
-from .retry import server_refusal
+from .retry import _os_kind, server_refusal, short_message
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
 from .urls import endpoint_of
@@ -105,8 +105,9 @@ class _SimpleClient(_Client):
             self._local.pid = os.getpid()
         c = conns.get((secure, host))
         if c is None:
+            policy = self.location.policy
             c = conns[secure, host] = connection(
-                secure, host, self.location.policy.request_timeout, self._proxy(secure, host), self._verify
+                secure, host, policy.request_timeout, self._proxy(secure, host), self._verify, policy.connect_timeout
             )
         return c
 
@@ -179,7 +180,11 @@ class _SimpleClient(_Client):
         sent_target, hdrs = proxy_target(secure, host, target, proxy, hdrs)
         for attempt in (0, 1):  # a kept-alive connection the server closed: reconnect once
             conn = self._conn(secure, host)
+            connecting = conn.sock is None
             try:
+                if connecting:  # apart, so that a failure to connect is told from one of the request
+                    conn.connect()
+                    connecting = False
                 conn.request(method, sent_target, headers=hdrs)
                 resp = conn.getresponse()
                 body = resp.read()
@@ -205,6 +210,9 @@ class _SimpleClient(_Client):
                         raise HostNotFound(bare, f"the proxy {proxy.shown}; gaierror: {e}") from None
                     bare = urlsplit(f"//{host}").hostname or host
                     raise HostNotFound(bare, f"gaierror: {e}") from None
+                kind = _os_kind(e) if connecting else None  # (not a certificate, nor a reset)
+                if kind is not None:  # nothing was sent: retried, briefly while the host never answered
+                    raise ConnectFailed(kind, host if proxy is None else proxy.address, short_message(e)) from None
                 if attempt or not isinstance(
                     e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
                 ):
