@@ -10,10 +10,11 @@ import pickle
 
 import numpy as np
 import pytest
-from conftest import write_dataset
+import torch
+from conftest import jpeg_bytes, write_dataset
 
 import mmloader
-from mmloader.errors import FormatError
+from mmloader.errors import AlignmentError, FormatError
 from mmloader.storage import ArrowStore, open_store
 
 datasets = pytest.importorskip("datasets")
@@ -278,3 +279,130 @@ def test_dotted_column_names(tmp_path):
     pq.write_table(pa.table({"seg.png": [b"x", None], "txt": ["a", "b"]}), tmp_path / "a.parquet")
     store = open_store(tmp_path / "a.parquet")
     assert store.metadata["field_counts"] == {"seg.png": 1, "txt": 2}
+
+
+# -- nullable columns: nulls read as missing (optional=True), refused without it ------------------------
+M = 12
+CAPTION_NULLS = {1, 4, 5, 9}
+PHOTO_NULLS = {0, 1, 2, 3, 8}  # the first row group of the Parquet file holds no photo at all
+
+
+@pytest.fixture(scope="module")
+def nullable(tmp_path_factory):
+    """The issue's table (image, an optional caption, label, meta, blob) with a second image
+    column and a second text column, as Parquet (pyarrow, JPEG bytes, a struct) and as
+    save_to_disk (HF Image features, meta as JSON text); and the issue's columns alone."""
+    root = tmp_path_factory.mktemp("nullable")
+    jpg = [jpeg_bytes(i, size=(16, 12)) for i in range(M)]
+    columns = {
+        "image": jpg,
+        "photo": [None if i in PHOTO_NULLS else jpg[i] for i in range(M)],
+        "caption": [None if i in CAPTION_NULLS else f"caption {i}" for i in range(M)],
+        "title": [f"title {i}" for i in range(M)],
+        "label": [i % 3 for i in range(M)],
+        "blob": [bytes([i]) * 5 for i in range(M)],
+    }
+    meta = [{"width": 16, "i": i} for i in range(M)]
+    parquet = pa.table({**columns, "meta": meta})
+    pq.write_table(parquet, root / "t.parquet", row_group_size=4)
+    issue = ["image", "caption", "label", "meta", "blob"]
+    pq.write_table(parquet.select(issue), root / "issue.parquet", row_group_size=4)
+    value = datasets.Value
+    features = {
+        "image": datasets.Image(),
+        "photo": datasets.Image(),
+        "caption": value("string"),
+        "title": value("string"),
+        "label": value("int64"),
+        "blob": value("binary"),
+        "meta": value("string"),
+    }
+    image = lambda b: None if b is None else {"bytes": b, "path": None}  # noqa: E731
+    hf = datasets.Dataset.from_dict(
+        {
+            **columns,
+            "image": [image(b) for b in jpg],
+            "photo": [image(b) for b in columns["photo"]],
+            "meta": [json.dumps(m) for m in meta],
+        },
+        features=datasets.Features(features),
+    )
+    hf.save_to_disk(str(root / "saved"), num_shards=2)
+    hf.select_columns(issue).save_to_disk(str(root / "issue-saved"))
+    return {
+        "parquet": root / "t.parquet",
+        "saved": root / "saved",
+        "issue": [root / "issue.parquet", root / "issue-saved"],
+    }
+
+
+@pytest.fixture(params=["parquet", "saved"])
+def nullable_path(request, nullable):
+    return nullable[request.param]
+
+
+def _refusal(**readers) -> str:
+    with pytest.raises(AlignmentError) as e:
+        mmloader.zip(**readers)
+    return str(e.value)
+
+
+def test_a_column_with_nulls_is_refused_naming_its_nulls_the_option_and_only_columns_of_its_kind(
+    nullable_path, nullable
+):
+    p = nullable_path
+    msg = _refusal(image=mmloader.ImageReader(p, field="image"), caption=mmloader.TextReader(p, field="caption"))
+    assert f"caption= reads column 'caption' of {p}, which holds 4 nulls (of its 12 rows)" in msg, msg
+    assert "pass optional=True (TextReader(..., field='caption', optional=True))" in msg
+    assert "batch['__present__']['caption']" in msg
+    assert "other text columns there: title (12). Read alternatives with field='caption;title'" in msg
+    assert not any(f"{c} (" in msg or f";{c}" in msg for c in ("image", "photo", "label", "meta", "blob")), msg
+
+    msg = _refusal(photo=mmloader.ImageReader(p, field="photo"))
+    assert "column 'photo'" in msg and "holds 5 nulls (of its 12 rows)" in msg and "optional=True" in msg
+    assert "other image columns there: image (12). Read alternatives with field='photo;image'" in msg, msg
+    assert not any(f"{c} (" in msg or f";{c}" in msg for c in ("caption", "title", "label", "meta", "blob")), msg
+
+    for issue in nullable["issue"]:  # the issue's own table: no other text or image column to propose
+        msg = _refusal(image=mmloader.ImageReader(issue, field="image"), caption=mmloader.TextReader(issue, "caption"))
+        assert "holds 4 nulls (of its 12 rows)" in msg and "optional=True" in msg, msg
+        assert "Read alternatives" not in msg and "field='caption;" not in msg, msg
+
+
+def test_nulls_read_as_missing_with_present_per_row(nullable_path):
+    p = nullable_path
+    caption = mmloader.TextReader(p, field="caption", optional=True)
+    assert caption[1] is None and caption[0] == "caption 0"
+    ds = mmloader.zip(
+        image=mmloader.ImageReader(p, field="image"),
+        photo=mmloader.ImageReader(p, field="photo", optional=True),
+        caption=caption,
+        label=mmloader.LabelReader(p, field="label"),
+    )
+    assert "caption" not in ds[4] and ds[4]["label"] == 1 and ds[6]["caption"] == "caption 6"
+    assert "photo" not in ds[0] and torch.equal(ds[5]["photo"], ds[5]["image"])
+    for workers in (0, 2):
+        seen: list[str] = []
+        loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=1), num_workers=workers, backend="process")
+        for b in loader:
+            present = b["__present__"]
+            assert present["caption"].dtype == torch.bool and len(present["caption"]) == len(b["__key__"])
+            for j, key in enumerate(b["__key__"]):
+                i = int(key)
+                assert present["caption"][j].item() == (i not in CAPTION_NULLS)
+                assert b["caption"][j] == (None if i in CAPTION_NULLS else f"caption {i}")
+                assert present["photo"][j].item() == (i not in PHOTO_NULLS)
+                photo = b["photo"][j]  # zeros for a row without it; None when no row of the batch has it
+                if i in PHOTO_NULLS:
+                    assert photo is None or not photo.any()
+                else:
+                    assert torch.equal(photo, b["image"][j])
+                assert b["label"][j].item() == i % 3
+            seen += b["__key__"]
+        assert sorted(seen) == [f"{i:08d}" for i in range(M)]  # exactly once, as without nulls
+
+
+def test_an_optional_column_without_nulls_still_says_every_row_has_it(nullable_path):
+    ds = mmloader.zip(text=mmloader.TextReader(nullable_path, field="title", optional=True))
+    batch = next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=5), num_workers=0)))
+    assert batch["__present__"]["text"].tolist() == [True] * 5 and None not in batch["text"]

@@ -372,6 +372,37 @@ def test_alternative_fields_and_the_default_image_field(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(batch["image"].tensor, rows))
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_optional_fields_read_as_missing_on_shards_and_lmdb(tmp_path, fmt):
+    """A field only some samples have: refused naming optional=True and only fields of the
+    reader's kind; read as missing with it, ``__present__`` per row, each sample once."""
+    path = tmp_path / ("d.lmdb" if fmt == "lmdb" else "d")
+    with mmloader.writer_for(path, fmt, **({"shard_size": 4} if fmt == "tar" else {})) as w:
+        for i in range(10):
+            sample = {"__key__": f"k{i:02d}", "jpg": jpeg_bytes(i, size=(16, 12)), "cls": i % 2, "json": {"i": i}}
+            sample["title.txt"] = f"title {i}"
+            if i % 3:
+                sample["txt"] = f"t{i}"
+            w.write(sample)
+    with pytest.raises(AlignmentError) as e:
+        mmloader.zip(image=mmloader.ImageReader(path, "jpg"), caption=mmloader.TextReader(path, "txt"))
+    msg = str(e.value)
+    assert "'txt', which only 6 of the 10 samples" in msg and "To read the 4 samples without it as missing" in msg
+    assert "TextReader(..., field='txt', optional=True)" in msg and "batch['__present__']['caption']" in msg
+    assert "other text fields there: title.txt (10). Read alternatives with field='txt;title.txt'" in msg, msg
+    assert not any(f"{f} (" in msg for f in ("jpg", "cls", "json")), msg
+    ds = mmloader.zip(image=mmloader.ImageReader(path, "jpg"), caption=mmloader.TextReader(path, "txt", optional=True))
+    assert "caption" not in ds[3] and ds[4]["caption"] == "t4"
+    seen = []
+    for b in mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=2), num_workers=2, backend="process"):
+        for j, key in enumerate(b["__key__"]):
+            i = int(key[1:])
+            assert b["__present__"]["caption"][j].item() == bool(i % 3)
+            assert b["caption"][j] == (f"t{i}" if i % 3 else None) and b["image"][j].shape == (3, 12, 16)
+        seen += b["__key__"]
+    assert sorted(seen) == [f"k{i:02d}" for i in range(10)]
+
+
 # -- issue 13, defect 14: corrupt data that libjpeg only warns about is an error ----------------
 def _half_jpeg() -> bytes:
     whole = jpeg_bytes(7, size=(256, 256))

@@ -3,7 +3,8 @@
 ``collate(samples)`` returns ``{"__key__": [...], name: batched, ...}`` plus
 ``"__mask__": {name: bool tensor}`` for padded modalities (True = real element)
 and ``"__present__": {name: bool tensor (B,)}`` for modalities some samples lack
-(mixed sources); missing tensor entries are zero, missing others are None.
+(mixed sources, readers with ``optional=True``); missing tensor entries are zero, missing
+numbers 0, missing others None (and every row None where no row of the batch has it).
 
 Interleaved documents (:class:`mmloader.Document`, any number of images each) collate to
 ``batch[name]``, each document's segments in order with its images replaced by their place
@@ -37,6 +38,52 @@ from ..readers.document import Document
 
 _MISSING = object()
 MISSING = _MISSING  # what a column holds for a sample that lacks the field (mixed sources)
+
+
+class _EveryRow:
+    """Marks a column of a reader that may lack its field (``optional=True``) in which every row
+    has it: its batch still says so in ``__present__`` (all True), so an optional modality's
+    batches have one schema whether or not a row lacks it."""
+
+    __slots__ = ()
+
+
+class _EveryRowList(list, _EveryRow):
+    __slots__ = ()
+
+
+class _EveryRowStacked(Stacked, _EveryRow):
+    __slots__ = ()
+
+
+class _EveryRowPacked(Packed, _EveryRow):
+    __slots__ = ()
+
+
+class _EveryRowRagged(Ragged, _EveryRow):
+    __slots__ = ()
+
+
+def present_in_every_row(column: Any) -> Any:
+    """``column`` (a list of values, or a :class:`Packed` / :class:`Ragged` / :class:`Stacked`
+    column, none of them missing) marked so that its batch has ``__present__[name]``, all True.
+    Code that does not know the mark sees the column as it was (the marked forms are subclasses).
+
+    >>> collate_columns({"t": present_in_every_row(["a", "b"])})["__present__"]["t"].tolist()
+    [True, True]
+    """
+    for base, marked in ((Stacked, _EveryRowStacked), (Packed, _EveryRowPacked), (Ragged, _EveryRowRagged)):
+        if isinstance(column, base):
+            return marked(*column)
+    return _EveryRowList(column)
+
+
+def _rows_of(column: Any) -> int:
+    if isinstance(column, Stacked):
+        return int(column.tensor.shape[0])
+    if isinstance(column, (Packed, Ragged)):
+        return len(column.offsets) - 1
+    return len(column)
 
 
 def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,6 +264,8 @@ def collate_columns(
     counts: dict[str, torch.Tensor] = {}
     owners: dict[str, torch.Tensor] = {}
     for name, values in columns.items():
+        if isinstance(values, _EveryRow):
+            present[name] = torch.ones(_rows_of(values), dtype=torch.bool)
         if isinstance(values, Packed):
             batch[name], offsets_out[name] = values.flat, values.offsets
             continue
@@ -238,6 +287,9 @@ def collate_columns(
             real = [v for v in values if v is not _MISSING]
         else:  # the common case, checked in C: no per-value Python below for plain columns
             have, real = [True] * len(values), values
+        if not real:  # no row of the batch has it (an optional reader's): nothing to shape a filler by
+            batch[name] = [None] * len(values)
+            continue
         first = real[0]
         if isinstance(first, Document):
             documents = [v if h else None for v, h in zip(values, have)]

@@ -10,10 +10,10 @@ import numpy as np
 import torch.utils.data
 
 from ..errors import AlignmentError
-from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..readers.base import Reader, as_bytes
 from ..readers.cache import SampleCache, fresh_copy
 from ..readers.columns import per_sample
+from .collate import MISSING, present_in_every_row
 
 log = logging.getLogger("mmloader")
 
@@ -206,7 +206,10 @@ class Zipped(torch.utils.data.Dataset):
                 if record["__key__"] != key:
                     raise self._misaligned(pos, key, record["__key__"], store)
             for name in group:
-                sample[name] = self.readers[name].decode_record(record)
+                reader = self.readers[name]
+                if reader.optional and not reader.has_value(record):
+                    continue  # left out, as a mix leaves out what a source lacks: the collate marks it
+                sample[name] = reader.decode_record(record)
         sample["__key__"] = key
         return sample
 
@@ -239,7 +242,8 @@ class Zipped(torch.utils.data.Dataset):
             # every sample decoded before any transform runs: a bad one fails the batch first
             decoded = [self._decoded_cached(i) for i in indices]
             rows = [self._transformed(d) for d in decoded]
-            return {name: [r[name] for r in rows] for name in ["__key__", *self.readers]}
+            out = {name: [r.get(name, MISSING) for r in rows] for name in ["__key__", *self.readers]}
+            return self._mark_present(out, {n for n in self.readers if any(v is MISSING for v in out[n])})
         n = len(self)
         if len(indices) and (min(indices) < 0 or max(indices) >= n):
             bad = next(i for i in indices if not 0 <= i < n)
@@ -250,6 +254,7 @@ class Zipped(torch.utils.data.Dataset):
             else list(indices)
         )
         columns: dict[str, Any] = {}
+        absent: set[str] = set()  # optional modalities some rows lack
         keys = None
         for group in self._groups:
             store = self.readers[group[0]].store
@@ -270,19 +275,34 @@ class Zipped(torch.utils.data.Dataset):
                     ]
                 if views and not reader.takes_views:
                     column = as_bytes(column)
-                # A reader with a transform decodes only: transforms run once every modality of
-                # the batch decoded, so a bad sample found later never makes them run twice.
-                if reader.transform is not None:
-                    columns[name] = reader.decoded_column(column, keys)
+                if reader.optional and any(v is None for v in column):
+                    # the rows that have it are decoded as a batch; the others hold MISSING,
+                    # which the collate turns into batch["__present__"][name]
+                    have = [j for j, v in enumerate(column) if v is not None]
+                    absent.add(name)
+                    values: list = [MISSING] * len(column)
+                    if have:
+                        decoded = _decode_column(reader, [column[j] for j in have], [keys[j] for j in have], False)
+                        for j, v in zip(have, per_sample(decoded)):
+                            values[j] = v
+                    columns[name] = values
                 else:
-                    columns[name] = reader.from_column(column, keys, share_memory=share_memory)
+                    columns[name] = _decode_column(reader, column, keys, share_memory)
         for name, reader in self.readers.items():
             if reader.transform is not None:
-                columns[name] = [reader.transform(v) for v in per_sample(columns[name])]
+                columns[name] = [v if v is MISSING else reader.transform(v) for v in per_sample(columns[name])]
             t = self.transforms.get(name)
             if t is not None:
-                columns[name] = [t(v) for v in per_sample(columns[name])]
+                columns[name] = [v if v is MISSING else t(v) for v in per_sample(columns[name])]
         columns["__key__"] = keys
+        return self._mark_present(columns, absent)
+
+    def _mark_present(self, columns: dict[str, Any], absent: set[str]) -> dict[str, Any]:
+        """The optional modalities every row has marked so: their batch has ``__present__``
+        all True (one schema, whether or not a row of the batch lacks them)."""
+        for name, reader in self.readers.items():
+            if reader.optional and name not in absent:
+                columns[name] = present_in_every_row(columns[name])
         return columns
 
     def lengths(self, indices: Sequence[int], modality: str) -> np.ndarray:
@@ -380,6 +400,14 @@ class Zipped(torch.utils.data.Dataset):
         return f"Zipped({mods}, {len(self)} samples{', by key' if self.by_key else ''})"
 
 
+def _decode_column(reader: Reader, column: list, keys: list[str], share_memory: bool) -> Any:
+    """A batch's values of one reader. A reader with a transform decodes only: transforms run once
+    every modality of the batch decoded, so a bad sample found later never makes them run twice."""
+    if reader.transform is not None:
+        return reader.decoded_column(column, keys)
+    return reader.from_column(column, keys, share_memory=share_memory)
+
+
 def _check_one_commit(readers: Mapping[str, Reader]) -> None:
     """Readers of one Hub repository must read one commit: modalities of two commits would pair
     one version's images with another's captions."""
@@ -398,9 +426,11 @@ def _check_one_commit(readers: Mapping[str, Reader]) -> None:
 
 
 def _check_coverage(name: str, reader: Reader) -> None:
-    """Every sample must have the reader's field (or one of its alternatives): checked from the
-    per-field counts in the metadata, so a field that only some samples have fails here, naming
-    it, instead of at the first sample without it, mid-epoch."""
+    """Every sample must have the reader's field (or one of its alternatives), unless the reader
+    is ``optional``: checked from the per-field counts in the metadata, so a field that only some
+    samples have (a table column holding nulls) fails here, naming it, the samples without it,
+    ``optional=True`` and the other fields of the reader's kind, instead of at the first sample
+    without it, mid-epoch."""
     store = reader.store
     counts = store.metadata.get("field_counts", {})
     found = [f for f in reader.fields if f in counts]
@@ -409,23 +439,66 @@ def _check_coverage(name: str, reader: Reader) -> None:
             f"zip(): {name}= reads field {reader.field!r}, which {store.path} does not have (fields: {store.fields})"
         )
     covered, total = sum(counts[f] for f in found), len(store)
-    if covered < total:
-        is_image = lambda f: f.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS  # noqa: E731
-        images = any(is_image(f) for f in reader.fields)
-        others = {f: c for f, c in counts.items() if f not in reader.fields and (not images or is_image(f))}
+    if covered >= total or reader.optional:
+        return
+    table = getattr(store, "format", None) == "arrow"  # a column's missing values are its nulls
+    if table and len(found) == 1:
+        nulls = total - covered
+        message = (
+            f"zip(): {name}= reads column {reader.field!r} of {store.path}, which holds {nulls} "
+            f"null{'s' if nulls != 1 else ''} (of its {total} rows)"
+        )
+    else:
         message = (
             f"zip(): {name}= reads field {reader.field!r}, which only {covered} of the {total} "
             f"samples of {store.path} have"
         )
-        if others:
-            ranked = sorted(others, key=lambda f: -others[f])
-            alt = ";".join([*reader.fields, *ranked[:3]])
-            message += (
-                f"; other {'image ' if images else ''}fields there: "
-                f"{', '.join(f'{f} ({others[f]})' for f in ranked[:6])}. Read alternatives with "
-                f"field={alt!r} (each sample takes the first it has)"
-            )
-        raise AlignmentError(message)
+    kind = reader_kind(reader)
+    others = (
+        {f: c for f, c in counts.items() if f not in reader.fields and c and field_kind(store, f) == kind}
+        if kind != "bytes"  # raw bytes of no known kind: no other field is known to be alike
+        else {}
+    )
+    if others:
+        ranked = sorted(others, key=lambda f: -others[f])
+        alt = ";".join([*reader.fields, *ranked[:3]])
+        message += (
+            f"; other {kind} {'columns' if table else 'fields'} there: "
+            f"{', '.join(f'{f} ({others[f]})' for f in ranked[:6])}. Read alternatives with "
+            f"field={alt!r} (each sample takes the first it has)"
+        )
+    lacking = max(total - covered, 0)
+    rows = "rows" if table else "samples"
+    message += (
+        f". To read the {lacking} {rows} without it as missing, pass optional=True "
+        f"({type(reader).__name__}(..., field={reader.field!r}, optional=True)): their samples leave {name!r} out "
+        f"and batch['__present__'][{name!r}] says which rows have it"
+    )
+    raise AlignmentError(message)
+
+
+def reader_kind(reader: Reader) -> str:
+    """The kind of value a reader reads (a name of :data:`mmloader.readers.registry.KINDS`:
+    ``image``, ``text``, ``label``...): its nearest built-in class's, or, for a plain
+    :class:`~mmloader.Reader` (``decode=``, a subclass of it), the kind of the field it reads."""
+    from ..readers.registry import KINDS
+
+    by_class = {kind.cls: kind.name for kind in KINDS.values() if kind.cls is not Reader}
+    for cls in type(reader).__mro__:
+        if cls in by_class:
+            return by_class[cls]
+    return field_kind(reader.store, reader.fields[0]) if reader.fields else "bytes"
+
+
+def field_kind(store, field: str) -> str:
+    """The kind of value a store's field holds: what the store knows of it (a table's column type,
+    an HF ``Image`` feature, the first bytes of a binary column), else what its name says
+    (``jpg``: image, ``txt``: text, ``cls``: label...; ``bytes`` when it says nothing)."""
+    from ..readers.registry import kind_for_field
+
+    judge = getattr(store, "field_kind", None)
+    known = judge(field) if callable(judge) else None
+    return known or kind_for_field(field).name
 
 
 class _KeysAt(Sequence):

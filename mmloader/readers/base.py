@@ -55,6 +55,13 @@ class Reader:
 
     ``decode`` (and ``transform=``) are the hooks: :func:`mmloader.zip` and batches read the
     store themselves and call them, not a subclass's ``__getitem__`` or ``from_record``.
+
+    ``optional=True``: a sample may lack the field (a table column holding nulls, a field only
+    some samples of a shard or LMDB have). Such a sample reads as None here; zipped, its sample
+    leaves the modality out, and a batch says which rows have it in
+    ``batch["__present__"][name]`` (the absent rows hold the collate's placeholder: zeros for
+    tensors and numbers, None for the rest), as a mix's batches do. Without it, ``mmloader.zip``
+    refuses a field that not every sample has.
     """
 
     default_field: str = ""
@@ -77,7 +84,12 @@ class Reader:
         decode: Callable[[bytes], Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
         max_field_bytes: int = DEFAULT_MAX_FIELD_BYTES,
+        optional: bool = False,
     ):
+        if not isinstance(optional, bool):
+            raise TypeError(f"optional={optional!r}: expected True or False")
+        #: Whether a sample may lack the field: it then reads as missing (see the class's text).
+        self.optional = optional
         # None: no store, the reader decodes values handed to it (a live source's samples)
         self.store = open_store(source) if source is not None else DetachedStore()
         if field is None and not (
@@ -159,8 +171,15 @@ class Reader:
         return self.field, None
 
     def from_record(self, record: dict) -> Any:
-        """Decode this reader's field of a record returned by ``store.read``, then ``transform``."""
+        """Decode this reader's field of a record returned by ``store.read``, then ``transform``
+        (None, with ``optional=True``, for a record without the field)."""
+        if self.optional and self.pick(record)[1] is None:
+            return None
         return self.apply_transform(self.decode_record(record))
+
+    def has_value(self, record: dict) -> bool:
+        """Whether ``record`` holds one of this reader's fields."""
+        return self.pick(record)[1] is not None
 
     def fuse(self, transform: Callable[[Any], Any]) -> tuple["Reader", Callable[[Any], Any] | None]:
         """This reader with as much of ``transform`` (run after it) as it can run itself, and the rest.
@@ -177,11 +196,19 @@ class Reader:
 
     def decode_record(self, record: dict) -> Any:
         """The decoded value, before ``transform`` (what a sample cache keeps: random
-        transforms must run again on every access)."""
+        transforms must run again on every access); None, with ``optional=True``, for a record
+        without the field."""
         key = record["__key__"]
         field, data = self.pick(record)
         if data is None:
-            raise SampleError("sample has no such field", key=key, field=self.field, where=self.store.path)
+            if self.optional:
+                return None
+            raise SampleError(
+                "sample has no such field (optional=True reads such samples as missing)",
+                key=key,
+                field=self.field,
+                where=self.store.path,
+            )
         if len(data) > self.max_field_bytes:
             raise SizeLimitError(
                 f"field is {len(data)} bytes, over the {self.max_field_bytes}-byte limit (max_field_bytes)",
@@ -238,7 +265,9 @@ class Reader:
         output), so a reader that allocates the batch tensor itself may put it in shared memory.
         """
         values = self.decoded_column(datas, keys)
-        return values if self.transform is None else [self.transform(v) for v in values]
+        if self.transform is None:
+            return values
+        return [None if v is None and d is None else self.transform(v) for v, d in zip(values, datas)]
 
     def decoded_column(self, datas: list[bytes | None], keys: list[str]) -> list:
         """The batch's values decoded, before ``transform``: a bad sample raises here, naming its
@@ -273,7 +302,8 @@ class Reader:
         return self._decode_fn(data) if self._decode_fn is not None else data
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.store.path!r}, field={self.field!r})"
+        optional = ", optional=True" if self.optional else ""
+        return f"{type(self).__name__}({self.store.path!r}, field={self.field!r}{optional})"
 
 
 @functools.lru_cache(maxsize=None)

@@ -104,6 +104,54 @@ def _cell_kind(t) -> str:
     return "json"
 
 
+def _hf_features(schema) -> dict[str, str]:
+    """Column -> the ``_type`` of its feature in the ``huggingface`` schema metadata that datasets
+    writes (``save_to_disk``, ``to_parquet``): ``Image``, ``Audio``, ``Value``...; empty without it."""
+    try:
+        features = json.loads((schema.metadata or {})[b"huggingface"])["info"]["features"]
+        return {name: str(f.get("_type", "")) for name, f in features.items() if isinstance(f, dict)}
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+#: First bytes of the image, audio and video files a binary column may hold.
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+_AUDIO_MAGIC = (b"fLaC", b"OggS", b"ID3")
+
+
+def _media_kind(data: bytes | None) -> str | None:
+    """``image``, ``audio`` or ``video`` from a value's first bytes, or None.
+
+    >>> _media_kind(b"\\x89PNG\\r\\n\\x1a\\n..."), _media_kind(b"fLaC..."), _media_kind(b"\\0\\0\\0\\x18ftypisom")
+    ('image', 'audio', 'video')
+    """
+    if not data:
+        return None
+    head = bytes(data[:16])
+    if head.startswith(_IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        return "image"
+    if len(head) > 2 and head[0] == 0x50 and head[1] in b"123456" and head[2] in b" \t\r\n#":
+        return "image"  # netpbm (ppm, pgm)
+    if head.startswith(_AUDIO_MAGIC) or (head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE"):
+        return "audio"
+    if head[4:8] == b"ftyp":
+        return "audio" if head[8:12] in (b"M4A ", b"M4B ") else "video"
+    if head[:4] == b"\x1a\x45\xdf\xa3" or (head[:4] == b"RIFF" and head[8:11] == b"AVI"):
+        return "video"
+    return None
+
+
+def _is_json_text(data: bytes | None) -> bool:
+    """Whether a text value is a JSON object or array."""
+    if not data or data.lstrip()[:1] not in (b"{", b"["):
+        return False
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
 def _json_default(value: Any):
     """JSON for what a table holds that JSON does not: bytes as base64 text, the rest as text."""
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -194,6 +242,7 @@ class ArrowStore(Store):
         assert schema is not None
         self.cache_bytes = self._cache_size(cache_bytes, group_rows, group_bytes)
         self.kinds = {name: _cell_kind(schema.field(name).type) for name in schema.names}
+        self.features = _hf_features(schema)  # column -> datasets' feature type ("Image", "Value"...)
         self.key_column = next((c for c in KEY_COLUMNS if self.kinds.get(c) in ("text", "integer", "bytes")), None)
         #: keys are row numbers (no key column): they name other rows in another table
         self.synthetic_keys = self.key_column is None
@@ -316,6 +365,62 @@ class ArrowStore(Store):
                         h = self._read_ipc(self.files[f])
                     self._open[f] = h
         return h
+
+    # -- what a column holds -----------------------------------------------------------------------------
+    #: Record batches or row groups looked at, per column, for a first value to tell its kind by.
+    KIND_PROBES = 4
+
+    def field_kind(self, name: str) -> str | None:
+        """What column ``name`` holds, as the readers' kinds name it (what a refusal that proposes
+        other columns for a reader compares): ``image``, ``audio`` or ``video`` (an HF
+        ``Image``/``Audio``/``Video`` feature, or bytes whose first value begins as such a file
+        does), ``text`` (strings), ``label`` (integers), ``number`` (floats, booleans), ``json``
+        (lists, other structs, strings of JSON objects); None for bytes of no known format (the
+        column's name may tell). A binary or string column's first value is read to tell it (in
+        a few row groups at most)."""
+        feature = {"Image": "image", "Audio": "audio", "Video": "video"}.get(self.features.get(name, ""))
+        if feature is not None:
+            return feature
+        kind = self.kinds.get(name)
+        if kind in ("bytes", "struct"):
+            return _media_kind(self._first_value(name))
+        if kind == "text":  # JSON written as text (a string column of objects) is JSON
+            return "json" if _is_json_text(self._first_value(name)) else "text"
+        return {"integer": "label", "number": "number", "json": "json"}.get(kind or "")
+
+    def _first_value(self, name: str) -> bytes | None:
+        """The first non-null value of column ``name`` among its first few record batches or row
+        groups (None if they hold none, or a path that is no file here)."""
+        import pyarrow.compute as pc
+
+        for _f, row, cells in self._probed_parts(name):
+            if cells.null_count == len(cells):
+                continue
+            at = pc.index(cells.is_valid(), True).as_py()
+            try:
+                return self._encode(name, cells[at].as_py(), row + at)
+            except (FormatError, OSError):
+                return None
+        return None
+
+    def _probed_parts(self, name: str):
+        """(file, first row, cells) of column ``name``'s first :attr:`KIND_PROBES` record batches
+        (memory-mapped) or row groups (decoded, through the row-group cache)."""
+        looked = 0
+        for f in range(len(self.files)):
+            h = self._handle(f)
+            row = int(self.starts[f])
+            if self.kind == "arrow":
+                parts = list(h.column(name).chunks)
+            else:
+                parts = list(range(h.metadata.num_row_groups))
+            for part in parts:
+                if looked >= self.KIND_PROBES:
+                    return
+                looked += 1
+                cells = part if self.kind == "arrow" else self._group(f, part, name)
+                yield f, row, cells
+                row += len(cells)
 
     # -- reading ---------------------------------------------------------------------------------------
     @property
