@@ -89,7 +89,7 @@ def test_a_finite_source_ends_the_pass_with_its_last_short_batch(backend):
     # each reader's last batch is short; the pass ends at the first step no reader has
     assert [len(b["__key__"]) for b in batches] == [8] * 4 + [5, 5]
     assert len(set(_keys(batches))) == len(_keys(batches))
-    assert "ran out of samples at batch 6 of the pass" in stream.ended
+    assert "ran out of samples at batch 6 of the pass, before steps=100" in stream.ended
     dropped = mmloader.Stream(
         mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8, steps=100, drop_last=True
     )
@@ -712,3 +712,18 @@ def test_a_dp_by_tp_mesh_ends_every_data_parallel_rank_together(tmp_path):
     assert all(peers[0] == peers[1] for peers in by_dp.values())
     assert {len(r["keys"]) for r in results} == {20}
     assert by_dp[0][0] != by_dp[1][0]
+
+
+def test_a_pass_without_steps_ends_with_its_source_quietly_and_deal_names_the_one_stream(caplog):
+    """Without steps= a pass runs until the source ends: no warning, no advice; a dealt source
+    is one stream, so it (not 'every reader') needs more samples."""
+    with caplog.at_level(logging.INFO, logger="mmloader"):
+        list(_loader(mmloader.Stream(mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8), "thread"))
+    ends = [r for r in caplog.records if "ends this pass" in r.getMessage()]
+    assert ends and all(r.levelno == logging.INFO for r in ends) and "steps=" not in ends[0].getMessage()
+    caplog.clear()
+    dealt = mmloader.live(lambda *a: _numbered(0, 1, 0, 1, count=21), split="deal")
+    with caplog.at_level(logging.WARNING, logger="mmloader"):
+        list(_loader(mmloader.Stream(dealt, batch_size=8, steps=100), "thread"))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "the source's one stream" in said and "give the stream enough samples" in said

@@ -400,7 +400,8 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                     else f"rank {who}'s source ran out, waited too long for a sample, or its loop left the pass"
                     " (its log says which)"
                 )
-                log.warning(
+                normal_end = self.steps is None and who == rank and "ran out of samples" in why
+                (log.info if normal_end else log.warning)(  # a pass without steps= ends with its source
                     "live source %r: every rank ends this pass after %d of %s batches, together so that no "
                     "rank waits for another: %s%s",
                     self.live_name,
@@ -431,7 +432,10 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
     def _why_ended(self, info: dict) -> str:
         """What happened to the reader that could not fill its batch, and what to do, in words."""
         rank, part = info["slice"].split("/")
-        reader = f"the source's reader for rank={rank}, worker={part} (what it yields for those arguments)"
+        if getattr(self.source, "split", None) == "deal":  # one stream, dealt to every reader
+            reader = f"the source's one stream (dealt to the readers; here rank={rank}, worker={part}'s turn)"
+        else:
+            reader = f"the source's reader for rank={rank}, worker={part} (what it yields for those arguments)"
         at = f"batch {info['step'] + 1} of the pass"
         if info["ended"] == "stalled":
             return (
@@ -439,9 +443,12 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 "its producer is slow or stuck; give live(..., timeout=) more seconds, or on_stall='raise' "
                 "to fail instead of ending the pass"
             )
+        if self.steps is None:  # a pass that runs until the source ends: nothing to mend
+            return f"{reader} ran out of samples at {at} (its iterable ended, or its queue closed)"
+        more = "the stream" if getattr(self.source, "split", None) == "deal" else "every reader"
         return (
-            f"{reader} ran out of samples at {at} (its iterable ended, or its queue closed): give every "
-            "reader enough samples for the pass, or fewer steps="
+            f"{reader} ran out of samples at {at}, before steps={self.steps} (its iterable ended, or its "
+            f"queue closed): give {more} enough samples for the pass, or fewer steps="
         )
 
     def _warn_steps_cut(self, total: int, stored_steps: int) -> None:
