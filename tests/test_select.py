@@ -124,7 +124,7 @@ def test_keys_fraction_limit_and_stacking(path, tmp_path):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"where": "nope > 1"}, "no sample .* has \\['nope'\\].*misspelt"),
+        ({"where": "nope > 1"}, "no sample .* has a value for \\['nope'\\].*misspelt"),
         ({"where": "width > 1"}, "'width' is ambiguous.*could be \\['image.width', 'meta.width'\\]"),
         ({"where": "caption.width > 1"}, "TextReader"),
         ({"where": "score >"}, "not an expression"),

@@ -151,6 +151,8 @@ def _reference(tree: tuple, doc: dict):
         return None
     if _kind(a) != _kind(b):
         return None if op in ORDER else op == "!="
+    if op in ORDER and _kind(a) == "other":
+        return None  # lists and objects have no order
     fn = {**ORDER, **EQUAL}[op]
     try:
         return bool(fn(a, b))
@@ -243,6 +245,9 @@ def test_a_cached_selection_of_an_older_rule_is_not_reused(tmp_path, monkeypatch
         ("a in [b]", "a list holds numbers"),
         ("a == b'x'", "not a name, number or string"),
         ("a == -'x'", "not a name, number or string"),
+        ("1 in [1] and a == 1", "'in' takes a name on its left"),
+        ("a < 3 in [1]", "'in' takes a name on its left"),
+        ("a in [1] in [2]", "'in' takes a list|'in' takes a name"),
     ],
 )
 def test_expressions_that_mean_nothing_are_refused_by_name(text, why):
@@ -259,3 +264,32 @@ def test_number_columns_and_object_columns_answer_alike():
     for text in ["a != 1", "not a > 1", "a in [0, 3]", "a not in [0, None]", "2 <= a < 4", "a == None", "a != 'x'"]:
         e = Expression(text)
         assert e.evaluate({"a": floats}).tolist() == e.evaluate({"a": objects}).tolist(), text
+
+
+def test_nan_labels_beyond_float_and_lists_follow_the_rule(tmp_path):
+    """JSON NaN is missing whatever else its chunk holds; labels beyond 2**53 compare exactly;
+    lists are never ordered, also against another field."""
+    docs = [{"x": float("nan")}, {"x": "s"}, {"x": float("nan"), "a": [1, 2], "b": [1, 3]}]
+    with mmloader.LMDBWriter(tmp_path / "n.lmdb") as w:
+        for i, d in enumerate(docs):
+            w.write({"__key__": f"k{i}", "json": json.dumps(d).encode(), "cls": str(2**53 + 1 + i).encode()})
+    ds = mmloader.zip(
+        m=mmloader.JSONReader(str(tmp_path / "n.lmdb")), label=mmloader.LabelReader(str(tmp_path / "n.lmdb"))
+    )
+    keys = lambda expr: list(mmloader.select(ds, expr, cache_dir=False).keys)  # noqa: E731
+    assert keys("m.x == None") == ["k0", "k2"]
+    assert keys(f"label == {2**53 + 1}") == ["k0"] and keys(f"label > {2**53 + 1}") == ["k1", "k2"]
+    with pytest.raises(ValueError, match="keeps no sample"):
+        keys("m.a < m.b")
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_the_size_of_an_absent_value_is_missing_not_zero(tmp_path, fmt):
+    path = tmp_path / f"b.{fmt}"
+    with mmloader.writer_for(path, fmt, **({"shard_size": 2} if fmt == "tar" else {})) as w:
+        w.write({"__key__": "k0", "txt": "a", "bin": b"xyz"})
+        w.write({"__key__": "k1", "txt": "b"})  # no bin
+        w.write({"__key__": "k2", "txt": "c", "bin": b""})  # an empty bin: 0 bytes, present
+    ds = mmloader.zip(t=mmloader.TextReader(str(path)), b=mmloader.Reader(str(path), "bin", optional=True))
+    keys = lambda expr: list(mmloader.select(ds, expr, cache_dir=False).keys)  # noqa: E731
+    assert keys("b.bytes < 10") == ["k0", "k2"] and keys("b.bytes == None") == ["k1"]

@@ -229,8 +229,8 @@ def _filtered(dataset: Any, expression: Expression, cache: Path | None, progress
         first = dataset[0] if n else {}
         fields = {m: sorted(v) for m, v in first.items() if isinstance(v, dict)}
         raise ValueError(
-            f"filter {expression.text!r}: no sample of {dataset!r} has {missing} "
-            f"(a misspelt field? the first sample's json fields: {fields})"
+            f"filter {expression.text!r}: no sample of {dataset!r} has a value for {missing} (absent or null "
+            f"in every sample: a misspelt field? the first sample's json fields: {fields})"
         )
     kept = np.concatenate(parts) if parts else np.empty(0, np.int64)
     if cache is not None:
@@ -276,7 +276,7 @@ def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
         )
     reader = readers[head]
     if rest == ["bytes"]:
-        return lambda chunk: np.asarray(dataset.lengths(chunk.idx, head), dtype=np.float64)
+        return lambda chunk: _byte_sizes(dataset, head, chunk.idx)
     if isinstance(reader, ImageReader) and len(rest) == 1 and rest[0] in IMAGE_SIZES:
         axis = IMAGE_SIZES.index(rest[0])
         return lambda chunk: _image_sizes(dataset, head, chunk.idx, chunk.values(head))[:, axis]
@@ -290,6 +290,17 @@ def column_reader(dataset: Any, name: str) -> Callable[[_Chunk], np.ndarray]:
         )
     what = {ImageReader: "width, height, bytes", JSONReader: "json fields, bytes"}.get(type(reader), "bytes")
     raise ValueError(f"filter: {name!r}: modality {head!r} ({type(reader).__name__}) gives {what}")
+
+
+def _byte_sizes(dataset: Any, modality: str, idx: np.ndarray) -> np.ndarray:
+    """Stored sizes from the index, NaN where the sample has no value (the index says 0 for
+    both an absent and an empty value: only those few rows are read, to tell them apart)."""
+    sizes = np.asarray(dataset.lengths(idx, modality), dtype=np.float64)
+    zero = np.flatnonzero(sizes == 0)
+    if len(zero):
+        values = dataset.stored_values(idx[zero], modality)
+        sizes[zero[[v is None for v in values]]] = np.nan
+    return sizes
 
 
 def _bare_candidates(readers: dict, name: str) -> list[str]:
@@ -361,16 +372,18 @@ def _labels(values: list) -> np.ndarray:
     """ASCII integer labels as float (NaN where absent or not an integer)."""
     if None not in values:
         try:  # numpy parses the byte strings in C
-            return np.array(values, dtype=np.bytes_).astype(np.int64).astype(np.float64)
-        except ValueError:
+            ints = np.array(values, dtype=np.bytes_).astype(np.int64)
+            if not (np.abs(ints) >= 2**53).any():  # beyond, float64 is not exact
+                return ints.astype(np.float64)
+        except (ValueError, OverflowError):
             pass
-    out = np.full(len(values), np.nan)
-    for j, v in enumerate(values):
+    out: list = []
+    for v in values:
         try:
-            out[j] = int(bytes(v).decode("ascii").strip())
+            out.append(int(bytes(v).decode("ascii").strip()))
         except (TypeError, ValueError):
-            pass
-    return out
+            out.append(None)
+    return _as_column(out)  # floats (NaN: missing), or exact ints where one needs it
 
 
 def _as_column(values: list) -> np.ndarray:

@@ -101,6 +101,8 @@ class Expression:
                 if isinstance(op, (ast.In, ast.NotIn)):
                     if not isinstance(right, _LISTS):
                         raise self._fail(right, "'in' takes a list of values")
+                    if _dotted(left) is None:
+                        raise self._fail(node, "'in' takes a name on its left, such as meta.label in [1, 2]")
                 elif type(op) not in _COMPARE:
                     raise self._fail(node, f"the operator {type(op).__name__} is not allowed")
                 elif isinstance(right, _LISTS) or isinstance(left, _LISTS):
@@ -231,7 +233,7 @@ def _missing(column: Any, n: int) -> np.ndarray:
     if not isinstance(column, np.ndarray):
         return np.full(n, column is None, dtype=bool)
     if column.dtype == object:
-        return np.array([v is None for v in column], dtype=bool)
+        return np.array([_absent(v) for v in column], dtype=bool)
     return np.isnan(column)
 
 
@@ -244,7 +246,7 @@ def _member(column: np.ndarray, values: list, n: int) -> Truth:
         hit = np.isin(column, numbers) if len(numbers) else np.zeros(n, dtype=bool)
     else:
         wanted = {(_kind(v), v) for v in values if v is not None}
-        hit = np.array([v is not None and _hashable_pair(v) in wanted for v in column], dtype=bool)
+        hit = np.array([not _absent(v) and _hashable_pair(v) in wanted for v in column], dtype=bool)
     if any(v is None for v in values):
         return hit | missing, ~(hit | missing)
     return hit, ~hit & ~missing
@@ -264,14 +266,14 @@ def _elementwise(fn: Callable[[Any, Any], Any], left: Any, right: Any, n: int) -
     for i, (a, b) in enumerate(zip(lv, rv)):
         if _absent(a) or _absent(b):
             continue  # unknown
-        if _kind(a) != _kind(b):
+        if _kind(a) != _kind(b) or (ordering and _kind(a) == "other"):
             if ordering:
-                continue  # unknown: different kinds have no order
+                continue  # unknown: different kinds, or lists and objects, have no order
             result = fn is operator.ne
         else:
             try:
                 result = bool(fn(a, b))
-            except TypeError:  # two JSON objects ordered: no order
+            except TypeError:  # (values of one kind always compare; kept for safety)
                 continue
         true[i], false[i] = result, not result
     return true, false
