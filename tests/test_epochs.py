@@ -346,3 +346,48 @@ def test_len_after_a_resume_lets_a_framework_train_every_epoch(path48, saved, re
     everything = [f"k{i:03d}" for i in range(48)]
     assert set(trained[0]) == set(everything)  # the resumed epoch: nothing left out
     assert sorted(trained[1]) == sorted(trained[2]) == everything  # later epochs: each sample once
+
+
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (4, 1), (3, 2), (1, 2), (2, 2)])
+def test_a_state_taken_at_an_epochs_end_resumes_whole_in_a_framework_that_keeps_counting(path48, saved, resumed):
+    """Saved after epoch 0's last batch: Lightning restores its step counter (epoch 0's steps in the
+    saved world) and starts again at 0 only when that reaches the new length; either way the next
+    epoch is delivered whole, and the one after it too."""
+    state = None
+    for rank in range(saved):
+        stream = _stream(path48)
+        stream.set_world(rank, saved)
+        loader = mmloader.loader(stream, num_workers=0)
+        _pass(loader)
+        state = loader.state_dict()
+    assert state is not None and state["epoch"] == 1
+    counted = 48 // (4 * saved)  # the framework's steps of epoch 0
+    trained: dict[int, list[str]] = {1: [], 2: []}
+    for rank in range(resumed):
+        stream = _stream(path48)
+        stream.set_world(rank, resumed)
+        loader = mmloader.loader(stream, num_workers=0)
+        loader.load_state_dict(state)
+        length = len(loader)
+        start = counted if counted < length else 0  # Lightning's restart: reset only at the length
+        trained[1].extend(_flat(_pass(loader, limit=length - start)))
+        loader.set_epoch(2)
+        trained[2].extend(_flat(_pass(loader, limit=length)))
+    everything = [f"k{i:03d}" for i in range(48)]
+    assert sorted(trained[1]) == sorted(trained[2]) == everything
+
+
+def test_set_epoch_of_the_epoch_a_state_finished_delivers_nothing(path48):
+    """A framework that asks again for the epoch the state was taken at the end of (its counters
+    say it is not over) gets an empty pass, not that epoch a second time; then the next epoch."""
+    loader = mmloader.loader(_stream(path48), num_workers=0)
+    whole = _pass(loader)
+    state = loader.state_dict()
+    resumed = mmloader.loader(_stream(path48), num_workers=0)
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 'drops the pending resume' warning: nothing is dropped
+        resumed.set_epoch(0)
+    assert _pass(resumed) == []
+    nxt = _pass(resumed)
+    assert resumed.epoch == 1 and sorted(_flat(nxt)) == sorted(_flat(whole)) and nxt != whole

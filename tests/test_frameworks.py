@@ -284,3 +284,55 @@ def test_hf_trainer_resumed_onto_another_world_trains_every_epoch_exactly_once(
     assert sum(len(r) for r in _seen_all(out)) == 4 * saved
     _run("hf_trainer_fit.py", str(data), str(out), "--resume", nproc=resumed)
     _assert_each_epoch_exactly_once(_per_epoch(_seen_all(out)), [0, 1])
+
+
+def test_lightning_checkpoint_at_an_epochs_last_batch_resumed_onto_fewer_ranks(data, tmp_path):
+    """Saved after the last of epoch 0's 6 steps on 2 ranks: on 1 rank Lightning counts those 6
+    steps as done of an epoch of 12 and carries on, so the next epoch's length must count them."""
+    out = tmp_path / "run"
+    out.mkdir()
+    _run("lightning_fit.py", str(data), str(out), "--preempt-after", str(PER_RANK), "--datamodule")
+    args = ["--resume", str(out / "preempt.ckpt"), "--devices", "1", "--max-epochs", "3", "--datamodule"]
+    _run("lightning_fit.py", str(data), str(out), *args)
+    _assert_each_epoch_exactly_once(_per_epoch(_seen_all(out)), [0, 1, 2])
+
+
+def test_hf_trainer_refuses_a_resume_it_would_count_as_another_epoch(data, tmp_path):
+    """The Trainer numbers epochs by global_step // steps per epoch of the new world: past the
+    first epoch another world size would train the wrong epoch, so it is refused, by name; a
+    state taken at an epoch's end resumes (the Trainer finishes that epoch with an empty pass)."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from common import stream
+
+    import mmloader
+    from mmloader.errors import ResumeError
+    from mmloader.frameworks.hf_trainer import _make_room_for_the_resumed_epoch
+
+    def state_after(world: int, passes: int, limit: int | None) -> dict:
+        s = stream(data)
+        s.set_world(0, world)
+        loader = mmloader.loader(s, num_workers=0)
+        for _ in range(passes):
+            list(loader)
+        if limit:
+            for _, _batch in zip(range(limit), loader):
+                pass
+        return loader.state_dict()
+
+    def resumed(world: int, state: dict):
+        s = stream(data)
+        s.set_world(0, world)
+        loader = mmloader.loader(s, num_workers=0)
+        loader.load_state_dict(state)
+        return loader
+
+    args = SimpleNamespace(max_steps=-1, gradient_accumulation_steps=1, num_train_epochs=2)
+    saved = state_after(1, 1, 4)  # epoch 1, step 4 of 12: global step 16
+    with pytest.raises(ResumeError, match="resumes at global step 16 as epoch 2"):
+        _make_room_for_the_resumed_epoch(resumed(2, saved), args, SimpleNamespace(global_step=16, max_steps=12))
+    at_end = state_after(2, 1, None)  # epoch 0's last step on 2 ranks: global step 6
+    budget = SimpleNamespace(global_step=PER_RANK, max_steps=4 * PER_RANK)
+    _make_room_for_the_resumed_epoch(resumed(1, at_end), args, budget)
+    assert budget.max_steps == 4 * PER_RANK

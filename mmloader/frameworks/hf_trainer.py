@@ -105,19 +105,30 @@ class LoaderCheckpoint(TrainerCallback):
 
 
 def _make_room_for_the_resumed_epoch(loader: Any, args: Any, state: Any) -> None:
-    """Raise the Trainer's step budget when a resume onto more ranks needs it.
+    """Raise the Trainer's step budget when a resume onto more ranks needs it; refuse a resume the
+    Trainer would count as another epoch.
 
     An epoch-based Trainer stops at ``num_train_epochs`` x its optimizer steps per epoch,
     counted from the global step, which includes the steps taken in the saved world. A rank of
     a larger world took more of those steps per sample than it takes now, so without room the
     last epoch would stop short, its last batches untrained."""
     stream = getattr(loader, "stream", None)
-    if args.max_steps > 0 or stream is None or not hasattr(stream, "epoch_length"):
-        return  # a step budget the user chose is theirs
+    if stream is None or not hasattr(stream, "epoch_length"):
+        return
     accumulate = max(int(args.gradient_accumulation_steps), 1)
     per_epoch = max(-(-stream.epoch_length() // accumulate), 1)  # what the Trainer computed
+    epoch = state.global_step // per_epoch  # the epoch the Trainer resumes in, by its own count
+    finishing = epoch == loader.epoch - 1 and stream._finishing(epoch)  # saved at that epoch's end
+    if epoch != loader.epoch and not finishing:
+        raise ResumeError(
+            f"the Trainer resumes at global step {state.global_step} as epoch {epoch} (it divides by this "
+            f"world's {per_epoch} steps per epoch), but the checkpoint was saved in epoch {loader.epoch} on "
+            f"another number of ranks, so it would train the wrong epoch: resume this checkpoint on the "
+            f"number of ranks that saved it (a loader state resumes on any number within its first epoch)"
+        )
+    if args.max_steps > 0 or finishing:
+        return  # a step budget the user chose is theirs; a finished epoch needs no room
     epochs = math.ceil(args.num_train_epochs)
-    epoch = state.global_step // per_epoch  # the epoch the Trainer resumes in
     needed = state.global_step + -(-stream.remaining() // accumulate) + max(epochs - epoch - 1, 0) * per_epoch
     if needed > state.max_steps:
         log.info("mmloader: max_steps %d -> %d, for the rest of the resumed epoch", state.max_steps, needed)

@@ -206,6 +206,13 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         """
         epoch = int(epoch)
         pending = self._resume
+        if self._finishing(epoch):
+            # The state was taken after epoch `epoch`'s last batch, and a framework whose own counters
+            # say that epoch is not over (Lightning, on another number of ranks) asks for it again:
+            # nothing of it is left, so this pass is empty and the next one is the saved epoch.
+            self._resume = {"epoch": epoch, "ranges": []}
+            self.control.epoch, self._epoch_chosen, self._steps_before = epoch, True, 0
+            return
         if self.control.resuming and (pending is None or pending["epoch"] != epoch):
             if pending is not None and self._resume_fresh:
                 warnings.warn(
@@ -216,6 +223,15 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             self.drop_resume()
         self.control.epoch = epoch
         self._epoch_chosen = True
+
+    def _finishing(self, epoch: int) -> bool:
+        """A fresh resume names the start of ``epoch + 1``: the state was taken at the end of ``epoch``."""
+        pending = self._resume
+        if not (self.control.resuming and self._resume_fresh and pending is not None):
+            return False
+        if pending["epoch"] != epoch + 1:
+            return False
+        return RangeList(pending["ranges"]).as_list() == [[0, len(self.plan(epoch + 1))]]
 
     def drop_resume(self) -> None:
         """Forget a resume (the next pass of its epoch delivers the whole epoch)."""
@@ -412,7 +428,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         if epoch_done:
             visit = RangeList([(0, len(plan))])
             per_rank = self._per_rank(plan, visit, world, _rank)
-        return progress_state(
+        state = progress_state(
             seed=self.seed,
             epoch=epoch,
             world=world,
@@ -426,6 +442,9 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             plan=self.identity(),
             unrepeated=self.padding == "mask",
         )
+        if epoch_done:  # what a framework restored from this checkpoint counts of the epoch that ended
+            state["ended_after_steps"] = self._steps_before + batches_seen
+        return state
 
     def check_resume(self, state: dict) -> list[tuple[int, int]]:
         """The plan ranges ``state`` leaves to visit of its epoch in this world; raises
@@ -488,6 +507,13 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         self.control.resuming = True
         self._resume_fresh = True
         self._steps_before = steps
+        ended_after = int(state.get("ended_after_steps", 0))
+        if not steps and ended_after and [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]:
+            # Taken at the end of an epoch of `ended_after` steps, shorter than an epoch here (another
+            # world, or a resumed epoch): Lightning keeps counting from there instead of starting the
+            # next epoch at 0, so the next epoch's steps are counted on top, to let it finish.
+            if ended_after < self.epoch_length():
+                self._steps_before = ended_after
         self._warn_if_framework_cuts_the_epoch(state)
 
     def _warn_if_framework_cuts_the_epoch(self, state: dict) -> None:
