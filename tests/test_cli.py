@@ -144,7 +144,7 @@ def unreadable_lmdb(tmp_path, monkeypatch):
         real = lmdb.open
 
         def refuse(p, *a, **kw):
-            if os.path.realpath(p) == os.path.realpath(path):
+            if os.path.realpath(p) in (os.path.realpath(path), os.path.realpath(data)):  # (stores open data.mdb)
                 raise lmdb.ReadonlyError(f"{data}: Permission denied")
             return real(p, *a, **kw)
 
