@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MM := $(VENV)/bin/mmloader
 OUT ?= demo-out
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test test-fast lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ $(TOOLS)/.installed:
 
 test: $(VENV)/.installed $(TOOLS)/.installed
 	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q
+
+# The change loop: the unit tests (no process, no network; tests/kinds.py keeps them so).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m unit
 
 # ruff (lint and format) and mypy, as configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -75,63 +75,20 @@ _LAZY = {
     "from_queue": (".live_sources.queue", "from_queue"),
 }
 
-# Modules that moved into the layer packages: their old import paths keep working.
-_MOVED = {
-    "imageinfo": "media.imageinfo",
-    "mediainfo": "media.mediainfo",
-    "seeding": "readers.seeding",
-    "cache": "readers.cache",
-    "batching": "align.collate",
-    "mixture": "align.mix",
-    **{
-        name: f"loading.{name}"
-        for name in (
-            "distributed",
-            "control",
-            "building",
-            "stream",
-            "resumable",
-            "threaded",
-            "ring",
-            "dataloader",
-            "gpu",
-            "config",
-        )
-    },
-    "describe": "cli.inspect",
-    "verify": "cli.verify",
-    "preview": "cli.preview",
-    "planview": "cli.plan",
-    "bench": "cli.bench",
-}
-
-
 #: The converters live at the top of the repository (``converters/``); a wheel installs them as
 #: ``mmloader.converters``. In a source checkout that name is found here, next to the package.
 _CONVERTERS_SOURCE = Path(__file__).resolve().parent.parent / "converters"
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``mmloader.<old name>`` as the module it became (the same module object), and
-    ``mmloader.converters`` in a source checkout (an installed wheel has it in the package)."""
+class _ConvertersInCheckout(importlib.abc.MetaPathFinder):
+    """Finds ``mmloader.converters`` in a source checkout (an installed wheel has it in the package)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        head, _, rest = fullname.partition(".")
-        if head != __name__:
+        if fullname != f"{__name__}.converters" or not (_CONVERTERS_SOURCE / "__init__.py").is_file():
             return None
-        if rest == "converters" and (_CONVERTERS_SOURCE / "__init__.py").is_file():
-            return importlib.util.spec_from_file_location(
-                fullname, _CONVERTERS_SOURCE / "__init__.py", submodule_search_locations=[str(_CONVERTERS_SOURCE)]
-            )
-        if rest not in _MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: Any) -> Any:
-        return import_module(f"{__name__}.{_MOVED[spec.name.partition('.')[2]]}")
-
-    def exec_module(self, module: Any) -> None:  # already executed under its new name
-        pass
+        return importlib.util.spec_from_file_location(
+            fullname, _CONVERTERS_SOURCE / "__init__.py", submodule_search_locations=[str(_CONVERTERS_SOURCE)]
+        )
 
 
 def _submodules_on_access(package: str) -> Any:
@@ -149,8 +106,8 @@ def _submodules_on_access(package: str) -> Any:
     return __getattr__
 
 
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
+if not any(isinstance(f, _ConvertersInCheckout) for f in sys.meta_path):
+    sys.meta_path.append(_ConvertersInCheckout())
 
 
 def __getattr__(name: str) -> Any:

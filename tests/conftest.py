@@ -11,6 +11,8 @@ from PIL import Image
 
 import mmloader
 
+pytest_plugins = ["kinds"]
+
 FOREIGN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "foreign-shards"
 
 
