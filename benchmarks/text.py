@@ -348,7 +348,7 @@ def _env() -> dict:
 
 
 def index_lines(text: Path) -> None:
-    from mmloader.storage.textlines import TextLinesStore
+    from mmloader.storage.text.store import TextLinesStore
 
     len(TextLinesStore(text, progress=False))  # builds the sidecar beside the file
 

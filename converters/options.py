@@ -9,7 +9,7 @@ from typing import Sequence
 from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the one set of option types)
 from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
-from mmloader.storage.tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
+from mmloader.storage.tar.writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 from .items import DEFAULT_MAX_FILE_BYTES, ON_ERROR_HELP, Options
 

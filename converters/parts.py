@@ -16,9 +16,9 @@ from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the on
 from mmloader.errors import MMLoaderError
 from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import format_for
-from mmloader.storage.atomic import clean_stale_partials
 from mmloader.storage.remote.redaction import redact
 from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
+from mmloader.storage.write.atomic import clean_stale_partials
 
 from .items import ConversionError, Item, UsageError
 from .options import RUN_OPTIONS, options_from, parse_part
@@ -190,7 +190,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare
 def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Summary:
     """``--part I/N``: convert one part into ``DST.parts/`` and publish its manifest last; a part
     whose manifest is there (same input, options, N) is not converted again."""
-    from mmloader.storage.merge import (
+    from mmloader.storage.write.merge import (
         PartError,
         check_part_files,
         manifests_in,
@@ -270,7 +270,7 @@ def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Su
 def _remove_part(record: dict) -> None:
     import shutil
 
-    from mmloader.storage.merge import part_dataset_of
+    from mmloader.storage.write.merge import part_dataset_of
 
     path = Path(record["__path__"])
     report = record.get("skipped_report")

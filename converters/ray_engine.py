@@ -6,7 +6,7 @@ process died (``--retries``), and the re-run removes the dead attempt's partial 
 leaves it aside (another host) and writes the part again. Parts already finished (their
 manifest is there) are not converted again, so re-running an interrupted conversion converts
 only what is missing. When every part is done, this process merges them into DST (see
-:mod:`mmloader.storage.merge` for the shard rule that makes the result byte-identical to one
+:mod:`mmloader.storage.write.merge` for the shard rule that makes the result byte-identical to one
 process) and removes ``DST.parts/`` (``--keep-parts`` keeps it).
 
 The cluster: ``--ray-address``, else ``RAY_ADDRESS``, else a cluster started on this machine with
@@ -105,7 +105,7 @@ def run_on_ray(layout: str, args: argparse.Namespace, prog: str) -> int:
 
 
 def _run(ray, layout: str, args: argparse.Namespace) -> Summary:
-    from mmloader.storage.merge import manifests_in, merge_parts, parts_dir_for
+    from mmloader.storage.write.merge import manifests_in, merge_parts, parts_dir_for
 
     start = time.perf_counter()
     cpus = int(ray.cluster_resources().get("CPU", 1))

@@ -13,11 +13,11 @@ from typing import Any, Iterator, Sequence
 from mmloader.cli.args import int_at_least, positive_size  # noqa: F401  (the one set of option types)
 from mmloader.media.imageinfo import IMAGE_EXTENSIONS, canonical_extension  # noqa: F401  (the one list)
 from mmloader.storage import is_url
-from mmloader.storage.atomic import check_not_busy, clean_stale_partials
 from mmloader.storage.meta import TAR_FORMATS
-from mmloader.storage.remote_write import check_remote_destination
-from mmloader.storage.shard_index import MANIFEST
+from mmloader.storage.remote.write import check_remote_destination
 from mmloader.storage.sizes import parse_size  # noqa: F401  (the one size parser)
+from mmloader.storage.tar.index import MANIFEST
+from mmloader.storage.write.atomic import check_not_busy, clean_stale_partials
 
 from .items import ConversionError, Item, UsageError
 
@@ -50,7 +50,7 @@ def check_paths(src: str | Sequence[str], dst: str, overwrite: bool, part: bool 
     for one in [src] if isinstance(src, (str, os.PathLike)) else src:
         if not os.path.exists(one):
             raise ConversionError(f"source {one} does not exist")
-    if is_url(dst):  # object storage: written locally, uploaded, manifest last (mmloader.storage.remote_write)
+    if is_url(dst):  # object storage: written locally, uploaded, manifest last (mmloader.storage.remote.write)
         if part:
             raise UsageError(
                 f"{dst}: parts (--part, --engine ray) are written to a filesystem every task "

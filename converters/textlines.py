@@ -30,7 +30,7 @@ import numpy as np
 
 from mmloader.media.tokenizer import encode_batch
 from mmloader.media.tokenizer import load_tokenizer as tokenizer_from
-from mmloader.storage.textlines import TextLinesStore, line_key
+from mmloader.storage.text.store import TextLinesStore, line_key
 
 from .common import (
     ConversionError,

@@ -405,7 +405,7 @@ def s3():
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    import mmloader.storage.remote_tar as remote_tar
+    import mmloader.storage.remote.tar as remote_tar
 
     monkeypatch.delenv("MMLOADER_CACHE_DIR", raising=False)
     monkeypatch.setattr(remote_tar, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here

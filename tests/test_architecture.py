@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,7 @@ def test_docstring_examples_of_the_pure_modules_run():
         "mmloader.readers.cache",
         "mmloader.loading.config",
         "mmloader.readers.registry",
-        "mmloader.storage.tar_layout",
+        "mmloader.storage.tar.layout",
         "mmloader.storage.sizes",
     ]
     attempted = 0
@@ -239,3 +240,37 @@ def test_the_cli_is_one_module_per_subcommand_and_its_parser_loads_no_torch():
     code = "import sys, mmloader.cli as c; c.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def _map_of_the_tree() -> dict[str, str]:
+    """docs/design.md's "Where things live": package path under mmloader/ -> what it says."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    block = text.split("## Where things live", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        head = line[:18].strip()
+        if line.startswith("  ") and head.endswith("/") and not line.startswith("   "):
+            current = head.rstrip("/")
+            entries[current] = line[18:]
+        elif not line.startswith(" "):
+            current = None  # a top-level entry (converters/, docs/...): not the package's
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_the_map_of_the_tree_names_every_package_and_module():
+    entries = _map_of_the_tree()
+    packages = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert set(entries) == packages, (
+        f"docs/design.md's map lacks {sorted(packages - set(entries))}, names {sorted(set(entries) - packages)} "
+        "that do not exist"
+    )
+    unnamed = []
+    for package, words in entries.items():
+        said = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", words))
+        for module in sorted((PACKAGE / package).glob("*.py")):
+            if module.stem not in ("__init__", "__main__") and module.stem not in said:
+                unnamed.append(f"{package}/{module.name}")
+    assert not unnamed, f"docs/design.md's map does not name {unnamed}"

@@ -84,6 +84,7 @@ def test_rows_hold_the_tables_bytes(path, table):
     assert cols["caption"] == [b"caption 20", b"caption 3", b"caption 3", b"caption 9"]
 
 
+@pytest.mark.process
 def test_readers_stream_and_workers_exactly_once(path):
     ds = mmloader.zip(
         image=mmloader.ImageReader(path, field="image"),
@@ -101,6 +102,7 @@ def test_readers_stream_and_workers_exactly_once(path):
     assert len(seen) == padded and set(seen) == {f"{i:08d}" for i in range(N)}
 
 
+@pytest.mark.process
 def test_resume_mid_epoch_and_mix_with_shards(path, tmp_path):
     shards = write_dataset(tmp_path / "shards", 10, "tar")
     mixed = mmloader.mix(
@@ -369,6 +371,7 @@ def test_a_column_with_nulls_is_refused_naming_its_nulls_the_option_and_only_col
         assert "Read alternatives" not in msg and "field='caption;" not in msg, msg
 
 
+@pytest.mark.process
 def test_nulls_read_as_missing_with_present_per_row(nullable_path):
     p = nullable_path
     caption = mmloader.TextReader(p, field="caption", optional=True)

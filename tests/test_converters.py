@@ -566,7 +566,7 @@ def unreadable(monkeypatch):
     import mmloader.converters.sources
 
     import mmloader.cli.verify
-    import mmloader.storage.tar_layout
+    import mmloader.storage.tar.layout
 
     chmodded = []
     denied: set[str] = set()
@@ -593,7 +593,7 @@ def unreadable(monkeypatch):
         monkeypatch.setattr(mmloader.converters.reading, "open", open_, raising=False)  # the converters' reads
         monkeypatch.setattr(mmloader.converters.sources, "open", open_, raising=False)
         monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
-        monkeypatch.setattr(mmloader.storage.tar_layout, "open", open_, raising=False)  # verify's sha256_file
+        monkeypatch.setattr(mmloader.storage.tar.layout, "open", open_, raising=False)  # verify's sha256_file
 
     yield deny
     for path, mode in chmodded:

@@ -18,7 +18,7 @@ import yaml
 import mmloader
 from mmloader.errors import FormatError
 from mmloader.storage import EnergonStore, open_store
-from mmloader.storage.energon_store import expand_braces
+from mmloader.storage.foreign.energon import expand_braces
 
 wds = pytest.importorskip("webdataset")
 energon = pytest.importorskip("megatron.energon")

@@ -1,4 +1,4 @@
-"""Merging datasets and conversion parts (mmloader.storage.merge) on real files: concatenation in
+"""Merging datasets and conversion parts (mmloader.storage.write.merge) on real files: concatenation in
 order, shards cut as one process cuts them, LMDB records copied, and parts refused when missing,
 duplicated, foreign or changed. (The converters' --part runs end to end are in test_converters.py.)"""
 
@@ -14,7 +14,7 @@ from conftest import make_samples
 import mmloader
 from mmloader.cli.verify import verify
 from mmloader.errors import FormatError
-from mmloader.storage.merge import (
+from mmloader.storage.write.merge import (
     PartError,
     check_parts,
     find_parts,

@@ -1,4 +1,4 @@
-"""Read-ahead (mmloader.storage.read_ahead): chunks of consecutive samples fetched ahead of the
+"""Read-ahead (mmloader.storage.remote.read_ahead): chunks of consecutive samples fetched ahead of the
 plan within a byte budget. The unit tests run a ReadAhead over real local tar shards, fetching
 its chunks by ranged reads of the shard files on a thread; the last one reads through a
 RemoteTarStore on moto's S3."""
@@ -15,8 +15,8 @@ from conftest import write_dataset
 from remote_servers import own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
-from mmloader.storage.read_ahead import ReadAhead
-from mmloader.storage.remote_tar import RemoteTarStore
+from mmloader.storage.remote.read_ahead import ReadAhead
+from mmloader.storage.remote.tar import RemoteTarStore
 
 N = 24
 

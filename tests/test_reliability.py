@@ -369,7 +369,7 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     shards, images decoded into shared memory, the LMDB map trimmer active. The workers are
     measured from this process, so nothing in them changes to be observed."""
     from mmloader.cli.bench import _children
-    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb import map_trimmer
 
     path = write_dataset(tmp_path / "e.lmdb", 64, "lmdb")
     shards = write_dataset(tmp_path / "e", 64, "tar", shard_size=5)

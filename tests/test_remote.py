@@ -24,9 +24,19 @@ from conftest import make_samples, write_dataset, write_pairs_folder
 from remote_servers import FaultProxy, RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
-from mmloader.storage import remote, shard_cache
-from mmloader.storage.remote import RemoteError, RemoteUnavailableError, location, ranges, redaction, retry, sigv4, urls
-from mmloader.storage.remote_tar import RemoteTarStore
+from mmloader.storage import remote
+from mmloader.storage.remote import (
+    RemoteError,
+    RemoteUnavailableError,
+    location,
+    ranges,
+    redaction,
+    retry,
+    shard_cache,
+    sigv4,
+    urls,
+)
+from mmloader.storage.remote.tar import RemoteTarStore
 
 pytest.importorskip("moto.server")
 pytest.importorskip("obstore")
@@ -860,7 +870,7 @@ def test_sigterm_is_an_interrupt_while_an_index_is_built(tmp_path):
     code = textwrap.dedent(
         """
         import os, signal, time
-        from mmloader.storage.remote_write import _terminate_as_interrupt
+        from mmloader.storage.remote.write import _terminate_as_interrupt
         try:
             with _terminate_as_interrupt():
                 os.kill(os.getpid(), signal.SIGTERM)

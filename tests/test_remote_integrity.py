@@ -55,7 +55,7 @@ def _truncated_copy(src: Path, dst: Path, keep: float = 0.5) -> Path:
 
 # -- 1. truncated LMDB -------------------------------------------------------------------------------------------
 def test_the_meta_page_check_agrees_with_lmdb_itself(lmdb_ds, tmp_path):
-    from mmloader.storage.lmdb_store import check_lmdb_file, lmdb_required_size
+    from mmloader.storage.lmdb.store import check_lmdb_file, lmdb_required_size
 
     copy = tmp_path / "copy.lmdb"  # a copy: the session's dataset may be open in this process already
     copy.mkdir()

@@ -1,4 +1,4 @@
-"""The node-local shard cache (mmloader.storage.shard_cache) on real files: one download per
+"""The node-local shard cache (mmloader.storage.remote.shard_cache) on real files: one download per
 file, nothing partial visible, bounded by its limit (locks and parts included: nothing grows with
 the files cached over time), and never deleting a file it did not write.
 (The cache under a RemoteTarStore over S3, across processes and kill -9, is in test_remote.py.)"""
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from mmloader.storage import shard_cache
-from mmloader.storage.shard_cache import MARKER, ShardCache, parse_limit
+from mmloader.storage.remote import shard_cache
+from mmloader.storage.remote.shard_cache import MARKER, ShardCache, parse_limit
 
 
 def _writer(data: bytes, calls: list):

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from mmloader.cli.args import positive_size
-from mmloader.storage.shard_cache import parse_limit
+from mmloader.storage.remote.shard_cache import parse_limit
 from mmloader.storage.sizes import parse_size
 
 

@@ -74,6 +74,7 @@ def test_webdataset_reads_our_shards_byte_identically(tar_ds):
             assert sample[f] == rec[f]
 
 
+@pytest.mark.process
 def test_tar_tf_lists_our_shards(tar_ds):
     shard = mmloader.open(tar_ds).shard_path(0)
     out = subprocess.run(["tar", "tf", shard], capture_output=True, text=True, check=True).stdout.split()
@@ -132,6 +133,7 @@ class _Keys(torch.utils.data.Dataset):
         return self.store[i]["__key__"], self.store[i]["txt"].decode()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_reads_in_dataloader_workers(any_ds, method):
     store = mmloader.open(any_ds)
@@ -145,7 +147,7 @@ def test_reads_in_dataloader_workers(any_ds, method):
 FORK_WHILE_READING = r"""
 import os, sys, threading, time
 import mmloader
-from mmloader.storage.fork_gate import FORK_GATE
+from mmloader.storage.lmdb.fork_gate import FORK_GATE
 store = mmloader.open(sys.argv[1])
 n = len(store)
 stop = threading.Event()
@@ -203,6 +205,7 @@ print("\n".join(failures) or "forked 41 children", flush=True)
 """
 
 
+@pytest.mark.process
 def test_fork_while_other_threads_read_lmdb(tmp_path):
     """A child forked while another thread is inside an LMDB call inherited py-lmdb's count of
     calls in flight and hung closing the environment (about half the children did): e.g. a
@@ -218,7 +221,7 @@ def test_fork_while_other_threads_read_lmdb(tmp_path):
 CTRL_C_WHILE_READING = r"""
 import os, sys, time, signal, subprocess
 import mmloader
-from mmloader.storage.fork_gate import FORK_GATE
+from mmloader.storage.lmdb.fork_gate import FORK_GATE
 store = mmloader.open(sys.argv[1]); n = len(store)
 armed = [False]
 class Interrupted(Exception):
@@ -254,6 +257,7 @@ print(interrupts, held, round(time.monotonic() - t0, 1), flush=True)
 """
 
 
+@pytest.mark.process
 def test_ctrl_c_caught_around_reads_leaves_the_fork_gate_open(tmp_path):
     """Thousands of Ctrl-Cs caught around LMDB reads: no thread is left counted inside the gate
     (a counter in Python lost updates to them, and every later fork waited 30 s)."""
@@ -285,6 +289,7 @@ with mmloader.writer_for({dst!r}, {fmt!r}, shard_size=3) as w:
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_killed_writer_leaves_nothing_under_final_name(tmp_path, fmt):
     dst = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
@@ -405,6 +410,7 @@ print("leaked" if marker in open(os.path.join(sys.argv[1], "data.mdb"), "rb").re
 """
 
 
+@pytest.mark.process
 def test_lmdb_files_hold_no_leftover_heap_bytes(tmp_path):
     """Pages are zeroed before use (LMDB's meminit): with it off, bytes the writing process had
     freed (here a marker; in real life captions of other datasets, credentials) were written into
@@ -457,7 +463,7 @@ def test_verify_checks_gzipped_images_like_the_readers(tmp_path):
 def test_fast_tar_headers_are_byte_identical_to_tarfile(name, size, mtime):
     import tarfile
 
-    from mmloader.storage.tar_writer import ustar_header
+    from mmloader.storage.tar.writer import ustar_header
 
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o444, mtime
@@ -499,7 +505,7 @@ def test_read_many_views_equal_copies(any_ds):
     ],
 )
 def test_offset_tables_map_like_np_load(tmp_path, array):
-    from mmloader.storage.tar_store import map_offsets
+    from mmloader.storage.tar.store import map_offsets
 
     path = tmp_path / "t.idx.npy"
     np.save(path, array)
@@ -522,7 +528,7 @@ def _mapped_kb(path: Path) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 def test_lmdb_readers_unmap_what_they_read_from_big_files(tmp_path, monkeypatch):
-    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb import map_trimmer
 
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)  # this 6.6 MB file counts as big
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 512 << 10)
@@ -554,7 +560,7 @@ def _lmdb_of(path: Path, values: list[bytes]) -> Path:
 
 def _counting_trims(monkeypatch) -> list[str]:
     """Record each trim (the real one still runs)."""
-    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb import map_trimmer
 
     trims: list[str] = []
     real = map_trimmer.MapTrimmer.trim
@@ -571,7 +577,7 @@ def _counting_trims(monkeypatch) -> list[str]:
 def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeypatch):
     """The trimmer measures what is mapped (a fault may map a whole page-cache folio, far more than
     the value it serves): whenever a big file's map is over the bound at a read, that read trims."""
-    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb import map_trimmer
 
     bound_kb = 2048
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)
@@ -602,7 +608,7 @@ def test_trimming_while_another_thread_opens_environments(tmp_path, monkeypatch)
     """Opening an environment registers its trimmer while other threads read and trim."""
     import threading
 
-    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb import map_trimmer
 
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1)  # every environment is trimmed
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 0)  # trim at every read
@@ -642,8 +648,8 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
     never the memory between two maps of the file."""
     import mmap
 
-    from mmloader.storage import map_trimmer
-    from mmloader.storage.lmdb_store import shared_env
+    from mmloader.storage.lmdb import map_trimmer
+    from mmloader.storage.lmdb.store import shared_env
 
     monkeypatch.setattr(map_trimmer, "TRIM_FILES_OVER", 1 << 20)
     monkeypatch.setattr(map_trimmer, "TRIM_AFTER_BYTES", 0)
@@ -670,7 +676,7 @@ def test_trimming_touches_only_lmdbs_own_map(tmp_path, monkeypatch):
 
 def test_many_small_lmdb_files_together_are_trimmed(tmp_path, monkeypatch):
     """The threshold is what a process has open in total: many files under it add up."""
-    from mmloader.storage import map_trimmer
+    from mmloader.storage.lmdb import map_trimmer
 
     monkeypatch.setattr(map_trimmer, "_TRIMMERS", {})  # only this test's environments are open
     rng = np.random.default_rng(5)
@@ -729,6 +735,7 @@ def test_a_field_twice_in_one_sample_is_refused_when_indexing(tmp_path):
         list(wds.WebDataset(str(src), shardshuffle=False))
 
 
+@pytest.mark.process
 def test_vocabulary_leftovers(tmp_path):
     """Review findings: the .lmdb rule ignores case, submodules are attributes, jfif is jpg."""
     from mmloader.media.imageinfo import canonical_extension
@@ -737,7 +744,7 @@ def test_vocabulary_leftovers(tmp_path):
         w.write({"__key__": "k", "txt": "x"})
     assert mmloader.open(tmp_path / "UPPER.LMDB").format == "lmdb"
     done = subprocess.run(
-        [sys.executable, "-c", "import mmloader; print(mmloader.config.is_config_path('a.yaml'))"],
+        [sys.executable, "-c", "import mmloader; print(mmloader.loading.config.is_config_path('a.yaml'))"],
         capture_output=True,
         text=True,
         check=True,
@@ -762,8 +769,8 @@ def test_a_map_of_the_file_right_next_to_lmdbs_is_not_taken_for_part_of_it(tmp_p
     import ctypes
     import mmap
 
-    from mmloader.storage import map_trimmer
-    from mmloader.storage.lmdb_store import shared_env
+    from mmloader.storage.lmdb import map_trimmer
+    from mmloader.storage.lmdb.store import shared_env
 
     path = _lmdb_of(tmp_path / "next.lmdb", [b"x" * 10_000] * 20)
     store = mmloader.open(path)

@@ -192,6 +192,7 @@ def test_text_reader_with_a_tokenizer_gives_its_ids(corpus):
     assert mmloader.zip(t=bare).releases_gil and not mmloader.zip(t=mmloader.TextLinesReader(text)).releases_gil
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_tokenized_batches_every_line_once_padded_with_masks(corpus, backend, caplog):
     from tokenizers import Tokenizer
@@ -276,6 +277,7 @@ print("exiting with the loader mid-epoch", flush=True)
 """
 
 
+@pytest.mark.process
 def test_exit_with_a_loader_mid_epoch_is_clean(corpus, tmp_path):
     """Producer threads cut off inside the tokenizer (Rust) at exit aborted the process
     (1 run in 2 before the fix); a process-backend iterator collected at exit printed an
@@ -300,7 +302,7 @@ def test_exit_with_a_loader_mid_epoch_is_clean(corpus, tmp_path):
 
 
 def test_text_lines_batch_reads_and_sizes_match_single_reads(tmp_path):
-    from mmloader.storage.textlines import TextLinesStore
+    from mmloader.storage.text.store import TextLinesStore
 
     raw = b"first\nsecond line\r\n\nfourth \xc3\xa9\nlast without newline"
     (tmp_path / "t.txt").write_bytes(raw)
@@ -386,7 +388,7 @@ def test_config_tokenizer_errors_name_the_key(corpus, tmp_path):
 def test_line_lookups_map_none_of_the_index(tmp_path):
     """Offsets come by pread: a fault maps a whole page-cache folio, so lookups through the map
     made every process map ever more of a big index (+27 MB PSS a worker on a 4 GB file)."""
-    from mmloader.storage.textlines import TextLinesStore
+    from mmloader.storage.text.store import TextLinesStore
 
     text = tmp_path / "many.txt"
     text.write_text("".join(f"line {i}\n" for i in range(200_000)))

@@ -114,7 +114,7 @@ def _run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     import lmdb
 
-    from ..storage.remote_lmdb import progress_bars
+    from ..storage.remote.lmdb import progress_bars
 
     try:
         with progress_bars(not getattr(args, "quiet", False)):  # -q: no bar from storage work either

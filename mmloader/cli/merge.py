@@ -48,8 +48,8 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..storage import is_url
-    from ..storage.merge import find_parts, merge, merge_parts, parts_dir_for
     from ..storage.remote.redaction import redact, redact_url
+    from ..storage.write.merge import find_parts, merge, merge_parts, parts_dir_for
 
     if not args.sources and is_url(args.dst):
         dst = redact_url(args.dst)

@@ -16,9 +16,9 @@ from ..errors import MMLoaderError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..storage import LMDBStore, Store, TarStore, open_store
 from ..storage.remote.redaction import redact
-from ..storage.remote_tar import RemoteTarStore
-from ..storage.tar_layout import sha256_file
-from ..storage.tar_stages import group_samples, tar_members
+from ..storage.remote.tar import RemoteTarStore
+from ..storage.tar.layout import sha256_file
+from ..storage.tar.stages import group_samples, tar_members
 
 
 @dataclass

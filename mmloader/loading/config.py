@@ -51,7 +51,7 @@ from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
 from ..readers.registry import KINDS
 from ..storage import is_url, open_store
 from ..storage.remote.redaction import redact_url
-from ..storage.textlines import TextLinesStore
+from ..storage.text.store import TextLinesStore
 from .stream import Stream
 
 TOP_KEYS = {
@@ -249,7 +249,7 @@ def _modalities(spec: Any, where: str) -> list[tuple[str, dict]]:
 
 
 def _is_energon_path(path: str, root: Path) -> bool:
-    from ..storage.energon_store import is_energon
+    from ..storage.foreign.energon import is_energon
 
     p = Path(path)
     return not is_url(path) and is_energon(p if p.is_absolute() else root / p)

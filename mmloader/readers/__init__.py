@@ -7,7 +7,7 @@ import os
 from ..errors import UnsafeFieldError
 from ..media.imageinfo import IMAGE_EXTENSIONS  # noqa: F401  (readers' API)
 from ..storage import Store
-from ..storage.textlines import TextLinesStore
+from ..storage.text.store import TextLinesStore
 from .audio import AudioReader
 from .base import Reader
 from .basic import ArrayReader, JSONReader, LabelReader, TextReader

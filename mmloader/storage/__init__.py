@@ -7,16 +7,16 @@ import re
 from pathlib import Path
 
 from ..errors import FormatError, MMLoaderError
-from .arrow_store import ArrowStore, is_table
+from .arrow.store import ArrowStore, is_table
 from .base import KeysView, Store
-from .energon_store import EnergonStore, is_energon
-from .img2dataset_store import Img2DatasetStore, is_img2dataset
-from .lmdb_store import LMDBStore, LMDBWriter
+from .foreign.energon import EnergonStore, is_energon
+from .foreign.img2dataset import Img2DatasetStore, is_img2dataset
+from .lmdb.store import LMDBStore, LMDBWriter
 from .remote import is_url
-from .shard_index import MANIFEST
-from .shard_index import build_index as build_local_index
-from .tar_store import TarStore
-from .tar_writer import ShardWriter
+from .tar.index import MANIFEST
+from .tar.index import build_index as build_local_index
+from .tar.store import TarStore
+from .tar.writer import ShardWriter
 
 __all__ = [
     "open_store",
@@ -79,7 +79,7 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         folder = p if p.is_dir() else p.parent
         remote = _shards_url(folder / MANIFEST)
         if remote is not None:  # `mmloader index URL -o DIR`: the index here, the shards in place there
-            from .remote_tar import RemoteTarStore
+            from .remote.tar import RemoteTarStore
 
             return RemoteTarStore(remote, index_dir=folder, **options)
         return TarStore(p, **options)
@@ -104,8 +104,8 @@ def build_index(
     storage_options: dict | None = None,
 ) -> dict:
     """Index tar shards written by any tool (manifest + offset indexes + key index): a local
-    folder (:func:`~mmloader.storage.shard_index.build_index`), or a URL
-    (:func:`~mmloader.storage.remote_write.build_index_remote`): the index beside the shards, or
+    folder (:func:`~mmloader.storage.tar.index.build_index`), or a URL
+    (:func:`~mmloader.storage.remote.write.build_index_remote`): the index beside the shards, or
     in a local ``output`` folder that then opens as the dataset, its shards read in place.
 
     Args:
@@ -118,7 +118,7 @@ def build_index(
     >>> build_index("hf://datasets/ORG/NAME/train", output="name-index/")   # doctest: +SKIP
     """
     if is_url(directory):
-        from .remote_write import build_index_remote
+        from .remote.write import build_index_remote
 
         return build_index_remote(
             os.fspath(directory), output=output, progress=progress, storage_options=storage_options
@@ -162,7 +162,7 @@ def open_url(
 ) -> Store:
     """A dataset on object storage. The format follows the name as for local paths: a ``.lmdb``
     suffix is an LMDB dataset (fetched once per node into ``cache_dir``), anything else a shard
-    directory read in place (:class:`~mmloader.storage.remote_tar.RemoteTarStore`: manifest and
+    directory read in place (:class:`~mmloader.storage.remote.tar.RemoteTarStore`: manifest and
     offset indexes fetched once per process, samples by ranged reads).
 
     ``storage_options``: client settings (``endpoint``, ``region``, ``access_key_id``, ...;
@@ -178,7 +178,7 @@ def open_url(
         if cache_dir is None and format_for(url) != "lmdb":
             cache_limit = None
     if format_for(url) == "lmdb":
-        from .remote_lmdb import open_remote_lmdb
+        from .remote.lmdb import open_remote_lmdb
 
         lmdb_options = {k: options.pop(k) for k in ("progress", "retry_deadline", "request_timeout") if k in options}
         if options:
@@ -190,7 +190,7 @@ def open_url(
         return open_remote_lmdb(
             url, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit, **lmdb_options
         )
-    from .remote_tar import RemoteTarStore
+    from .remote.tar import RemoteTarStore
 
     table_options = {k: options.pop(k) for k in ("cache_bytes",) if k in options}
     if url.rstrip("/").lower().endswith(".parquet"):  # one Parquet file, read in place
@@ -247,8 +247,8 @@ def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
     """
     fmt = format_for(path, format)
     shard_options = {k: kwargs.pop(k, None) for k in ("shard_size", "shard_bytes")}
-    if is_url(path):  # written locally, uploaded, manifest last (storage.remote_write)
-        from .remote_write import RemoteWriter
+    if is_url(path):  # written locally, uploaded, manifest last (storage.remote.write)
+        from .remote.write import RemoteWriter
 
         opts = {k: v for k, v in shard_options.items() if v is not None} if fmt == "tar" else {}
         return RemoteWriter(str(path), fmt, **opts, **kwargs)

@@ -14,13 +14,13 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import FormatError, RandomAccessError, SampleError
-from .base import Store
-from .keys import split_member_name
-from .meta import TAR_FORMATS
-from .shard_index import MANIFEST
-from .tar_layout import sha256_file
-from .tar_stages import group_samples, tar_members
+from ...errors import FormatError, RandomAccessError, SampleError
+from ..base import Store
+from ..keys import split_member_name
+from ..meta import TAR_FORMATS
+from .index import MANIFEST
+from .layout import sha256_file
+from .stages import group_samples, tar_members
 
 MAX_OPEN_SHARDS = 64  # bounded per-process cache of open shard files and index maps
 

@@ -20,8 +20,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import FormatError
-from .tar_stages import group_samples
+from ...errors import FormatError
+from ..tar.stages import group_samples
 
 #: Shards whose keys and offsets a process keeps (16 bytes per sample and field, plus the keys).
 MAX_TABLES = 64
@@ -79,7 +79,7 @@ def shard_fields(path: str | os.PathLike, first_sample: bool = False) -> list[st
         path: the shard.
         first_sample: stop after the first sample's members.
     """
-    from .tar_stages import split_member_name
+    from ..tar.stages import split_member_name
 
     key, fields = None, set()
     try:

@@ -27,9 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import FormatError
-from .base import Store
-from .remote.urls import is_url
+from ...errors import FormatError
+from ..base import Store
+from ..remote.urls import is_url
 
 log = logging.getLogger("mmloader")
 
@@ -643,7 +643,7 @@ class ArrowStore(Store):
 def _remote_files(url: str, storage_options: dict | None, remote: dict):
     """(the folder's Location, [(name, size)] of its Parquet files) of a table URL: a folder of
     ``.parquet`` files, or one file."""
-    from .remote import Location, Policy
+    from ..remote import Location, Policy
 
     policy = Policy.from_env(**{k: remote.pop(k) for k in ("retry_deadline", "request_timeout") if k in remote})
     if remote:

@@ -33,7 +33,11 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from ..errors import FormatError
+from ...errors import FormatError
+from ..tar.index import ShardIndexBuilder
+from ..tar.layout import HashingFile, end_of_archive, sample_bytes, should_cut
+from ..tar.store import TarStore
+from ..tar.writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 from .atomic import AtomicDirectory
 from .parts import (  # noqa: F401  (names of the parts' API, imported from here before)
     PART_FORMAT,
@@ -53,10 +57,6 @@ from .parts import (  # noqa: F401  (names of the parts' API, imported from here
     same_conversion,
     write_part_manifest,
 )
-from .shard_index import ShardIndexBuilder
-from .tar_layout import HashingFile, end_of_archive, sample_bytes, should_cut
-from .tar_store import TarStore
-from .tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 
 # -- merging ----------------------------------------------------------------------------------
@@ -120,15 +120,15 @@ def merge(
 def _merge_stores(
     parts, dst, *, format=None, overwrite=False, progress=True, shard_size=None, shard_bytes=None
 ) -> MergeResult:
-    from . import open_store
-    from .remote import is_url
+    from .. import open_store
+    from ..remote import is_url
 
     check_remote_sources(parts)  # before anything is written or uploaded
     if is_url(str(dst)):  # merged locally, then uploaded, the manifest last
         import tempfile
 
-        from .remote import Location
-        from .remote_write import _tmp_root, check_destination, upload_existing
+        from ..remote import Location
+        from ..remote.write import _tmp_root, check_destination, upload_existing
 
         fmt = format or ("lmdb" if str(dst).rstrip("/").lower().endswith(".lmdb") else None)
         for marker_fmt in ("tar", "lmdb"):
@@ -146,7 +146,7 @@ def _merge_stores(
         raise FormatError("merge reads tar shards from local folders: download them first")
     if not stores:
         raise FormatError("nothing to merge")
-    from . import format_for, writer_for
+    from .. import format_for, writer_for
 
     fmt = format_for(dst, format)  # the one rule: a .lmdb suffix means LMDB, else tar shards
     meta = _user_metadata(stores)
@@ -304,7 +304,7 @@ def merge_parts(
     datasets = [part_dataset_of(r) for r in records]
     total = sum(r["count"] for r in records)
     skipped = sum(r["skipped"] for r in records)
-    from .remote import is_url
+    from ..remote import is_url
 
     report = (
         Path.cwd() / (str(dst).rstrip("/").rsplit("/", 1)[-1] + ".skipped.tsv")

@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .._version import __version__
-from ..errors import FormatError
-from .shard_index import MANIFEST
-from .tar_layout import sha256_file
-from .tar_writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
+from ..._version import __version__
+from ...errors import FormatError
+from ..tar.index import MANIFEST
+from ..tar.layout import sha256_file
+from ..tar.writer import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE
 
 PART_FORMAT = "mmloader-part"
 PART_VERSION = 1
@@ -155,7 +155,7 @@ def _manifest_for_dataset(path: Path) -> dict | None:
 
 def _download_hint(url: str) -> str:
     """How to copy the folder at ``url`` to a local one, for error messages."""
-    from .remote import scheme_of
+    from ..remote import scheme_of
 
     name = url.rstrip("/").rsplit("/", 1)[-1] or "dataset"
     tool = {"s3": "aws s3 cp --recursive", "gs": "gcloud storage cp -r", "az": "azcopy copy --recursive"}
@@ -167,9 +167,9 @@ def check_remote_sources(sources: Sequence[str | os.PathLike]) -> None:
     """Refuse, before anything is read, the URL sources merge cannot read: tar shards (read from
     local folders) and parts (written to a filesystem every task reaches). LMDB datasets on object
     storage are read through their cached copy."""
-    from . import format_for
-    from .remote import is_url
-    from .remote.redaction import redact_url
+    from .. import format_for
+    from ..remote import is_url
+    from ..remote.redaction import redact_url
 
     for src in sources:
         if not is_url(src):
@@ -192,7 +192,7 @@ def find_parts(sources: Sequence[str | os.PathLike]) -> list[dict] | None:
     """The part manifests behind ``sources`` (parts directories, part datasets or manifests),
     or None when no source is a part (plain datasets, concatenated as they are). A URL source is
     a plain dataset (parts are local)."""
-    from .remote import is_url
+    from ..remote import is_url
 
     check_remote_sources(sources)
     found: list[dict] = []

@@ -12,10 +12,10 @@ import contextlib
 import contextvars
 import os
 
-from ..errors import FormatError
-from .fork_gate import FORK_GATE
-from .lmdb_store import KEYS_DB, LMDBStore, check_lmdb_file, lmdb_required_size
-from .remote import Location, Policy, RemoteError
+from ...errors import FormatError
+from ..lmdb.fork_gate import FORK_GATE
+from ..lmdb.store import KEYS_DB, LMDBStore, check_lmdb_file, lmdb_required_size
+from . import Location, Policy, RemoteError
 from .shard_cache import ShardCache, parse_limit
 
 DATA = "data.mdb"
@@ -64,7 +64,7 @@ def open_remote_lmdb(
     process with SIGBUS), then against its own metadata; a bad copy is removed from the cache."""
     from tqdm import tqdm
 
-    from .remote_tar import default_cache_dir
+    from .tar import default_cache_dir
 
     loc = Location(
         url, storage_options or {}, Policy.from_env(retry_deadline=retry_deadline, request_timeout=request_timeout)

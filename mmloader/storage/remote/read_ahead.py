@@ -24,7 +24,7 @@ import numpy as np
 
 
 class RangedStore(Protocol):
-    """What a :class:`ReadAhead` reads of its store (a :class:`~.remote_tar.RemoteTarStore`;
+    """What a :class:`ReadAhead` reads of its store (a :class:`~.tar.RemoteTarStore`;
     declared here so that the two modules do not import each other)."""
 
     @property

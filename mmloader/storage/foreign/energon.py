@@ -22,9 +22,9 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from ..errors import FormatError
+from ...errors import FormatError
+from ..tar.store import TarStore
 from .external_index import ExternalIndexStore, shard_samples, walk_shard
-from .tar_store import TarStore
 
 META = ".nv-meta"
 #: query parameters per SQL statement (SQLite builds allow 999 at least)

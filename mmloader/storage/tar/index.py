@@ -20,9 +20,9 @@ from typing import IO, cast
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import DuplicateKeyError, FormatError
-from .meta import TAR_FORMAT, FieldStats, make_metadata
-from .tar_stages import group_samples, is_compressed, tar_members
+from ...errors import DuplicateKeyError, FormatError
+from ..meta import TAR_FORMAT, FieldStats, make_metadata
+from .stages import group_samples, is_compressed, tar_members
 
 MANIFEST = "index.json"
 KEYS_FILE = "keys.npy"

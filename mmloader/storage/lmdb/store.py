@@ -21,14 +21,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import lmdb
 import numpy as np
 
-from ..errors import DuplicateKeyError, FormatError, SampleError
-from .atomic import AtomicDirectory, AtomicWriter
-from .base import Store
-from .encoding import split_sample
+from ...errors import DuplicateKeyError, FormatError, SampleError
+from ..base import Store
+from ..encoding import split_sample
+from ..keys import INDEX_KEY, validate_field, validate_key
+from ..meta import LMDB_FORMAT, FieldStats, make_metadata
+from ..write.atomic import AtomicDirectory, AtomicWriter
 from .fork_gate import FORK_GATE
-from .keys import INDEX_KEY, validate_field, validate_key
 from .map_trimmer import MapTrimmer, forget_trimmers, maybe_trim
-from .meta import LMDB_FORMAT, FieldStats, make_metadata
 
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
 MAX_DBS = 1024

@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .remote.redaction import redact_text, redact_url
-from .sizes import parse_size
+from ..sizes import parse_size
+from .redaction import redact_text, redact_url
 
 try:
     import fcntl

@@ -42,14 +42,14 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import FormatError, RandomAccessError
+from ...errors import FormatError, RandomAccessError
+from ..tar.index import MANIFEST
+from ..tar.layout import sha256_file
+from ..tar.stages import group_samples, tar_members
+from ..tar.store import TarStore, prepare_manifest
+from . import Location, Policy, RemoteError, RemoteUnavailableError, coalesce, join
 from .read_ahead import ReadAhead
-from .remote import Location, Policy, RemoteError, RemoteUnavailableError, coalesce, join
 from .shard_cache import DEFAULT_CACHE_DIR, ShardCache, parse_limit
-from .shard_index import MANIFEST
-from .tar_layout import sha256_file
-from .tar_stages import group_samples, tar_members
-from .tar_store import TarStore, prepare_manifest
 
 log = logging.getLogger("mmloader")
 
@@ -283,7 +283,7 @@ class RemoteTarStore(TarStore):
         names = [sh["file"] for sh in self._meta["shards"]]
         if not names or len(names) > self.MAX_HEAD_PINS:
             return
-        from .remote.runtime import _background
+        from .runtime import _background
 
         try:
             answers = list(_background().map(lambda n: self.location.head(n, purpose="meta"), names))

@@ -12,8 +12,8 @@ import os
 import tarfile
 from typing import IO, Final, Iterable, Iterator, cast
 
-from ..errors import FormatError
-from .keys import split_member_name
+from ...errors import FormatError
+from ..keys import split_member_name
 
 log = logging.getLogger("mmloader")
 

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import FormatError
-from .base import Store
+from ...errors import FormatError
+from ..base import Store
 
 CHUNK = 1 << 24
 _HEADER = 2  # [file size, mtime_ns] precede the offsets

@@ -8,11 +8,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping
 
-from .atomic import AtomicDirectory, AtomicWriter
-from .encoding import split_sample
-from .keys import validate_field, validate_key
-from .shard_index import ShardIndexBuilder
-from .tar_layout import HashingFile, end_of_archive, sample_bytes, should_cut
+from ..encoding import split_sample
+from ..keys import validate_field, validate_key
+from ..write.atomic import AtomicDirectory, AtomicWriter
+from .index import ShardIndexBuilder
+from .layout import HashingFile, end_of_archive, sample_bytes, should_cut
 
 #: One default per concept, shared by the Python API and the CLI.
 DEFAULT_SHARD_SIZE = 10_000  # samples per shard

@@ -30,12 +30,12 @@ from typing import Any, Iterator, Mapping
 
 from tqdm import tqdm
 
-from ..errors import FormatError
-from .atomic import AtomicWriter
-from .lmdb_store import LMDBWriter
-from .remote import Location, RemoteError
-from .shard_index import MANIFEST, ShardIndexBuilder, index_shard
-from .tar_writer import ShardWriter
+from ...errors import FormatError
+from ..lmdb.store import LMDBWriter
+from ..tar.index import MANIFEST, ShardIndexBuilder, index_shard
+from ..tar.writer import ShardWriter
+from ..write.atomic import AtomicWriter
+from . import Location, RemoteError
 
 log = logging.getLogger("mmloader")
 
@@ -164,7 +164,7 @@ class RemoteWriter(AtomicWriter):
         metadata: Mapping | None = None,
         **kwargs: Any,
     ):
-        from .remote_lmdb import show_progress
+        from .lmdb import show_progress
 
         self.location = Location(url, storage_options or {})
         self.path = self.url = self.location.url

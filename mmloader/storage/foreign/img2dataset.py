@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError
+from ...errors import FormatError
+from ..tar.store import TarStore
 from .external_index import ExternalIndexStore, shard_fields, walk_shard
-from .tar_store import TarStore
 
 
 def is_img2dataset(path: str | os.PathLike) -> bool:

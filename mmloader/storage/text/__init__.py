@@ -1,0 +1,1 @@
+"""A raw UTF-8 text file as a store: one sample per line."""
