@@ -176,6 +176,7 @@ def test_verify_lists_an_unreadable_shard_and_exits_1(tmp_path, capsys, unreadab
     assert "8 samples checked" in out  # the other two shards were still checked
 
 
+@pytest.mark.process
 def test_broken_pipe_is_quiet(tmp_path):
     path = write_dataset(tmp_path / "d.lmdb", 5, "lmdb")
     for argv in (["inspect", str(path)], ["--help"]):

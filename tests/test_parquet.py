@@ -333,6 +333,7 @@ def _big_parquet(path: Path, rows: int) -> int:
     return path.stat().st_size
 
 
+@pytest.mark.process
 def test_memory_stays_flat_as_the_parquet_file_grows(tmp_path):
     """Peak RSS of the whole conversion for a 40 MB and a 200 MB file (each one row group): the
     reader holds record batches, not the file. (The 2 GB figure is in benchmarks/RESULTS.md.)"""
@@ -420,6 +421,7 @@ def test_img2dataset_output_is_indexed_and_read(tmp_path):
     assert verify(root, decode=True, progress=False).ok
 
 
+@pytest.mark.process
 def test_mmloader_imports_neither_pyarrow_nor_ray_and_parquet_help_needs_neither():
     code = "import sys, mmloader; print(sorted(m for m in ('pyarrow', 'ray', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -895,3 +895,31 @@ def test_converting_again_in_one_process_with_readers_alive(tmp_path, fmt):
         stop.set()
         reader.join(30)
     assert not wrong
+
+
+def test_the_format_registry_opens_and_writes_what_it_names(tmp_path):
+    """One registry: open_store, configs, inspect and writer_for all read it."""
+    from mmloader.storage import FORMATS, formats, recognise
+    from mmloader.storage.formats import writable
+
+    assert writable() == FORMATS == ("lmdb", "tar")
+    write_dataset(tmp_path / "a.lmdb", 3, "lmdb")
+    write_dataset(tmp_path / "shards", 3, "tar")
+    (tmp_path / "lines.txt").write_text("one\ntwo\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"txt": ["x", "y"]}), tmp_path / "t.parquet")
+    for name, path, count in (
+        ("lmdb", "a.lmdb", 3),
+        ("tar", "shards", 3),
+        ("text", "lines.txt", 2),
+        ("arrow", "t.parquet", 2),
+    ):
+        fmt = recognise(tmp_path / path)
+        assert fmt is not None and fmt.name == name, (path, fmt)
+        assert len(mmloader.open(tmp_path / path)) == count
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(FormatError) as e:
+        mmloader.open(tmp_path / "plain")
+    assert all(fmt.what in str(e.value) for fmt in formats().values()), str(e.value)

@@ -8,7 +8,7 @@ import os
 from ..errors import FormatError
 from ..media.imageinfo import IMAGE_EXTENSIONS
 from ..media.mediainfo import field_kind
-from ..storage import LMDBStore, Store, TarStore, open_store
+from ..storage import Store, TarStore, open_store
 from ..storage.remote.redaction import redact
 
 
@@ -82,12 +82,12 @@ def open_with_metadata(path: str | os.PathLike | Store) -> tuple[Store, dict]:
 def format_name(store: Store) -> str:
     """The format's name as every option spells it: ``lmdb`` or ``tar`` (``tar, indexed by
     energon prepare`` for shards another tool indexed; ``arrow``/``parquet`` for tables)."""
-    if isinstance(store, LMDBStore):
-        return "lmdb"
-    if isinstance(store, TarStore):
+    if store.format == "tar":
         by = store.metadata.get("indexed_by")
         return f"tar, indexed by {by}" if by else "tar"
-    return str(store.metadata.get("format") or type(store).__name__)
+    if store.format == "lmdb":
+        return "lmdb"
+    return str(store.metadata.get("format") or store.format)
 
 
 def _size_of(store: TarStore, s: int) -> int:

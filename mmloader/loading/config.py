@@ -49,9 +49,9 @@ from ..align.zip import Zipped
 from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
 from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
 from ..readers.registry import KINDS
-from ..storage import is_url, open_store
+from ..storage import is_url, open_store, recognise
+from ..storage.formats import TEXT_SUFFIXES
 from ..storage.remote.redaction import redact_url
-from ..storage.text.store import TextLinesStore
 from .stream import Stream
 
 TOP_KEYS = {
@@ -115,7 +115,6 @@ READER_KEYS = {
     "max_sample_rate",
     "max_channels",
 }
-TEXT_SUFFIXES = (".txt", ".text")
 #: What ``reader:`` may name: the registry's kinds, and a video modality's timestamps companion.
 READERS = {*KINDS, "timestamps"}
 
@@ -272,14 +271,15 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None, spli
     p = p if p.is_absolute() else root / p
     if not p.exists():
         raise ConfigError(f"{where}: {p} does not exist")
-    if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES:
+    fmt = recognise(p)
+    if fmt is not None and fmt.name == "text":
         index_file: Path | None = None
         if index_path is not None:
             index_file = Path(index_path) if Path(index_path).is_absolute() else root / index_path
             if not index_file.parent.is_dir():
                 raise ConfigError(f"{where}: index_path {index_file}: its folder {index_file.parent} does not exist")
         try:
-            store = TextLinesStore(p, index_path=index_file)
+            store = open_store(p, **({} if index_file is None else {"index_path": index_file}))
             if len(store) == 0:
                 raise ConfigError(f"{where}: {p} holds no line: an empty source")
         except (MMLoaderError, OSError) as e:
@@ -287,7 +287,7 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None, spli
         return store
     if index_path is not None:
         raise ConfigError(f"{where}: index_path applies to text files ({', '.join(TEXT_SUFFIXES)}), not to {p}")
-    if p.is_file() and p.suffix.lower() not in (".json", ".parquet"):
+    if p.is_file() and fmt is None:
         kind = "a tar shard" if p.name.endswith((".tar", ".tgz", ".tar.gz")) else "a file"
         raise ConfigError(
             f"{where}: {p} is {kind}, not a dataset: give the dataset directory (LMDB, shards with "

@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 from ..errors import FormatError, MMLoaderError
-from .arrow.store import ArrowStore, is_table
+from .arrow.store import ArrowStore
 from .base import KeysView, Store
-from .foreign.energon import EnergonStore, is_energon
-from .foreign.img2dataset import Img2DatasetStore, is_img2dataset
+from .foreign.energon import EnergonStore
+from .foreign.img2dataset import Img2DatasetStore
+from .formats import Format, formats, recognise
 from .lmdb.store import LMDBStore, LMDBWriter
 from .remote import is_url
 from .tar.index import MANIFEST
@@ -35,6 +36,9 @@ __all__ = [
     "writer_for",
     "format_for",
     "FORMATS",
+    "Format",
+    "formats",
+    "recognise",
 ]
 
 
@@ -71,30 +75,15 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
                 "string (a pathlib.Path merges the two slashes)"
             )
         raise FileNotFoundError(f"dataset {p} does not exist")
-    if p.is_dir() and (p / "data.mdb").is_file():
-        return LMDBStore(p)
-    if is_energon(p):  # prepared by `energon prepare` (an index.json too or not): its split honoured
-        return EnergonStore(p, **_only(p, options, ("split", "split_config", "check_headers")))
-    if (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.suffix == ".json"):
-        folder = p if p.is_dir() else p.parent
-        remote = _shards_url(folder / MANIFEST)
-        if remote is not None:  # `mmloader index URL -o DIR`: the index here, the shards in place there
-            from .remote.tar import RemoteTarStore
-
-            return RemoteTarStore(remote, index_dir=folder, **options)
-        return TarStore(p, **options)
-    if "split" in options:
+    fmt = recognise(p)
+    if "split" in options and (fmt is None or fmt.name != "energon"):
         raise TypeError(f"{p}: split= applies to Energon datasets (a folder with .nv-meta/); this is not one")
-    if is_img2dataset(p):  # shards + .parquet + _stats.json, no index needed
-        return Img2DatasetStore(p, **_only(p, options, ("check_headers",)))
-    if p.is_dir() and (any(p.glob("*.tar")) or any(p.glob("*.tgz")) or any(p.glob("*.tar.gz"))):
+    if fmt is not None:
+        return fmt.open(p, options)
+    if p.is_dir() and any(any(p.glob(pattern)) for pattern in ("*.tar", "*.tgz", "*.tar.gz")):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
-    if is_table(p):  # a datasets save_to_disk folder, or Parquet: read in place
-        return ArrowStore(p, **_only(p, options, ("cache_bytes",)))
-    raise FormatError(
-        f"{p} is neither an mmloader LMDB dataset (data.mdb), a shard directory ({MANIFEST}), an Arrow folder "
-        "(datasets' save_to_disk) nor Parquet"
-    )
+    kinds = [f.what for f in formats().values()]
+    raise FormatError(f"{p} is not a dataset mmloader opens; it is none of: {'; '.join(kinds)}")
 
 
 def build_index(
@@ -126,30 +115,6 @@ def build_index(
     if storage_options:
         raise TypeError(f"{directory}: storage_options apply to URLs, not to a local folder")
     return build_local_index(directory, output=output, progress=progress)
-
-
-def _shards_url(manifest: Path) -> str | None:
-    """The URL of the shards a local index describes (its ``shards_url``), or None for shards
-    beside it. The manifest is read again, checked, when the store opens."""
-    import json
-
-    try:
-        with open(manifest, "rb") as f:
-            head = json.loads(f.read())
-    except (OSError, ValueError):
-        return None  # the store's own reading names what is wrong
-    url = head.get("shards_url") if isinstance(head, dict) else None
-    if url is not None and not (isinstance(url, str) and is_url(url) and not url.lower().startswith("file:")):
-        raise FormatError(f"{manifest}: shards_url {url!r} is not the URL of shards on object storage or the Hub")
-    return url
-
-
-def _only(path: Path, options: dict, accepted: tuple[str, ...]) -> dict:
-    """``options``, or a TypeError naming those this kind of dataset does not take."""
-    unknown = sorted(set(options) - set(accepted))
-    if unknown:
-        raise TypeError(f"{path}: options {unknown} do not apply to this dataset (it takes: {', '.join(accepted)})")
-    return options
 
 
 def open_url(
@@ -218,18 +183,22 @@ def open_url(
     return store
 
 
+#: The formats mmloader writes (the registry's formats with a writer).
 FORMATS = ("lmdb", "tar")
 
 
 def format_for(path: str | os.PathLike, format: str | None = None) -> str:
-    """The output format for ``path``: ``format`` if given, else ``"lmdb"`` for a ``.lmdb``
-    suffix and ``"tar"`` (a shard directory) otherwise. The one place this rule lives.
+    """The output format for ``path``: ``format`` if given, else the written format whose suffix
+    ``path`` has (``"lmdb"`` for ``.lmdb``), else ``"tar"`` (a shard directory). The one place
+    this rule lives.
 
     >>> format_for("out.lmdb"), format_for("out/"), format_for("out", "lmdb")
     ('lmdb', 'tar', 'lmdb')
     """
     if format is None:
-        return "lmdb" if str(path).rstrip("/").lower().endswith(".lmdb") else "tar"
+        name = str(path).rstrip("/").lower()
+        registry = formats()
+        return next((f for f in FORMATS if name.endswith(registry[f].suffixes or ("\0",))), "tar")
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {', '.join(FORMATS)}")
     return format
@@ -252,6 +221,8 @@ def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
 
         opts = {k: v for k, v in shard_options.items() if v is not None} if fmt == "tar" else {}
         return RemoteWriter(str(path), fmt, **opts, **kwargs)
-    if fmt == "lmdb":
-        return LMDBWriter(path, **kwargs)
-    return ShardWriter(path, **{k: v for k, v in shard_options.items() if v is not None}, **kwargs)
+    writer = formats()[fmt].writer
+    assert writer is not None  # FORMATS are the formats with a writer (tests/storage: test_formats)
+    if fmt == "tar":
+        kwargs.update({k: v for k, v in shard_options.items() if v is not None})
+    return writer(path, **kwargs)
