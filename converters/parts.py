@@ -171,20 +171,21 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prepare
     """
     args = parser.parse_args(argv)
     check_engine_options(parser, args)
+    return report_errors(lambda: convert_parsed(parser, args, prepare), args.dst, parser.prog)
+
+
+def convert_parsed(parser: argparse.ArgumentParser, args: argparse.Namespace, prepare: Callable) -> Summary:
+    """Convert as ``args`` (checked options) say: everything, one part, or N parts on Ray."""
     layout = layout_of(parser)
     if args.engine == "ray":
-        from .ray_engine import run_on_ray
+        from .ray_engine import convert_on_ray
 
-        return run_on_ray(layout, args, parser.prog)
-
-    def convert() -> Summary:
-        if args.part is not None:
-            return convert_part(layout, args, prepare)
-        notes = check_paths(args.src, args.dst, args.overwrite)
-        _digest, write = prepare(args, notes)
-        return write(None, args.dst)
-
-    return report_errors(convert, args.dst, parser.prog)
+        return convert_on_ray(layout, args)
+    if args.part is not None:
+        return convert_part(layout, args, prepare)
+    notes = check_paths(args.src, args.dst, args.overwrite)
+    _digest, write = prepare(args, notes)
+    return write(None, args.dst)
 
 
 def convert_part(layout: str, args: argparse.Namespace, prepare: Callable) -> Summary:

@@ -27,7 +27,7 @@ import time
 
 from tqdm import tqdm
 
-from .common import ConversionError, Summary, UsageError, check_paths, report_errors
+from .common import ConversionError, Summary, UsageError, check_paths
 
 
 def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
@@ -87,21 +87,18 @@ def _connect(address: str | None):
     return ray, True
 
 
-def run_on_ray(layout: str, args: argparse.Namespace, prog: str) -> int:
+def convert_on_ray(layout: str, args: argparse.Namespace) -> Summary:
+    """``--engine ray``: the parts as Ray tasks on the cluster, then merged."""
     # The tasks run elsewhere (another node, another working directory): absolute paths.
     args.src = [os.path.abspath(s) for s in args.src] if isinstance(args.src, list) else os.path.abspath(args.src)
     args.dst = os.path.abspath(args.dst)
-
-    def convert() -> Summary:
-        check_paths(args.src, args.dst, args.overwrite, part=True)
-        ray, started = _connect(args.ray_address)
-        try:
-            return _run(ray, layout, args)
-        finally:
-            if started:
-                ray.shutdown()
-
-    return report_errors(convert, args.dst, prog)
+    check_paths(args.src, args.dst, args.overwrite, part=True)
+    ray, started = _connect(args.ray_address)
+    try:
+        return _run(ray, layout, args)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _run(ray, layout: str, args: argparse.Namespace) -> Summary:

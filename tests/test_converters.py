@@ -60,6 +60,37 @@ def _read_all(path):
     return [ds[i] for i in range(len(ds))]
 
 
+def test_convert_from_python_writes_what_the_command_writes(pairs_dir, tmp_path):
+    """mmloader.converters.convert: the layout's options as typed keywords, the summary returned."""
+    from mmloader.cli.convert import CONVERTERS
+    from mmloader.converters import LAYOUTS, convert
+
+    assert LAYOUTS == CONVERTERS
+    summary = convert("pairs", pairs_dir, tmp_path / "api", shard_size=5, require=["jpg", "txt"], quiet=True)
+    assert run("pairs", pairs_dir, tmp_path / "cli", "--shard-size", "5", "--require", "jpg,txt") == 0
+    assert summary.written == 12 and "wrote 12 samples" in summary.text(str(tmp_path / "api"))
+    assert _read_all(tmp_path / "api") == _read_all(tmp_path / "cli")
+    assert mmloader.open(tmp_path / "api").shards == mmloader.open(tmp_path / "cli").shards
+
+
+def test_convert_from_python_names_what_cannot_work(pairs_dir, tmp_path):
+    from mmloader.converters import convert
+    from mmloader.converters.items import ConversionError, UsageError
+
+    with pytest.raises(UsageError, match=r"no option 'shardsize' \(did you mean 'shard_size'\?\)"):
+        convert("pairs", pairs_dir, tmp_path / "a", shardsize=5)
+    with pytest.raises(UsageError, match="argument --workers: 0: must be 1 or more"):
+        convert("pairs", pairs_dir, tmp_path / "a", workers=0)
+    with pytest.raises(UsageError, match="overwrite= takes True or False"):
+        convert("pairs", pairs_dir, tmp_path / "a", overwrite="yes")
+    with pytest.raises(UsageError, match="unknown layout 'pair'"):
+        convert("pair", pairs_dir, tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConversionError, match="no samples found in .*empty"):
+        convert("pairs", tmp_path / "empty", tmp_path / "a", quiet=True)
+    assert not (tmp_path / "a").exists()
+
+
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_pairs(pairs_dir, tmp_path, fmt):
     dst = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
