@@ -62,8 +62,9 @@ def _read_all(path):
 
 def test_convert_from_python_writes_what_the_command_writes(pairs_dir, tmp_path):
     """mmloader.converters.convert: the layout's options as typed keywords, the summary returned."""
-    from mmloader.cli.convert import CONVERTERS
     from mmloader.converters import LAYOUTS, convert
+
+    from mmloader.cli.convert import CONVERTERS
 
     assert LAYOUTS == CONVERTERS
     summary = convert("pairs", pairs_dir, tmp_path / "api", shard_size=5, require=["jpg", "txt"], quiet=True)
