@@ -64,7 +64,7 @@ def live(samples: int, batch: int, workers: int, backend: str) -> float:
     readers = workers if backend == "process" else 1
     per_reader = samples // readers
     source = mmloader.live(lambda r, w, k, K: slice_samples(k, per_reader), name="bench")
-    stream = mmloader.Stream(source, batch_size=batch, steps=samples // batch)
+    stream = mmloader.LiveStream(source, batch_size=batch, steps=samples // batch)
     kwargs = {"multiprocessing_context": "fork"} if backend == "process" else {}
     loader = mmloader.loader(stream, workers, backend=backend, **kwargs)
     began = time.perf_counter()

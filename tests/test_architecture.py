@@ -21,15 +21,16 @@ LAYERS = {
     1: ["storage"],
     2: ["readers"],
     3: ["align"],
-    4: ["loading", "live_sources"],
-    5: ["frameworks"],
-    6: ["cli", "__init__"],
+    4: ["loading"],
+    5: ["live_sources"],  # a kind of stream the loaders take through loading.protocol, unnamed
+    6: ["frameworks"],
+    7: ["cli", "__init__"],
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 SUBLAYERS = {
     "loading": {
         0: ["__init__", "distributed", "control"],
-        1: ["building", "replan", "packing"],
+        1: ["building", "replan", "packing", "protocol"],
         2: ["stream"],
         3: ["resumable", "ring"],
         4: ["threaded", "dataloader"],

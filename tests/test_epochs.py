@@ -56,6 +56,7 @@ def _flat(batches):
     return [k for b in batches for k in b]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", LOADERS)
 def test_a_loop_without_set_epoch_gets_a_new_complete_order_each_epoch(path, kind):
     loader = LOADERS[kind](path)
@@ -69,6 +70,7 @@ def test_a_loop_without_set_epoch_gets_a_new_complete_order_each_epoch(path, kin
     assert loader.epoch == 2
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", LOADERS)
 def test_a_pass_taking_exactly_len_batches_then_the_next_pass_is_the_next_epoch(path, kind):
     """Lightning stops at len(loader) and never sees StopIteration; the next epoch must be whole."""
@@ -79,6 +81,7 @@ def test_a_pass_taking_exactly_len_batches_then_the_next_pass_is_the_next_epoch(
     assert sorted(_flat(second)) == sorted(_flat(first))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", LOADERS)
 def test_a_pass_left_early_continues_at_the_next_unseen_batch(path, kind):
     loader = LOADERS[kind](path)
@@ -90,6 +93,7 @@ def test_a_pass_left_early_continues_at_the_next_unseen_batch(path, kind):
     assert sorted(_flat(_pass(loader))) == sorted(_flat(full)) and loader.epoch == 1
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", LOADERS)
 def test_set_epoch_wins_and_a_resume_applies_to_one_pass(path, kind):
     loader = LOADERS[kind](path)
@@ -148,6 +152,7 @@ def _child(stream, queue) -> None:
     queue.put((stream._where(), stream.epoch))
 
 
+@pytest.mark.process
 def test_a_stream_sent_to_another_training_process_gets_its_own_control(path):
     """Lightning's ddp_spawn pickles the module (and its Stream) into each rank: the shared
     control must not make every rank take the first one's place, or its epoch."""
@@ -172,6 +177,7 @@ def test_frameworks_find_set_epoch_on_the_sampler(path):
         loader.dataset  # noqa: B018 (a framework must not take it for a DataLoader to rebuild)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["thread", "process", "persistent"])
 def test_set_epoch_after_iter_applies_to_that_pass_as_lightning_calls_it(path, kind):
     """Lightning makes the iterator first, then sets the epoch (also right after a resume)."""
@@ -194,6 +200,7 @@ def test_set_epoch_after_iter_applies_to_that_pass_as_lightning_calls_it(path, k
     assert [list(b["__key__"]) for b in it] == epoch1
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_set_epoch_during_a_pass_applies_to_the_next_one(path, kind):
     loader = LOADERS[kind](path)
@@ -228,6 +235,7 @@ def test_stats_count_a_short_last_batch_as_it_is(tmp_path):
     assert loader.stats()["samples"] == 42 and loader.stats()["batches"] == 11
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", LOADERS)
 def test_set_epoch_reaches_the_next_pass_while_an_old_iterator_is_still_referenced(path, kind):
     loader = LOADERS[kind](path)
@@ -238,6 +246,7 @@ def test_set_epoch_reaches_the_next_pass_while_an_old_iterator_is_still_referenc
     del old
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["thread", "process", "persistent"])
 def test_two_passes_of_one_loader_at_once_is_a_clear_error(path, kind):
     loader = LOADERS[kind](path)
@@ -247,6 +256,7 @@ def test_two_passes_of_one_loader_at_once_is_a_clear_error(path, kind):
     assert len(_pass(loader)) == PER_EPOCH - 2  # each pass delivered one batch; the next goes on after them
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["thread", "process", "persistent"])
 def test_load_state_dict_during_a_pass_applies_when_it_ends(path, kind):
     loader = LOADERS[kind](path)
@@ -285,6 +295,7 @@ def test_states_follow_a_set_epoch_made_during_a_pass(path):
     assert _pass(resumed) == _pass(loader) == _pass(_one_epoch(path, 1))
 
 
+@pytest.mark.process
 def test_a_finished_pass_leaves_no_queue_feeder_thread_for_the_next_fork(path):
     """A fork while a multiprocessing feeder thread ends can hang the child on CPython 3.11 (a
     2-rank DDP test hung 1 run in N with loaders made one after another): a pass that ended has

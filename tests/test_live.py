@@ -68,9 +68,10 @@ def _keys(batches) -> list[str]:
 # -- a live source alone ---------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_steps_bound_a_pass_and_each_slice_is_read_once(backend):
-    stream = mmloader.Stream(mmloader.live(_numbered), batch_size=8, steps=12)
+    stream = mmloader.LiveStream(mmloader.live(_numbered), batch_size=8, steps=12)
     loader = _loader(stream, backend)
     batches = list(loader)
     assert len(batches) == 12 == len(loader)
@@ -82,26 +83,28 @@ def test_steps_bound_a_pass_and_each_slice_is_read_once(backend):
     assert loader.epoch_done and loader.state_dict()["epoch"] == 1
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_finite_source_ends_the_pass_with_its_last_short_batch(backend):
-    stream = mmloader.Stream(mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8, steps=100)
+    stream = mmloader.LiveStream(mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8, steps=100)
     batches = list(_loader(stream, backend))
     # each reader's last batch is short; the pass ends at the first step no reader has
     assert [len(b["__key__"]) for b in batches] == [8] * 4 + [5, 5]
     assert len(set(_keys(batches))) == len(_keys(batches))
     assert "ran out of samples at batch 6 of the pass, before steps=100" in stream.ended
-    dropped = mmloader.Stream(
+    dropped = mmloader.LiveStream(
         mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8, steps=100, drop_last=True
     )
     assert [len(b["__key__"]) for b in _loader(dropped, backend)] == [8] * 4
 
 
+@pytest.mark.process
 def test_split_deal_gives_each_reader_every_nth_sample_of_one_stream():
     def one_stream(rank, world, worker, workers):
         assert (rank, world, worker, workers) == (0, 1, 0, 1)
         return _numbered(0, 1, 0, 1, count=40)
 
-    stream = mmloader.Stream(mmloader.live(one_stream, split="deal"), batch_size=5, steps=100)
+    stream = mmloader.LiveStream(mmloader.live(one_stream, split="deal"), batch_size=5, steps=100)
     keys = _keys(_loader(stream, "process"))
     assert sorted(keys, key=lambda k: int(k.rsplit("-", 1)[1])) == [f"r0w0of1-{i}" for i in range(40)]
 
@@ -114,13 +117,15 @@ def test_live_sources_validate_their_options():
     with pytest.raises(ValueError, match="timeout="):
         mmloader.live(_numbered, timeout=0)
     with pytest.raises(ValueError, match="batch_size"):
-        mmloader.Stream(mmloader.live(_numbered))
+        mmloader.LiveStream(mmloader.live(_numbered))
     with pytest.raises(ValueError, match="steps="):
-        mmloader.Stream(mmloader.live(_numbered), batch_size=4, steps=0)
+        mmloader.LiveStream(mmloader.live(_numbered), batch_size=4, steps=0)
     with pytest.raises(TypeError, match="no length"):
-        len(mmloader.Stream(mmloader.live(_numbered), batch_size=4))
+        len(mmloader.LiveStream(mmloader.live(_numbered), batch_size=4))
     with pytest.raises(ValueError, match="persistent_workers"):
-        mmloader.loader(mmloader.Stream(mmloader.live(_numbered), batch_size=4, steps=2), 2, persistent_workers=True)
+        mmloader.loader(
+            mmloader.LiveStream(mmloader.live(_numbered), batch_size=4, steps=2), 2, persistent_workers=True
+        )
     with pytest.raises(TypeError, match="has no length"):
         mmloader.Mix([mmloader.live(_numbered)])
 
@@ -172,6 +177,7 @@ def _http_factory(url: str):
     return factory
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_samples_from_a_loopback_server_are_decoded_by_the_stored_readers(jsonl_server, backend):
     source = mmloader.live(
@@ -179,7 +185,7 @@ def test_samples_from_a_loopback_server_are_decoded_by_the_stored_readers(jsonl_
         name="captioner",
         decode={"image": mmloader.ImageReader(None, "jpg", size=(24, 16)), "caption": mmloader.TextReader(None, "txt")},
     )
-    batches = list(_loader(mmloader.Stream(source, batch_size=7, steps=50), backend))
+    batches = list(_loader(mmloader.LiveStream(source, batch_size=7, steps=50), backend))
     keys = _keys(batches)
     assert len(keys) == 30 * 2 == len(set(keys))
     for batch in batches:
@@ -204,12 +210,14 @@ def test_a_corrupt_live_image_is_named_by_key_and_source_or_skipped_and_counted(
     with pytest.raises(mmloader.DecodeError, match=r"key='k3'.*live source 'cams'"):
         list(
             _loader(
-                mmloader.Stream(mmloader.live(factory, name="cams", decode=decode), batch_size=4, steps=3),
+                mmloader.LiveStream(mmloader.live(factory, name="cams", decode=decode), batch_size=4, steps=3),
                 "thread",
                 workers=1,
             )
         )
-    stream = mmloader.Stream(mmloader.live(factory, name="cams", decode=decode), batch_size=4, steps=2, on_error="skip")
+    stream = mmloader.LiveStream(
+        mmloader.live(factory, name="cams", decode=decode), batch_size=4, steps=2, on_error="skip"
+    )
     batches = list(_loader(stream, "thread", workers=1))
     # left out of its batch (a replacement would come from later in the source, out of order
     # and outside the batch's checkpointed position), counted and logged
@@ -232,11 +240,12 @@ def _text_live(rank, world, worker, workers):
         yield {"__key__": f"live{rank}.{worker}.{i}", "txt": f"live {i}".encode()}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_one_to_three_live_stored_mix_keeps_the_stored_part_exactly_once(tmp_path, backend):
     stored = mmloader.zip(text=mmloader.TextReader(_stored(tmp_path / "s.lmdb", 150)))
     live = mmloader.live(_text_live, name="gen", decode={"text": mmloader.TextReader(None, "txt")})
-    stream = mmloader.Stream(mmloader.mix([stored, live], weights=[3, 1]), batch_size=8, seed=3)
+    stream = mmloader.LiveStream(mmloader.mix([stored, live], weights=[3, 1]), batch_size=8, seed=3)
     loader = _loader(stream, backend)
     orders = []
     for epoch in range(2):
@@ -257,11 +266,12 @@ def test_a_one_to_three_live_stored_mix_keeps_the_stored_part_exactly_once(tmp_p
     assert orders[0] != orders[1]  # a new order each epoch
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_mix_by_share_of_steps_alternates_whole_batches(tmp_path, backend):
     stored = mmloader.zip(text=mmloader.TextReader(_stored(tmp_path / "s.lmdb", 64)))
     live = mmloader.live(_text_live, name="gen", decode={"text": mmloader.TextReader(None, "txt")})
-    stream = mmloader.Stream(mmloader.mix([stored, live], [3, 1], batch_composition="source"), batch_size=4)
+    stream = mmloader.LiveStream(mmloader.mix([stored, live], [3, 1], batch_composition="source"), batch_size=4)
     batches = list(_loader(stream, backend))
     kinds = ["live" if b["__key__"][0].startswith("live") else "stored" for b in batches]
     assert kinds.count("stored") == 16 and kinds.count("live") == 5 == len(batches) - 16
@@ -277,7 +287,7 @@ def test_mix_validates_the_live_share(tmp_path):
     with pytest.raises(ValueError, match="shares"):
         mmloader.mix([stored, live], mode="repeat")
     with pytest.raises(ValueError, match="0 live samples"):
-        mmloader.Stream(mmloader.mix([stored, live], [99, 1]), batch_size=8)
+        mmloader.LiveStream(mmloader.mix([stored, live], [99, 1]), batch_size=8)
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
@@ -295,6 +305,7 @@ def _run(stream_fn, backend, stop_after=None, state=None):
     return out, loader.state_dict()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("with_stored", [False, True])
 def test_a_checkpointed_offset_resumes_exactly(tmp_path, backend, with_stored):
@@ -303,8 +314,8 @@ def test_a_checkpointed_offset_resumes_exactly(tmp_path, backend, with_stored):
     def stream_fn():
         source = mmloader.live(Offsets, name="q")
         if path is None:
-            return mmloader.Stream(source, batch_size=6, steps=10)
-        return mmloader.Stream(
+            return mmloader.LiveStream(source, batch_size=6, steps=10)
+        return mmloader.LiveStream(
             mmloader.mix([mmloader.zip(text=mmloader.TextReader(path)), source], [2, 1]), batch_size=6
         )
 
@@ -323,7 +334,7 @@ def test_a_checkpointed_offset_resumes_exactly(tmp_path, backend, with_stored):
 
 def test_a_source_that_cannot_say_where_it_is_resumes_with_one_log_line(caplog):
     def fn():
-        return mmloader.Stream(mmloader.live(_numbered, name="gen"), batch_size=4, steps=6)
+        return mmloader.LiveStream(mmloader.live(_numbered, name="gen"), batch_size=4, steps=6)
 
     _, state = _run(fn, "thread", stop_after=2)
     assert not state["live"]["checkpointable"]
@@ -335,16 +346,16 @@ def test_a_source_that_cannot_say_where_it_is_resumes_with_one_log_line(caplog):
 
 
 def test_a_state_of_another_plan_or_kind_is_refused(tmp_path):
-    _, state = _run(lambda: mmloader.Stream(mmloader.live(Offsets, name="q"), batch_size=4, steps=6), "thread", 2)
+    _, state = _run(lambda: mmloader.LiveStream(mmloader.live(Offsets, name="q"), batch_size=4, steps=6), "thread", 2)
     other = mmloader.loader(
-        mmloader.Stream(mmloader.live(Offsets, name="q"), batch_size=5, steps=6), 1, backend="thread"
+        mmloader.LiveStream(mmloader.live(Offsets, name="q"), batch_size=5, steps=6), 1, backend="thread"
     )
     with pytest.raises(PlanChangedError, match="batch_size: 4 -> 5"):
         other.load_state_dict(state)
     stored = mmloader.zip(text=mmloader.TextReader(_stored(tmp_path / "s.lmdb", 10)))
     plain = mmloader.loader(mmloader.Stream(stored, batch_size=2), 1, backend="thread")
     with pytest.raises(ResumeError):
-        _loader(mmloader.Stream(mmloader.live(Offsets, name="q"), batch_size=4, steps=6), "thread").load_state_dict(
+        _loader(mmloader.LiveStream(mmloader.live(Offsets, name="q"), batch_size=4, steps=6), "thread").load_state_dict(
             plain.state_dict()
         )
 
@@ -352,6 +363,7 @@ def test_a_state_of_another_plan_or_kind_is_refused(tmp_path):
 # -- faults ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_source_that_raises_is_an_error_naming_it(backend):
     def factory(rank, world, worker, workers):
@@ -359,7 +371,7 @@ def test_a_source_that_raises_is_an_error_naming_it(backend):
         raise ConnectionError("the captioning service went away")
 
     with pytest.raises(LiveSourceError, match=r"live source 'captions'.*ConnectionError.*went away"):
-        list(_loader(mmloader.Stream(mmloader.live(factory, name="captions"), batch_size=4, steps=10), backend))
+        list(_loader(mmloader.LiveStream(mmloader.live(factory, name="captions"), batch_size=4, steps=10), backend))
 
 
 def _stalls_after(n: int):
@@ -370,9 +382,10 @@ def _stalls_after(n: int):
     return factory
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stalled_source_ends_the_pass_within_its_timeout_or_raises(backend, caplog):
-    stream = mmloader.Stream(mmloader.live(_stalls_after(8), timeout=0.5), batch_size=4, steps=100)
+    stream = mmloader.LiveStream(mmloader.live(_stalls_after(8), timeout=0.5), batch_size=4, steps=100)
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="mmloader"):
         batches = list(_loader(stream, backend))
@@ -383,7 +396,9 @@ def test_a_stalled_source_ends_the_pass_within_its_timeout_or_raises(backend, ca
     assert "every rank ends this pass after 4 of 100 batches" in said
     assert "got no sample for 0.5 s at batch 5 of the pass" in said and "timeout=" in said
     assert "reader for rank=0, worker=" in said and "on_stall='raise'" in said
-    raising = mmloader.Stream(mmloader.live(_stalls_after(8), timeout=0.5, on_stall="raise"), batch_size=4, steps=100)
+    raising = mmloader.LiveStream(
+        mmloader.live(_stalls_after(8), timeout=0.5, on_stall="raise"), batch_size=4, steps=100
+    )
     with pytest.raises(LiveSourceError, match=r"no sample for 0.5 s"):
         list(_loader(raising, backend))
 
@@ -398,6 +413,7 @@ def _produce(q, n: int, then_die: bool):
     q.put(None)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_producer_process_that_dies_is_a_named_error_within_seconds(backend):
     ctx = torch.multiprocessing.get_context("fork")
@@ -407,21 +423,23 @@ def test_a_producer_process_that_dies_is_a_named_error_within_seconds(backend):
     source = mmloader.live(lambda *_: mmloader.from_queue(q, producer=producer), name="queue")
     began = time.monotonic()
     with pytest.raises(LiveSourceError, match=rf"producer process \(pid {producer.pid}\).*(killed by signal 9|exited)"):
-        list(_loader(mmloader.Stream(source, batch_size=4, steps=100), backend, workers=1))
+        list(_loader(mmloader.LiveStream(source, batch_size=4, steps=100), backend, workers=1))
     assert time.monotonic() - began < 10
     producer.join(5)
 
 
+@pytest.mark.process
 def test_a_queue_producer_that_finishes_ends_the_stream():
     ctx = torch.multiprocessing.get_context("fork")
     q = ctx.Queue(maxsize=4)
     producer = ctx.Process(target=_produce, args=(q, 10, False), daemon=True)
     producer.start()
-    stream = mmloader.Stream(mmloader.live(lambda *_: mmloader.from_queue(q, producer=producer)), batch_size=4)
+    stream = mmloader.LiveStream(mmloader.live(lambda *_: mmloader.from_queue(q, producer=producer)), batch_size=4)
     assert _keys(_loader(stream, "thread")) == [f"q{i}" for i in range(10)]
     producer.join(5)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_memory_stays_bounded_with_a_fast_producer_and_a_slow_consumer(backend):
     produced = torch.zeros(2, dtype=torch.int64).share_memory_()  # slices' counts, seen across fork
@@ -431,7 +449,7 @@ def test_memory_stays_bounded_with_a_fast_producer_and_a_slow_consumer(backend):
             produced[worker] += 1
             yield {"__key__": f"w{worker}-{i}", "x": torch.full((16_384,), i, dtype=torch.float32)}  # 64 KiB
 
-    stream = mmloader.Stream(mmloader.live(factory, buffer=32), batch_size=10, steps=1000)
+    stream = mmloader.LiveStream(mmloader.live(factory, buffer=32), batch_size=10, steps=1000)
     loader = _loader(stream, backend, prefetch_factor=2)
     lag = 0
     for n, batch in enumerate(loader, 1):
@@ -522,9 +540,10 @@ def test_agreement_on_one_rank_is_the_rank_own_code():
     assert [agree(c, None, 1) for c in (READY, ENDED, FAILED)] == [(READY, 0), (ENDED, 0), (FAILED, 0)]
 
 
+@pytest.mark.process
 def test_both_backends_read_the_same_slices_in_the_same_order():
     def stream_fn():
-        return mmloader.Stream(mmloader.live(Offsets, name="q"), batch_size=4, steps=9)
+        return mmloader.LiveStream(mmloader.live(Offsets, name="q"), batch_size=4, steps=9)
 
     thread, thread_state = _run(stream_fn, "thread")
     process, _ = _run(stream_fn, "process")
@@ -551,7 +570,7 @@ def _rank_main(rank: int, init: str, out: str, case: str) -> None:
             count = 400 if rank == 0 else 12
             source = mmloader.live(_stalls_after(count), name="gen", timeout=0.5, on_stall="raise")
         loader = mmloader.loader(
-            mmloader.Stream(source, batch_size=4, steps=1000), 2, backend="process", multiprocessing_context="fork"
+            mmloader.LiveStream(source, batch_size=4, steps=1000), 2, backend="process", multiprocessing_context="fork"
         )
         keys, error = [], None
         try:
@@ -572,6 +591,7 @@ def _rank_main(rank: int, init: str, out: str, case: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("case", ["ends_early", "fails", "leaves"])
 def test_two_rank_ddp_ranks_end_together(tmp_path, case):
     tmp.spawn(_rank_main, args=(str(tmp_path / "init"), str(tmp_path), case), nprocs=2, join=True)
@@ -603,11 +623,12 @@ class CorruptAt(Offsets):
             yield {"__key__": f"p{self.part}-{i}", "jpg": b"bad" if i == 5 else jpeg_bytes(i)}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_skipping_a_bad_live_sample_keeps_resumes_exact(backend):
     def stream_fn():
         source = mmloader.live(CorruptAt, name="q", decode={"image": mmloader.ImageReader(None, "jpg", size=(8, 8))})
-        return mmloader.Stream(source, batch_size=4, steps=8, on_error="skip")
+        return mmloader.LiveStream(source, batch_size=4, steps=8, on_error="skip")
 
     full, _ = _run(stream_fn, backend)
     assert all("-5" not in k for k in _keys(full))
@@ -624,10 +645,11 @@ class Counter_(Offsets):
         super().__init__(0, 1, 0, 1, count=1_000)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_dealt_source_is_read_once_across_passes_and_resumes(backend):
     def stream_fn():
-        return mmloader.Stream(mmloader.live(Counter_, split="deal"), batch_size=3, steps=6)
+        return mmloader.LiveStream(mmloader.live(Counter_, split="deal"), batch_size=3, steps=6)
 
     loader = _loader(stream_fn(), backend)
     seen = [k for _ in range(3) for b in loader for k in b["__key__"]]
@@ -645,13 +667,14 @@ def _produce_numbers(q, n: int, ends: int):
         q.put(None)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_queue_read_over_many_passes_loses_and_repeats_nothing(backend):
     ctx = torch.multiprocessing.get_context("fork")
     q = ctx.Queue(maxsize=8)
     producer = ctx.Process(target=_produce_numbers, args=(q, 200, 1), daemon=True)  # one end for every reader
     producer.start()
-    stream = mmloader.Stream(
+    stream = mmloader.LiveStream(
         mmloader.live(lambda *_: mmloader.from_queue(q, producer=producer), name="queue"), batch_size=4, steps=5
     )
     loader = _loader(stream, backend)
@@ -664,7 +687,7 @@ def test_a_queue_read_over_many_passes_loses_and_repeats_nothing(backend):
 
 def test_steps_that_cut_the_stored_epoch_are_said_once(tmp_path, caplog):
     stored = mmloader.zip(text=mmloader.TextReader(_stored(tmp_path / "s.lmdb", 60)))
-    stream = mmloader.Stream(mmloader.mix([stored, mmloader.live(_text_live)], [2, 1]), batch_size=6, steps=3)
+    stream = mmloader.LiveStream(mmloader.mix([stored, mmloader.live(_text_live)], [2, 1]), batch_size=6, steps=3)
     loader = _loader(stream, "thread")
     with caplog.at_level(logging.WARNING, logger="mmloader"):
         for _ in range(2):
@@ -673,7 +696,7 @@ def test_steps_that_cut_the_stored_epoch_are_said_once(tmp_path, caplog):
 
 
 def test_a_generator_that_starts_over_each_pass_is_said(caplog):
-    loader = _loader(mmloader.Stream(mmloader.live(_numbered, name="gen"), batch_size=4, steps=2), "thread")
+    loader = _loader(mmloader.LiveStream(mmloader.live(_numbered, name="gen"), batch_size=4, steps=2), "thread")
     with caplog.at_level(logging.WARNING, logger="mmloader"):
         first, second = _keys(loader), _keys(loader)
     assert first == second  # what it warns about
@@ -690,7 +713,7 @@ def _mesh_rank(rank: int, init: str, out: str) -> None:
         dp = mesh["dp"].get_local_rank()
         count = 40 if dp == 0 else 20  # data-parallel rank 1's source ends early
         source = mmloader.live(lambda r, w, k, K: _numbered(r, w, k, K, count=count), name="gen")
-        stream = mmloader.Stream(source, batch_size=4, steps=100, group=mesh["dp"])
+        stream = mmloader.LiveStream(source, batch_size=4, steps=100, group=mesh["dp"])
         keys = []
         for batch in mmloader.loader(stream, 1, backend="thread"):
             step = torch.ones(1)
@@ -702,6 +725,7 @@ def _mesh_rank(rank: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.process
 def test_a_dp_by_tp_mesh_ends_every_data_parallel_rank_together(tmp_path):
     tmp.spawn(_mesh_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=4, join=True)
     results = [json.loads((tmp_path / f"mesh{r}.json").read_text()) for r in range(4)]
@@ -718,12 +742,31 @@ def test_a_pass_without_steps_ends_with_its_source_quietly_and_deal_names_the_on
     """Without steps= a pass runs until the source ends: no warning, no advice; a dealt source
     is one stream, so it (not 'every reader') needs more samples."""
     with caplog.at_level(logging.INFO, logger="mmloader"):
-        list(_loader(mmloader.Stream(mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8), "thread"))
+        list(_loader(mmloader.LiveStream(mmloader.live(lambda *s: _numbered(*s, count=21)), batch_size=8), "thread"))
     ends = [r for r in caplog.records if "ends this pass" in r.getMessage()]
     assert ends and all(r.levelno == logging.INFO for r in ends) and "steps=" not in ends[0].getMessage()
     caplog.clear()
     dealt = mmloader.live(lambda *a: _numbered(0, 1, 0, 1, count=21), split="deal")
     with caplog.at_level(logging.WARNING, logger="mmloader"):
-        list(_loader(mmloader.Stream(dealt, batch_size=8, steps=100), "thread"))
+        list(_loader(mmloader.LiveStream(dealt, batch_size=8, steps=100), "thread"))
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "the source's one stream" in said and "give the stream enough samples" in said
+
+
+def test_each_kind_of_stream_names_the_other_for_the_other_kind_of_data(lmdb_ds):
+    """Stored data streams by epochs (Stream), live sources by steps (LiveStream); the loaders
+    take either through one protocol, and neither constructor turns into the other."""
+    from mmloader.loading.protocol import StreamLike
+
+    live = mmloader.live(_numbered)
+    with pytest.raises(TypeError, match=r"is live, streamed by steps: mmloader.LiveStream\(source"):
+        mmloader.Stream(live, batch_size=4)
+    with pytest.raises(TypeError, match="a stored dataset streams with mmloader.Stream"):
+        mmloader.LiveStream(mmloader.zip(txt=mmloader.TextReader(lmdb_ds)), batch_size=4)
+    stored = mmloader.Stream(mmloader.zip(txt=mmloader.TextReader(lmdb_ds)), batch_size=4)
+    live_stream = mmloader.LiveStream(live, batch_size=4, steps=2)
+    assert type(stored) is mmloader.Stream and type(live_stream) is mmloader.LiveStream
+    assert isinstance(stored, StreamLike) and isinstance(live_stream, StreamLike)
+    assert (stored.restarts_each_pass, live_stream.restarts_each_pass) == (False, True)
+    with pytest.raises(TypeError, match="needs an mmloader.Stream or LiveStream, got list"):
+        mmloader.loader([1, 2, 3])

@@ -179,6 +179,7 @@ def _check_batch(batch, ids, capacity):
         assert batch["cls"][r] == [int(k[1:]) for k in keys]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_packed_stream_every_sample_once_rows_checked(token_ds, backend):
     path, ids = token_ds
@@ -303,7 +304,7 @@ def test_live_streams_refuse_packing():
 
     fresh = mmloader.live(generated, name="g", decode={"caption": mmloader.TextReader(None, "txt")})
     with pytest.raises(ValueError, match="does not apply to a live stream"):
-        mmloader.Stream(fresh, batch_size=2, steps=2, pack_tokens=64, length_by="caption")
+        mmloader.LiveStream(fresh, batch_size=2, steps=2, pack_tokens=64, length_by="caption")
 
 
 def test_packing_from_a_config_and_mmloader_plan(token_ds):
@@ -357,6 +358,7 @@ def _packed_rank(rank: int, init: str, path: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.process
 def test_packed_stream_on_two_ddp_ranks(token_ds, tmp_path):
     import json
 

@@ -173,6 +173,7 @@ def test_drop_last_and_lengths(tmp_path):
     assert len(s2) == 8 and len(list(mmloader.loader(s2, num_workers=0))) == 8
 
 
+@pytest.mark.process
 def test_persistent_workers_follow_set_epoch(tmp_path):
     path = _text_dataset(tmp_path / "d", 40, 2)
     loader = mmloader.loader(_stream(path, 5), num_workers=2, persistent_workers=True)
@@ -183,6 +184,7 @@ def test_persistent_workers_follow_set_epoch(tmp_path):
         assert _keys(loader) == _keys(reference)
 
 
+@pytest.mark.process
 def test_worker_rngs_seeded_from_seed_epoch_rank_worker(tmp_path):
     path = _text_dataset(tmp_path / "d", 16, 1)
 
@@ -231,6 +233,7 @@ def test_thread_backend_same_batches_and_resume(tmp_path):
     assert _keys(resumed) == process[4:]
 
 
+@pytest.mark.process
 def test_auto_backend_threads_for_builtin_decoders_processes_for_user_python(tmp_path, caplog):
     from mmloader.loading.dataloader import Loader
     from mmloader.loading.threaded import ThreadLoader
@@ -294,6 +297,7 @@ def test_thread_backend_raises_worker_errors(tmp_path):
         list(loader)
 
 
+@pytest.mark.process
 def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
     import random
 
@@ -371,6 +375,7 @@ def _train(loader, start_epoch, epochs, stop_after=None):
     return seen, state
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_readme_resume_loop_continues_mid_epoch(tmp_path, backend):
     """Defect 1: load_state_dict then the loop's set_epoch(start_epoch) must not replay the epoch."""
@@ -395,6 +400,7 @@ def test_set_epoch_of_another_epoch_drops_a_pending_resume_with_a_warning(tmp_pa
     assert len(_keys(resumed)) == 10
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_state_after_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path, backend):
     """Defect 10: a checkpoint after the last batch of epoch 0 must not replay epoch 0."""
@@ -425,6 +431,7 @@ def _corrupt_pairs(tmp_path, n=24, bad=(5, 17)):
     return path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_skipped_samples_counted_across_workers(tmp_path, backend, caplog):
     """Defect 4: stream.skipped counts skips made in worker processes and threads."""
@@ -447,6 +454,7 @@ def _augmented_stream(path, workers_global: bool):
     return mmloader.Stream(ds, batch_size=4, seed=3)
 
 
+@pytest.mark.process
 def test_same_seed_same_augmentations_on_both_backends_any_worker_count(tmp_path):
     """Defect 8: per-batch seeds, not per-worker streams: backend, workers and resume do not matter."""
     path = _text_dataset(tmp_path / "d", 32, 2)
@@ -554,6 +562,7 @@ def _tuples(samples):  # a custom collate that returns tuples
     return tuple(s["__key__"] for s in samples), (len(samples), 1)
 
 
+@pytest.mark.process
 def test_a_custom_collate_gives_the_same_types_on_both_backends(tmp_path):
     path = _text_dataset(tmp_path / "d", 12, 2)
     ds = mmloader.zip(caption=mmloader.TextReader(str(path)))

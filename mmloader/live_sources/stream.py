@@ -51,7 +51,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class LiveStream(Controlled, torch.utils.data.IterableDataset):
-    """A live source streamed by steps; made by ``mmloader.Stream(source_or_mix, ...)``.
+    """A live source streamed by steps: ``mmloader.LiveStream(source_or_mix, batch_size=..., steps=...)``.
 
     Args:
         source: a :func:`mmloader.live` source, or a :func:`mmloader.mix` of one with stored datasets.
@@ -70,6 +70,9 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
             may also ``"continue"``).
         **stored_options: other :class:`mmloader.Stream` options, for the stored part.
     """
+
+    #: Each pass starts its readers afresh (see :class:`~mmloader.loading.protocol.StreamLike`).
+    restarts_each_pass = True
 
     def __init__(
         self,
@@ -159,7 +162,10 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 [], None, collate_fn, on_error, max_consecutive_errors, self.control, self.source.packed_modalities
             )
         else:
-            raise TypeError(f"LiveStream needs an mmloader.live source or a mix with one, got {type(source).__name__}")
+            raise TypeError(
+                f"LiveStream needs an mmloader.live source or a mix with one, got {type(source).__name__}: "
+                "a stored dataset streams with mmloader.Stream"
+            )
         self._epoch_chosen = False
         self._resume_fresh = False
         self._steps_before = 0  # batches of the current epoch delivered before a resume

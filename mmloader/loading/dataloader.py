@@ -23,11 +23,10 @@ from typing import Any, Iterable, Iterator, cast
 import torch
 import torch.utils.data
 
-from ..live_sources.stream import LiveStream
 from .distributed import available_cpus, local_world_size
+from .protocol import StreamLike
 from .resumable import Resumable
 from .ring import BatchRing
-from .stream import Stream
 from .threaded import ThreadLoader, _pin
 
 log = logging.getLogger("mmloader")
@@ -84,7 +83,7 @@ class Loader(Resumable):
 
     def __init__(
         self,
-        stream: Stream | LiveStream,
+        stream: StreamLike,
         num_workers: int | None = None,
         *,
         pin_memory: bool | None = None,
@@ -93,10 +92,10 @@ class Loader(Resumable):
         ring: bool = True,
         **kwargs: Any,
     ):
-        if not isinstance(stream, (Stream, LiveStream)):
-            raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
+        if not isinstance(stream, StreamLike):
+            raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")
         workers = default_num_workers() if num_workers is None else num_workers
-        if isinstance(stream, LiveStream):
+        if stream.restarts_each_pass:
             # Each pass's readers start from the positions the training process delivered up to,
             # which workers started for an earlier pass would not know.
             if persistent_workers:
@@ -120,8 +119,9 @@ class Loader(Resumable):
         # Batches leave the Stream collated: no second conversion (torch's default one turns a
         # collate's tuples into lists, so the two backends would differ).
         kwargs.setdefault("collate_fn", _as_is)
+        dataset: Any = _RingStream(stream, self.ring) if self.ring is not None else stream  # an IterableDataset
         self.dataloader = torch.utils.data.DataLoader(
-            _RingStream(stream, self.ring) if self.ring is not None else stream,
+            dataset,
             batch_size=None,
             num_workers=workers,
             pin_memory=pin_memory and not self.pin_batches,
@@ -266,7 +266,7 @@ def _as_is(batch: Any) -> Any:
 class _RingStream(torch.utils.data.IterableDataset):
     """What the DataLoader's workers iterate: the stream's batches, each built into a ring slot."""
 
-    def __init__(self, stream: Stream | LiveStream, ring: BatchRing):
+    def __init__(self, stream: StreamLike, ring: BatchRing):
         self.stream, self.ring = stream, ring
 
     def __len__(self) -> int:
@@ -281,7 +281,7 @@ class _RingStream(torch.utils.data.IterableDataset):
             yield self.ring.send(build, info.id)
 
 
-def choose_backend(stream: Stream | LiveStream) -> tuple[str, str]:
+def choose_backend(stream: StreamLike) -> tuple[str, str]:
     """(backend, why) for ``backend="auto"``: threads unless user Python runs per sample."""
     work = stream.python_work()
     if work:
@@ -290,7 +290,7 @@ def choose_backend(stream: Stream | LiveStream) -> tuple[str, str]:
 
 
 def loader(
-    stream: Stream | LiveStream, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
+    stream: StreamLike, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
 ) -> Loader | ThreadLoader:
     """A loader for ``stream``: workers from the CPUs per local rank, pinned memory with CUDA,
     the same batches in the same order on either backend, ``state_dict``/``load_state_dict``.
@@ -303,8 +303,8 @@ def loader(
 
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
-    if not isinstance(stream, (Stream, LiveStream)):
-        raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
+    if not isinstance(stream, StreamLike):
+        raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     thread_options = {"pin_memory", "prefetch_factor", "producers"}

@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
-from .stream import Stream
-
-if TYPE_CHECKING:
-    from ..live_sources.stream import LiveStream
+from .protocol import StreamLike
 
 
 class EpochSampler:
@@ -96,7 +93,7 @@ class Resumable:
     so resuming from it never replays the finished epoch.
     """
 
-    stream: Stream | LiveStream
+    stream: StreamLike
     batches_seen = 0
     epoch_done = False
     _passes = 0

@@ -39,9 +39,6 @@ log = logging.getLogger("mmloader")
 
 ON_CHANGE = ("error", "next_epoch", "continue")
 
-#: The registry of other kinds of stream: ``(accepts(dataset) -> bool, stream class)``, tried in
-#: order by ``Stream(dataset, ...)``. :mod:`mmloader.live_sources` registers live sources here.
-STREAM_KINDS: list[tuple[Callable[[Any], bool], Callable[..., Any]]] = []
 PADDING = ("repeat", "mask")
 
 
@@ -95,14 +92,8 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
     ...     for batch in loader: ...                        # epochs 0, 1, 2 ... in new orders
     """
 
-    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # Another kind of dataset (a live source, which streams by steps) makes its own kind of
-        # stream from the same call; the loaders take it as they take a Stream.
-        if cls is Stream:
-            for accepts, kind in STREAM_KINDS:
-                if accepts(dataset):
-                    return kind(dataset, *args, **kwargs)
-        return super().__new__(cls)
+    #: A stored stream's passes continue from the plan (see :class:`~.protocol.StreamLike`).
+    restarts_each_pass = False
 
     def __init__(
         self,
@@ -127,9 +118,14 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         length_by: Any = None,
         pack_window: int = PACK_WINDOW,
     ):
-        from ..align.mix import Mix
+        from ..align.mix import LiveMix, Mix
         from .distributed import data_parallel_group
 
+        if getattr(dataset, "is_live_source", False) or isinstance(dataset, LiveMix):
+            raise TypeError(
+                f"Stream() streams stored samples by epochs; {type(dataset).__name__} is live, streamed by "
+                "steps: mmloader.LiveStream(source, batch_size=..., steps=...)"
+            )
         _check_options(
             batch_size=batch_size,
             shuffle=shuffle,
@@ -559,10 +555,13 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         for build in self.batch_tasks(worker, workers, seed_globals):
             yield build()
 
-    def batch_tasks(self, worker: int = 0, workers: int = 1, seed_globals: bool = False) -> Iterator[Callable[[], Any]]:
+    def batch_tasks(
+        self, worker: int = 0, workers: int = 1, seed_globals: bool = False, readers: int | None = None
+    ) -> Iterator[Callable[[], Any]]:
         """What :meth:`iter_worker` yields, as zero-argument callables that build each batch
         (or sample) when called: planning stays in order here, building can happen on any
         thread (the thread backend's producers take them from one shared sequence).
+        ``readers`` does not change a stored plan (it is part of :class:`~.protocol.StreamLike`).
         ``seed_globals``: also reseed the process-wide RNGs per batch (worker processes only),
         when user Python runs in the batch: nothing else draws from them (built-in randomness
         uses :func:`mmloader.rng`), and reseeding costs ~1 us a sample of a raw batch's ~8."""

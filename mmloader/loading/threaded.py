@@ -20,10 +20,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..live_sources.stream import LiveStream
 from ..readers.columns import release_pool
+from .protocol import StreamLike
 from .resumable import Resumable
-from .stream import Stream
 
 
 class ThreadLoader(Resumable):
@@ -46,14 +45,14 @@ class ThreadLoader(Resumable):
 
     def __init__(
         self,
-        stream: Stream | LiveStream,
+        stream: StreamLike,
         num_workers: int = 2,
         prefetch_factor: int = 2,
         pin_memory: bool = False,
         producers: int | None = None,
     ):
-        if not isinstance(stream, (Stream, LiveStream)):
-            raise TypeError(f"loader() needs an mmloader.Stream, got {type(stream).__name__}")
+        if not isinstance(stream, StreamLike):
+            raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")
         self.stream = stream
         self.num_workers = max(1, num_workers)
         self.prefetch_factor = max(1, prefetch_factor)
@@ -67,11 +66,7 @@ class ThreadLoader(Resumable):
     def _batches(self) -> Iterator[Any]:
         parallel = any(getattr(ds, "releases_gil", False) for ds in self.stream.datasets)
         producers = self.producers or (self.num_workers if parallel else 1)
-        tasks = (
-            self.stream.batch_tasks(0, 1, readers=self.num_workers)  # a live source's slices, as with processes
-            if isinstance(self.stream, LiveStream)
-            else self.stream.batch_tasks(0, 1)
-        )
+        tasks = self.stream.batch_tasks(0, 1, readers=self.num_workers)  # a live source's slices, as with processes
         run = _Run(tasks, producers, self.prefetch_factor * producers, self.pin_memory)
         return run.batches()
 

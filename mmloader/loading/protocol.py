@@ -1,0 +1,71 @@
+"""What every stream gives the loaders: :class:`StreamLike`.
+
+A stored :class:`~mmloader.loading.stream.Stream` (an epoch plan over stored samples) and a
+:class:`~mmloader.live_sources.stream.LiveStream` (a live source streamed by steps) both
+implement it; the loaders, the framework adapters and ``GPUDecode`` take any stream that does,
+and know no kind of stream by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from .control import SharedControl
+
+
+@runtime_checkable
+class StreamLike(Protocol):
+    """A stream of batches for one rank, resumable, built by zero-argument tasks."""
+
+    #: Whether each pass starts its readers afresh from where the training process got to (a
+    #: live source): worker processes kept from an earlier pass would not know where that is.
+    restarts_each_pass: bool
+    batch_size: int | None
+    seed_workers: bool
+    #: The state shared with worker processes (epoch, place in the world, resume flag).
+    control: SharedControl
+    #: A pass's bookkeeping, kept by the loaders: ``set_epoch`` / ``load_state_dict`` was called
+    #: since the last pass began (:mod:`mmloader.loading.resumable`).
+    _epoch_chosen: bool
+    _resume_fresh: bool
+
+    @property
+    def epoch(self) -> int: ...
+
+    def _where(self) -> tuple[int, int]:
+        """(rank, world), fixed on first use."""
+        ...
+
+    def drop_resume(self) -> None: ...
+
+    @property
+    def datasets(self) -> list[Any]:
+        """The datasets the batches read from."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def remaining(self) -> int: ...
+
+    def progress(self, batches_seen: int, epoch_done: bool = False, next_epoch: int | None = None) -> dict: ...
+
+    def check_resume(self, state: dict) -> list[tuple[int, int]]: ...
+
+    def resume(self, state: dict) -> None: ...
+
+    def deliver(self, batches: Iterator[Any]) -> Iterator[Any]: ...
+
+    def python_work(self) -> list[str]: ...
+
+    def batch_tasks(
+        self, worker: int = 0, workers: int = 1, seed_globals: bool = False, readers: int | None = None
+    ) -> Iterator[Callable[[], Any]]:
+        """The batches of worker ``worker`` of ``workers`` as tasks, in delivery order;
+        ``readers``: how many builders read at once (a live source splits its slices among
+        them; a stored plan does not depend on it)."""
+        ...
