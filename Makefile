@@ -35,7 +35,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/torchrun --standalone --nproc_per_node 2 samples/train_clip_ddp.py \
 		--data $(OUT)/shapes.lmdb --captions $(OUT)/shapes --epochs 3 --checkpoint $(OUT)/ckpt.pt --resume
 
-# img2dataset, which tests/test_img2dataset.py runs as the command-line tool it is, lives in a venv
+# img2dataset, which tests/storage/test_img2dataset.py runs as the command-line tool it is, lives in a venv
 # of its own: it pins webdataset < 0.3 and pandas < 3, older than those the tests run with.
 TOOLS ?= .venv-tools
 $(TOOLS)/.installed:

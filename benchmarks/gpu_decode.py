@@ -117,7 +117,7 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("no CUDA device: this check needs a GPU (the CPU fallback is covered by tests/test_gpu.py)")
+        print("no CUDA device: this check needs a GPU (the CPU fallback is covered by tests/loading/test_gpu.py)")
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

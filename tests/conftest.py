@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,15 @@ import pytest
 from PIL import Image
 
 import mmloader
+from mmloader.planning import RangeList, worker_batches
+from mmloader.planning.partition import rank_positions, samples_per_rank
 
 pytest_plugins = ["kinds"]
 
-FOREIGN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "foreign-shards"
+#: The tests' folder (helpers beside this file: media, remote_servers, frameworks/) and the repository.
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+FOREIGN = ROOT.parent / "shared" / "data" / "foreign-shards"
 
 
 def jpeg_bytes(seed: int, size=(48, 32), **save) -> bytes:
@@ -91,3 +97,96 @@ def foreign() -> Path:
     if not FOREIGN.is_dir():
         pytest.skip(f"foreign shards not found at {FOREIGN} (../shared/data/foreign-shards)")
     return FOREIGN
+
+
+# -- shared by tests in several rooms ----------------------------------------------------------
+AS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def unreadable(monkeypatch):
+    """Make a folder or file unreadable: chmod 000, undone at teardown. As root, mode 000 does not
+    stop a read, so the refusal the kernel would give (EACCES) is raised in this process instead,
+    by os.scandir (folders, what os.walk lists with) and by the converters' and verify's open."""
+    import builtins
+    import errno
+
+    import mmloader.converters.reading
+    import mmloader.converters.sources
+
+    import mmloader.cli.verify
+    import mmloader.storage.tar.layout
+
+    chmodded = []
+    denied: set[str] = set()
+
+    def deny(path: Path) -> None:
+        if not AS_ROOT:
+            chmodded.append((path, path.stat().st_mode))
+            path.chmod(0)
+            return
+        denied.add(os.path.realpath(path))
+        real_scandir, real_open = os.scandir, builtins.open
+
+        def scandir(p="."):
+            if isinstance(p, (str, os.PathLike)) and os.path.realpath(p) in denied:
+                raise PermissionError(errno.EACCES, "Permission denied", str(p))
+            return real_scandir(p)
+
+        def open_(file, *a, **kw):
+            if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in denied:
+                raise PermissionError(errno.EACCES, "Permission denied", str(file))
+            return real_open(file, *a, **kw)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+        monkeypatch.setattr(mmloader.converters.reading, "open", open_, raising=False)  # the converters' reads
+        monkeypatch.setattr(mmloader.converters.sources, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
+        monkeypatch.setattr(mmloader.storage.tar.layout, "open", open_, raising=False)  # verify's sha256_file
+
+    yield deny
+    for path, mode in chmodded:
+        path.chmod(mode)
+
+
+def _in_flight(target: str) -> bool:
+    # torch ships each batch through a fresh shared-memory file and socket; how many are in flight
+    # when we look depends on prefetching, not on us, so they are left out of the count.
+    return target.startswith("socket:") or "/dev/shm/torch_" in target or target.startswith("pipe:")
+
+
+def _proc_figures(pid: int) -> tuple[int, int, int]:
+    """(RSS kB, open descriptors, mapped regions) of a live process, read from outside it."""
+    rss = int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")).split()[1])
+    fds = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            fds += not _in_flight(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    maps = sum(1 for line in open(f"/proc/{pid}/maps") if not _in_flight(line.rstrip().split(" ")[-1]))
+    return rss, fds, maps
+
+
+def deliver(total, world, workers, batch, drop_last, ranges=None):
+    """What each rank's DataLoader delivers, in order: batches of plan positions.
+
+    Workers produce their batches independently; the DataLoader takes them
+    round-robin (worker 0, 1, ..., 0, 1, ...), skipping exhausted workers.
+    """
+    visit = RangeList(ranges if ranges is not None else [(0, total)])
+    per = samples_per_rank(len(visit), world, batch, drop_last)
+    out = []
+    for rank in range(world):
+        mine = rank_positions(len(visit), world, rank, per)
+        queues = [
+            [visit.take(mine[a:b]).tolist() for a, b in worker_batches(per, batch, workers, w)] for w in range(workers)
+        ]
+        got, i = [], 0
+        while any(queues):
+            q = queues[i % workers]
+            if q:
+                got.append(q.pop(0))
+            i += 1
+        out.append(got)
+    return out, per

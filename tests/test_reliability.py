@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import jpeg_bytes, write_dataset, write_pairs_folder
+from conftest import _proc_figures, jpeg_bytes, write_dataset, write_pairs_folder
 
 import mmloader
 from mmloader.cli import main as cli
@@ -345,25 +345,6 @@ def test_lmdb_read_by_2_ranks_x_8_workers(tmp_path):
 
 
 # -- load and endurance -------------------------------------------------------------------------
-def _in_flight(target: str) -> bool:
-    # torch ships each batch through a fresh shared-memory file and socket; how many are in flight
-    # when we look depends on prefetching, not on us, so they are left out of the count.
-    return target.startswith("socket:") or "/dev/shm/torch_" in target or target.startswith("pipe:")
-
-
-def _proc_figures(pid: int) -> tuple[int, int, int]:
-    """(RSS kB, open descriptors, mapped regions) of a live process, read from outside it."""
-    rss = int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")).split()[1])
-    fds = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            fds += not _in_flight(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            pass
-    maps = sum(1 for line in open(f"/proc/{pid}/maps") if not _in_flight(line.rstrip().split(" ")[-1]))
-    return rss, fds, maps
-
-
 def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     """The default path, unwrapped: whole-batch reads with zero-copy views from LMDB, pread from
     shards, images decoded into shared memory, the LMDB map trimmer active. The workers are

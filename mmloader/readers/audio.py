@@ -48,7 +48,7 @@ LOSSLESS_CODECS = ("flac", "alac", "wavpack") + tuple(
 )
 PREROLL_S = 0.2
 #: Opus needs longer for its decoder state (CELT's energy and pitch filters) to match a whole-file
-#: decode's: measured 1.6e-3 off after 0.2 s, 1e-7 after 0.5 s (48 kHz stereo, tests/test_av.py).
+#: decode's: measured 1.6e-3 off after 0.2 s, 1e-7 after 0.5 s (48 kHz stereo, tests/readers/test_av.py).
 PREROLL_BY_CODEC = {"opus": 0.5, "libopus": 0.5}
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_dataset
+from conftest import ROOT, write_dataset
 from remote_servers import RangeServer, make_certificate, own_cache  # noqa: F401  (fixture)
 
 import mmloader
@@ -20,7 +20,7 @@ from mmloader.storage import open_store
 from mmloader.storage.remote import Location, Policy, RemoteError, RemoteUnavailableError
 from mmloader.storage.remote.hub import HubError, forget_revisions, hub_token, parse_hub_url, retry_after
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+sys.path.insert(0, str(ROOT / "samples"))
 from local_hub import HubServer  # noqa: E402
 
 TOKEN = "hf_test_token_0123456789"

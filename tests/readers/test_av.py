@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 import mmloader
 from mmloader.errors import DecodeError, SizeLimitError
@@ -870,7 +871,7 @@ def test_mixed_video_audio_image_batches_through_2_ranks_x_2_workers(tmp_path, r
 def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
     """Persistent worker processes decode clips for 20 epochs; RSS, descriptors and mappings are
     read from outside the workers (/proc), so nothing in them changes to be observed."""
-    from test_reliability import _proc_figures
+    from conftest import _proc_figures
 
     from mmloader.cli.bench import _children
 
@@ -914,9 +915,7 @@ def test_import_mmloader_and_converters_without_av():
         "import mmloader.readers\n"
         "assert not {'av', 'soundfile'} & set(sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
 
 

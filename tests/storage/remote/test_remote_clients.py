@@ -15,6 +15,7 @@ import time
 import uuid
 
 import pytest
+from conftest import TESTS
 from remote_servers import RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 from mmloader.storage.remote import Location, ObjectChangedError
@@ -196,7 +197,7 @@ def test_certificates(kind, tmp_path):
             f"from test_remote_clients import CLIENTS, Location; "
             f"assert CLIENTS[{kind!r}](Location({url!r})).get('x.bin') == b'payload'"
         )
-        env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "cert.pem")}
+        env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "cert.pem"), "PYTHONPATH": str(TESTS)}
         done = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.dirname(__file__), capture_output=True)
         assert done.returncode == 0, done.stderr.decode()[-2000:]
     finally:

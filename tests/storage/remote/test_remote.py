@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_samples, write_dataset, write_pairs_folder
+from conftest import TESTS, make_samples, write_dataset, write_pairs_folder
 from remote_servers import FaultProxy, RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
@@ -41,7 +41,7 @@ from mmloader.storage.remote.tar import RemoteTarStore
 pytest.importorskip("moto.server")
 pytest.importorskip("obstore")
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 N = 24
 
 

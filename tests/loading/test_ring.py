@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_dataset
+from conftest import ROOT, TESTS, write_dataset
 
 import mmloader
 from mmloader.loading.ring import RingBatch, SlotTensor, _Arena, _pack, _unpack
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +210,7 @@ SCRIPT = textwrap.dedent("""
 )
 def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
     before = set(os.listdir("/dev/shm"))
-    script = SCRIPT.format(tests=str(Path(__file__).parent), path=str(pairs), action=action)
+    script = SCRIPT.format(tests=str(TESTS), path=str(pairs), action=action)
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,

@@ -7,19 +7,16 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_dataset
+from conftest import AS_ROOT, ROOT, write_dataset
 from PIL import Image
-from test_converters import AS_ROOT, unreadable  # noqa: F401  (the fixture)
 
 import mmloader
 from mmloader.cli import main as cli
 from mmloader.cli.convert import CONVERTERS
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("inspect", "verify", "index", "convert", "merge", "preview", "plan", "bench")
 
 

@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from conftest import deliver
 
 from mmloader.planning import (
     RangeList,
@@ -14,35 +15,9 @@ from mmloader.planning import (
     rank_positions,
     remaining_ranges,
     samples_per_rank,
-    worker_batches,
 )
 from mmloader.planning.mixing import MixOrder, apportion, quotas
 from mmloader.planning.partition import batches_per_rank
-
-
-def deliver(total, world, workers, batch, drop_last, ranges=None):
-    """What each rank's DataLoader delivers, in order: batches of plan positions.
-
-    Workers produce their batches independently; the DataLoader takes them
-    round-robin (worker 0, 1, ..., 0, 1, ...), skipping exhausted workers.
-    """
-    visit = RangeList(ranges if ranges is not None else [(0, total)])
-    per = samples_per_rank(len(visit), world, batch, drop_last)
-    out = []
-    for rank in range(world):
-        mine = rank_positions(len(visit), world, rank, per)
-        queues = [
-            [visit.take(mine[a:b]).tolist() for a, b in worker_batches(per, batch, workers, w)] for w in range(workers)
-        ]
-        got, i = [], 0
-        while any(queues):
-            q = queues[i % workers]
-            if q:
-                got.append(q.pop(0))
-            i += 1
-        out.append(got)
-    return out, per
-
 
 CASES = list(itertools.product(range(0, 26), range(1, 5), range(1, 4), [None, 1, 2, 3, 5], [False, True]))
 

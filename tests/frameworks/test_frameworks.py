@@ -13,8 +13,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import TESTS
 
-HERE = Path(__file__).parent / "frameworks"
+HERE = TESTS / "frameworks"
 sys.path.insert(0, str(HERE))
 from common import BATCH, SAMPLES, make_dataset  # noqa: E402
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import jpeg_bytes
-from test_planning import deliver
+from conftest import deliver, jpeg_bytes
 
 import mmloader
 from mmloader.planning import RangeList, remaining_ranges

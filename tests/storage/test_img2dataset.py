@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from remote_servers import RangeServer
 
 import mmloader
 from mmloader.errors import FormatError
 from mmloader.storage import Img2DatasetStore, open_store
 
-ROOT = Path(__file__).resolve().parents[1]
 URLS, MISSING, PER_SHARD = 26, (4, 17), 8
 
 

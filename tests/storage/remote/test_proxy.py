@@ -8,10 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import write_dataset
+from conftest import ROOT, write_dataset
 from remote_servers import RangeServer, make_certificate
 
 from mmloader.storage import open_store
@@ -20,7 +19,7 @@ from mmloader.storage.remote.hub import forget_revisions
 from mmloader.storage.remote.proxy import parse_proxy, proxy_for
 
 pytest.importorskip("proxy", reason="proxy.py (the test extras) is the proxy these tests go through")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+sys.path.insert(0, str(ROOT / "samples"))
 from local_hub import HubServer  # noqa: E402
 
 PROXY_ENV = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy", "no_proxy")

@@ -16,14 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import jpeg_bytes, train_tokenizer, write_pairs_folder
+from conftest import ROOT, jpeg_bytes, train_tokenizer, write_pairs_folder
 from PIL import Image
 
 import mmloader
 from mmloader.cli import main as cli
 from mmloader.cli.verify import verify
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*argv) -> int:
@@ -583,55 +581,6 @@ def test_python_m_entry_point(pairs_dir, tmp_path):
 
 
 # -- issue 18: never silently wrong -------------------------------------------------------------
-AS_ROOT = os.geteuid() == 0
-
-
-@pytest.fixture
-def unreadable(monkeypatch):
-    """Make a folder or file unreadable: chmod 000, undone at teardown. As root, mode 000 does not
-    stop a read, so the refusal the kernel would give (EACCES) is raised in this process instead,
-    by os.scandir (folders, what os.walk lists with) and by the converters' and verify's open."""
-    import builtins
-    import errno
-
-    import mmloader.converters.reading
-    import mmloader.converters.sources
-
-    import mmloader.cli.verify
-    import mmloader.storage.tar.layout
-
-    chmodded = []
-    denied: set[str] = set()
-
-    def deny(path: Path) -> None:
-        if not AS_ROOT:
-            chmodded.append((path, path.stat().st_mode))
-            path.chmod(0)
-            return
-        denied.add(os.path.realpath(path))
-        real_scandir, real_open = os.scandir, builtins.open
-
-        def scandir(p="."):
-            if isinstance(p, (str, os.PathLike)) and os.path.realpath(p) in denied:
-                raise PermissionError(errno.EACCES, "Permission denied", str(p))
-            return real_scandir(p)
-
-        def open_(file, *a, **kw):
-            if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) in denied:
-                raise PermissionError(errno.EACCES, "Permission denied", str(file))
-            return real_open(file, *a, **kw)
-
-        monkeypatch.setattr(os, "scandir", scandir)
-        monkeypatch.setattr(mmloader.converters.reading, "open", open_, raising=False)  # the converters' reads
-        monkeypatch.setattr(mmloader.converters.sources, "open", open_, raising=False)
-        monkeypatch.setattr(mmloader.cli.verify, "open", open_, raising=False)
-        monkeypatch.setattr(mmloader.storage.tar.layout, "open", open_, raising=False)  # verify's sha256_file
-
-    yield deny
-    for path, mode in chmodded:
-        path.chmod(mode)
-
-
 def _pairs3(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for i in range(3):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import jpeg_bytes
+from conftest import ROOT, jpeg_bytes
 from PIL import Image
 
 import mmloader
@@ -21,8 +21,6 @@ from mmloader.cli.verify import verify
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*argv) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
-from conftest import jpeg_bytes, make_samples, write_dataset
+from conftest import TESTS, jpeg_bytes, make_samples, write_dataset
 
 import mmloader
 from mmloader.cli.verify import verify
@@ -293,7 +293,7 @@ with mmloader.writer_for({dst!r}, {fmt!r}, shard_size=3) as w:
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_killed_writer_leaves_nothing_under_final_name(tmp_path, fmt):
     dst = tmp_path / ("out.lmdb" if fmt == "lmdb" else "out")
-    script = WRITER_SCRIPT.format(tests=str(Path(__file__).parent), dst=str(dst), fmt=fmt)
+    script = WRITER_SCRIPT.format(tests=str(TESTS), dst=str(dst), fmt=fmt)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "started"
     time.sleep(0.3)

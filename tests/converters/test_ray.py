@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import jpeg_bytes, write_pairs_folder
+from conftest import ROOT, jpeg_bytes, write_pairs_folder
 
 import mmloader
 from mmloader.cli import main as cli
@@ -21,8 +21,6 @@ from mmloader.cli import main as cli
 ray = pytest.importorskip("ray")
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

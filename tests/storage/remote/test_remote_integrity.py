@@ -14,13 +14,11 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from conftest import make_samples, write_dataset, write_pairs_folder
+from conftest import ROOT, make_samples, write_dataset, write_pairs_folder
 from remote_servers import FaultProxy, own_cache, s3  # noqa: F401  (fixtures)
 
 import mmloader
 from mmloader.errors import FormatError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
