@@ -46,9 +46,9 @@ $(TOOLS)/.installed:
 test: $(VENV)/.installed $(TOOLS)/.installed
 	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q
 
-# The change loop: the unit tests (no process, no network; tests/kinds.py keeps them so).
+# The change loop: the unit tests (no process, no network; tests/kinds.py keeps them so), not the slow ones.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m unit
+	$(PY) -m pytest -q -m "unit and not slow"
 
 # ruff (lint and format) and mypy, as configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -53,6 +53,11 @@ FIXTURE_KINDS = {"ddp_run": "distributed", "s3": "network"}
 def pytest_configure(config: pytest.Config) -> None:
     for name, what in KINDS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+    config.addinivalue_line("markers", f"slow: {SLOW}")
+
+
+#: Beside its kind, a unit test of seconds is marked ``slow``: ``make test-fast`` leaves it out.
+SLOW = "a unit test that takes seconds (exhaustive or pixel-exact checks): not in make test-fast"
 
 
 def kind_of(item: pytest.Item) -> str:

@@ -249,6 +249,7 @@ def _partial_holding_data(parent: Path, name: str, proc: subprocess.Popen, min_b
     raise AssertionError("no partial with data appeared")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_conversion_killed_inside_the_write_window(tmp_path, fmt):
     """SIGKILL inside the write window, deterministically: once the hidden partial holds data the
@@ -313,6 +314,7 @@ class _Suicidal(torch.utils.data.Dataset):
         return {"__key__": str(i), "x": i}
 
 
+@pytest.mark.process
 def test_killed_worker_surfaces_within_seconds():
     loader = mmloader.loader(mmloader.Stream(_Suicidal(), batch_size=5, shuffle=False), num_workers=2)
     start = time.time()
@@ -330,6 +332,7 @@ def _rank_reader(rank, path, out):
     Path(out, f"r{rank}.json").write_text(json.dumps(keys))
 
 
+@pytest.mark.process
 def test_lmdb_read_by_2_ranks_x_8_workers(tmp_path):
     import multiprocessing as mp
 
@@ -345,6 +348,7 @@ def test_lmdb_read_by_2_ranks_x_8_workers(tmp_path):
 
 
 # -- load and endurance -------------------------------------------------------------------------
+@pytest.mark.process
 def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
     """The default path, unwrapped: whole-batch reads with zero-copy views from LMDB, pread from
     shards, images decoded into shared memory, the LMDB map trimmer active. The workers are
@@ -388,6 +392,7 @@ def test_50_epochs_persistent_workers_stay_flat(tmp_path, capsys, monkeypatch):
         assert last[pid][2] - warm[pid][2] <= 2, "memory-mapped regions kept growing"
 
 
+@pytest.mark.process
 def test_forkserver_workers_deliver_the_same_batches(tmp_path):
     path = write_dataset(tmp_path / "f.lmdb", 24, "lmdb")
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
@@ -423,6 +428,7 @@ def _read_all(path, out):
     Path(out).write_text(json.dumps(sorted(k for b in loader for k in b["__key__"])))
 
 
+@pytest.mark.process
 def test_two_processes_same_store(tmp_path):
     import multiprocessing as mp
 

@@ -81,6 +81,7 @@ def test_filter_reads_no_image_pixels(path, tmp_path, monkeypatch):
     assert len(mmloader.select(_ds(path), "image.height == 16", cache_dir=tmp_path)) == N
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_a_selection_streams_every_selected_sample_once_on_both_backends(path, backend, tmp_path):
     sel = mmloader.select(_ds(path), "meta.score >= 0.3 and label != 2 and image.width >= 24", cache_dir=tmp_path)
@@ -226,6 +227,7 @@ def test_field_values_match_read_many_with_absent_values(tmp_path, fmt):
         store.field_values([8, 9, 10], "a")
 
 
+@pytest.mark.process
 def test_mmloader_inspect_counts_what_a_filter_keeps(path):
     import subprocess
     import sys

@@ -447,6 +447,7 @@ def test_a_finished_part_whose_files_changed_is_converted_again(pairs_dir, tmp_p
     assert "converting it again" in out and "already converted" not in out and shard.is_file()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["tar", "lmdb"])
 def test_a_part_killed_mid_write_and_rerun_gives_the_same_result(tmp_path, fmt):
     raw = write_pairs_folder(tmp_path / "raw", 1200, 128)
@@ -570,6 +571,7 @@ def test_path_errors(pairs_dir, tmp_path, capsys):
     assert "cannot write" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_python_m_entry_point(pairs_dir, tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "mmloader.converters.pairs", str(pairs_dir), str(tmp_path / "o"), "-q"],
@@ -853,6 +855,7 @@ def _limited_run(args, tmp_path, limit_bytes=1 << 30) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.process
 def test_huge_file_refused_before_it_is_read(tmp_path):
     raw = _pairs3(tmp_path / "raw")
     with open(raw / "big.jpg", "wb") as f:  # a real JPEG header, then 2 GB of (sparse) zeros
@@ -915,6 +918,7 @@ def _fake_partial(dst: Path, pid: int, host: str | None = None) -> Path:
     return p
 
 
+@pytest.mark.process
 def test_stale_partial_of_a_dead_writer_is_removed_and_reported(tmp_path, capsys):
     raw = _pairs3(tmp_path / "raw")
     dst = tmp_path / "out"
@@ -962,6 +966,7 @@ def test_publish_never_replaces_a_dataset_that_appeared_meanwhile(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no partial, no lock left
 
 
+@pytest.mark.process
 def test_two_concurrent_conversion_processes(tmp_path):
     raw = write_pairs_folder(tmp_path / "raw", 600, 64)
     dst = tmp_path / "out"
@@ -1050,6 +1055,7 @@ def test_image_spellings_fold_to_one_field(tmp_path):
     assert mmloader.open(tmp_path / "m").fields == ["jpg"]
 
 
+@pytest.mark.process
 def test_converters_import_no_torch():
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "mmloader.converters.pairs", "--help"],

@@ -61,6 +61,7 @@ def test_realised_proportions_within_one_point(stores):
         assert abs(got[name] / total - w) <= 0.01
 
 
+@pytest.mark.slow
 def test_mixed_stream_deterministic_and_differs_by_epoch(stores):
     def keys(epoch, workers):
         loader = mmloader.loader(mmloader.from_config(config(stores)), num_workers=workers)

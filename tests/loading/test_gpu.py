@@ -33,6 +33,7 @@ def _loader(path, decode, backend="thread"):
     return mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=3), num_workers=2, backend=backend)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_raw_batches_are_packed(mixed, backend):
     batch = next(iter(_loader(mixed, "raw", backend)))
@@ -111,6 +112,7 @@ def test_mixed_sizes_need_a_size(mixed, tmp_path):
 
 
 # -- issue 13, defect 2: the batch decoded ahead is not counted as delivered ---------------------
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_state_describes_what_the_caller_received_not_the_read_ahead(mixed, backend):
     full = [b["__key__"] for b in _loader(mixed, "raw", backend)]
@@ -135,6 +137,7 @@ def test_state_after_the_last_batch_points_at_the_next_epoch(mixed):
 
 
 # -- issue 13, defect 8: augmentations from the plan, not from the global RNG ------------------
+@pytest.mark.process
 def test_random_crop_and_flip_follow_the_seed_on_both_backends(mixed):
     def run(backend, workers=2, epoch=0):
         loader = _loader(mixed, "raw", backend)

@@ -166,6 +166,7 @@ CONFIG_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("on_change", ["error", "next_epoch", "continue"])
 def test_each_on_change_mode_across_a_config_edit_between_two_runs(data, tmp_path, on_change):
     script = tmp_path / "run.py"
@@ -237,6 +238,7 @@ def _all_ranks(streams, state=None, limit=None):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["selection", "schedule"])
 def test_resume_at_every_step_onto_worlds_1_to_4(data, kind):
     if kind == "selection":
@@ -298,6 +300,7 @@ def _eval_rank(rank: int, init: str, path: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.process
 def test_two_rank_ddp_evaluation_sums_to_exactly_the_dataset(tmp_path):
     path = _write(tmp_path / "e.lmdb", "e", 37)
     tmp.spawn(_eval_rank, args=(str(tmp_path / "init"), path, str(tmp_path)), nprocs=2, join=True)
@@ -349,6 +352,7 @@ def test_a_batch_with_a_bad_sample_runs_each_transform_once(tmp_path, cache, cap
     assert delivered == 20 and len(calls) == 20  # one transform per delivered sample (was 25)
 
 
+@pytest.mark.process
 def test_mmloader_plan_prints_the_selection_and_the_schedules_totals(data, tmp_path):
     cfg = {
         "batch_size": 10,

@@ -53,6 +53,7 @@ def _same(a: dict, b: dict) -> bool:
     return True
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("output", ["tensor", "raw"])
 def test_ring_gives_the_batches_of_the_thread_backend(pairs, output):
     ring = _loader(pairs, output)
@@ -103,6 +104,7 @@ def test_tensors_inside_lists_go_into_the_slot_and_plain_lists_pass_as_they_are(
     assert out["caption"] == ["a", "b"] and out["mixed"][0] == "x"
 
 
+@pytest.mark.process
 def test_ring_resume_onto_another_worker_count(pairs):
     full = [b["__key__"] for b in _loader(pairs)]
     first = _loader(pairs)
@@ -115,6 +117,7 @@ def test_ring_resume_onto_another_worker_count(pairs):
     assert taken + [b["__key__"] for b in resumed] == full
 
 
+@pytest.mark.process
 def test_batches_the_caller_holds_are_never_overwritten(pairs):
     """A slow consumer that keeps every batch: the worker must not reuse a slot still referenced."""
     reference = [b for b in _loader(pairs, workers=1, ring=False)]
@@ -132,6 +135,7 @@ def test_batches_the_caller_holds_are_never_overwritten(pairs):
     assert all(torch.equal(v["view"], b["image"][1:3]) for v, b in zip(kept[1::2], reference))
 
 
+@pytest.mark.process
 def test_slots_are_handed_back_when_dropped(pairs):
     loader = _loader(pairs, workers=1, prefetch_factor=1, persistent_workers=True)
     kinds = []
@@ -145,6 +149,7 @@ def test_slots_are_handed_back_when_dropped(pairs):
     assert len(loader.ring._cache) == 3
 
 
+@pytest.mark.process
 def test_restarted_workers_do_not_grow_the_slot_cache(pairs):
     loader = _loader(pairs, workers=2, persistent_workers=False)
     for epoch in range(4):
@@ -160,6 +165,7 @@ def _shm_state() -> tuple[int, int]:
     return files, maps
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 def test_twenty_loader_lifetimes_leave_no_shared_memory(pairs):
     import gc
@@ -208,6 +214,7 @@ SCRIPT = textwrap.dedent("""
         "os.kill(w, signal.SIGKILL)",
     ],
 )
+@pytest.mark.process
 def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
     before = set(os.listdir("/dev/shm"))
     script = SCRIPT.format(tests=str(TESTS), path=str(pairs), action=action)

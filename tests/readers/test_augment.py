@@ -185,6 +185,7 @@ SIZES = [(256, 256), (320, 240), (200, 300), (640, 480), (1024, 700), (2400, 180
     ],
     ids=["rrc-normalize", "rrc-bicubic-uint8", "resize-centercrop", "resize-pair-unscaled"],
 )
+@pytest.mark.slow
 def test_fused_pixels_equal_torchvision_for_the_same_box(aug):
     """At full decode scale the pixels are torchvision's exactly (floats to rounding); a crop
     decoded at a reduced DCT scale (twice the output or more) is within a few levels."""
@@ -234,6 +235,7 @@ def noise_jpeg(seed: int, width: int, height: int, feature: int = 8) -> bytes:
 REDUCED_SCALE_BOUND = {"photo": 2.0, "noise": 7.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["photo", "noise"])
 def test_reduced_scale_crops_stay_within_the_documented_distance_of_a_full_decode(kind):
     """Computed, not taken from the rule: every crop that took the reduced scale, over image
@@ -477,6 +479,7 @@ def test_the_reader_logs_what_it_fused(photos, caplog):
     assert "fused RandomResizedCrop; per sample in Python after it: ColorJitter" in caplog.text
 
 
+@pytest.mark.process
 def test_same_seed_same_crops_on_both_backends_and_any_worker_count(photos):
     aug = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])
     runs = {}
@@ -490,6 +493,7 @@ def test_same_seed_same_crops_on_both_backends_and_any_worker_count(photos):
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(run, first)), key
 
 
+@pytest.mark.process
 def test_each_epoch_draws_new_crops_and_a_resume_draws_the_same(photos):
     aug = v2.Compose([v2.RandomResizedCrop(32), v2.RandomHorizontalFlip()])
     loader = mmloader.loader(_stream(photos, aug), num_workers=2)
@@ -512,6 +516,7 @@ def test_each_epoch_draws_new_crops_and_a_resume_draws_the_same(photos):
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, epoch0[2:]))
 
 
+@pytest.mark.process
 def test_a_fully_fused_pipeline_runs_on_threads_and_a_partly_fused_one_in_processes(photos):
     fused = _stream(photos, TRAIN_V2)
     partly = _stream(photos, v2.Compose([v2.RandomResizedCrop(32), v2.ColorJitter(0.3)]))

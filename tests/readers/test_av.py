@@ -568,6 +568,7 @@ def _clip_times(loader, epoch):
     return out
 
 
+@pytest.mark.process
 def test_random_clips_are_reproducible_per_seed_and_epoch_and_differ_across_epochs(tmp_path, clips):
     path = store_of(tmp_path, "r.lmdb", [{"__key__": f"k{i:02d}", "mp4": clips["mp4"]} for i in range(8)])
     video = mmloader.VideoReader(path, "mp4", frames=3, fps=5, size=(16, 16))
@@ -650,6 +651,7 @@ def raw_media(tmp_path_factory) -> Path:
     return raw
 
 
+@pytest.mark.process
 def test_pairs_groups_clip_mp4_txt_flac_and_probes_headers(tmp_path, raw_media):
     done = _mm(
         "convert",
@@ -681,6 +683,7 @@ def test_pairs_groups_clip_mp4_txt_flac_and_probes_headers(tmp_path, raw_media):
     assert header_only.returncode == 0 and len(mmloader.open(tmp_path / "h.lmdb")) == 2  # garbled passes a header check
 
 
+@pytest.mark.process
 def test_max_seconds_and_transcode(tmp_path, raw_media):
     done = _mm(
         "convert", "pairs", raw_media / "clips", tmp_path / "m.lmdb", "--max-seconds", "2.5", "--on-error", "skip", "-q"
@@ -711,6 +714,7 @@ def test_max_seconds_and_transcode(tmp_path, raw_media):
     assert bad.returncode == 2 and "--transcode" in bad.stderr
 
 
+@pytest.mark.process
 def test_manifest_takes_video_and_audio_columns(tmp_path, raw_media):
     rows = [{"video": f"clips/c{i}.mp4", "audio": f"clips/c{i}.flac", "caption": f"clip {i}"} for i in range(3)]
     manifest = raw_media / "clips.jsonl"
@@ -733,6 +737,7 @@ def test_manifest_takes_video_and_audio_columns(tmp_path, raw_media):
     assert set(store.fields) == {"mp4", "flac", "txt"} and len(store) == 3
 
 
+@pytest.mark.process
 def test_inspect_and_preview_show_media(tmp_path, raw_media):
     assert _mm("convert", "pairs", raw_media / "clips", tmp_path / "c.lmdb", "-q").returncode == 0
     out = _mm("inspect", tmp_path / "c.lmdb", "-n", "1").stdout
@@ -747,6 +752,7 @@ def test_inspect_and_preview_show_media(tmp_path, raw_media):
     assert "caption" not in done.stdout or "clip 0" in done.stdout
 
 
+@pytest.mark.process
 def test_config_mixes_video_audio_and_image_with_presence_masks(tmp_path, raw_media):
     cfg = _av_config(tmp_path, raw_media)
     stream = mmloader.from_config(cfg)
@@ -837,6 +843,7 @@ def _rank_main(rank: int, init: str, cfg: dict, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.process
 def test_mixed_video_audio_image_batches_through_2_ranks_x_2_workers(tmp_path, raw_media):
     import torch.multiprocessing as tmp
 
@@ -868,6 +875,7 @@ def test_mixed_video_audio_image_batches_through_2_ranks_x_2_workers(tmp_path, r
     assert ranked.keys() == times.keys()
 
 
+@pytest.mark.process
 def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
     """Persistent worker processes decode clips for 20 epochs; RSS, descriptors and mappings are
     read from outside the workers (/proc), so nothing in them changes to be observed."""
@@ -907,6 +915,7 @@ def test_memory_stays_flat_over_20_epochs_of_video_decoding(tmp_path, capsys):
         assert last[pid][2] - first[pid][2] <= 2, "memory-mapped regions kept growing"
 
 
+@pytest.mark.process
 def test_import_mmloader_and_converters_without_av():
     code = (
         "import sys, mmloader, mmloader.converters.pairs, mmloader.converters.manifest, mmloader.converters.common\n"

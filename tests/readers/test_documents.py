@@ -166,6 +166,7 @@ def test_webdataset_reads_the_shards(converted):
             assert np.array_equal(s[e["image"]], np.asarray(Image.open(io.BytesIO(v)).convert("RGB")))  # type: ignore[arg-type]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_batches_with_0_and_40_images(converted, backend):
     docs, out, _root = converted

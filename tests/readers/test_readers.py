@@ -153,7 +153,7 @@ def test_custom_modality_without_editing_mmloader(any_ds):
 
 def test_readers_open_nothing_until_read(tmp_path):
     path = write_dataset(tmp_path / "lazy.lmdb", 3, "lmdb")
-    from mmloader.storage import lmdb_store
+    from mmloader.storage.lmdb import store as lmdb_store
 
     before = set(lmdb_store._ENVS)
     reader = mmloader.ImageReader(path)
@@ -302,6 +302,7 @@ class _Take(torch.utils.data.Dataset):
         return s["__key__"], s["image"].sum().item(), s["caption"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_zipped_readers_in_workers(lmdb_ds, tar_ds, method):
     ds = mmloader.zip(image=mmloader.ImageReader(lmdb_ds), caption=mmloader.TextReader(tar_ds))
@@ -372,6 +373,7 @@ def test_alternative_fields_and_the_default_image_field(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(batch["image"].tensor, rows))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_optional_fields_read_as_missing_on_shards_and_lmdb(tmp_path, fmt):
     """A field only some samples have: refused naming optional=True and only fields of the

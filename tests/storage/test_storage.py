@@ -573,6 +573,7 @@ def _counting_trims(monkeypatch) -> list[str]:
     return trims
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
 def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeypatch):
     """The trimmer measures what is mapped (a fault may map a whole page-cache folio, far more than
@@ -604,6 +605,7 @@ def test_lmdb_map_stays_within_the_bound_whatever_a_fault_maps(tmp_path, monkeyp
     assert not untrimmed_over, f"reads over the bound that did not trim: {untrimmed_over}"
 
 
+@pytest.mark.slow
 def test_trimming_while_another_thread_opens_environments(tmp_path, monkeypatch):
     """Opening an environment registers its trimmer while other threads read and trim."""
     import threading
@@ -852,6 +854,7 @@ def test_lmdb_written_again_beside_its_old_lock_file_opens_while_the_old_one_is_
     assert bytes(old[2]["txt"]) == b"A 2 " + b"x" * 1  # the old store reads the file it opened
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_converting_again_in_one_process_with_readers_alive(tmp_path, fmt):
     """A notebook converts into one path again and again while a reader of the first dataset
