@@ -23,7 +23,7 @@ LAYOUTS = ("pairs", "imagefolder", "manifest", "textlines", "parquet", "document
 
 
 def convert(
-    layout: str, src: str | os.PathLike | list[str | os.PathLike], dst: str | os.PathLike, **options: Any
+    layout: str, src: str | os.PathLike | list[str | os.PathLike], dst: str | os.PathLike, /, **options: Any
 ) -> Summary:
     """Convert ``src`` (a raw folder or file in ``layout``) into the dataset ``dst``.
 
@@ -68,7 +68,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 def _argv(parser: argparse.ArgumentParser, layout: str, options: dict[str, Any]) -> list[str]:
     """``options`` as the command line spells them, so that they are parsed and checked once."""
-    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
     argv: list[str] = []
     for name, value in options.items():
         action = actions.get(name)

@@ -206,7 +206,9 @@ class LiveMix:
                 "a live source has no size to repeat or count"
             )
         if len(datasets) < 2:
-            raise ValueError("mix() of a live source alone: stream the source itself (mmloader.Stream(source, ...))")
+            raise ValueError(
+                "mix() of a live source alone: stream the source itself (mmloader.LiveStream(source, ...))"
+            )
         w = [float(x) for x in (weights if weights is not None else [1.0] * len(datasets))]
         if len(w) != len(datasets) or any(x < 0 for x in w) or sum(w) <= 0:
             raise ValueError(f"mix(): weights {list(w)} for {len(datasets)} datasets: one non-negative weight each")

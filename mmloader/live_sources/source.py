@@ -151,7 +151,7 @@ def live(
     """A source of samples produced while training, for :class:`mmloader.Stream` (``steps=``).
 
     >>> source = mmloader.live(lambda rank, world, worker, workers: my_queue_reader(rank * workers + worker))  # doctest: +SKIP
-    >>> stream = mmloader.Stream(source, batch_size=32, steps=1000)                                           # doctest: +SKIP
+    >>> stream = mmloader.LiveStream(source, batch_size=32, steps=1000)                                           # doctest: +SKIP
 
     Args:
         factory: ``factory(rank, world, worker, workers)`` -> an iterable of sample dicts for that

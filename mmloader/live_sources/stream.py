@@ -1,4 +1,4 @@
-"""``Stream(live_source, steps=...)``: a live source (alone or mixed with stored data) streamed
+"""``LiveStream(live_source, steps=...)``: a live source (alone or mixed with stored data) streamed
 to one rank's loader, with the guarantees of a stored stream where they can hold.
 
 * **Steps, not epochs.** A pass ("epoch") is ``steps`` batches; with a stored part, the

@@ -280,10 +280,10 @@ def _open(path: str, root: Path, where: str, index_path: str | None = None, spli
                 raise ConfigError(f"{where}: index_path {index_file}: its folder {index_file.parent} does not exist")
         try:
             store = open_store(p, **({} if index_file is None else {"index_path": index_file}))
-            if len(store) == 0:
-                raise ConfigError(f"{where}: {p} holds no line: an empty source")
         except (MMLoaderError, OSError) as e:
             raise ConfigError(f"{where}: {e}") from None
+        if len(store) == 0:
+            raise ConfigError(f"{where}: {p} holds no line: an empty source")
         return store
     if index_path is not None:
         raise ConfigError(f"{where}: index_path applies to text files ({', '.join(TEXT_SUFFIXES)}), not to {p}")

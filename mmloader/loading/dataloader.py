@@ -1,4 +1,4 @@
-"""``mmloader.loader``: a loader set up right for a :class:`Stream`, with mid-epoch resume.
+"""``mmloader.loader``: a loader set up right for a :class:`~.stream.Stream`, with mid-epoch resume.
 
 Two backends build the same batches in the same order: worker processes
 (:class:`Loader`, a real ``torch.utils.data.DataLoader``) and threads of the
@@ -54,7 +54,7 @@ def default_num_workers() -> int:
 
 
 class Loader(Resumable):
-    """Batches of a :class:`Stream` from DataLoader worker processes, knowing where it is.
+    """Batches of a :class:`~.stream.Stream` from DataLoader worker processes, knowing where it is.
 
     ``state_dict()`` records the epoch and how many batches this rank has
     delivered; ``load_state_dict()`` resumes at exactly the next unseen batch by

@@ -114,7 +114,7 @@ class Resumable:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next pass delivers, from its start; a resume pending for this same
-        epoch is kept (see :meth:`Stream.set_epoch`). Called while a pass is delivering, it
+        epoch is kept (see :meth:`~.stream.Stream.set_epoch`). Called while a pass is delivering, it
         applies when that pass ends: its batches, and states taken during it, stay those of
         its own epoch.
 

@@ -117,6 +117,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         pack_tokens: int | None = None,
         length_by: Any = None,
         pack_window: int = PACK_WINDOW,
+        **unknown: Any,
     ):
         from ..align.mix import LiveMix, Mix
         from .distributed import data_parallel_group
@@ -126,6 +127,8 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
                 f"Stream() streams stored samples by epochs; {type(dataset).__name__} is live, streamed by "
                 "steps: mmloader.LiveStream(source, batch_size=..., steps=...)"
             )
+        if unknown:  # after the check above, so that Stream(live, steps=...) is told of LiveStream
+            raise TypeError(f"Stream() got unexpected keyword argument(s) {', '.join(sorted(unknown))}")
         _check_options(
             batch_size=batch_size,
             shuffle=shuffle,

@@ -40,7 +40,8 @@ def _only(path: Path, options: Mapping[str, Any], accepted: tuple[str, ...]) -> 
     """``options``, or a TypeError naming those this kind of dataset does not take."""
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise TypeError(f"{path}: options {unknown} do not apply to this dataset (it takes: {', '.join(accepted)})")
+        takes = f"it takes: {', '.join(accepted)}" if accepted else "it takes none"
+        raise TypeError(f"{path}: options {unknown} do not apply to this dataset ({takes})")
     return dict(options)
 
 
@@ -55,7 +56,7 @@ def _lmdb() -> Format:
         "lmdb",
         "an mmloader LMDB dataset (data.mdb)",
         lambda p: p.is_dir() and (p / "data.mdb").is_file(),
-        lambda p, options: LMDBStore(p),
+        lambda p, options: LMDBStore(p, **_only(p, options, ())),
         LMDBWriter,
         (".lmdb",),
     )
@@ -84,12 +85,12 @@ def _tar() -> Format:
             from .remote.tar import RemoteTarStore
 
             return RemoteTarStore(remote, index_dir=folder, **options)
-        return TarStore(p, **options)
+        return TarStore(p, **_only(p, options, ("check_headers", "verify_checksums")))
 
     return Format(
         "tar",
         f"a shard directory ({MANIFEST})",
-        lambda p: (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.suffix == ".json"),
+        lambda p: (p.is_dir() and (p / MANIFEST).is_file()) or (p.is_file() and p.name == MANIFEST),
         open_tar,
         ShardWriter,
     )

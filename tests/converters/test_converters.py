@@ -82,6 +82,10 @@ def test_convert_from_python_names_what_cannot_work(pairs_dir, tmp_path):
         convert("pairs", pairs_dir, tmp_path / "a", workers=0)
     with pytest.raises(UsageError, match="overwrite= takes True or False"):
         convert("pairs", pairs_dir, tmp_path / "a", overwrite="yes")
+    with pytest.raises(ConversionError, match="does not exist"):  # a layout's own layout= option reaches it
+        convert("documents", tmp_path / "missing", tmp_path / "a", layout="obelics")
+    with pytest.raises(UsageError, match="no option 'help'"):
+        convert("pairs", pairs_dir, tmp_path / "a", help=True)
     with pytest.raises(UsageError, match="unknown layout 'pair'"):
         convert("pair", pairs_dir, tmp_path / "a")
     (tmp_path / "empty").mkdir()

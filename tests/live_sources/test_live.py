@@ -759,8 +759,9 @@ def test_each_kind_of_stream_names_the_other_for_the_other_kind_of_data(lmdb_ds)
     from mmloader.loading.protocol import StreamLike
 
     live = mmloader.live(_numbered)
-    with pytest.raises(TypeError, match=r"is live, streamed by steps: mmloader.LiveStream\(source"):
-        mmloader.Stream(live, batch_size=4)
+    for options in ({}, {"steps": 10}):  # steps= is a LiveStream's: still told of LiveStream
+        with pytest.raises(TypeError, match=r"is live, streamed by steps: mmloader.LiveStream\(source"):
+            mmloader.Stream(live, batch_size=4, **options)
     with pytest.raises(TypeError, match="a stored dataset streams with mmloader.Stream"):
         mmloader.LiveStream(mmloader.zip(txt=mmloader.TextReader(lmdb_ds)), batch_size=4)
     stored = mmloader.Stream(mmloader.zip(txt=mmloader.TextReader(lmdb_ds)), batch_size=4)

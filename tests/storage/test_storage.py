@@ -926,3 +926,20 @@ def test_the_format_registry_opens_and_writes_what_it_names(tmp_path):
     with pytest.raises(FormatError) as e:
         mmloader.open(tmp_path / "plain")
     assert all(fmt.what in str(e.value) for fmt in formats().values()), str(e.value)
+
+
+def test_options_a_format_does_not_take_are_named_with_the_path(tmp_path):
+    write_dataset(tmp_path / "a.lmdb", 2, "lmdb")
+    write_dataset(tmp_path / "shards", 2, "tar")
+    with pytest.raises(TypeError, match=r"a.lmdb: options \['bogus'\] do not apply to this dataset \(it takes none\)"):
+        mmloader.open(tmp_path / "a.lmdb", bogus=1)
+    with pytest.raises(TypeError, match=r"shards: options \['bogus'\] .*it takes: check_headers, verify_checksums"):
+        mmloader.open(tmp_path / "shards", bogus=1)
+    (tmp_path / "meta.json").write_text("{}")  # a JSON file that is no shard index: not taken for one
+    with pytest.raises(FormatError, match="meta.json is not a dataset mmloader opens"):
+        mmloader.open(tmp_path / "meta.json")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"txt": ["x"]}), tmp_path / "ONE.PARQUET")
+    assert len(mmloader.open(tmp_path / "ONE.PARQUET")) == 1

@@ -51,7 +51,7 @@ def is_table(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a ``save_to_disk`` folder, a Parquet file or a folder of Parquet files."""
     p = Path(path)
     if p.is_file():
-        return p.suffix == ".parquet"
+        return p.suffix.lower() == ".parquet"
     return p.is_dir() and (
         (p / "state.json").is_file() or (p / "dataset_dict.json").is_file() or any(p.glob("*.parquet"))
     )
