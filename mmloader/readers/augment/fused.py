@@ -145,10 +145,10 @@ def draw(aug: Augment, sizes: Sequence[tuple[int, int]], generator: np.random.Ge
 #: decoded region stays at least this many times the output in each side, so that the final
 #: antialiased resize still does most of the filtering. What remains is mostly the crop box's
 #: edges moving to the reduced grid (under 1/6 of an output pixel); the DCT's own filtering
-#: adds about 1 level at most. Against a full decode of the drawn box (tests/readers/test_augment.py computes
-#: it, 32-224 px outputs, 1001-2048 px images): photo-like images at most 1.3 levels on average
-#: per image (median 0.6), bicubic noise with 8-px detail at most 6.4 (median 2.8). A margin
-#: of 4 barely helps the noise; ``math.inf`` turns the reduced-scale decode off.
+#: adds about 1 level at most. Against a full decode of the drawn box, the mean difference per
+#: image over 293 reduced crops (500-3000 px images, 16-224 px outputs): photo-like images
+#: median 0.6, max 2.3 levels; bicubic noise with 8-px detail median 2.0, max 9.3
+#: (docs/augment.md). A margin of 4 barely helps the noise; ``math.inf`` turns it off.
 DCT_MARGIN = 3
 
 

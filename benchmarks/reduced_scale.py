@@ -1,0 +1,71 @@
+"""How far fused crops decoded at a reduced DCT scale are from a full decode (docs/augment.md).
+
+For each kind of image (photo-like, and bicubic noise with 8-px detail: the worst case), image
+sizes from 500 to 3000 px (aspect ratios up to 4:1), random crops to 16-224 px and Resize +
+CenterCrop: the mean |difference| per image, in levels, of every crop that took the reduced
+scale, against torchvision's crop of the drawn box on a full decode. Prints median, p90, p99, max.
+
+    python benchmarks/reduced_scale.py [--images 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from torchvision.transforms.v2 import functional as F
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / "readers")]  # the tests' images
+
+SIZES = ((1025, 769), (1500, 1000), (2048, 1365), (500, 2000), (2000, 500), (1001, 751), (1601, 1201), (3000, 2000))
+
+
+def distances(kind: str, images: int) -> np.ndarray:
+    from test_augment import noise_jpeg, photo_jpeg
+
+    from mmloader.readers.augment import Augment, Crop, augment_column
+    from mmloader.readers.augment.fused import DCT_MARGIN, draw
+    from mmloader.readers.image_decode import decode_to_tensor
+
+    make = photo_jpeg if kind == "photo" else noise_jpeg
+    augs = [Augment(crop=Crop.random(o)) for o in (16, 32, 64, 112, 224)]
+    augs += [Augment(resize=r, crop=Crop.center(c)) for r, c in ((100, 96), (200, 160), (256, 224))]
+    means = []
+    for w, h in SIZES:
+        datas = [make(s + 100, w, h) for s in range(images)]
+        fulls = [decode_to_tensor(d) for d in datas]
+        for aug in augs:
+            got = augment_column(datas, aug, "RGB", None, np.random.default_rng(w + h)).tensor
+            drawn = draw(aug, [(h, w)] * len(datas), np.random.default_rng(w + h))
+            for i, full in enumerate(fulls):
+                if aug.crop.kind == "random":
+                    top, left, bh, bw = (int(v) for v in drawn.boxes[i])
+                    region, target = (bh, bw), aug.crop.size
+                    want = F.resized_crop(
+                        full, top, left, bh, bw, list(target), F.InterpolationMode.BILINEAR, antialias=True
+                    )
+                else:
+                    region, target = (h, w), drawn.resized[i]
+                    want = F.center_crop(F.resize(full, list(target), antialias=True), list(aug.crop.size))
+                if region[0] < 2 * DCT_MARGIN * target[0] or region[1] < 2 * DCT_MARGIN * target[1]:
+                    continue  # decoded at full scale: exactly torchvision's
+                means.append(float((got[i].double() - want.double()).abs().mean()))
+    return np.array(means)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=8, help="images per size and kind (default 8)")
+    args = parser.parse_args()
+    for kind in ("photo", "noise"):
+        m = distances(kind, args.images)
+        print(
+            f"{kind}: {len(m)} crops, median {np.median(m):.2f}, p90 {np.percentile(m, 90):.2f}, "
+            f"p99 {np.percentile(m, 99):.2f}, max {m.max():.2f} levels"
+        )
+
+
+if __name__ == "__main__":
+    main()
