@@ -11,7 +11,7 @@ from .arrow.store import ArrowStore
 from .base import KeysView, Store
 from .foreign.energon import EnergonStore
 from .foreign.img2dataset import Img2DatasetStore
-from .formats import Format, formats, recognise
+from .formats import Format, formats, has_tar_shards, recognise, writable
 from .lmdb.store import LMDBStore, LMDBWriter
 from .remote import is_url
 from .tar.index import MANIFEST
@@ -80,7 +80,7 @@ def open_store(path: str | os.PathLike | Store, **options) -> Store:
         raise TypeError(f"{p}: split= applies to Energon datasets (a folder with .nv-meta/); this is not one")
     if fmt is not None:
         return fmt.open(p, options)
-    if p.is_dir() and any(any(p.glob(pattern)) for pattern in ("*.tar", "*.tgz", "*.tar.gz")):
+    if has_tar_shards(p):
         raise FormatError(f"{p} holds tar shards but no {MANIFEST}: run `mmloader index {p}` first")
     kinds = [f.what for f in formats().values()]
     raise FormatError(f"{p} is not a dataset mmloader opens; it is none of: {'; '.join(kinds)}")
@@ -183,8 +183,8 @@ def open_url(
     return store
 
 
-#: The formats mmloader writes (the registry's formats with a writer).
-FORMATS = ("lmdb", "tar")
+#: The formats mmloader writes: the registry's formats with a writer.
+FORMATS = writable()
 
 
 def format_for(path: str | os.PathLike, format: str | None = None) -> str:
@@ -197,8 +197,8 @@ def format_for(path: str | os.PathLike, format: str | None = None) -> str:
     """
     if format is None:
         name = str(path).rstrip("/").lower()
-        registry = formats()
-        return next((f for f in FORMATS if name.endswith(registry[f].suffixes or ("\0",))), "tar")
+        suffixed = (f for f in FORMATS if formats()[f].suffixes and name.endswith(formats()[f].suffixes))
+        return next(suffixed, "tar")
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {', '.join(FORMATS)}")
     return format
@@ -222,7 +222,7 @@ def writer_for(path: str | os.PathLike, format: str | None = None, **kwargs):
         opts = {k: v for k, v in shard_options.items() if v is not None} if fmt == "tar" else {}
         return RemoteWriter(str(path), fmt, **opts, **kwargs)
     writer = formats()[fmt].writer
-    assert writer is not None  # FORMATS are the formats with a writer (tests/storage: test_formats)
+    assert writer is not None  # FORMATS are the formats with a writer
     if fmt == "tar":
         kwargs.update({k: v for k, v in shard_options.items() if v is not None})
     return writer(path, **kwargs)

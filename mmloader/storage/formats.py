@@ -45,7 +45,8 @@ def _only(path: Path, options: Mapping[str, Any], accepted: tuple[str, ...]) -> 
     return dict(options)
 
 
-def _has_tars(p: Path) -> bool:
+def has_tar_shards(p: Path) -> bool:
+    """A folder holding tar shards (indexed or not)."""
     return p.is_dir() and any(any(p.glob(pattern)) for pattern in ("*.tar", "*.tgz", "*.tar.gz"))
 
 
@@ -113,7 +114,7 @@ def _arrow() -> Format:
     return Format(
         "arrow",
         "an Arrow folder (datasets' save_to_disk), Parquet files",
-        lambda p: is_table(p) and not _has_tars(p),
+        lambda p: is_table(p) and not has_tar_shards(p),
         lambda p, options: ArrowStore(p, **_only(p, options, ("cache_bytes",))),
         suffixes=(".parquet",),
     )
@@ -143,8 +144,8 @@ _FORMATS: dict[str, Format] = {}
 
 
 def formats() -> Mapping[str, Format]:
-    """Every format by name, in the order a local path is recognised (built on first use, so
-    that ``import mmloader`` imports no format it does not open)."""
+    """Every format by name, in the order a local path is recognised (built on first use: the
+    store modules it names import this one's package)."""
     if not _FORMATS:
         for build in _BUILDERS:
             fmt = build()
