@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from torchvision.transforms.v2 import functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests" / "readers")]  # the tests' images
 
@@ -23,36 +22,15 @@ SIZES = ((1025, 769), (1500, 1000), (2048, 1365), (500, 2000), (2000, 500), (100
 
 
 def distances(kind: str, images: int) -> np.ndarray:
-    from test_augment import noise_jpeg, photo_jpeg
+    from test_augment import noise_jpeg, photo_jpeg, reduced_scale_distances
 
-    from mmloader.readers.augment import Augment, Crop, augment_column
-    from mmloader.readers.augment.fused import DCT_MARGIN, draw
-    from mmloader.readers.image_decode import decode_to_tensor
+    from mmloader.readers.augment import Augment, Crop
 
-    make = photo_jpeg if kind == "photo" else noise_jpeg
     augs = [Augment(crop=Crop.random(o)) for o in (16, 32, 64, 112, 224)]
     augs += [Augment(resize=r, crop=Crop.center(c)) for r, c in ((100, 96), (200, 160), (256, 224))]
-    means = []
-    for w, h in SIZES:
-        datas = [make(s + 100, w, h) for s in range(images)]
-        fulls = [decode_to_tensor(d) for d in datas]
-        for aug in augs:
-            got = augment_column(datas, aug, "RGB", None, np.random.default_rng(w + h)).tensor
-            drawn = draw(aug, [(h, w)] * len(datas), np.random.default_rng(w + h))
-            for i, full in enumerate(fulls):
-                if aug.crop.kind == "random":
-                    top, left, bh, bw = (int(v) for v in drawn.boxes[i])
-                    region, target = (bh, bw), aug.crop.size
-                    want = F.resized_crop(
-                        full, top, left, bh, bw, list(target), F.InterpolationMode.BILINEAR, antialias=True
-                    )
-                else:
-                    region, target = (h, w), drawn.resized[i]
-                    want = F.center_crop(F.resize(full, list(target), antialias=True), list(aug.crop.size))
-                if region[0] < 2 * DCT_MARGIN * target[0] or region[1] < 2 * DCT_MARGIN * target[1]:
-                    continue  # decoded at full scale: exactly torchvision's
-                means.append(float((got[i].double() - want.double()).abs().mean()))
-    return np.array(means)
+    make = photo_jpeg if kind == "photo" else noise_jpeg
+    found = reduced_scale_distances(make, SIZES, augs, [s + 100 for s in range(images)], lambda w, h: w + h)
+    return np.array([mean for mean, _eighths in found])
 
 
 def main() -> None:
