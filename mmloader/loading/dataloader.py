@@ -24,7 +24,7 @@ import torch
 import torch.utils.data
 
 from .distributed import available_cpus, local_world_size
-from .protocol import StreamLike
+from .protocol import StreamLike, check_stream
 from .resumable import Resumable
 from .ring import BatchRing
 from .threaded import ThreadLoader, _pin
@@ -92,8 +92,7 @@ class Loader(Resumable):
         ring: bool = True,
         **kwargs: Any,
     ):
-        if not isinstance(stream, StreamLike):
-            raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")
+        check_stream(stream)
         workers = default_num_workers() if num_workers is None else num_workers
         if stream.restarts_each_pass:
             # Each pass's readers start from the positions the training process delivered up to,
@@ -303,8 +302,7 @@ def loader(
 
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
-    if not isinstance(stream, StreamLike):
-        raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")
+    check_stream(stream)
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     thread_options = {"pin_memory", "prefetch_factor", "producers"}

@@ -69,3 +69,9 @@ class StreamLike(Protocol):
         ``readers``: how many builders read at once (a live source splits its slices among
         them; a stored plan does not depend on it)."""
         ...
+
+
+def check_stream(stream: Any) -> None:
+    """A TypeError, naming what was given, for anything that is no stream."""
+    if not isinstance(stream, StreamLike):
+        raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..readers.columns import release_pool
-from .protocol import StreamLike
+from .protocol import StreamLike, check_stream
 from .resumable import Resumable
 
 
@@ -51,8 +51,7 @@ class ThreadLoader(Resumable):
         pin_memory: bool = False,
         producers: int | None = None,
     ):
-        if not isinstance(stream, StreamLike):
-            raise TypeError(f"loader() needs an mmloader.Stream or LiveStream, got {type(stream).__name__}")
+        check_stream(stream)
         self.stream = stream
         self.num_workers = max(1, num_workers)
         self.prefetch_factor = max(1, prefetch_factor)
