@@ -26,8 +26,8 @@ What it does:
   sample over the budget ``L`` is cut to ``L`` for every contender.
 - **Contenders**, each in a fresh process, 2 DataLoader workers, shuffled:
     - ``pad``: ``Stream(batch_size=b)``, batches padded to their longest;
-    - ``bucket``: the same with ``bucket_by="ids"``;
-    - ``mmloader-packed``: ``Stream(batch_size=R, pack_tokens=L, length_by=...)``;
+    - ``bucket``: the same with ``lengths=Bucketing("ids")``;
+    - ``mmloader-packed``: ``Stream(batch_size=R, lengths=Packing(L, length_by=...))``;
     - ``torchtune-packed``: ``PackedDataset(split_across_pack=False)`` over the same samples
       in a shuffled order, at its documented best (whole samples, so no sample is cut between
       two packs); its collate stacks tokens, labels and positions, like ``padded_collate_packed``
@@ -70,8 +70,8 @@ IMAGE_ID = 8191  # the placeholder id of image tokens (the BPE's last id)
 GENERATOR_VERSION = 1
 CONTENDERS = {
     "pad": "mmloader.Stream(batch_size=b): each batch padded to its longest (the default collate)",
-    "bucket": "mmloader.Stream(batch_size=b, bucket_by='ids'): similar lengths batched together, then padded",
-    "mmloader-packed": "mmloader.Stream(batch_size=R, pack_tokens=L, length_by=mmloader.tokens('ids', overlong='truncate'))",
+    "bucket": "mmloader.Stream(batch_size=b, lengths=mmloader.Bucketing('ids')): similar lengths batched together, then padded",
+    "mmloader-packed": "mmloader.Stream(batch_size=R, lengths=mmloader.Packing(L, length_by=mmloader.tokens('ids', overlong='truncate')))",
     "torchtune-packed": "torchtune.datasets.PackedDataset(ds, max_seq_len=L, split_across_pack=False) over the "
     "shuffled samples + DataLoader(shuffle=True); the collate stacks tokens, labels and positions "
     "(padded_collate_packed without the dense (B, L, L) block mask it builds off CUDA)",
@@ -156,10 +156,9 @@ def _loader(name: str, path: str, capacity: int, rows: int, per_batch: int, seed
     if name in ("pad", "bucket"):
         stream = mmloader.Stream(
             ds,
-            batch_size=per_batch,
             seed=seed,
-            bucket_by="ids" if name == "bucket" else None,
-            collate_fn=mmloader.Collate(masks=["ids"]),  # a mask even when a bucket's lengths are equal
+            batching=mmloader.Batching(per_batch, collate_fn=mmloader.Collate(masks=["ids"])),  # a mask even when
+            lengths=mmloader.Bucketing("ids") if name == "bucket" else None,  # a bucket's lengths are equal
         )
         len(stream)
         loader = mmloader.loader(stream, num_workers=2)
@@ -172,7 +171,7 @@ def _loader(name: str, path: str, capacity: int, rows: int, per_batch: int, seed
         return batches, time.perf_counter() - started
     if name == "mmloader-packed":
         layout = mmloader.tokens("ids", overlong="truncate")
-        stream = mmloader.Stream(ds, batch_size=rows, seed=seed, pack_tokens=capacity, length_by=layout)
+        stream = mmloader.Stream(ds, batch_size=rows, seed=seed, lengths=mmloader.Packing(capacity, length_by=layout))
         len(stream)  # plans the epoch's rows
         loader = mmloader.loader(stream, num_workers=2, backend=backend)
 
@@ -252,7 +251,10 @@ def epoch_utilisation(name: str, path: str, capacity: int, rows: int, per_batch:
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
     if name == "mmloader-packed":
         stream = mmloader.Stream(
-            ds, batch_size=rows, seed=1, pack_tokens=capacity, length_by=mmloader.tokens("ids", overlong="truncate")
+            ds,
+            batch_size=rows,
+            seed=1,
+            lengths=mmloader.Packing(capacity, length_by=mmloader.tokens("ids", overlong="truncate")),
         )
         return stream.plan().utilisation(), rows * capacity
     if name == "torchtune-packed":  # greedy in dataset order, whole samples: what PackedDataset does
@@ -263,7 +265,9 @@ def epoch_utilisation(name: str, path: str, capacity: int, rows: int, per_batch:
                 packs, room = packs + 1, capacity
             room -= n
         return float(lengths.sum()) / (packs * capacity), rows * capacity
-    stream = mmloader.Stream(ds, batch_size=per_batch, seed=1, bucket_by="ids" if name == "bucket" else None)
+    stream = mmloader.Stream(
+        ds, batch_size=per_batch, seed=1, lengths=mmloader.Bucketing("ids") if name == "bucket" else None
+    )
     plan = stream.plan()
     _s, idx = plan.lookup(np.arange(len(plan)))
     ordered = lengths[idx]
@@ -396,7 +400,7 @@ NOTES = [
     "local search over the same lengths (moving samples between random rows, 200,000 moves on a 2,000-sample "
     "window) reached 97.3%, so the goal needs a better packer than best-fit decreasing, which this planner "
     "does not pay for yet: it plans 10 M samples in seconds. At L = 8192 the same algorithm fills 98.3%.",
-    "- **Against bucketing.** `bucket_by` sorts windows of 64 batches by length, so on this data its batches "
+    "- **Against bucketing.** `Bucketing` sorts windows of 64 batches by length, so on this data its batches "
     "are 96-97% real tokens. A step whose cost follows its tokens then gains little from packing (the goal's "
     "1.3x would need bucketing under about 73% full). What packing changes is the step: bucketed steps of 20 "
     "samples reach 81,920 tokens, five times the packed step's memory, and at 4 samples a step (the packed "

@@ -557,11 +557,9 @@ def build(name: str, bucket: str, paths: dict, workers: int, batch: int):
 
         stream = mmloader.Stream(
             mmloader.zip(text=mmloader.ArrayReader(paths["lmdb_ids"], "ids.npy")),
-            batch_size=batch,
             seed=0,
-            bucket_by="text" if bucket == "on" else None,
-            bucket_window=BUCKET_WINDOW,
-            collate_fn=mmloader.Collate(masks=["text"]),
+            batching=mmloader.Batching(batch, collate_fn=mmloader.Collate(masks=["text"])),
+            lengths=mmloader.Bucketing("text", window=BUCKET_WINDOW) if bucket == "on" else None,
         )
         return mmloader.loader(stream, num_workers=workers), (lambda b: (b["text"], b["__mask__"]["text"]))
     if name.startswith("mmloader"):
@@ -577,11 +575,9 @@ def build(name: str, bucket: str, paths: dict, workers: int, batch: int):
             reader = mmloader.TextReader(paths["lmdb"], tokenizer=tok_path)
         stream = mmloader.Stream(
             mmloader.zip(text=reader),
-            batch_size=batch,
             seed=0,
-            bucket_by="text" if bucket == "on" else None,
-            bucket_window=BUCKET_WINDOW,
-            collate_fn=mmloader.Collate(masks=["text"]),
+            batching=mmloader.Batching(batch, collate_fn=mmloader.Collate(masks=["text"])),
+            lengths=mmloader.Bucketing("text", window=BUCKET_WINDOW) if bucket == "on" else None,
         )
         return mmloader.loader(stream, num_workers=workers), (lambda b: (b["text"], b["__mask__"]["text"]))
     raise ValueError(name)

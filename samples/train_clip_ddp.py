@@ -90,7 +90,9 @@ def main() -> None:
         caption=mmloader.TextReader(args.captions or args.data, "txt", transform=Tokenizer()),
     )
     stream = mmloader.Stream(
-        dataset, batch_size=args.batch_size, seed=args.seed, collate_fn=mmloader.Collate(masks=["caption"])
+        dataset,
+        seed=args.seed,
+        batching=mmloader.Batching(args.batch_size, collate_fn=mmloader.Collate(masks=["caption"])),
     )
     loader = mmloader.loader(stream, num_workers=args.workers)
     model = TinyCLIP().to(device)

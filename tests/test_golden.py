@@ -44,18 +44,21 @@ def _zip(path: Path) -> Any:
 CONFIGS: dict[str, Callable[[dict[str, Path]], mmloader.Stream]] = {
     "plain": lambda s: mmloader.Stream(_zip(s["lmdb"]), batch_size=4, seed=3),
     "in-order-drop-last": lambda s: mmloader.Stream(_zip(s["tar"]), batch_size=5, shuffle=False, drop_last=True),
-    "small-blocks": lambda s: mmloader.Stream(_zip(s["tar"]), batch_size=3, seed=1, block_size=4, window_blocks=2),
+    "small-blocks": lambda s: mmloader.Stream(
+        _zip(s["tar"]), batch_size=3, order=mmloader.Order(seed=1, block_size=4, window_blocks=2)
+    ),
     "mix": lambda s: mmloader.Stream(mmloader.mix([_zip(s["lmdb"]), _zip(s["tar"])], [0.7, 0.3]), batch_size=4, seed=5),
     "select": lambda s: mmloader.Stream(
         mmloader.select(_zip(s["lmdb"]), "label != 3", cache_dir=False, progress=False), batch_size=4, seed=2
     ),
-    "bucketed": lambda s: mmloader.Stream(_zip(s["lmdb"]), batch_size=4, seed=4, bucket_by="caption", bucket_window=4),
+    "bucketed": lambda s: mmloader.Stream(
+        _zip(s["lmdb"]), batch_size=4, seed=4, lengths=mmloader.Bucketing("caption", window=4)
+    ),
     "packed": lambda s: mmloader.Stream(
         mmloader.zip(tokens=mmloader.ArrayReader(s["tokens"], field="npy")),
         batch_size=2,
         seed=6,
-        pack_tokens=24,
-        length_by="tokens",
+        lengths=mmloader.Packing(24, length_by="tokens"),
     ),
 }
 

@@ -57,7 +57,7 @@ def test_skip_policy_replaces_bad_samples_and_keeps_batches_equal(tmp_path, capl
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
     counts = []
     for rank in (0, 1):
-        stream = mmloader.Stream(ds, batch_size=4, shuffle=False, on_error="skip")
+        stream = mmloader.Stream(ds, batch_size=4, shuffle=False, errors="skip")
         stream.set_world(rank, 2)
         batches = list(mmloader.loader(stream, num_workers=0))
         counts.append([len(b["__key__"]) for b in batches])

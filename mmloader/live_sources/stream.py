@@ -32,12 +32,14 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ..align.collate import collate
 from ..align.mix import LiveMix
 from ..errors import LiveSourceError, PlanChangedError, ResumeError, SampleError
 from ..loading.building import BatchBuilder
 from ..loading.control import Controlled, SharedControl
 from ..loading.distributed import data_parallel_group
+from ..loading.stages import Batching, Bucketing, Errors, Order, Packing
+from ..loading.stages.options import stage, unknown_options
+from ..loading.stages.values import choice
 from ..loading.stream import Stream
 from ..readers.seeding import batch_seed, enter_batch
 from .agree import ENDED, FAILED, READY, agree, agreement_group
@@ -55,20 +57,20 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
 
     Args:
         source: a :func:`mmloader.live` source, or a :func:`mmloader.mix` of one with stored datasets.
-        batch_size: samples per batch (required).
-        shuffle: shuffle the stored part (as for :class:`mmloader.Stream`).
-        seed: the stored part's plan and every batch's seed.
-        drop_last: as for :class:`mmloader.Stream`; also drops a short last batch when a source ends.
+        batch_size, shuffle, seed, drop_last: as for :class:`mmloader.Stream` (a batch size is
+            required); ``drop_last`` also drops a short last batch when a source ends; ``seed`` gives
+            the stored part's plan and every batch's seed.
         steps: batches per pass (per epoch); None: a stored part's epoch, or until the source ends.
-        collate_fn: as for :class:`mmloader.Stream`.
-        on_error: ``"raise"``, or ``"skip"``: a bad live sample is left out of its batch (counted,
+        order: the stored part's :class:`mmloader.Order`.
+        batching: a :class:`mmloader.Batching` (its ``collate_fn`` builds the mixed batches);
+            ``padding="mask"`` does not apply (a live stream has no epoch to cover exactly once).
+        lengths: a :class:`mmloader.Bucketing` of the stored part; packing does not apply.
+        errors: ``"raise"``, or ``"skip"``: a bad live sample is left out of its batch (counted,
             logged with its key); stored samples as for :class:`mmloader.Stream`.
-        max_consecutive_errors: as for :class:`mmloader.Stream`.
-        seed_workers: as for :class:`mmloader.Stream`.
         group: the data-parallel process group (or a 1-D ``DeviceMesh``), as for :class:`mmloader.Stream`.
         on_change: ``"error"`` or ``"next_epoch"`` for a state of another plan (the stored part
             may also ``"continue"``).
-        **stored_options: other :class:`mmloader.Stream` options, for the stored part.
+        seed_workers: as for :class:`mmloader.Stream`.
     """
 
     #: Each pass starts its readers afresh (see :class:`~mmloader.loading.protocol.StreamLike`).
@@ -78,36 +80,46 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         self,
         source: LiveSource | LiveMix,
         batch_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
+        shuffle: bool | None = None,
+        seed: int | None = None,
+        drop_last: bool | None = None,
         *,
         steps: int | None = None,
-        collate_fn: Callable[[list], Any] | None = collate,
-        on_error: str = "raise",
-        max_consecutive_errors: int = 100,
-        seed_workers: bool = True,
+        order: Order | None = None,
+        batching: Batching | None = None,
+        lengths: Bucketing | None = None,
+        errors: Errors | str = "raise",
         group: Any = None,
         on_change: str = "error",
-        **stored_options: Any,
+        seed_workers: bool = True,
+        **unknown: Any,
     ):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"a live stream needs batch_size= (an integer >= 1), got {batch_size!r}")
+        if unknown:
+            raise TypeError(unknown_options("LiveStream", unknown))
+        order = stage(order, Order, "order", {"shuffle": ("shuffle", shuffle), "seed": ("seed", seed)})
+        batching = stage(
+            batching, Batching, "batching", {"batch_size": ("size", batch_size), "drop_last": ("drop_last", drop_last)}
+        )
+        error_policy = Errors.of(errors)
+        batch_size = batching.size
+        if batch_size is None:
+            raise ValueError("a live stream needs batch_size= (an integer >= 1), got None")
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"steps={steps!r}: expected an integer >= 1 (batches per pass) or None")
-        if stored_options.get("padding", "repeat") != "repeat":
+        if batching.padding != "repeat":
             raise ValueError("padding='mask' (evaluation over a stored dataset) does not apply to a live stream")
-        stored_options.pop("padding", None)
-        if stored_options.get("pack_tokens") is not None or stored_options.get("length_by") is not None:
+        if isinstance(lengths, Packing):
             raise ValueError(
-                "pack_tokens (token-budget packing) plans rows over a stored epoch; it does not apply to a "
+                "Packing (token-budget packing) plans rows over a stored epoch; it does not apply to a "
                 "live stream: pack the live samples in your collate_fn, or pack the stored data on its own"
             )
-        if on_change not in ("error", "next_epoch", "continue"):
-            raise ValueError(f"on_change={on_change!r}: expected 'error', 'next_epoch' or 'continue'")
-        self.batch_size, self.steps, self.seed = batch_size, steps, int(seed)
-        self.drop_last, self.on_change = drop_last, on_change
-        self.seed_workers, self.collate_fn, self.on_error = seed_workers, collate_fn, on_error
+        if lengths is not None and not isinstance(lengths, Bucketing):
+            raise TypeError(f"lengths={lengths!r}: expected mmloader.Bucketing(...) for a live stream's stored part")
+        choice("on_change", on_change, ("error", "next_epoch", "continue"))
+        self.batch_size, self.steps, self.seed = batch_size, steps, int(order.seed)
+        self.drop_last, self.on_change = batching.drop_last, on_change
+        self.seed_workers, self.collate_fn, self.on_error = seed_workers, batching.collate_fn, error_policy.policy
+        collate_fn = batching.collate_fn
         self.group = data_parallel_group(group)
         self.stored: Stream | None = None
         if isinstance(source, LiveMix):
@@ -129,17 +141,17 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
             self.live_rows = live_rows
             self.stored = Stream(
                 source.stored,
-                batch_size - live_rows if self.composition == "sample" else batch_size,
-                shuffle,
-                seed,
-                drop_last,
-                collate_fn=collate_fn,
-                on_error=on_error,
-                max_consecutive_errors=max_consecutive_errors,
+                order=order,
+                batching=Batching(
+                    batch_size - live_rows if self.composition == "sample" else batch_size,
+                    batching.drop_last,
+                    collate_fn=collate_fn,
+                ),
+                lengths=lengths,
+                errors=error_policy,
                 seed_workers=seed_workers,
                 group=group,
                 on_change=on_change,
-                **stored_options,
             )
             self.live_name = source.live_name
             self.control = self.stored.control
@@ -147,20 +159,19 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 self.stored.datasets,
                 source.names,
                 collate_fn,
-                on_error,
-                max_consecutive_errors,
+                error_policy,
                 self.control,
                 packed_also=self.source.packed_modalities,
             )
         elif getattr(source, "is_live_source", False):
-            if stored_options:
-                raise TypeError(f"a live stream without stored data does not take {sorted(stored_options)}")
+            if lengths is not None:
+                raise TypeError(
+                    "a live stream without stored data has no stored part to bucket: lengths= does not apply"
+                )
             self.source, self.share, self.composition, self.live_rows = source, 1.0, "sample", batch_size
             self.live_name = source.name
             self.control = SharedControl()
-            self.builder = BatchBuilder(
-                [], None, collate_fn, on_error, max_consecutive_errors, self.control, self.source.packed_modalities
-            )
+            self.builder = BatchBuilder([], None, collate_fn, error_policy, self.control, self.source.packed_modalities)
         else:
             raise TypeError(
                 f"LiveStream needs an mmloader.live source or a mix with one, got {type(source).__name__}: "

@@ -23,16 +23,15 @@ from ..errors import MMLoaderError, SampleError
 from ..readers.columns import per_sample
 from ..readers.document import Document
 from .control import SharedControl
+from .stages.error_policy import Errors
 
 log = logging.getLogger("mmloader")
-
-ON_ERROR = ("raise", "skip")
 
 
 class BatchBuilder:
     """Turns planned ``(positions, sources, indices)`` into a batch (or one sample).
 
-    >>> builder = BatchBuilder([dataset], None, collate, "raise", 100, SharedControl())  # doctest: +SKIP
+    >>> builder = BatchBuilder([dataset], None, collate, Errors("raise"), SharedControl())  # doctest: +SKIP
     >>> builder.build(plan, positions, sources, indices, batched=True)                      # doctest: +SKIP
     """
 
@@ -41,15 +40,12 @@ class BatchBuilder:
         datasets: Sequence[Any],
         source_names: Sequence[str] | None,
         collate_fn: Callable[[list], Any] | None,
-        on_error: str,
-        max_consecutive_errors: int,
+        errors: Errors,
         control: SharedControl,
         packed_also: Sequence[str] = (),
     ):
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(map(repr, ON_ERROR))}")
         self.datasets, self.source_names = list(datasets), source_names
-        self.on_error, self.max_consecutive_errors, self.control = on_error, max_consecutive_errors, control
+        self.on_error, self.max_consecutive_errors, self.control = errors.policy, errors.max_consecutive, control
         # Packing is declared by the readers that deliver encoded bytes (ImageReader(output="raw")),
         # never guessed from a tensor's dtype; a user's collate_fn gets it around each call, so a
         # Collate (or mmloader.collate) inside it packs them too, and their object is used as given.

@@ -47,11 +47,13 @@ import yaml
 from ..align.mix import Mix
 from ..align.zip import Zipped
 from ..errors import AlignmentError, ConfigError, MMLoaderError, UnsafeFieldError
+from ..planning.packing import PACK_WINDOW
 from ..readers import IMAGE_EXTENSIONS, VideoReader, reader_for
 from ..readers.registry import KINDS
 from ..storage import is_url, open_store, recognise
 from ..storage.formats import TEXT_SUFFIXES
 from ..storage.remote.redaction import redact_url
+from .stages import Batching, Bucketing, Errors, Order, Packing
 from .stream import Stream
 
 TOP_KEYS = {
@@ -474,28 +476,37 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
             )
         except ValueError as e:
             raise ConfigError(f"mix: {e}") from None
-    options = {
-        k: cfg[k]
-        for k in (
-            "batch_size",
-            "shuffle",
-            "seed",
-            "drop_last",
-            "block_size",
-            "window_blocks",
-            "on_error",
-            "bucket_by",
-            "bucket_window",
-            "on_change",
-            "padding",
-            "pack_tokens",
-            "pack_window",
-        )
-        if k in cfg
-    }
-    if "length_by" in cfg:
-        options["length_by"] = _length_by(cfg["length_by"])
     try:
-        return Stream(dataset, **options)
+        return Stream(dataset, **_stream_options(cfg))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config: {e}") from None
+
+
+def _stream_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's flat keys as the stream's stages (a config file keeps one level of keys)."""
+    given = {k: cfg[k] for k in TOP_KEYS if k in cfg}
+    if any(k in given for k in ("bucket_by", "bucket_window")) and any(
+        k in given for k in ("pack_tokens", "length_by", "pack_window")
+    ):
+        raise ConfigError("bucket_by and pack_tokens: packing already groups samples by length; choose one")
+    if "bucket_window" in given and "bucket_by" not in given:
+        raise ConfigError("bucket_window: give bucket_by too (the modality whose lengths batches group by)")
+    if ("length_by" in given or "pack_window" in given) and "pack_tokens" not in given:
+        raise ConfigError("length_by: is for packing: give pack_tokens too (bucketing by length is bucket_by)")
+    options: dict[str, Any] = {k: given[k] for k in ("on_change",) if k in given}
+    try:
+        options["order"] = Order(
+            **{k: given[k] for k in ("shuffle", "seed", "block_size", "window_blocks") if k in given}
+        )
+        options["batching"] = Batching(
+            given.get("batch_size"), given.get("drop_last", False), given.get("padding", "repeat")
+        )
+        options["errors"] = Errors(given.get("on_error", "raise"))
+        if "bucket_by" in given:
+            options["lengths"] = Bucketing(given["bucket_by"], given.get("bucket_window", 64))
+        elif "pack_tokens" in given:
+            length_by = _length_by(given["length_by"]) if "length_by" in given else None
+            options["lengths"] = Packing(given["pack_tokens"], length_by, given.get("pack_window", PACK_WINDOW))
+    except ValueError as e:
+        raise ConfigError(f"config: {e}") from None
+    return options

@@ -21,11 +21,9 @@ import torch.utils.data
 from ..align.collate import Collate, collate
 from ..errors import PlanChangedError
 from ..planning import RangeList, worker_batches
-from ..planning.epoch import epoch_plan
 from ..planning.partition import (
     batches_per_rank,
     planned_batches,
-    unit_samples_per_rank,
     unrepeated_positions,
     unrepeated_share,
 )
@@ -33,13 +31,13 @@ from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
-from .packing import PACK_WINDOW, Packer
+from .stages import Batching, Bucketing, Errors, Order, Packing
+from .stages.options import stage, unknown_options
+from .stages.values import choice
 
 log = logging.getLogger("mmloader")
 
 ON_CHANGE = ("error", "next_epoch", "continue")
-
-PADDING = ("repeat", "mask")
 
 
 class Stream(Controlled, torch.utils.data.IterableDataset):
@@ -99,24 +97,17 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         self,
         dataset: Any,
         batch_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
+        shuffle: bool | None = None,
+        seed: int | None = None,
+        drop_last: bool | None = None,
         *,
-        block_size: int = 1024,
-        window_blocks: int = 16,
-        collate_fn: Callable[[list], Any] | None = collate,
-        on_error: str = "raise",
-        max_consecutive_errors: int = 100,
-        seed_workers: bool = True,
-        bucket_by: str | Callable[..., int] | None = None,
-        bucket_window: int = 64,
+        order: Order | None = None,
+        batching: Batching | None = None,
+        lengths: Bucketing | Packing | None = None,
+        errors: Errors | str = "raise",
         group: Any = None,
         on_change: str = "error",
-        padding: str = "repeat",
-        pack_tokens: int | None = None,
-        length_by: Any = None,
-        pack_window: int = PACK_WINDOW,
+        seed_workers: bool = True,
         **unknown: Any,
     ):
         from ..align.mix import LiveMix, Mix
@@ -128,17 +119,15 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
                 "steps: mmloader.LiveStream(source, batch_size=..., steps=...)"
             )
         if unknown:  # after the check above, so that Stream(live, steps=...) is told of LiveStream
-            raise TypeError(f"Stream() got unexpected keyword argument(s) {', '.join(sorted(unknown))}")
-        _check_options(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            block_size=block_size,
-            window_blocks=window_blocks,
-            bucket_window=bucket_window,
-            max_consecutive_errors=max_consecutive_errors,
+            raise TypeError(unknown_options("Stream", unknown))
+        self.order = stage(order, Order, "order", {"shuffle": ("shuffle", shuffle), "seed": ("seed", seed)})
+        self.batching = stage(
+            batching, Batching, "batching", {"batch_size": ("size", batch_size), "drop_last": ("drop_last", drop_last)}
         )
+        self.errors = Errors.of(errors)
+        if lengths is not None and not isinstance(lengths, (Bucketing, Packing)):
+            raise TypeError(f"lengths={lengths!r}: expected mmloader.Bucketing(...) or mmloader.Packing(...)")
+        choice("on_change", on_change, ON_CHANGE)
         self.mix = dataset if isinstance(dataset, Mix) else None
         if self.mix is None:
             try:
@@ -147,29 +136,20 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
                 raise TypeError(f"Stream needs a dataset with a known length, got {type(dataset).__name__}") from None
             if size == 0:
                 raise ValueError(f"the dataset is empty (0 samples): {dataset!r}")
-        elif self.mix.composition == "source" and not batch_size:
+        elif self.mix.composition == "source" and not self.batching.size:
             raise ValueError("mix(batch_composition='source') needs Stream(batch_size=...)")
         self.datasets = self.mix.datasets if self.mix is not None else [dataset]
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, int(seed), drop_last
-        self.block_size, self.window_blocks = block_size, window_blocks
-        self.seed_workers = seed_workers
-        if bucket_by is not None and not batch_size:
-            raise ValueError("bucket_by needs batch_size")
-        if isinstance(bucket_by, str) and not any(bucket_by in getattr(ds, "readers", {}) for ds in self.datasets):
-            names = sorted({n for ds in self.datasets for n in getattr(ds, "readers", {})})
-            raise ValueError(f"bucket_by={bucket_by!r} is not a modality of the dataset ({names})")
-        self.bucket_by, self.bucket_window = bucket_by, bucket_window
-        if on_change not in ON_CHANGE:
-            raise ValueError(f"on_change={on_change!r}: expected one of {', '.join(map(repr, ON_CHANGE))}")
-        self.on_change = on_change
-        if padding not in PADDING:
-            raise ValueError(f"padding={padding!r}: expected one of {', '.join(map(repr, PADDING))}")
-        if padding == "mask" and drop_last:
-            raise ValueError("padding='mask' delivers every sample once; drop_last=True drops some: choose one")
-        if padding == "mask" and self.mix is not None and self.mix.unit(batch_size) > 1:
+        # The stages' values, read everywhere a plan is laid out.
+        self.batch_size, self.drop_last = self.batching.size, self.batching.drop_last
+        self.padding, self.collate_fn = self.batching.padding, self.batching.collate_fn
+        self.shuffle, self.seed = self.order.shuffle, int(self.order.seed)
+        self.on_error, self.on_change, self.seed_workers = self.errors.policy, on_change, seed_workers
+        if self.padding == "mask" and self.mix is not None and self.mix.unit(self.batch_size) > 1:
             raise ValueError("padding='mask' splits ranks at sample granularity; batch_composition='source' cannot")
-        self.padding = padding
-        self.packer = self._packer(pack_tokens, length_by, pack_window, collate_fn, on_change)
+        self.lengths = lengths
+        if lengths is not None:
+            lengths.check(self)
+        self.packer = lengths.packer(self) if lengths is not None else None
         self._identity: dict | None = None
         self._warned_empty = False
         self.control = SharedControl()
@@ -181,15 +161,13 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         self.builder = BatchBuilder(
             self.datasets,
             self.mix.names if self.mix is not None else None,
-            collate_fn,
-            on_error,
-            max_consecutive_errors,
+            self.collate_fn,
+            self.errors,
             self.control,
         )
-        self.collate_fn, self.on_error = collate_fn, on_error
         self._resume: dict | None = None
         if self.mix is not None:
-            error, problems = self.mix.problems(batch_size)
+            error, problems = self.mix.problems(self.batch_size)
             if error:
                 raise ValueError(error)
             for problem in problems:
@@ -241,7 +219,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         """What identifies this stream's plan in a state (plain data): each source's name, size
         and fingerprint (and selection), the mix, and every option that changes the plan."""
         if self._identity is None:
-            from ..align.identity import callable_name, dataset_fingerprint
+            from ..align.identity import dataset_fingerprint
 
             names = self.mix.names if self.mix is not None else ["dataset"]
             sources = []
@@ -250,29 +228,16 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
                 if getattr(ds, "selection", None) is not None:
                     entry["subset"] = ds.selection
                 sources.append(entry)
-            bucket: dict | None = None
-            if isinstance(self.bucket_by, str):  # a modality: which fields give its lengths
-                fields = {
-                    ";".join(ds.readers[self.bucket_by].fields)
-                    for ds in self.datasets
-                    if self.bucket_by in getattr(ds, "readers", {})
-                }
-                bucket = {"modality": self.bucket_by, "fields": sorted(fields)}
-            elif self.bucket_by is not None:
-                bucket = {"callable": callable_name(self.bucket_by)}
             self._identity = {
-                "seed": self.seed,
+                **self.order.identity(),
                 "sources": sources,
                 "mix": self.mix.identity() if self.mix is not None else None,
-                "batch_size": self.batch_size,
-                "drop_last": bool(self.drop_last),
-                "shuffle": bool(self.shuffle),
-                "block_size": int(self.block_size),
-                "window_blocks": int(self.window_blocks),
-                "padding": self.padding,
-                "bucket_by": bucket,
-                "bucket_window": int(self.bucket_window) if bucket is not None else None,
-                "pack": self.packer.identity() if self.packer is not None else None,
+                **self.batching.identity(),
+                **(
+                    self.lengths.identity(self)
+                    if self.lengths is not None
+                    else {"bucket_by": None, "bucket_window": None, "pack": None}
+                ),
             }
         return self._identity
 
@@ -285,17 +250,12 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         return self._sample_plan(e)
 
     def _sample_plan(self, epoch: int):
-        return epoch_plan(
+        return self.order.plan(
             None if self.mix is not None else len(self.datasets[0]),
             self.mix,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            block_size=self.block_size,
-            window_blocks=self.window_blocks,
-            batch_size=self.batch_size,
-            bucket_window=self.bucket_window,
-            lengths=self._lengths if self.bucket_by is not None else None,
+            epoch,
+            self.batch_size,
+            **(self.lengths.order_options(self) if self.lengths is not None else {}),
         )
 
     def prepare(self) -> None:
@@ -305,41 +265,6 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             self.packer.prepare()
             self.plan()
 
-    def _packer(self, pack_tokens, length_by, pack_window, collate_fn, on_change) -> Packer | None:
-        """Packing's part of the stream, checked against the options it cannot combine with."""
-        if pack_tokens is None:
-            if length_by is not None:
-                raise ValueError("length_by is for packing: give pack_tokens too (bucketing by length is bucket_by)")
-            return None
-        why = [
-            (not self.batch_size, "needs batch_size (rows per batch)"),
-            (self.bucket_by is not None, "with bucket_by: packing already groups samples by length; choose one"),
-            (self.mix is not None and self.mix.unit(self.batch_size) > 1, "cannot keep batch_composition='source'"),
-            (on_change == "continue", "with on_change='continue' is not supported; use 'error' or 'next_epoch'"),
-            (collate_fn is not collate, "lays out its own batches: collate_fn cannot be given"),
-        ]
-        for bad, what in why:
-            if bad:
-                raise ValueError(f"pack_tokens {what}")
-        return Packer(
-            self.datasets, pack_tokens, length_by, pack_window, mixed=self.mix is not None, shuffle=self.shuffle
-        )
-
-    def _lengths(self, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
-        if callable(self.bucket_by):
-            return np.array(
-                [
-                    self.bucket_by(int(i)) if self.mix is None else self.bucket_by(int(s), int(i))
-                    for s, i in zip(sources.tolist(), indices.tolist())
-                ]
-            )
-        out = np.zeros(len(indices), dtype=np.int64)  # 0 for sources without the modality
-        for s in np.unique(sources).tolist():
-            ds, sel = self.datasets[s], sources == s
-            if self.bucket_by in getattr(ds, "readers", {}):
-                out[sel] = ds.lengths(indices[sel].tolist(), self.bucket_by)
-        return out
-
     def _visit(self, plan, epoch: int) -> RangeList:
         r = self._resume
         if self.control.resuming and r is not None and r["epoch"] == epoch:
@@ -347,9 +272,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         return RangeList([(0, len(plan))])
 
     def _per_rank(self, plan, visit: RangeList, world: int, rank: int = 0) -> int:
-        if self.padding == "mask":  # rows of this rank (shares differ by one at most)
-            return unrepeated_share(len(visit), world, rank, self.batch_size)[2]
-        return unit_samples_per_rank(len(visit), plan.unit, world, self.batch_size, self.drop_last)
+        return self.batching.per_rank(len(visit), plan.unit, world, rank)
 
     def _layout(self, epoch: int | None = None):
         """(rank, world, plan, visit, samples per rank) of the current (or given) epoch."""
@@ -617,24 +540,3 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         if valid is not None and isinstance(out, dict):  # padding="mask": which rows count
             out["__valid__"] = torch.from_numpy(valid.copy()) if self.batch_size else bool(valid[0])
         return out
-
-
-def _check_options(**options: Any) -> None:
-    """Each option checked where it is given, named, with what is allowed."""
-
-    def whole(name: str, minimum: int, allow_none: bool = False) -> None:
-        v = options[name]
-        if v is None and allow_none:
-            return
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-            raise ValueError(f"{name}={v!r}: expected an integer >= {minimum}" + (" or None" if allow_none else ""))
-
-    whole("batch_size", 1, allow_none=True)
-    whole("block_size", 1)
-    whole("window_blocks", 1)
-    whole("bucket_window", 1)
-    whole("max_consecutive_errors", 0)
-    whole("seed", 0)
-    for name in ("shuffle", "drop_last"):
-        if not isinstance(options[name], (bool, np.bool_)):
-            raise ValueError(f"{name}={options[name]!r}: expected true or false")

@@ -183,7 +183,7 @@ def _check_batch(batch, ids, capacity):
 def test_packed_stream_every_sample_once_rows_checked(token_ds, backend):
     path, ids = token_ds
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path))
-    stream = mmloader.Stream(ds, batch_size=4, seed=1, pack_tokens=64, length_by="ids")
+    stream = mmloader.Stream(ds, batch_size=4, seed=1, lengths=mmloader.Packing(64, length_by="ids"))
     loader = mmloader.loader(stream, num_workers=2, backend=backend)
     batches = list(loader)
     assert len(batches) == len(stream) == -(-len(stream.plan()) // 4)
@@ -194,7 +194,9 @@ def test_packed_stream_every_sample_once_rows_checked(token_ds, backend):
     again = [
         b["__key__"]
         for b in mmloader.loader(
-            mmloader.Stream(ds, batch_size=4, seed=1, pack_tokens=64, length_by="ids"), num_workers=1, backend="thread"
+            mmloader.Stream(ds, batch_size=4, seed=1, lengths=mmloader.Packing(64, length_by="ids")),
+            num_workers=1,
+            backend="thread",
         )
     ]
     assert again == [b["__key__"] for b in batches]  # deterministic, whatever the backend and workers
@@ -206,7 +208,7 @@ def test_packed_stream_resumes_mid_epoch_and_on_another_world(token_ds):
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
 
     def stream(rank, world):
-        s = mmloader.Stream(ds, batch_size=2, seed=4, pack_tokens=50, length_by="ids")
+        s = mmloader.Stream(ds, batch_size=2, seed=4, lengths=mmloader.Packing(50, length_by="ids"))
         s.set_world(rank, world)
         return s
 
@@ -232,7 +234,7 @@ def test_packed_images_and_placeholders(tmp_path):
     ids = _token_store(path, 30, images=True)
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path))
     layout = mmloader.tokens("ids", images="image", per_image=8, image_token_id=999)
-    stream = mmloader.Stream(ds, batch_size=3, pack_tokens=64, length_by=layout)
+    stream = mmloader.Stream(ds, batch_size=3, lengths=mmloader.Packing(64, length_by=layout))
     for batch in mmloader.loader(stream, num_workers=0):
         rows, where = batch["__row__"]["image"].tolist(), batch["__sample__"]["image"].tolist()
         assert batch["image"].shape[0] == sum(len(k) for k in batch["__key__"]) == len(rows)
@@ -252,21 +254,27 @@ def test_packing_errors_name_what_is_wrong(token_ds, tmp_path):
     path, _ids = token_ds
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path))
     with pytest.raises(ValueError, match=r"sample 'k\d+' has \d+ tokens, over pack_tokens=20"):
-        len(mmloader.Stream(ds, batch_size=2, pack_tokens=20, length_by="ids"))
-    cut = mmloader.Stream(ds, batch_size=2, pack_tokens=20, length_by=mmloader.tokens("ids", overlong="truncate"))
+        len(mmloader.Stream(ds, batch_size=2, lengths=mmloader.Packing(20, length_by="ids")))
+    cut = mmloader.Stream(
+        ds, batch_size=2, lengths=mmloader.Packing(20, length_by=mmloader.tokens("ids", overlong="truncate"))
+    )
     assert all(b["ids"].shape == (len(b["__key__"]), 20) for b in mmloader.loader(cut, num_workers=0))
-    with pytest.raises(ValueError, match="bucket_by"):
-        mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="ids", bucket_by="ids")
-    with pytest.raises(ValueError, match="needs batch_size"):
-        mmloader.Stream(ds, pack_tokens=64, length_by="ids")
+    with pytest.raises(TypeError, match=r"lengths=mmloader\.Bucketing.*lengths=mmloader\.Packing"):
+        mmloader.Stream(ds, batch_size=2, pack_tokens=64, bucket_by="ids")  # one slot: the pair cannot be written
+    with pytest.raises(TypeError, match="expected mmloader.Bucketing"):
+        mmloader.Stream(ds, batch_size=2, lengths=(mmloader.Bucketing("ids"), mmloader.Packing(64)))
+    with pytest.raises(ValueError, match="Packing needs a batch size"):
+        mmloader.Stream(ds, lengths=mmloader.Packing(64, length_by="ids"))
     with pytest.raises(ValueError, match="not a modality"):
-        mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="caption")
+        mmloader.Stream(ds, batch_size=2, lengths=mmloader.Packing(64, length_by="caption"))
     with pytest.raises(TypeError, match="LabelReader cannot tell a sample's tokens"):
-        len(mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="cls"))
+        len(mmloader.Stream(ds, batch_size=2, lengths=mmloader.Packing(64, length_by="cls")))
     with pytest.raises(ValueError, match="image_token_id"):
         mmloader.tokens("ids", images="image", per_image=4)
     # lengths that understate what the reader delivers never pass silently
-    lying = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=lambda i: 1))
+    lying = mmloader.Stream(
+        ds, batch_size=2, lengths=mmloader.Packing(64, length_by=mmloader.tokens("ids", length=lambda i: 1))
+    )
     with pytest.raises(mmloader.SampleError, match=r"sample .k\d+. has \d+ tokens, more than the 1 planned"):
         list(mmloader.loader(lying, num_workers=0))
 
@@ -274,8 +282,8 @@ def test_packing_errors_name_what_is_wrong(token_ds, tmp_path):
 def test_packing_plan_identity_guards_resume(token_ds):
     path, _ids = token_ds
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
-    state = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="ids").progress(1)
-    other = mmloader.Stream(ds, batch_size=2, pack_tokens=96, length_by="ids")
+    state = mmloader.Stream(ds, batch_size=2, lengths=mmloader.Packing(64, length_by="ids")).progress(1)
+    other = mmloader.Stream(ds, batch_size=2, lengths=mmloader.Packing(96, length_by="ids"))
     with pytest.raises(mmloader.PlanChangedError, match="pack"):
         other.resume(state)
 
@@ -287,7 +295,9 @@ def test_packed_mix_tags_sources_and_pads_with_mask(token_ds, tmp_path):
     a = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
     b = mmloader.zip(ids=mmloader.ArrayReader(other, "ids.npy"))
     mixed = mmloader.mix([a, b], names=["a", "b"], weights=[0.5, 0.5])
-    stream = mmloader.Stream(mixed, batch_size=3, pack_tokens=64, length_by="ids", padding="mask")
+    stream = mmloader.Stream(
+        mixed, batching=mmloader.Batching(3, padding="mask"), lengths=mmloader.Packing(64, length_by="ids")
+    )
     batches = list(mmloader.loader(stream, num_workers=0))
     for batch in batches:
         for r, (keys, sources) in enumerate(zip(batch["__key__"], batch["__source__"])):
@@ -303,7 +313,7 @@ def test_live_streams_refuse_packing():
 
     fresh = mmloader.live(generated, name="g", decode={"caption": mmloader.TextReader(None, "txt")})
     with pytest.raises(ValueError, match="does not apply to a live stream"):
-        mmloader.LiveStream(fresh, batch_size=2, steps=2, pack_tokens=64, length_by="caption")
+        mmloader.LiveStream(fresh, batch_size=2, steps=2, lengths=mmloader.Packing(64, length_by="caption"))
 
 
 def test_packing_from_a_config_and_mmloader_plan(token_ds):
@@ -335,7 +345,7 @@ def _packed_rank(rank: int, init: str, path: str, out: str) -> None:
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
 
     def loader():
-        stream = mmloader.Stream(ds, batch_size=3, seed=5, pack_tokens=48, length_by="ids")
+        stream = mmloader.Stream(ds, batch_size=3, seed=5, lengths=mmloader.Packing(48, length_by="ids"))
         return mmloader.loader(stream, num_workers=2, backend="process", multiprocessing_context="fork")
 
     first = loader()
@@ -370,7 +380,7 @@ def test_packed_stream_on_two_ddp_ranks(token_ds, tmp_path):
     keys = Counter(k for r in ranks for b in r["full"] for row in b for k in row)
     assert set(keys) == {f"k{i:04d}" for i in range(len(ids))}
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
-    rows = len(mmloader.Stream(ds, batch_size=3, seed=5, pack_tokens=48, length_by="ids").plan())
+    rows = len(mmloader.Stream(ds, batch_size=3, seed=5, lengths=mmloader.Packing(48, length_by="ids")).plan())
     repeated = sum(keys.values()) - len(ids)
     assert (repeated == 0) == (rows % 2 == 0)  # only a padding row repeats (an odd row count)
     for r in ranks:
@@ -386,11 +396,15 @@ def test_packing_a_plain_map_style_dataset_with_given_lengths():
             return {"__key__": f"p{i}", "ids": torch.arange(1, i % 7 + 2)}
 
     layout = mmloader.tokens("ids", length=lambda i: i % 7 + 1)
-    stream = mmloader.Stream(Tokens(), batch_size=2, pack_tokens=16, length_by=layout)
+    stream = mmloader.Stream(Tokens(), batch_size=2, lengths=mmloader.Packing(16, length_by=layout))
     keys = [k for b in mmloader.loader(stream, num_workers=0) for row in b["__key__"] for k in row]
     assert sorted(keys) == sorted(f"p{i}" for i in range(30))
     with pytest.raises(ValueError, match=r"length_by: 3 token counts for 30 samples"):
-        len(mmloader.Stream(Tokens(), batch_size=2, pack_tokens=16, length_by=mmloader.tokens("ids", length=[1, 2, 3])))
+        len(
+            mmloader.Stream(
+                Tokens(), batch_size=2, lengths=mmloader.Packing(16, length_by=mmloader.tokens("ids", length=[1, 2, 3]))
+            )
+        )
 
 
 def test_review_cases_images_mixes_and_layout(tmp_path):
@@ -404,7 +418,11 @@ def test_review_cases_images_mixes_and_layout(tmp_path):
     # PIL images are images too: placeholders and the image itself
     pil = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path, output="pil"))
     batch = next(
-        iter(mmloader.loader(mmloader.Stream(pil, batch_size=2, pack_tokens=64, length_by=layout), num_workers=0))
+        iter(
+            mmloader.loader(
+                mmloader.Stream(pil, batch_size=2, lengths=mmloader.Packing(64, length_by=layout)), num_workers=0
+            )
+        )
     )
     n = sum(map(len, batch["__key__"]))
     assert len(batch["image"]) == n and int(batch["ids"].eq(999).sum()) == 4 * n
@@ -412,14 +430,16 @@ def test_review_cases_images_mixes_and_layout(tmp_path):
     a = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path))
     b = mmloader.zip(ids=mmloader.ArrayReader(other, "ids.npy"))
     mixed = mmloader.mix([a, b], names=["a", "b"], weights=[0.5, 0.5])
-    for batch in mmloader.loader(mmloader.Stream(mixed, batch_size=2, pack_tokens=64, length_by="ids"), num_workers=0):
+    for batch in mmloader.loader(
+        mmloader.Stream(mixed, batch_size=2, lengths=mmloader.Packing(64, length_by="ids")), num_workers=0
+    ):
         for labels, sources in zip(batch["cls"], batch["__source__"]):
             assert [label is None for label in labels] == [s == "b" for s in sources]
     # an image-only source in a mix: its rows hold its images' placeholders
     images_only = mmloader.zip(image=mmloader.ImageReader(other))
     pairs = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path))
     both = mmloader.mix([pairs, images_only], names=["pairs", "images"], weights=[0.5, 0.5])
-    stream = mmloader.Stream(both, batch_size=3, pack_tokens=64, length_by=layout)
+    stream = mmloader.Stream(both, batch_size=3, lengths=mmloader.Packing(64, length_by=layout))
     seen = [s for batch in mmloader.loader(stream, num_workers=0) for row in batch["__source__"] for s in row]
     assert "images" in seen and "pairs" in seen
     # seq_lens stay aligned with the keys when a sample is empty
@@ -431,7 +451,8 @@ def test_review_cases_images_mixes_and_layout(tmp_path):
     batch = next(
         iter(
             mmloader.loader(
-                mmloader.Stream(e, batch_size=1, pack_tokens=16, length_by="ids", shuffle=False), num_workers=0
+                mmloader.Stream(e, batch_size=1, shuffle=False, lengths=mmloader.Packing(16, length_by="ids")),
+                num_workers=0,
             )
         )
     )
@@ -445,15 +466,17 @@ def test_review_cases_lengths_and_plans(token_ds, tmp_path):
     ds = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"))
     counts = [len(x) for x in ids]
     # a state of rows made from other lengths is refused as another plan, even with as many rows
-    state = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=counts)).progress(
-        1
-    )
+    state = mmloader.Stream(
+        ds, batch_size=2, lengths=mmloader.Packing(64, length_by=mmloader.tokens("ids", length=counts))
+    ).progress(1)
     more = [c + (1 if i == 0 else 0) for i, c in enumerate(counts)]
-    other = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=more))
+    other = mmloader.Stream(
+        ds, batch_size=2, lengths=mmloader.Packing(64, length_by=mmloader.tokens("ids", length=more))
+    )
     with pytest.raises(mmloader.PlanChangedError, match="pack"):
         other.resume(state)
     # shuffle=False: the same rows in the same order every epoch
-    fixed = mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by="ids", shuffle=False)
+    fixed = mmloader.Stream(ds, batch_size=2, shuffle=False, lengths=mmloader.Packing(64, length_by="ids"))
     fixed.set_epoch(0)
     e0 = [b["__key__"] for b in fixed.iter_worker(0, 1)]
     fixed.set_epoch(3)
@@ -461,18 +484,21 @@ def test_review_cases_lengths_and_plans(token_ds, tmp_path):
     # zip-level transforms may change the ids: their counts are not guessed
     changed = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), transforms={"ids": lambda t: t[:-1]})
     with pytest.raises(TypeError, match="transforms"):
-        len(mmloader.Stream(changed, batch_size=2, pack_tokens=64, length_by="ids"))
+        len(mmloader.Stream(changed, batch_size=2, lengths=mmloader.Packing(64, length_by="ids")))
     # bad length_by values say so
     with pytest.raises(ValueError, match="whole"):
         len(
-            mmloader.Stream(ds, batch_size=2, pack_tokens=64, length_by=mmloader.tokens("ids", length=[0.5] * len(ids)))
+            mmloader.Stream(
+                ds,
+                batch_size=2,
+                lengths=mmloader.Packing(64, length_by=mmloader.tokens("ids", length=[0.5] * len(ids))),
+            )
         )
     with pytest.raises(ValueError, match="ImageReader"):
         mmloader.Stream(
             mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), cls=mmloader.LabelReader(path)),
             batch_size=2,
-            pack_tokens=64,
-            length_by=mmloader.tokens("ids", images="cls", per_image=2, image_token_id=5),
+            lengths=mmloader.Packing(64, length_by=mmloader.tokens("ids", images="cls", per_image=2, image_token_id=5)),
         )
 
 
@@ -497,7 +523,7 @@ def test_review_cases_stored_token_counts(tmp_path):
         for i in range(6):
             w.write({"__key__": f"b{i}", "ids.npy": _npy([1, 2, 3]) if i != 3 else b"xx"})
     bad_ds = mmloader.zip(ids=mmloader.ArrayReader(bad, "ids.npy"))
-    stream = mmloader.Stream(bad_ds, batch_size=2, pack_tokens=8, length_by="ids", on_error="skip")
+    stream = mmloader.Stream(bad_ds, batch_size=2, lengths=mmloader.Packing(8, length_by="ids"), errors="skip")
     keys = [k for b in mmloader.loader(stream, num_workers=0) for row in b["__key__"] for k in row]
     assert sorted(keys) == ["b0", "b1", "b2", "b4", "b5"] and stream.skipped == 1
     # gzipped text is tokenized as text
@@ -521,7 +547,7 @@ def test_review_cases_truncation(tmp_path):
     pairs = mmloader.zip(ids=mmloader.ArrayReader(path, "ids.npy"), image=mmloader.ImageReader(path))
     layout = mmloader.tokens("ids", images="image", per_image=40, image_token_id=999, overlong="truncate")
     with pytest.raises(ValueError, match="images take 40 tokens, over pack_tokens=32"):
-        len(mmloader.Stream(pairs, batch_size=2, pack_tokens=32, length_by=layout))
+        len(mmloader.Stream(pairs, batch_size=2, lengths=mmloader.Packing(32, length_by=layout)))
     docs = tmp_path / "docs.lmdb"
     with mmloader.writer_for(docs) as w:  # a long text, then an image that no longer fits
         w.write(
@@ -535,7 +561,9 @@ def test_review_cases_truncation(tmp_path):
     batch = next(
         iter(
             mmloader.loader(
-                mmloader.Stream(mmloader.zip(doc=reader), batch_size=1, pack_tokens=16, length_by=doc_layout),
+                mmloader.Stream(
+                    mmloader.zip(doc=reader), batch_size=1, lengths=mmloader.Packing(16, length_by=doc_layout)
+                ),
                 num_workers=0,
             )
         )

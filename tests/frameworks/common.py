@@ -31,7 +31,7 @@ def make_dataset(path: str | Path) -> Path:
 
 def stream(path: str | Path, **kw) -> "mmloader.Stream":
     ds = mmloader.zip(caption=mmloader.TextReader(str(path)))
-    return mmloader.Stream(ds, batch_size=BATCH, seed=3, block_size=4, window_blocks=2, **kw)
+    return mmloader.Stream(ds, batch_size=BATCH, order=mmloader.Order(seed=3, block_size=4, window_blocks=2), **kw)
 
 
 def record(out: str | Path, rank: int, **fields) -> None:

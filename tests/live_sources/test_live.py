@@ -216,7 +216,7 @@ def test_a_corrupt_live_image_is_named_by_key_and_source_or_skipped_and_counted(
             )
         )
     stream = mmloader.LiveStream(
-        mmloader.live(factory, name="cams", decode=decode), batch_size=4, steps=2, on_error="skip"
+        mmloader.live(factory, name="cams", decode=decode), batch_size=4, steps=2, errors="skip"
     )
     batches = list(_loader(stream, "thread", workers=1))
     # left out of its batch (a replacement would come from later in the source, out of order
@@ -628,7 +628,7 @@ class CorruptAt(Offsets):
 def test_skipping_a_bad_live_sample_keeps_resumes_exact(backend):
     def stream_fn():
         source = mmloader.live(CorruptAt, name="q", decode={"image": mmloader.ImageReader(None, "jpg", size=(8, 8))})
-        return mmloader.LiveStream(source, batch_size=4, steps=8, on_error="skip")
+        return mmloader.LiveStream(source, batch_size=4, steps=8, errors="skip")
 
     full, _ = _run(stream_fn, backend)
     assert all("-5" not in k for k in _keys(full))

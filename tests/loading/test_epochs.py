@@ -33,7 +33,9 @@ def _stream(path, images: bool = False):
     readers = {"caption": mmloader.TextReader(str(path))}
     if images:
         readers["image"] = mmloader.ImageReader(str(path), output="raw")
-    return mmloader.Stream(mmloader.zip(**readers), batch_size=BATCH, seed=5, block_size=4, window_blocks=2)
+    return mmloader.Stream(
+        mmloader.zip(**readers), batch_size=BATCH, order=mmloader.Order(seed=5, block_size=4, window_blocks=2)
+    )
 
 
 LOADERS = {

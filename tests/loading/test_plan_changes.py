@@ -285,7 +285,7 @@ def test_resume_at_every_step_onto_worlds_1_to_4(data, kind):
 
 def _eval_rank(rank: int, init: str, path: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-    stream = mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)), batch_size=4, padding="mask")
+    stream = mmloader.Stream(mmloader.zip(t=mmloader.TextReader(path)), batching=mmloader.Batching(4, padding="mask"))
     loader = mmloader.loader(stream, num_workers=2, backend="process", multiprocessing_context="fork")
     total, valid_keys = torch.zeros(2), []
     for batch in loader:
@@ -313,13 +313,16 @@ def test_two_rank_ddp_evaluation_sums_to_exactly_the_dataset(tmp_path):
 def test_padding_mask_refuses_drop_last_and_resumes_mid_pass(tmp_path):
     path = _write(tmp_path / "m.lmdb", "m", 11)
     with pytest.raises(ValueError, match="drop_last"):
-        mmloader.Stream(_zip(path), batch_size=4, padding="mask", drop_last=True)
-    first = _all_ranks(_rank_streams(lambda: mmloader.Stream(_zip(path), batch_size=2, padding="mask"), 2), limit=2)
+        mmloader.Stream(_zip(path), batching=mmloader.Batching(4, drop_last=True, padding="mask"))
+    first = _all_ranks(
+        _rank_streams(lambda: mmloader.Stream(_zip(path), batching=mmloader.Batching(2, padding="mask")), 2), limit=2
+    )
     state = first[0][1]
     seen = [k for bs, _ in first for b in bs for k, v in zip(b["__key__"], b["__valid__"]) if v]
     for world2 in (1, 2, 3):
         rest = _all_ranks(
-            _rank_streams(lambda: mmloader.Stream(_zip(path), batch_size=2, padding="mask"), world2), state
+            _rank_streams(lambda: mmloader.Stream(_zip(path), batching=mmloader.Batching(2, padding="mask")), world2),
+            state,
         )
         after = [k for bs, _ in rest for b in bs for k, v in zip(b["__key__"], b["__valid__"]) if v]
         assert sorted(seen + after) == [f"m{i:03d}" for i in range(11)]
@@ -347,7 +350,7 @@ def test_a_batch_with_a_bad_sample_runs_each_transform_once(tmp_path, cache, cap
     calls = []
     reader = mmloader.ImageReader(str(p), size=(16, 16), transform=lambda x: calls.append(1) or x)
     ds = mmloader.zip(image=reader, cache=mmloader.SampleCache(1 << 20) if cache else None)
-    stream = mmloader.Stream(ds, batch_size=4, on_error="skip", shuffle=False)
+    stream = mmloader.Stream(ds, batch_size=4, shuffle=False, errors="skip")
     delivered = sum(len(b["__key__"]) for b in mmloader.loader(stream, num_workers=0))
     assert delivered == 20 and len(calls) == 20  # one transform per delivered sample (was 25)
 
@@ -476,9 +479,9 @@ def test_continue_into_single_source_batches_keeps_them_single_source(data):
 
 def test_another_bucketing_function_is_a_plan_change(data):
     ds = _zip(data["a"])
-    _keys_before, state = _first(mmloader.Stream(ds, batch_size=10, bucket_by=lambda i: i % 7), 2)
+    _keys_before, state = _first(mmloader.Stream(ds, batch_size=10, lengths=mmloader.Bucketing(lambda i: i % 7)), 2)
     with pytest.raises(PlanChangedError, match="bucket_by"):
-        mmloader.Stream(ds, batch_size=10, bucket_by=lambda i: i % 5).resume(state)
+        mmloader.Stream(ds, batch_size=10, lengths=mmloader.Bucketing(lambda i: i % 5)).resume(state)
 
 
 def test_a_schedule_and_weights_together_are_refused(data):

@@ -29,7 +29,7 @@ def _text_dataset(path: Path, n: int, shards: int) -> Path:
 
 def _stream(path, batch, **kw):
     ds = mmloader.zip(caption=mmloader.TextReader(str(path)))
-    return mmloader.Stream(ds, batch_size=batch, seed=7, block_size=4, window_blocks=2, **kw)
+    return mmloader.Stream(ds, batch_size=batch, order=mmloader.Order(seed=7, block_size=4, window_blocks=2), **kw)
 
 
 def _keys(loader):
@@ -250,7 +250,8 @@ def test_auto_backend_threads_for_builtin_decoders_processes_for_user_python(tmp
         (text(decode=lambda b, k: b.decode()), {}, Loader, "a decode= on 'caption'"),
         (
             mmloader.Stream(
-                mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, collate_fn=lambda rows: rows
+                mmloader.zip(caption=mmloader.TextReader(str(path))),
+                batching=mmloader.Batching(4, collate_fn=lambda rows: rows),
             ),
             {},
             Loader,
@@ -323,7 +324,7 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
     again, _ = run(bucket_by="tokens", bucket_window=8)
     assert [b["__key__"] for b in again] == [b["__key__"] for b in bucketed]
     with pytest.raises(ValueError, match="not a modality"):
-        _stream(path, 4, bucket_by="nope")
+        _stream(path, 4, lengths=mmloader.Bucketing("nope"))
 
 
 def test_thread_backend_delivers_batches_before_the_error_in_order(tmp_path):
@@ -437,7 +438,7 @@ def test_skipped_samples_counted_across_workers(tmp_path, backend, caplog):
     """Defect 4: stream.skipped counts skips made in worker processes and threads."""
     path = _corrupt_pairs(tmp_path)
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
-    stream = mmloader.Stream(ds, batch_size=4, seed=1, on_error="skip")
+    stream = mmloader.Stream(ds, batch_size=4, seed=1, errors="skip")
     batches = list(mmloader.loader(stream, num_workers=2, backend=backend))
     keys = [k for b in batches for k in b["__key__"]]
     assert "k005" not in keys and "k017" not in keys and len(keys) == 24
@@ -550,7 +551,7 @@ def test_images_are_channels_last_on_every_path(tmp_path):
 def test_adjacent_bad_samples_are_counted_and_logged_once_each(tmp_path, caplog):
     path = _corrupt_pairs(tmp_path, n=16, bad=(5, 6))
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
-    stream = mmloader.Stream(ds, batch_size=4, shuffle=False, on_error="skip")
+    stream = mmloader.Stream(ds, batch_size=4, shuffle=False, errors="skip")
     keys = [k for b in mmloader.loader(stream, num_workers=1, backend="thread") for k in b["__key__"]]
     assert "k005" not in keys and "k006" not in keys and len(keys) == 16
     assert stream.skipped == 2  # k005 replaced by k006 (bad too) then k007: k006 counted once, at its place
@@ -567,7 +568,13 @@ def test_a_custom_collate_gives_the_same_types_on_both_backends(tmp_path):
     path = _text_dataset(tmp_path / "d", 12, 2)
     ds = mmloader.zip(caption=mmloader.TextReader(str(path)))
     got = {
-        b: next(iter(mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=_tuples), num_workers=2, backend=b)))
+        b: next(
+            iter(
+                mmloader.loader(
+                    mmloader.Stream(ds, batching=mmloader.Batching(4, collate_fn=_tuples)), num_workers=2, backend=b
+                )
+            )
+        )
         for b in BACKENDS
     }
     assert got["thread"] == got["process"] and isinstance(got["process"], tuple)
@@ -629,7 +636,8 @@ def test_collate_subclass_runs_and_counts_as_user_python(tmp_path):
             return {**super().columns(columns), "tag": "mine"}
 
     stream = mmloader.Stream(
-        mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, collate_fn=Tagged(masks=["caption"])
+        mmloader.zip(caption=mmloader.TextReader(str(path))),
+        batching=mmloader.Batching(4, collate_fn=Tagged(masks=["caption"])),
     )
     assert stream.python_work() == ["a custom collate_fn"]
     batches = list(mmloader.loader(stream, 1, backend="thread"))
@@ -648,7 +656,9 @@ def test_collate_subclass_overriding_call_sees_every_batch(tmp_path):
             return {**super().__call__(samples), "n": len(samples)}
 
     stream = mmloader.Stream(
-        mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, collate_fn=Counted(), shuffle=False
+        mmloader.zip(caption=mmloader.TextReader(str(path))),
+        shuffle=False,
+        batching=mmloader.Batching(4, collate_fn=Counted()),
     )
     batches = list(mmloader.loader(stream, 1, backend="thread"))
     assert calls == [4, 4, 4, 4] and [b["n"] for b in batches] == [4, 4, 4, 4]
@@ -669,12 +679,13 @@ def test_collate_subclass_overriding_columns_sees_batches_built_sample_by_sample
 
     skipping = mmloader.Stream(
         mmloader.zip(image=mmloader.ImageReader(path)),
-        batch_size=4,
         shuffle=False,
-        on_error="skip",
-        collate_fn=Tagged(),
+        batching=mmloader.Batching(4, collate_fn=Tagged()),
+        errors="skip",
     )
-    rows = mmloader.Stream([{"x": torch.tensor(i)} for i in range(8)], batch_size=4, shuffle=False, collate_fn=Tagged())
+    rows = mmloader.Stream(
+        [{"x": torch.tensor(i)} for i in range(8)], shuffle=False, batching=mmloader.Batching(4, collate_fn=Tagged())
+    )
     for stream in (skipping, rows):
         batches = list(mmloader.loader(stream, 1, backend="thread"))
         assert len(batches) == 2 and all(b["tag"] == "mine" for b in batches)
@@ -690,7 +701,9 @@ def test_a_users_collate_is_used_as_given_also_when_raw_images_are_packed(tmp_pa
     for output in ("tensor", "raw"):
         coll = mmloader.Collate()
         ds = mmloader.zip(image=mmloader.ImageReader(path, output=output), x=mmloader.ArrayReader(path))
-        loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, collate_fn=coll, shuffle=False), 1, backend="thread")
+        loader = mmloader.loader(
+            mmloader.Stream(ds, shuffle=False, batching=mmloader.Batching(4, collate_fn=coll)), 1, backend="thread"
+        )
         batch = next(iter(loader))
         assert "__mask__" not in batch
         assert ("image" in batch.get("__offsets__", {})) == (output == "raw")
@@ -731,10 +744,9 @@ def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
     for coll in (ListPack(), PassesPackOn(), ColumnsPassOn(), plain_function):
         stream = mmloader.Stream(
             mmloader.zip(image=mmloader.ImageReader(path, output="raw")),
-            batch_size=4,
             shuffle=False,
-            on_error="skip",
-            collate_fn=coll,
+            batching=mmloader.Batching(4, collate_fn=coll),
+            errors="skip",
         )
         batches = list(mmloader.loader(stream, 1, backend="thread"))
         assert len(batches) == 2

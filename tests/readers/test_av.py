@@ -170,7 +170,7 @@ def test_a_gap_in_variable_rate_video_is_not_truncation(tmp_path):
     ):
         reader = mmloader.VideoReader(path, "mp4", **options)
         assert [read_index(f.numpy()) for f in reader[0]] == expected
-        stream = mmloader.Stream(mmloader.zip(video=reader), batch_size=2, on_error="skip", shuffle=False)
+        stream = mmloader.Stream(mmloader.zip(video=reader), batch_size=2, shuffle=False, errors="skip")
         batches = list(mmloader.loader(stream, num_workers=1, backend="thread"))
         assert stream.skipped == 0 and [b["__key__"] for b in batches] == [["k0", "k1"]]
     mkv = make_indexed_video("mkv", times=VFR)
@@ -549,7 +549,7 @@ def test_skip_policy_keeps_batches_equal_with_bad_media(tmp_path):
     ds = mmloader.zip(
         video=mmloader.VideoReader(path, "mp4", frames=4, size=(24, 32)), audio=mmloader.AudioReader(path, "flac")
     )
-    stream = mmloader.Stream(ds, batch_size=4, on_error="skip", seed=0)
+    stream = mmloader.Stream(ds, batch_size=4, seed=0, errors="skip")
     batches = list(mmloader.loader(stream, num_workers=2, backend="thread"))
     assert [len(b["__key__"]) for b in batches] == [4, 4, 4]
     assert all(b["video"].shape == (4, 4, 3, 24, 32) for b in batches)

@@ -202,7 +202,7 @@ def test_a_corrupt_image_is_named_by_document_and_place(tmp_path):
     ds = mmloader.zip(doc=reader)
     with pytest.raises(mmloader.DecodeError, match="'d2': image 1 of 3"):
         list(mmloader.loader(mmloader.Stream(ds, batch_size=2, shuffle=False), num_workers=0))
-    skipping = mmloader.Stream(ds, batch_size=2, shuffle=False, on_error="skip")
+    skipping = mmloader.Stream(ds, batch_size=2, shuffle=False, errors="skip")
     keys = [k for b in mmloader.loader(skipping, num_workers=0) for k in b["__key__"]]
     assert "d2" not in keys and len(keys) == 4 and skipping.skipped == 1  # replaced, counted
 
@@ -258,7 +258,7 @@ def test_packed_documents(converted, tmp_path):
     )
     ds = mmloader.zip(doc=reader)
     layout = mmloader.tokens("doc", per_image=3, image_token_id=299)
-    stream = mmloader.Stream(ds, batch_size=2, pack_tokens=512, length_by=layout, seed=2)
+    stream = mmloader.Stream(ds, batch_size=2, seed=2, lengths=mmloader.Packing(512, length_by=layout))
     seen = []
     for batch in mmloader.loader(stream, num_workers=0):
         n = 0

@@ -530,7 +530,7 @@ def test_a_zero_byte_raw_image_is_reported_by_key_on_every_path(tmp_path):
     stream = mmloader.Stream(mmloader.zip(x=reader), batch_size=4, shuffle=False)
     with pytest.raises(DecodeError, match="0 bytes.*k1"):
         next(iter(mmloader.loader(stream, 1, backend="thread")))
-    skipping = mmloader.Stream(mmloader.zip(x=reader), batch_size=2, shuffle=False, on_error="skip")
+    skipping = mmloader.Stream(mmloader.zip(x=reader), batch_size=2, shuffle=False, errors="skip")
     keys = [k for b in mmloader.loader(skipping, 1, backend="thread") for k in b["__key__"]]
     assert "k1" not in keys and len(keys) == 4
 

@@ -97,7 +97,9 @@ def test_array_batches_equal_the_per_sample_path(tmp_path, fmt, dtype):
     batch = zipped.get_batch(list(range(37)))["ids"]
     assert isinstance(batch, mmloader.readers.columns.Ragged)  # one buffer, not 37 tensors
     for masks in ([], ["ids"]):
-        stream = mmloader.Stream(zipped, batch_size=8, seed=3, collate_fn=mmloader.Collate(masks=masks))
+        stream = mmloader.Stream(
+            zipped, seed=3, batching=mmloader.Batching(8, collate_fn=mmloader.Collate(masks=masks))
+        )
         fast = list(stream.iter_worker(0, 1))
         slow = [
             mmloader.Collate(masks=masks)([zipped[i] for i in plan_rows])
@@ -134,7 +136,11 @@ def test_equal_length_arrays_stack_without_a_mask_unless_asked(tmp_path):
     plain = next(iter(mmloader.Stream(zipped, batch_size=4, shuffle=False)))
     assert "__mask__" not in plain and plain["ids"].tolist()[1] == [1, 2, 3]
     masked = next(
-        iter(mmloader.Stream(zipped, batch_size=4, shuffle=False, collate_fn=mmloader.Collate(masks=["ids"])))
+        iter(
+            mmloader.Stream(
+                zipped, shuffle=False, batching=mmloader.Batching(4, collate_fn=mmloader.Collate(masks=["ids"]))
+            )
+        )
     )
     assert masked["__mask__"]["ids"].all() and torch.equal(masked["ids"], plain["ids"])
 
@@ -202,11 +208,9 @@ def test_tokenized_batches_every_line_once_padded_with_masks(corpus, backend, ca
     reader = mmloader.TextLinesReader(text, tokenizer=tok_path, progress=False)
     stream = mmloader.Stream(
         mmloader.zip(text=reader),
-        batch_size=8,
         seed=2,
-        bucket_by="text",
-        bucket_window=2,
-        collate_fn=mmloader.Collate(masks=["text"]),
+        batching=mmloader.Batching(8, collate_fn=mmloader.Collate(masks=["text"])),
+        lengths=mmloader.Bucketing("text", window=2),
     )
     seen = {}
     for batch in mmloader.loader(stream, num_workers=2, backend=backend):
@@ -326,7 +330,7 @@ def test_arrays_torch_cannot_hold_are_decode_errors_naming_the_key(tmp_path):
     zipped = mmloader.zip(x=mmloader.ArrayReader(path))
     with pytest.raises(DecodeError, match="k0"):
         zipped.get_batch([0, 1, 2])
-    stream = mmloader.Stream(zipped, batch_size=2, on_error="skip", max_consecutive_errors=3)
+    stream = mmloader.Stream(zipped, batch_size=2, errors=mmloader.Errors("skip", max_consecutive=3))
     with pytest.raises(mmloader.errors.MMLoaderError, match="consecutive samples failed"):
         list(stream)  # every sample is bad: skipped (and counted) until the dataset is called broken
 
@@ -345,7 +349,9 @@ def test_padding_set_in_the_tokenizer_file_is_left_to_the_collate(corpus, tmp_pa
         batch = next(
             iter(
                 mmloader.Stream(
-                    mmloader.zip(t=reader), batch_size=9, shuffle=False, collate_fn=mmloader.Collate(masks=["t"])
+                    mmloader.zip(t=reader),
+                    shuffle=False,
+                    batching=mmloader.Batching(9, collate_fn=mmloader.Collate(masks=["t"])),
                 )
             )
         )

@@ -89,7 +89,9 @@ def test_readers_zip_stream_loader_and_configs_over_s3(data, tmp_path):
     def batches(src, backend):
         ds = mmloader.zip(image=mmloader.ImageReader(src, "jpg"), caption=mmloader.TextReader(src, "txt"))
         loader = mmloader.loader(
-            mmloader.Stream(ds, batch_size=5, seed=3, block_size=4), num_workers=2, backend=backend
+            mmloader.Stream(ds, batch_size=5, order=mmloader.Order(seed=3, block_size=4)),
+            num_workers=2,
+            backend=backend,
         )
         return [(b["__key__"], b["caption"], b["image"].sum().item()) for b in loader]
 
@@ -138,7 +140,7 @@ def _rank_main(rank: int, init: str, url: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     ds = mmloader.zip(caption=mmloader.TextReader(url, "txt"), label=mmloader.LabelReader(url, "cls"))
     loader = mmloader.loader(
-        mmloader.Stream(ds, batch_size=4, seed=5, block_size=4, window_blocks=2),
+        mmloader.Stream(ds, batch_size=4, order=mmloader.Order(seed=5, block_size=4, window_blocks=2)),
         num_workers=2,
         backend="process",
         multiprocessing_context="fork",
@@ -170,7 +172,11 @@ def test_resume_mid_epoch_over_s3(data):
 
     def loader():
         return mmloader.loader(
-            mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(url, "txt")), batch_size=3, seed=2, block_size=4),
+            mmloader.Stream(
+                mmloader.zip(caption=mmloader.TextReader(url, "txt")),
+                batch_size=3,
+                order=mmloader.Order(seed=2, block_size=4),
+            ),
             num_workers=2,
             backend="thread",
         )
@@ -557,7 +563,10 @@ def test_a_server_restarted_mid_epoch_pauses_the_loader_then_it_continues(data, 
         caption=mmloader.TextReader(mmloader.open(url, storage_options=opts, readahead=False, retry_deadline=30), "txt")
     )
     loader = mmloader.loader(
-        mmloader.Stream(ds, batch_size=4, seed=0, block_size=4), num_workers=1, backend="thread", prefetch_factor=1
+        mmloader.Stream(ds, batch_size=4, order=mmloader.Order(seed=0, block_size=4)),
+        num_workers=1,
+        backend="thread",
+        prefetch_factor=1,
     )
     got, pause, last = [], 0.0, 0.0
     for j, batch in enumerate(loader):
@@ -667,7 +676,9 @@ def test_a_replaced_dataset_fails_the_running_epoch_loudly(data, s3):
     url = _upload_tar(s3, data["local"]["tar"], "replaced-epoch")
     ds = mmloader.zip(caption=mmloader.TextReader(url, "txt"))
     loader = mmloader.loader(
-        mmloader.Stream(ds, batch_size=4, seed=1, block_size=4, on_error="skip"), num_workers=2, backend="process"
+        mmloader.Stream(ds, batch_size=4, order=mmloader.Order(seed=1, block_size=4), errors="skip"),
+        num_workers=2,
+        backend="process",
     )
     it = iter(loader)
     next(it)

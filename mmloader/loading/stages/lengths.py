@@ -1,0 +1,157 @@
+"""The length slot of a stream: :class:`Bucketing` or :class:`Packing`, never both.
+
+Both group samples by length, one by sorting within windows (batches of similar length,
+less padding), the other by filling rows to a token budget; a stream takes one of them as
+``lengths=``, so the pair cannot be written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import numpy as np
+
+from ...align.collate import collate
+from ...planning.packing import PACK_WINDOW
+from .values import whole
+
+if TYPE_CHECKING:
+    from ..packing import Packer
+    from ..stream import Stream
+
+
+class LengthPolicy(Protocol):
+    """What the slot's options do for a stream: check it, name themselves in its identity,
+    and give its plan what they add (bucketing: the lengths to sort by; packing: the rows)."""
+
+    def check(self, stream: "Stream") -> None: ...
+
+    def identity(self, stream: "Stream") -> dict[str, Any]: ...
+
+    def order_options(self, stream: "Stream") -> dict[str, Any]: ...
+
+    def packer(self, stream: "Stream") -> "Packer | None": ...
+
+
+@dataclass(frozen=True)
+class Bucketing:
+    """Batches of samples of similar length, sorted within windows of ``window`` batches.
+
+    ``by``: a modality name (its stored byte size is the length), or a callable
+    ``index -> length`` (for a mix ``(source position, index) -> length``).
+
+    >>> Bucketing("caption", window=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: bucket_window=0: expected an integer >= 1
+    """
+
+    by: str | Callable[..., int]
+    window: int = 64
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.by, str) or callable(self.by)):
+            raise ValueError(f"Bucketing(by={self.by!r}): expected a modality name or a callable index -> length")
+        whole("bucket_window", self.window, 1)
+
+    def check(self, stream: "Stream") -> None:
+        if not stream.batch_size:
+            raise ValueError("Bucketing needs a batch size: Stream(..., batch_size=...)")
+        if isinstance(self.by, str) and not any(self.by in getattr(ds, "readers", {}) for ds in stream.datasets):
+            names = sorted({n for ds in stream.datasets for n in getattr(ds, "readers", {})})
+            raise ValueError(f"Bucketing(by={self.by!r}): not a modality of the dataset ({names})")
+
+    def identity(self, stream: "Stream") -> dict[str, Any]:
+        from ...align.identity import callable_name
+
+        if isinstance(self.by, str):  # a modality: which fields give its lengths
+            fields = {
+                ";".join(ds.readers[self.by].fields) for ds in stream.datasets if self.by in getattr(ds, "readers", {})
+            }
+            bucket: dict = {"modality": self.by, "fields": sorted(fields)}
+        else:
+            bucket = {"callable": callable_name(self.by)}
+        return {"bucket_by": bucket, "bucket_window": int(self.window), "pack": None}
+
+    def order_options(self, stream: "Stream") -> dict[str, Any]:
+        return {
+            "lengths": lambda sources, indices: self.lengths(stream, sources, indices),
+            "bucket_window": self.window,
+        }
+
+    def packer(self, stream: "Stream") -> None:
+        return None
+
+    def lengths(self, stream: "Stream", sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """The length of each planned ``(source, index)``."""
+        if callable(self.by):
+            by = self.by
+            return np.array(
+                [
+                    by(int(i)) if stream.mix is None else by(int(s), int(i))
+                    for s, i in zip(sources.tolist(), indices.tolist())
+                ]
+            )
+        out = np.zeros(len(indices), dtype=np.int64)  # 0 for sources without the modality
+        for s in np.unique(sources).tolist():
+            ds, sel = stream.datasets[s], sources == s
+            if self.by in getattr(ds, "readers", {}):
+                out[sel] = ds.lengths(indices[sel].tolist(), self.by)
+        return out
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Rows of at most ``tokens`` tokens, each row whole samples, planned from (seed, epoch)
+    before the rank split (:mod:`mmloader.loading.packing`); the stream's batch size is rows
+    per batch. ``length_by``: a token modality, a callable or array of token counts, or
+    :func:`mmloader.tokens` for images and documents (None: the one token modality).
+    ``window``: plan positions packed together.
+
+    >>> Packing(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: pack_tokens=0: expected an integer >= 1
+    """
+
+    tokens: int
+    length_by: Any = None
+    window: int = PACK_WINDOW
+
+    def __post_init__(self) -> None:
+        whole("pack_tokens", self.tokens, 1)
+        whole("pack_window", self.window, 1)
+
+    def check(self, stream: "Stream") -> None:
+        why = [
+            (not stream.batch_size, "needs a batch size (rows per batch): Stream(..., batch_size=...)"),
+            (
+                stream.mix is not None and stream.mix.unit(stream.batch_size) > 1,
+                "cannot keep batch_composition='source'",
+            ),
+            (stream.on_change == "continue", "with on_change='continue' is not supported; use 'error' or 'next_epoch'"),
+            (stream.collate_fn is not collate, "lays out its own batches: Batching(collate_fn=...) cannot be given"),
+        ]
+        for bad, what in why:
+            if bad:
+                raise ValueError(f"Packing {what}")
+
+    def identity(self, stream: "Stream") -> dict[str, Any]:
+        packer = stream.packer
+        return {"bucket_by": None, "bucket_window": None, "pack": packer.identity() if packer else None}
+
+    def order_options(self, stream: "Stream") -> dict[str, Any]:
+        return {}
+
+    def packer(self, stream: "Stream") -> "Packer":
+        from ..packing import Packer
+
+        return Packer(
+            stream.datasets,
+            self.tokens,
+            self.length_by,
+            self.window,
+            mixed=stream.mix is not None,
+            shuffle=stream.shuffle,
+        )
