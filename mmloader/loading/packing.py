@@ -46,7 +46,7 @@ class Packer:
 
     Args:
         datasets: the stream's sources.
-        capacity: tokens per row (``pack_tokens``).
+        capacity: tokens per row (checked by :class:`mmloader.Packing`, which makes packers).
         length_by: see :func:`token_layout`.
         window: plan positions packed together (:data:`mmloader.planning.packing.PACK_WINDOW`).
         mixed: whether the sources are a mix (a ``length`` callable then takes ``(source, index)``).
@@ -55,10 +55,6 @@ class Packer:
     def __init__(
         self, datasets: Sequence[Any], capacity: int, length_by: Any, window: int, mixed: bool, shuffle: bool = True
     ):
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
-            raise ValueError(f"pack_tokens={capacity!r}: expected a token budget >= 1")
-        if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-            raise ValueError(f"pack_window={window!r}: expected >= 1")
         self.datasets, self.capacity, self.window, self.mixed = list(datasets), int(capacity), int(window), mixed
         self.shuffle = bool(shuffle)
         self.layout = token_layout(length_by)

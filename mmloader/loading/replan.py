@@ -20,15 +20,18 @@ selection of the same dataset (rebuilt from the selection the state records). Wh
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from ..align.select import reselect
-from ..errors import ResumeError
+from ..errors import PlanChangedError, ResumeError
 from ..planning.epoch import plan_from_identity
 from ..planning.partition import remaining_ranges, unrepeated_remaining
 from ..planning.replan import delivered_positions, kept_ranges, sample_ids, whole_units
+
+log = logging.getLogger("mmloader")
 
 
 def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
@@ -79,6 +82,35 @@ def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
         sel = nsrc == j
         nrows[sel] = _rows(stream.datasets[j], nidx[sel])
     return whole_units(kept_ranges(sample_ids(nsrc, nrows), delivered), len(new_plan), new_plan.unit)
+
+
+def changed_plan_target(
+    stream: Any, state: dict, changed: PlanChangedError, report: bool
+) -> tuple[int, list[tuple[int, int]] | None, int]:
+    """What a resume from another plan's ``state`` does under ``stream.on_change``
+    (``"next_epoch"`` or ``"continue"``): (epoch, plan ranges to visit or None for the epoch from
+    its start, steps done before); ``report``: log it (once, when the resume is applied)."""
+    steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
+    what = "; ".join(changed.changes)
+    if stream.on_change == "next_epoch":
+        epoch = int(state["epoch"]) + (1 if state["consumed"] else 0)
+        (log.warning if report else log.debug)(
+            "resume: the plan changed (%s); on_change='next_epoch': the rest of epoch %d is "
+            "not delivered, the new plan starts at epoch %d",
+            what,
+            state["epoch"],
+            epoch,
+        )
+        return epoch, None, 0
+    ranges = continue_ranges(stream, state)
+    (log.warning if report else log.debug)(
+        "resume: the plan changed (%s); on_change='continue': epoch %d goes on under the new "
+        "plan with %d samples not yet delivered",
+        what,
+        state["epoch"],
+        sum(b - a for a, b in ranges),
+    )
+    return int(state["epoch"]), ranges, steps
 
 
 def match_sources(old: list[dict], new: list[dict]) -> dict[int, int]:
@@ -162,4 +194,4 @@ def _old_lengths(stream: Any, old: dict, match: dict[int, int]):
             "on_change='continue': the saved plan bucketed by a function this stream does not have "
             f"({bucket['callable']}); use on_change='next_epoch'"
         )
-    return lambda sources, indices: stream._lengths(slot[sources], indices)
+    return lambda sources, indices: stream.lengths.lengths(stream, slot[sources], indices)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from typing import Any, Iterator
 
 from .protocol import StreamLike
@@ -284,3 +285,23 @@ def _batch_len(batch: Any, default: int) -> int:
     """Samples in a batch: its keys when it has them (a short last batch), else the batch size."""
     keys = batch.get("__key__") if isinstance(batch, dict) else None
     return len(keys) if isinstance(keys, (list, tuple)) else default
+
+
+def warn_if_a_framework_cuts_the_epoch(stream: Any, state: dict) -> None:
+    """A resume onto more ranks needs more steps in its epoch than a fresh epoch has here; a
+    framework that read ``len`` before the state was loaded stops the epoch short of them."""
+    read, needed = stream._len_read, len(stream)
+    if read is None or needed <= read:
+        return
+    short = needed - read
+    saved, world = state.get("world"), stream._where()[1]
+    warnings.warn(
+        f"this resume of epoch {state['epoch']} (saved on {saved} rank{'s' * (saved != 1)}, resumed on "
+        f"{world}) needs {needed} steps per rank in its epoch ({stream._steps_before} taken "
+        f"before + {stream.remaining()} to come), but len() was {read} when read before the state was "
+        f"loaded: a framework that read it then (Lightning with the loader returned by its own "
+        f"train_dataloader()) ends the epoch {short} batches early and their samples go untrained. "
+        "Load the state before the framework reads the length (mmloader.frameworks.lightning.DataModule "
+        "does), or resume onto the same or fewer ranks.",
+        stacklevel=3,
+    )

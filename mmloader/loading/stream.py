@@ -31,6 +31,8 @@ from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
+from .replan import changed_plan_target
+from .resumable import warn_if_a_framework_cuts_the_epoch
 from .stages import Batching, Bucketing, Errors, Order, Packing
 from .stages.options import stage, unknown_options
 from .stages.values import choice
@@ -43,46 +45,28 @@ ON_CHANGE = ("error", "next_epoch", "continue")
 class Stream(Controlled, torch.utils.data.IterableDataset):
     """Deterministic, rank- and worker-aware stream over a map-style dataset (or a :func:`mmloader.mix`).
 
-    * The epoch's order is a pure function of ``(seed, epoch)`` (blockwise shuffle:
-      blocks of ``block_size`` samples, shuffled within ``window_blocks`` blocks),
+    * The epoch's order (:class:`~mmloader.Order`) is a pure function of ``(seed, epoch)``,
       independent of world size and worker count.
-    * Each rank gets an equal contiguous part, at sample granularity; padding
-      (repeating from the plan's start) or ``drop_last`` keeps batch counts equal.
-      ``padding="mask"`` (evaluation): no sample is repeated; ranks' shares differ by at
-      most one sample, the last batches may be short, and every batch carries
-      ``__valid__`` (a bool per row; False only on the one padding row a rank needs when
-      its share has a batch fewer), so every rank still delivers the same number of batches
-      and distributed metrics over valid rows count each sample exactly once.
-    * With ``batch_size``, workers build whole batches (use ``mmloader.loader``).
-    * ``on_error="skip"`` replaces a bad sample with the next one in the plan
-      (counted in :attr:`skipped` across workers, logged with its key), so batch
-      counts stay equal; ``"raise"`` (default) raises it, naming key, field and store.
-    * ``bucket_by`` (a modality name — its stored byte size is the length — or a
-      callable ``index -> length``; for a mix ``(source position, index) -> length``)
-      groups samples of similar length into batches within windows of ``bucket_window``
-      batches, to cut padding.
-    * ``pack_tokens=L`` (with ``length_by``: a token modality, a callable or array of token
-      counts, or :func:`mmloader.tokens` for images and documents): each batch is
-      ``batch_size`` rows of at most ``L`` tokens, each row whole samples, planned from
-      (seed, epoch) before the rank split (:mod:`mmloader.loading.packing`); a batch carries
-      ``(B, L)`` token ids, ``position_ids``, ``cu_seqlens`` and per-row key lists
-      (:mod:`mmloader.align.packing`).
-    * Randomness: every batch has a seed from (seed, epoch, rank, its first plan
-      position); :func:`mmloader.rng` gives it, and worker processes running user Python
-      also reseed the global RNGs with it (see :mod:`mmloader.readers.seeding`).
-
-    * Epochs advance by themselves: each pass of a loader after a completed pass is the
-      next epoch; ``set_epoch`` chooses one explicitly; a pass after one left early
-      continues that epoch at its next unseen batch (see :class:`mmloader.loading.resumable.Resumable`).
-    * ``group``: the data-parallel process group (a ``torch.distributed`` ProcessGroup, or
-      a 1-D ``DeviceMesh`` such as ``mesh["dp"]``): rank and world size come from it, so
-      the tensor-parallel peers of one data-parallel rank get the same batches.
-    * States name the plan they belong to (sources and their fingerprints, weights, batch
-      size, bucketing, selections). ``on_change`` says what a resume from another plan's
-      state does: ``"error"`` (default) raises :class:`mmloader.errors.PlanChangedError`
-      saying what changed; ``"next_epoch"`` starts the new plan at the next epoch;
-      ``"continue"`` delivers the rest of the saved epoch under the new plan, without the
-      samples already delivered (see :mod:`mmloader.loading.replan`).
+    * Each rank gets an equal contiguous part, at sample granularity, in batches of
+      :class:`~mmloader.Batching` (padding by repeats, ``drop_last``, or ``padding="mask"``
+      for evaluation: every sample once, ``__valid__`` per row); workers build whole batches.
+    * ``lengths``: :class:`~mmloader.Bucketing` (batches of similar length) or
+      :class:`~mmloader.Packing` (rows of whole samples filled to a token budget, planned
+      before the rank split). ``errors``: :class:`~mmloader.Errors` (``"raise"`` or ``"skip"``).
+    * Randomness: every batch has a seed from (seed, epoch, rank, its first plan position);
+      :func:`mmloader.rng` gives it, and worker processes running user Python also reseed the
+      global RNGs with it (``seed_workers``; see :mod:`mmloader.readers.seeding`).
+    * Epochs advance by themselves: each pass of a loader after a completed pass is the next
+      epoch; ``set_epoch`` chooses one; a pass after one left early continues that epoch at its
+      next unseen batch (see :class:`mmloader.loading.resumable.Resumable`).
+    * ``group``: the data-parallel process group (a ``torch.distributed`` ProcessGroup, or a
+      1-D ``DeviceMesh`` such as ``mesh["dp"]``): the tensor-parallel peers of one data-parallel
+      rank get the same batches.
+    * States name their plan (sources and fingerprints, weights, stages). ``on_change`` says
+      what a resume from another plan's state does: ``"error"`` (default) raises
+      :class:`mmloader.errors.PlanChangedError` saying what changed; ``"next_epoch"`` starts
+      the new plan at the next epoch; ``"continue"`` delivers the rest of the saved epoch under
+      the new plan, without the samples already delivered (:mod:`mmloader.loading.replan`).
 
     >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
     >>> loader = mmloader.loader(stream)                    # doctest: +SKIP
@@ -388,28 +372,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         except PlanChangedError as changed:
             if self.on_change == "error":
                 raise
-            what = "; ".join(changed.changes)
-            if self.on_change == "next_epoch":
-                epoch = int(state["epoch"]) + (1 if state["consumed"] else 0)
-                (log.warning if report else log.debug)(
-                    "resume: the plan changed (%s); on_change='next_epoch': the rest of epoch %d is "
-                    "not delivered, the new plan starts at epoch %d",
-                    what,
-                    state["epoch"],
-                    epoch,
-                )
-                return epoch, None, 0
-            from .replan import continue_ranges
-
-            ranges = continue_ranges(self, state)
-            (log.warning if report else log.debug)(
-                "resume: the plan changed (%s); on_change='continue': epoch %d goes on under the new "
-                "plan with %d samples not yet delivered",
-                what,
-                state["epoch"],
-                sum(b - a for a, b in ranges),
-            )
-            return int(state["epoch"]), ranges, steps
+            return changed_plan_target(self, state, changed, report)
 
     def resume(self, state: dict) -> None:
         """Continue ``state``'s epoch with only the samples it had not delivered.
@@ -436,26 +399,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             # next epoch at 0, so the next epoch's steps are counted on top, to let it finish.
             if ended_after < self.epoch_length():
                 self._steps_before = ended_after
-        self._warn_if_framework_cuts_the_epoch(state)
-
-    def _warn_if_framework_cuts_the_epoch(self, state: dict) -> None:
-        """A resume onto more ranks needs more steps in its epoch than a fresh epoch has here; a
-        framework that read ``len`` before the state was loaded stops the epoch short of them."""
-        read, needed = self._len_read, len(self)
-        if read is None or needed <= read:
-            return
-        short = needed - read
-        saved, world = state.get("world"), self._where()[1]
-        warnings.warn(
-            f"this resume of epoch {state['epoch']} (saved on {saved} rank{'s' * (saved != 1)}, resumed on "
-            f"{world}) needs {needed} steps per rank in its epoch ({self._steps_before} taken "
-            f"before + {self.remaining()} to come), but len() was {read} when read before the state was "
-            f"loaded: a framework that read it then (Lightning with the loader returned by its own "
-            f"train_dataloader()) ends the epoch {short} batches early and their samples go untrained. "
-            "Load the state before the framework reads the length (mmloader.frameworks.lightning.DataModule "
-            "does), or resume onto the same or fewer ranks.",
-            stacklevel=3,
-        )
+        warn_if_a_framework_cuts_the_epoch(self, state)
 
     def python_work(self) -> list[str]:
         """What in this pipeline runs user Python per sample or batch (transforms, custom

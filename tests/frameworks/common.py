@@ -7,10 +7,14 @@ ahead but never trained is not counted as delivered.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
 from pathlib import Path
+
+if os.environ.get("MMLOADER_TEST_HANG_DUMP"):  # a hung run prints every thread's stack, then exits
+    faulthandler.dump_traceback_later(float(os.environ["MMLOADER_TEST_HANG_DUMP"]), exit=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, as in the tests
 

@@ -23,7 +23,12 @@ PER_RANK = SAMPLES // 2 // BATCH  # batches per rank and epoch with 2 ranks
 
 
 def _run(script: str, *args: str, nproc: int | None = None, timeout: float = 240) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "MMLOADER_TEST_HANG_DUMP": str(timeout - 15),  # stacks in the failure, not a bare timeout
+    }
     cmd = [
         sys.executable,
         *(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else []),

@@ -484,6 +484,22 @@ def test_another_bucketing_function_is_a_plan_change(data):
         mmloader.Stream(ds, batch_size=10, lengths=mmloader.Bucketing(lambda i: i % 5)).resume(state)
 
 
+def _length_mod_7(i):
+    return i % 7
+
+
+def test_a_bucketed_epoch_continues_under_another_batch_size_with_its_lengths(data):
+    ds = _zip(data["a"])
+    before, state = _first(mmloader.Stream(ds, batch_size=10, lengths=mmloader.Bucketing(_length_mod_7)), 2)
+    resumed = mmloader.loader(
+        mmloader.Stream(ds, batch_size=6, lengths=mmloader.Bucketing(_length_mod_7), on_change="continue"),
+        num_workers=0,
+    )
+    resumed.load_state_dict(state)
+    rest = _keys(resumed)
+    assert not set(before) & set(rest) and sorted(before + rest) == sorted(ds[i]["__key__"] for i in range(len(ds)))
+
+
 def test_a_schedule_and_weights_together_are_refused(data):
     schedule = {"points": [{"at": 0, "weights": [1, 1]}]}
     with pytest.raises(ValueError, match="not both"):

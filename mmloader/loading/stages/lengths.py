@@ -8,30 +8,39 @@ less padding), the other by filling rows to a token budget; a stream takes one o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from ...align.collate import collate
 from ...planning.packing import PACK_WINDOW
+from ..packing import Packer
 from .values import whole
 
-if TYPE_CHECKING:
-    from ..packing import Packer
-    from ..stream import Stream
+
+class Stream(Protocol):
+    """What the length slot reads of the stream it is part of (its other stages, its sources)."""
+
+    batch_size: int | None
+    shuffle: bool
+    datasets: Sequence[Any]
+    mix: Any
+    on_change: str
+    collate_fn: Any
+    packer: Packer | None
 
 
 class LengthPolicy(Protocol):
     """What the slot's options do for a stream: check it, name themselves in its identity,
     and give its plan what they add (bucketing: the lengths to sort by; packing: the rows)."""
 
-    def check(self, stream: "Stream") -> None: ...
+    def check(self, stream: Stream) -> None: ...
 
-    def identity(self, stream: "Stream") -> dict[str, Any]: ...
+    def identity(self, stream: Stream) -> dict[str, Any]: ...
 
-    def order_options(self, stream: "Stream") -> dict[str, Any]: ...
+    def order_options(self, stream: Stream) -> dict[str, Any]: ...
 
-    def packer(self, stream: "Stream") -> "Packer | None": ...
+    def packer(self, stream: Stream) -> Packer | None: ...
 
 
 @dataclass(frozen=True)
@@ -55,14 +64,14 @@ class Bucketing:
             raise ValueError(f"Bucketing(by={self.by!r}): expected a modality name or a callable index -> length")
         whole("bucket_window", self.window, 1)
 
-    def check(self, stream: "Stream") -> None:
+    def check(self, stream: Stream) -> None:
         if not stream.batch_size:
             raise ValueError("Bucketing needs a batch size: Stream(..., batch_size=...)")
         if isinstance(self.by, str) and not any(self.by in getattr(ds, "readers", {}) for ds in stream.datasets):
             names = sorted({n for ds in stream.datasets for n in getattr(ds, "readers", {})})
             raise ValueError(f"Bucketing(by={self.by!r}): not a modality of the dataset ({names})")
 
-    def identity(self, stream: "Stream") -> dict[str, Any]:
+    def identity(self, stream: Stream) -> dict[str, Any]:
         from ...align.identity import callable_name
 
         if isinstance(self.by, str):  # a modality: which fields give its lengths
@@ -74,16 +83,16 @@ class Bucketing:
             bucket = {"callable": callable_name(self.by)}
         return {"bucket_by": bucket, "bucket_window": int(self.window), "pack": None}
 
-    def order_options(self, stream: "Stream") -> dict[str, Any]:
+    def order_options(self, stream: Stream) -> dict[str, Any]:
         return {
             "lengths": lambda sources, indices: self.lengths(stream, sources, indices),
             "bucket_window": self.window,
         }
 
-    def packer(self, stream: "Stream") -> None:
+    def packer(self, stream: Stream) -> None:
         return None
 
-    def lengths(self, stream: "Stream", sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    def lengths(self, stream: Stream, sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """The length of each planned ``(source, index)``."""
         if callable(self.by):
             by = self.by
@@ -123,7 +132,7 @@ class Packing:
         whole("pack_tokens", self.tokens, 1)
         whole("pack_window", self.window, 1)
 
-    def check(self, stream: "Stream") -> None:
+    def check(self, stream: Stream) -> None:
         why = [
             (not stream.batch_size, "needs a batch size (rows per batch): Stream(..., batch_size=...)"),
             (
@@ -137,16 +146,14 @@ class Packing:
             if bad:
                 raise ValueError(f"Packing {what}")
 
-    def identity(self, stream: "Stream") -> dict[str, Any]:
+    def identity(self, stream: Stream) -> dict[str, Any]:
         packer = stream.packer
         return {"bucket_by": None, "bucket_window": None, "pack": packer.identity() if packer else None}
 
-    def order_options(self, stream: "Stream") -> dict[str, Any]:
+    def order_options(self, stream: Stream) -> dict[str, Any]:
         return {}
 
-    def packer(self, stream: "Stream") -> "Packer":
-        from ..packing import Packer
-
+    def packer(self, stream: Stream) -> Packer:
         return Packer(
             stream.datasets,
             self.tokens,
