@@ -33,9 +33,10 @@ def make_dataset(path: str | Path) -> Path:
     return path
 
 
-def stream(path: str | Path, **kw) -> "mmloader.Stream":
+def stream(path: str | Path, shuffle: bool = True, **kw) -> "mmloader.Stream":
     ds = mmloader.zip(caption=mmloader.TextReader(str(path)))
-    return mmloader.Stream(ds, batch_size=BATCH, order=mmloader.Order(seed=3, block_size=4, window_blocks=2), **kw)
+    order = mmloader.Order(shuffle=shuffle, seed=3, block_size=4, window_blocks=2)
+    return mmloader.Stream(ds, batch_size=BATCH, order=order, **kw)
 
 
 def record(out: str | Path, rank: int, **fields) -> None:

@@ -317,11 +317,11 @@ def test_length_bucketing_cuts_padding_keeps_exactly_once(tmp_path):
         return batches, padding
 
     plain, plain_pad = run()
-    bucketed, bucketed_pad = run(bucket_by="tokens", bucket_window=8)
+    bucketed, bucketed_pad = run(lengths=mmloader.Bucketing("tokens", window=8))
     keys = sorted(k for b in bucketed for k in b["__key__"])
     assert keys == [f"k{i:04d}" for i in range(400)] and len(bucketed) == len(plain)
     assert bucketed_pad < plain_pad / 3, (bucketed_pad, plain_pad)
-    again, _ = run(bucket_by="tokens", bucket_window=8)
+    again, _ = run(lengths=mmloader.Bucketing("tokens", window=8))
     assert [b["__key__"] for b in again] == [b["__key__"] for b in bucketed]
     with pytest.raises(ValueError, match="not a modality"):
         _stream(path, 4, lengths=mmloader.Bucketing("nope"))
