@@ -21,13 +21,20 @@ from .values import whole
 class Stream(Protocol):
     """What the length slot reads of the stream it is part of (its other stages, its sources)."""
 
-    batch_size: int | None
-    shuffle: bool
-    datasets: Sequence[Any]
-    mix: Any
-    on_change: str
-    collate_fn: Any
-    packer: Packer | None
+    @property
+    def batch_size(self) -> int | None: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def datasets(self) -> Sequence[Any]: ...
+    @property
+    def mix(self) -> Any: ...
+    @property
+    def on_change(self) -> str: ...
+    @property
+    def collate_fn(self) -> Any: ...
+    @property
+    def packer(self) -> Packer | None: ...
 
 
 class LengthPolicy(Protocol):
