@@ -57,9 +57,10 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
 
     Args:
         source: a :func:`mmloader.live` source, or a :func:`mmloader.mix` of one with stored datasets.
-        batch_size, shuffle, seed, drop_last: as for :class:`mmloader.Stream` (a batch size is
-            required); ``drop_last`` also drops a short last batch when a source ends; ``seed`` gives
-            the stored part's plan and every batch's seed.
+        batch_size: samples per batch (required).
+        shuffle: shuffle the stored part (as for :class:`mmloader.Stream`).
+        seed: the stored part's plan and every batch's seed.
+        drop_last: as for :class:`mmloader.Stream`; also drops a short last batch when a source ends.
         steps: batches per pass (per epoch); None: a stored part's epoch, or until the source ends.
         order: the stored part's :class:`mmloader.Order`.
         batching: a :class:`mmloader.Batching` (its ``collate_fn`` builds the mixed batches);
