@@ -38,9 +38,9 @@ from ..loading.building import BatchBuilder
 from ..loading.control import Controlled, SharedControl
 from ..loading.distributed import data_parallel_group
 from ..loading.stages import Batching, Bucketing, Errors, Order, Packing
-from ..loading.stages.options import stage, unknown_options
+from ..loading.stages.options import shortcut_stages, unknown_options
 from ..loading.stages.values import choice
-from ..loading.stream import Stream
+from ..loading.stream import ON_CHANGE, Stream
 from ..readers.seeding import batch_seed, enter_batch
 from .agree import ENDED, FAILED, READY, agree, agreement_group
 from .fetch import Fetcher
@@ -97,10 +97,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
     ):
         if unknown:
             raise TypeError(unknown_options("LiveStream", unknown))
-        order = stage(order, Order, "order", {"shuffle": ("shuffle", shuffle), "seed": ("seed", seed)})
-        batching = stage(
-            batching, Batching, "batching", {"batch_size": ("size", batch_size), "drop_last": ("drop_last", drop_last)}
-        )
+        order, batching = shortcut_stages(order, batching, batch_size, shuffle, seed, drop_last)
         error_policy = Errors.of(errors)
         batch_size = batching.size
         if batch_size is None:
@@ -116,7 +113,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
             )
         if lengths is not None and not isinstance(lengths, Bucketing):
             raise TypeError(f"lengths={lengths!r}: expected mmloader.Bucketing(...) for a live stream's stored part")
-        choice("on_change", on_change, ("error", "next_epoch", "continue"))
+        choice("on_change", on_change, ON_CHANGE)
         self.batch_size, self.steps, self.seed = batch_size, steps, int(order.seed)
         self.drop_last, self.on_change = batching.drop_last, on_change
         self.seed_workers, self.collate_fn, self.on_error = seed_workers, batching.collate_fn, error_policy.policy

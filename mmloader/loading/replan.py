@@ -30,6 +30,7 @@ from ..errors import PlanChangedError, ResumeError
 from ..planning.epoch import plan_from_identity
 from ..planning.partition import remaining_ranges, unrepeated_remaining
 from ..planning.replan import delivered_positions, kept_ranges, sample_ids, whole_units
+from .stages.lengths import modality_lengths
 
 log = logging.getLogger("mmloader")
 
@@ -179,16 +180,7 @@ def _old_lengths(stream: Any, old: dict, match: dict[int, int]):
     slot = np.array([match[s] for s in range(len(old["sources"]))], dtype=np.int64)
     modality = bucket.get("modality")
     if modality is not None:
-
-        def by_modality(sources: np.ndarray, indices: np.ndarray) -> np.ndarray:
-            out = np.zeros(len(indices), dtype=np.int64)
-            for s in np.unique(sources).tolist():
-                ds, sel = stream.datasets[slot[s]], sources == s
-                if modality in getattr(ds, "readers", {}):
-                    out[sel] = ds.lengths(indices[sel].tolist(), modality)
-            return out
-
-        return by_modality
+        return lambda sources, indices: modality_lengths(stream.datasets, slot[sources], indices, modality)
     if stream.identity().get("bucket_by") != bucket:
         raise ResumeError(
             "on_change='continue': the saved plan bucketed by a function this stream does not have "

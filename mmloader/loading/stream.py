@@ -34,7 +34,7 @@ from .control import Controlled, SharedControl
 from .replan import changed_plan_target
 from .resumable import warn_if_a_framework_cuts_the_epoch
 from .stages import Batching, Bucketing, Errors, Order, Packing
-from .stages.options import stage, unknown_options
+from .stages.options import shortcut_stages, unknown_options
 from .stages.values import choice
 
 log = logging.getLogger("mmloader")
@@ -104,10 +104,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             )
         if unknown:  # after the check above, so that Stream(live, steps=...) is told of LiveStream
             raise TypeError(unknown_options("Stream", unknown))
-        self.order = stage(order, Order, "order", {"shuffle": ("shuffle", shuffle), "seed": ("seed", seed)})
-        self.batching = stage(
-            batching, Batching, "batching", {"batch_size": ("size", batch_size), "drop_last": ("drop_last", drop_last)}
-        )
+        self.order, self.batching = shortcut_stages(order, batching, batch_size, shuffle, seed, drop_last)
         self.errors = Errors.of(errors)
         if lengths is not None and not isinstance(lengths, (Bucketing, Packing)):
             raise TypeError(f"lengths={lengths!r}: expected mmloader.Bucketing(...) or mmloader.Packing(...)")

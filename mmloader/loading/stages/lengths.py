@@ -109,12 +109,17 @@ class Bucketing:
                     for s, i in zip(sources.tolist(), indices.tolist())
                 ]
             )
-        out = np.zeros(len(indices), dtype=np.int64)  # 0 for sources without the modality
-        for s in np.unique(sources).tolist():
-            ds, sel = stream.datasets[s], sources == s
-            if self.by in getattr(ds, "readers", {}):
-                out[sel] = ds.lengths(indices[sel].tolist(), self.by)
-        return out
+        return modality_lengths(stream.datasets, sources, indices, self.by)
+
+
+def modality_lengths(datasets: Sequence[Any], sources: np.ndarray, indices: np.ndarray, modality: str) -> np.ndarray:
+    """The stored length of ``modality`` for each ``(source, index)``; 0 for sources without it."""
+    out = np.zeros(len(indices), dtype=np.int64)
+    for s in np.unique(sources).tolist():
+        ds, sel = datasets[s], sources == s
+        if modality in getattr(ds, "readers", {}):
+            out[sel] = ds.lengths(indices[sel].tolist(), modality)
+    return out
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from .batching import Batching
+from .order import Order
+
 T = TypeVar("T")
 
 #: Options that became a stage's, with what to write instead (an old call is told, not guessed at).
@@ -34,6 +37,23 @@ def stage(given: T | None, kind: type[T], name: str, shortcuts: dict[str, tuple[
         words = ", ".join(f"{k}=" for k in set_)
         raise TypeError(f"{words} and {name}= both given: give {words} inside mmloader.{kind.__name__}(...)")
     return given
+
+
+def shortcut_stages(
+    order: Order | None,
+    batching: Batching | None,
+    batch_size: int | None,
+    shuffle: bool | None,
+    seed: int | None,
+    drop_last: bool | None,
+) -> tuple[Order, Batching]:
+    """A stream's :class:`Order` and :class:`Batching`, from their objects or the shortcuts."""
+    return (
+        stage(order, Order, "order", {"shuffle": ("shuffle", shuffle), "seed": ("seed", seed)}),
+        stage(
+            batching, Batching, "batching", {"batch_size": ("size", batch_size), "drop_last": ("drop_last", drop_last)}
+        ),
+    )
 
 
 def unknown_options(owner: str, unknown: dict[str, Any]) -> str:
