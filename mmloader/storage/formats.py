@@ -109,7 +109,8 @@ def _img2dataset() -> Format:
 
 
 def _arrow() -> Format:
-    from .arrow.store import ArrowStore, is_table
+    from .arrow.files import is_table
+    from .arrow.store import ArrowStore
 
     return Format(
         "arrow",
