@@ -43,12 +43,15 @@ $(TOOLS)/.installed:
 	$(TOOLS)/bin/python -m pip install -q 'img2dataset>=1.45'
 	touch $@
 
+# Whole test modules go to one pytest-xdist worker per core (at most 4): module fixtures (servers,
+# a Ray cluster, a trained checkpoint) are made once, and the slowest modules start first.
+XDIST ?= -n auto --maxprocesses 4 --dist loadfile
 test: $(VENV)/.installed $(TOOLS)/.installed
-	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q
+	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q $(XDIST)
 
 # The change loop: the unit tests (no process, no network; tests/kinds.py keeps them so), not the slow ones.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "unit and not slow"
+	$(PY) -m pytest -q $(XDIST) -m "unit and not slow"
 
 # ruff (lint and format) and mypy, as configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -17,12 +17,7 @@ from .parquet_tables import Table, _pa, read_batches
 # -- columns ---------------------------------------------------------------------------------------
 def _has_binary(t) -> bool:
     pa = _pa()
-    if (
-        pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_fixed_size_binary(t)
-        or getattr(pa.types, "is_binary_view", lambda _t: False)(t)
-    ):
+    if _is_bytes(t):
         return True
     if pa.types.is_struct(t):
         return any(_has_binary(t.field(i).type) for i in range(t.num_fields))

@@ -405,7 +405,7 @@ def s3():
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    import mmloader.storage.remote.tar as remote_tar
+    import mmloader.storage.remote.shard_cache as shard_cache
 
     monkeypatch.delenv("MMLOADER_CACHE_DIR", raising=False)
-    monkeypatch.setattr(remote_tar, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here
+    monkeypatch.setattr(shard_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "default-cache"))  # never ~/.cache here

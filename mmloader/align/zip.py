@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, Callable, Mapping
 
@@ -13,20 +12,9 @@ from ..errors import AlignmentError
 from ..readers.base import Reader, as_bytes
 from ..readers.cache import SampleCache, fresh_copy
 from ..readers.columns import per_sample
+from .alignment import KeysAt, align_stores, store_groups
 from .collate import MISSING, present_in_every_row
-
-log = logging.getLogger("mmloader")
-
-
-def _store_id(reader: Reader) -> tuple:
-    """Which readers read one store (one read per sample serves them): the store's identity,
-    which for an Energon dataset includes its split."""
-    store = reader.store
-    identity = getattr(store, "identity", None)
-    if callable(identity):
-        return identity()
-    location = getattr(store, "location", None)  # one bucket name on two endpoints: two stores
-    return (store.format, store.path, location.identity() if location is not None else "")
+from .reader_checks import check_coverage, check_one_commit
 
 
 class Zipped(torch.utils.data.Dataset):
@@ -52,8 +40,8 @@ class Zipped(torch.utils.data.Dataset):
                 raise TypeError(f"zip(): {name}= must be a Reader, got {type(r).__name__}")
             if name.startswith("__"):
                 raise ValueError(f"zip(): modality name {name!r} is reserved")
-            _check_coverage(name, r)
-        _check_one_commit(readers)
+            check_coverage(name, r)
+        check_one_commit(readers)
         self.readers = dict(readers)
         self.transforms = dict(transforms or {})
         unknown = set(self.transforms) - set(self.readers)
@@ -66,68 +54,12 @@ class Zipped(torch.utils.data.Dataset):
             else:
                 self.transforms[name] = rest
         self.cache = cache
-        # Group readers by store: one store.read() per store per sample.
-        groups: dict[tuple, list[str]] = {}
-        for name, r in self.readers.items():
-            groups.setdefault(_store_id(r), []).append(name)
-        self._groups = list(groups.values())
-        self.positions: np.ndarray | None = None  # primary-store rows kept (align="inner", select())
+        self._groups = store_groups(self.readers)  # one store.read() per store per sample
+        aligned = align_stores(self.readers, self._groups, align)
+        self.positions: np.ndarray | None = aligned.positions  # primary-store rows kept (align="inner", select())
         self.selection: dict | None = None  # how select() chose them (recorded in resume states)
-        self.by_key = False
-        self.report: dict[str, int] = {}
-        self._align(align)
-
-    # -- alignment ------------------------------------------------------------
-    def _align(self, align: str) -> None:
-        primary = self._primary
-        others = [self.readers[g[0]] for g in self._groups[1:]]
-        if not others:
-            return
-        n = len(primary)
-        fp = primary.keys.fingerprint()
-        if all(len(o) == n and o.keys.fingerprint() == fp for o in others):
-            return  # same key sequence: zip by position, checked per sample
-        counts = {self._name(primary): n, **{self._name(o): len(o) for o in others}}
-        made_up = [self._name(r) for r in (primary, *others) if getattr(r.store, "synthetic_keys", False)]
-        if made_up:  # a table without a key column: its "keys" are row numbers, other rows elsewhere
-            raise AlignmentError(
-                f"zip(): the readers' keys differ (counts {counts}) and {made_up} read a table without a "
-                "key column, whose keys are row numbers: matched by key they would pair one table's row 5 with "
-                "another's. Give the tables a __key__ (or key) column, or zip readers of one table"
-            )
-        self.by_key = True
-        if align == "strict":
-            for o in others:
-                missing = self._missing(primary, o, limit=5)
-                extra = self._missing(o, primary, limit=5)
-                if missing or extra:
-                    raise AlignmentError(
-                        f"zip(align='strict'): readers do not hold the same samples (counts {counts}); "
-                        f"keys of {self._name(primary)!r} missing from {self._name(o)!r}: {missing}; "
-                        f"keys of {self._name(o)!r} missing from {self._name(primary)!r}: {extra}. "
-                        "Use align='inner' to keep the intersection."
-                    )
-            return
-        keep = np.fromiter(
-            (i for i, k in enumerate(primary.keys) if all(o.store.index_of(k) is not None for o in others)),
-            dtype=np.int64,
-        )
-        self.positions = keep
-        self.report = {name: c - len(keep) for name, c in counts.items()}
-        log.info("zip(align='inner'): %d aligned samples; lost per modality: %s", len(keep), self.report)
-
-    def _name(self, reader: Reader) -> str:
-        return next(n for n, r in self.readers.items() if r is reader)
-
-    @staticmethod
-    def _missing(a: Reader, b: Reader, limit: int) -> list[str]:
-        out = []
-        for k in a.keys:
-            if b.store.index_of(k) is None:
-                out.append(k)
-                if len(out) >= limit:
-                    break
-        return out
+        self.by_key = aligned.by_key
+        self.report: dict[str, int] = aligned.report
 
     @property
     def _primary(self) -> Reader:
@@ -161,7 +93,7 @@ class Zipped(torch.utils.data.Dataset):
     def keys(self) -> Sequence[str]:
         """The aligned samples' keys, read on demand (never a list of every key)."""
         primary = self._primary
-        return primary.keys if self.positions is None else _KeysAt(primary.store, self.positions)
+        return primary.keys if self.positions is None else KeysAt(primary.store, self.positions)
 
     def key(self, index: int) -> str:
         primary = self._primary
@@ -406,114 +338,6 @@ def _decode_column(reader: Reader, column: list, keys: list[str], share_memory: 
     if reader.transform is not None:
         return reader.decoded_column(column, keys)
     return reader.from_column(column, keys, share_memory=share_memory)
-
-
-def _check_one_commit(readers: Mapping[str, Reader]) -> None:
-    """Readers of one Hub repository must read one commit: modalities of two commits would pair
-    one version's images with another's captions."""
-    seen: dict[tuple, tuple[str, str]] = {}
-    for name, r in readers.items():
-        hub = getattr(getattr(r.store, "location", None), "hub", None)
-        if hub is None:
-            continue
-        repo = (hub.endpoint, hub.where.repo_id, hub.where.revision)
-        first = seen.setdefault(repo, (name, hub.sha))
-        if first[1] != hub.sha:
-            raise AlignmentError(
-                f"zip(): {first[0]}= reads hf://datasets/{hub.where.repo_id} at commit {first[1]} and {name}= at "
-                f"{hub.sha}: open both at one revision (name the commit: @{first[1]})"
-            )
-
-
-def _check_coverage(name: str, reader: Reader) -> None:
-    """Every sample must have the reader's field (or one of its alternatives), unless the reader
-    is ``optional``: checked from the per-field counts in the metadata, so a field that only some
-    samples have (a table column holding nulls) fails here, naming it, the samples without it,
-    ``optional=True`` and the other fields of the reader's kind, instead of at the first sample
-    without it, mid-epoch."""
-    store = reader.store
-    counts = store.metadata.get("field_counts", {})
-    found = [f for f in reader.fields if f in counts]
-    if not found:
-        raise AlignmentError(
-            f"zip(): {name}= reads field {reader.field!r}, which {store.path} does not have (fields: {store.fields})"
-        )
-    covered, total = sum(counts[f] for f in found), len(store)
-    if covered >= total or reader.optional:
-        return
-    table = getattr(store, "format", None) == "arrow"  # a column's missing values are its nulls
-    if table and len(found) == 1:
-        nulls = total - covered
-        message = (
-            f"zip(): {name}= reads column {reader.field!r} of {store.path}, which holds {nulls} "
-            f"null{'s' if nulls != 1 else ''} (of its {total} rows)"
-        )
-    else:
-        message = (
-            f"zip(): {name}= reads field {reader.field!r}, which only {covered} of the {total} "
-            f"samples of {store.path} have"
-        )
-    kind = reader_kind(reader)
-    others = (
-        {f: c for f, c in counts.items() if f not in reader.fields and c and field_kind(store, f) == kind}
-        if kind != "bytes"  # raw bytes of no known kind: no other field is known to be alike
-        else {}
-    )
-    if others:
-        ranked = sorted(others, key=lambda f: -others[f])
-        alt = ";".join([*reader.fields, *ranked[:3]])
-        message += (
-            f"; other {kind} {'columns' if table else 'fields'} there: "
-            f"{', '.join(f'{f} ({others[f]})' for f in ranked[:6])}. Read alternatives with "
-            f"field={alt!r} (each sample takes the first it has)"
-        )
-    lacking = max(total - covered, 0)
-    rows = "rows" if table else "samples"
-    message += (
-        f". To read the {lacking} {rows} without it as missing, pass optional=True "
-        f"({type(reader).__name__}(..., field={reader.field!r}, optional=True)): their samples leave {name!r} out "
-        f"and batch['__present__'][{name!r}] says which rows have it"
-    )
-    raise AlignmentError(message)
-
-
-def reader_kind(reader: Reader) -> str:
-    """The kind of value a reader reads (a name of :data:`mmloader.readers.registry.KINDS`:
-    ``image``, ``text``, ``label``...): its nearest built-in class's, or, for a plain
-    :class:`~mmloader.Reader` (``decode=``, a subclass of it), the kind of the field it reads."""
-    from ..readers.registry import KINDS
-
-    by_class = {kind.cls: kind.name for kind in KINDS.values() if kind.cls is not Reader}
-    for cls in type(reader).__mro__:
-        if cls in by_class:
-            return by_class[cls]
-    return field_kind(reader.store, reader.fields[0]) if reader.fields else "bytes"
-
-
-def field_kind(store, field: str) -> str:
-    """The kind of value a store's field holds: what the store knows of it (a table's column type,
-    an HF ``Image`` feature, the first bytes of a binary column), else what its name says
-    (``jpg``: image, ``txt``: text, ``cls``: label...; ``bytes`` when it says nothing)."""
-    from ..readers.registry import kind_for_field
-
-    judge = getattr(store, "field_kind", None)
-    known = judge(field) if callable(judge) else None
-    return known or kind_for_field(field).name
-
-
-class _KeysAt(Sequence):
-    """Keys of a store at selected rows (``align="inner"``), looked up lazily."""
-
-    def __init__(self, store, positions: np.ndarray):
-        self._store, self._positions = store, positions
-
-    def __len__(self) -> int:
-        return len(self._positions)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [self._store.key(int(p)) for p in self._positions[i]]
-        return self._store.key(int(self._positions[i]))
 
 
 def zip_readers(

@@ -31,7 +31,7 @@ def run(args) -> int:
     from ..storage.remote.redaction import redact_url
 
     if is_url(args.dir):
-        from ..storage.remote.write import build_index_remote
+        from ..storage.remote.index import build_index_remote
 
         manifest = build_index_remote(args.dir, output=args.output, progress=not args.quiet)
         if args.output and "://" not in args.output:

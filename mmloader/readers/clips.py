@@ -99,8 +99,8 @@ def _seek(container, stream, first_time: float) -> None:
 
 
 def _demux_times(container, stream, plan: _Plan) -> np.ndarray:
-    """The presentation times of the frames :func:`_decode_targets` picks, from packet times
-    alone (no decoding)."""
+    """The presentation times of the frames :func:`~mmloader.readers.video_decode.decode_targets`
+    picks, from packet times alone (no decoding)."""
     tb = stream.time_base
     origin = _start(stream)
     tol = _tolerance(stream)

@@ -94,7 +94,7 @@ def build_index(
 ) -> dict:
     """Index tar shards written by any tool (manifest + offset indexes + key index): a local
     folder (:func:`~mmloader.storage.tar.index.build_index`), or a URL
-    (:func:`~mmloader.storage.remote.write.build_index_remote`): the index beside the shards, or
+    (:func:`~mmloader.storage.remote.index.build_index_remote`): the index beside the shards, or
     in a local ``output`` folder that then opens as the dataset, its shards read in place.
 
     Args:
@@ -107,7 +107,7 @@ def build_index(
     >>> build_index("hf://datasets/ORG/NAME/train", output="name-index/")   # doctest: +SKIP
     """
     if is_url(directory):
-        from .remote.write import build_index_remote
+        from .remote.index import build_index_remote
 
         return build_index_remote(
             os.fspath(directory), output=output, progress=progress, storage_options=storage_options

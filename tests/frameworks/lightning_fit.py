@@ -12,48 +12,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import warnings
 from pathlib import Path
 
-import lightning.pytorch as pl
-import torch
-from common import record, stream
-
-import mmloader
-
-
-class Model(pl.LightningModule):
-    def __init__(self, out: str, data: str | None = None, backend: str = "auto"):
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.out, self.data, self.backend = out, data, backend
-        self.loader = None
-
-    def train_dataloader(self):  # used when no DataModule is given
-        if self.loader is None:
-            self.loader = mmloader.loader(stream(self.data), backend=self.backend, num_workers=2)
-        return self.loader
-
-    def training_step(self, batch, batch_idx):
-        keys = list(batch["__key__"])
-        record(self.out, self.global_rank, epoch=self.current_epoch, step=self.global_step, keys=keys)
-        return self.layer(torch.ones(len(keys), 1)).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-class Preempt(pl.Callback):
-    """Save a checkpoint after step N and exit at once, as a preempted job would."""
-
-    def __init__(self, after: int, path: str):
-        self.after, self.path = after, path
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.after:
-            trainer.save_checkpoint(self.path)
-            os._exit(0)
+from common import stream
 
 
 def main() -> None:
@@ -69,6 +31,10 @@ def main() -> None:
     p.add_argument("--max-epochs", type=int, default=2)
     p.add_argument("--devices", type=int, default=2)
     a = p.parse_args()
+    # Lightning is imported here, not at the top: see lightning_parts.py
+    import lightning.pytorch as pl
+    from lightning_parts import Model, Preempt
+
     from mmloader.frameworks.lightning import DataModule, DataWaitCallback
 
     wait = DataWaitCallback(every_n_steps=2)

@@ -462,7 +462,7 @@ def test_a_ten_hour_header_is_refused_before_decoding(tmp_path, monkeypatch):
     def no_decoding(*a, **k):
         raise AssertionError("decoding started")
 
-    monkeypatch.setattr(mmloader.readers.video, "_decode_targets", no_decoding)
+    monkeypatch.setattr(mmloader.readers.video, "decode_targets", no_decoding)
     monkeypatch.setattr(mmloader.readers.audio, "_decode_audio", no_decoding)
     monkeypatch.setattr(sf.SoundFile, "read", no_decoding)
     for reader in (

@@ -294,7 +294,7 @@ def test_exit_with_a_loader_mid_epoch_is_clean(corpus, tmp_path):
     long.write_text("\n".join(" ".join(LINES[i % 45] for i in range(k, k + 30)) for k in range(3000)) + "\n")
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT)
-    for backend in ["thread"] * 5 + ["process"]:
+    for backend in ["thread"] * 3 + ["process"]:  # 3: a 1-in-2 failure is missed 1 time in 8
         done = subprocess.run(
             [sys.executable, str(script), str(long), str(tok_path), backend],
             capture_output=True,

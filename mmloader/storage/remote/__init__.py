@@ -48,7 +48,8 @@ failure to connect to it is a server restarting, retried for the whole ``retry_d
 
 
 **Where things live.** :mod:`.urls` (URL helpers), :mod:`.redaction` (what is shown),
-:mod:`.errors`, :mod:`.retry` (the policy, which failures are retried, deadlines),
+:mod:`.errors`, :mod:`.failures` (which failures are retried), :mod:`.servers` (which hosts answered),
+:mod:`.retry` (the policy, deadlines),
 :mod:`.runtime` (which client a process may use, the event loop, background threads), :mod:`.location` (:class:`Location`), :mod:`.client` (the
 :class:`Client` protocol every client implements), one module per client
 (:mod:`.obstore_client`, :mod:`.simple_client`, :mod:`.fsspec_client`), :mod:`.sigv4` (S3
@@ -70,30 +71,23 @@ from .errors import (
     ShortBody,
     _HTTPStatus,
 )
-from .fsspec_client import _FsspecClient
-from .location import CREDENTIAL_ENV, Location
-from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
-from .ranges import _check_length, coalesce
-from .redaction import redact, redact_text, redact_url, remember_secrets, scrub, secret_values, userinfo_end
-from .retry import (
+from .failures import (
     _OBSTORE_PERMANENT,
     S3_REFUSALS,
-    Policy,
-    Server,
     _auth_error,
-    _Deadline,
     _status,
-    answered,
     connect_failure,
-    forget_answers,
-    location_server,
-    mark_answered,
-    server_of,
     server_refusal,
     short_message,
     transient,
     unresolved_host,
 )
+from .fsspec_client import _FsspecClient
+from .location import CREDENTIAL_ENV, Location
+from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
+from .ranges import _check_length, coalesce
+from .redaction import redact, redact_text, redact_url, remember_secrets, scrub, secret_values, userinfo_end
+from .retry import Policy, _Deadline
 from .runtime import (
     _background,
     _mark_obstore,
@@ -105,6 +99,7 @@ from .runtime import (
     obstore_usable,
     run,
 )
+from .servers import Server, answered, forget_answers, location_server, mark_answered, server_of
 from .sigv4 import _botocore_credentials, sigv4_headers, static_s3_credentials
 from .simple_client import _SimpleClient
 from .urls import (

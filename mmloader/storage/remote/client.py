@@ -8,8 +8,9 @@ import concurrent.futures
 import time
 from typing import Callable, Protocol, runtime_checkable
 
-from .retry import Policy, Server, _Deadline, location_server
+from .retry import Policy, _Deadline
 from .runtime import _background
+from .servers import Server, location_server
 
 #: Client settings (obstore's ``client_options``) every client accepts in ``storage_options``;
 #: the fsspec client drops them (its own settings come from the policy).
@@ -122,7 +123,7 @@ class _Client:
 
     @property
     def _server(self) -> Server:
-        """Where the requests go (:func:`~.retry.location_server`): whether it has answered
+        """Where the requests go (:func:`~.servers.location_server`): whether it has answered
         decides how long a failure to connect is retried."""
         if self._contact is None:
             self._contact = location_server(self.location)

@@ -58,7 +58,7 @@ class ConnectFailed(OSError):
 
 class _HTTPStatus(OSError):
     """A non-success HTTP answer of the standard-library client; ``body`` (its first 4 KiB) is
-    kept so that :func:`~.retry.server_refusal` can read the S3 error code in it."""
+    kept so that :func:`~.failures.server_refusal` can read the S3 error code in it."""
 
     def __init__(self, status: int, url: str, body: bytes = b"", retry_after: float | None = None):
         said = body[:200].decode("utf-8", "replace").strip()

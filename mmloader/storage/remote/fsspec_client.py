@@ -13,8 +13,9 @@ from urllib.parse import urlsplit
 from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
 from .errors import ShortBody
 from .proxy import proxy_for
-from .retry import _Deadline, mark_answered
+from .retry import _Deadline
 from .runtime import _background
+from .servers import mark_answered
 from .sigv4 import _botocore_credentials
 from .urls import endpoint_of, join
 

@@ -16,7 +16,7 @@ from ...errors import FormatError
 from ..lmdb.fork_gate import FORK_GATE
 from ..lmdb.store import KEYS_DB, LMDBStore, check_lmdb_file, lmdb_required_size
 from . import Location, Policy, RemoteError
-from .shard_cache import ShardCache, parse_limit
+from .shard_cache import ShardCache, default_cache_dir, parse_limit
 
 DATA = "data.mdb"
 
@@ -63,8 +63,6 @@ def open_remote_lmdb(
     The cached copy is checked the same way before LMDB maps it (a short file would crash the
     process with SIGBUS), then against its own metadata; a bad copy is removed from the cache."""
     from tqdm import tqdm
-
-    from .tar import default_cache_dir
 
     loc = Location(
         url, storage_options or {}, Policy.from_env(retry_deadline=retry_deadline, request_timeout=request_timeout)

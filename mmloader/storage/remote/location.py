@@ -13,12 +13,15 @@ from typing import Any, Callable, Mapping, Sequence
 from ...errors import MMLoaderError
 from .client import _CLIENT_OPTION_KEYS, Client
 from .errors import ObjectChangedError, RemoteError
+from .failures import short_message
 from .fsspec_client import _FsspecClient
-from .hub import HUB_OPTION_KEYS, HubRepo, open_hub
+from .hub import HUB_OPTION_KEYS, list_files, open_hub
+from .hub_repo import HubRepo
 from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .redaction import redact, redact_url, remember_secrets
-from .retry import Policy, answered, location_server, mark_answered, short_message
+from .retry import Policy
 from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
+from .servers import answered, location_server, mark_answered
 from .simple_client import _SimpleClient
 from .urls import check_endpoint, check_url, endpoint_of, join, lower_scheme, scheme_of, split_userinfo
 
@@ -360,7 +363,7 @@ class Location:
     def list(self, prefix: str = "", purpose: str = "data") -> list[tuple[str, int]]:
         """(name relative to this folder, size) of every object under ``prefix``."""
         if self.hub is not None:  # the Hub's tree API, at the pinned commit
-            return self.hub.list(prefix, self.policy)
+            return list_files(self.hub, prefix, self.policy)
         return self.client(purpose).list(prefix)
 
     def check_writable(self) -> None:

@@ -56,6 +56,10 @@ _PART = re.compile(r"\.(.+)\.part-\d+-[0-9a-f]+")
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "mmloader")
 
 
+def default_cache_dir() -> str:
+    return os.environ.get("MMLOADER_CACHE_DIR") or DEFAULT_CACHE_DIR
+
+
 def parse_limit(limit: int | str | None) -> int | None:
     """``cache_limit`` in bytes: an integer, or a size such as ``"20G"`` (20 GiB) or ``"500MB"``
     (:func:`mmloader.storage.sizes.parse_size`: the same units as the CLI's).

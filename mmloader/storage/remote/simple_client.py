@@ -11,15 +11,15 @@ from typing import Literal, cast
 
 from .client import Client, LocationLike, _Client
 from .errors import ConnectFailed, HostNotFound, ObjectChangedError, _HTTPStatus
+from .failures import _os_kind, server_refusal, short_message
 from .fsspec_client import _FsspecClient
-from .hub import HubError, refusal_message, retry_after
+from .hub_api import HubError, refusal_message, retry_after
 from .obstore_client import _ObstoreClient
 from .proxy import Proxy, connection, proxy_for, tunnel_failure
 from .proxy import refusal as proxy_refusal
 from .proxy import target as proxy_target
 from .ranges import _check_length
 from .redaction import redact_url
-from .retry import _os_kind, server_refusal, short_message
 from .runtime import _background, obstore_usable
 from .sigv4 import sigv4_headers, static_s3_credentials
 from .urls import endpoint_of

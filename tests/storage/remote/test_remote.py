@@ -28,10 +28,11 @@ from mmloader.storage import remote
 from mmloader.storage.remote import (
     RemoteError,
     RemoteUnavailableError,
+    failures,
     location,
     ranges,
     redaction,
-    retry,
+    servers,
     shard_cache,
     sigv4,
     urls,
@@ -630,7 +631,7 @@ def test_wrong_bytes_are_never_passed_on_and_missing_objects_fail_at_once(data, 
 
 
 def test_url_helpers_and_cache_limits_docstrings():
-    for module in (urls, location, sigv4, ranges, shard_cache, redaction, retry):
+    for module in (urls, location, sigv4, ranges, shard_cache, redaction, failures, servers):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 
@@ -881,7 +882,7 @@ def test_sigterm_is_an_interrupt_while_an_index_is_built(tmp_path):
     code = textwrap.dedent(
         """
         import os, signal, time
-        from mmloader.storage.remote.write import _terminate_as_interrupt
+        from mmloader.storage.remote.index import _terminate_as_interrupt
         try:
             with _terminate_as_interrupt():
                 os.kill(os.getpid(), signal.SIGTERM)
