@@ -558,44 +558,60 @@ def test_both_backends_read_the_same_slices_in_the_same_order():
 # -- 2-rank DDP ------------------------------------------------------------------------------------
 
 
-def _rank_main(rank: int, init: str, out: str, case: str) -> None:
+def _rank_main(rank: int, init: str, out: str, cases: list[str]) -> None:
+    """Each case in turn in one process group, as passes of one training process would."""
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     try:
-        if case == "ends_early":  # rank 1's source holds 30% fewer samples
-            count = 40 if rank == 0 else 28
-            source = mmloader.live(lambda r, w, k, K: _numbered(r, w, k, K, count=count), name="gen")
-        elif case == "leaves":  # rank 0 leaves its loop early (a break): rank 1 must not wait for it
-            source = mmloader.live(_numbered, name="gen")
-        else:  # rank 1's source stalls after a few batches, and raises
-            count = 400 if rank == 0 else 12
-            source = mmloader.live(_stalls_after(count), name="gen", timeout=0.5, on_stall="raise")
-        loader = mmloader.loader(
-            mmloader.LiveStream(source, batch_size=4, steps=1000), 2, backend="process", multiprocessing_context="fork"
-        )
-        keys, error = [], None
-        try:
-            for batch in loader:
-                step = torch.ones(1)
-                dist.all_reduce(step)  # a training step's collective: hangs if ranks' batch counts differ
-                keys += batch["__key__"]
-                if case == "leaves" and rank == 0 and len(keys) == 12:
-                    break
-        except LiveSourceError as e:
-            error = str(e)
-        after = torch.tensor([float(rank + 1)])
-        dist.all_reduce(after)  # the loader's own agreement never pairs with the training's collectives
-        assert after.item() == 3.0
-        Path(out, f"rank{rank}.json").write_text(json.dumps({"keys": keys, "error": error}))
-        dist.barrier()
+        for case in cases:
+            _rank_case(rank, out, case)
     finally:
         dist.destroy_process_group()
 
 
+def _rank_case(rank: int, out: str, case: str) -> None:
+    if case == "ends_early":  # rank 1's source holds 30% fewer samples
+        count = 40 if rank == 0 else 28
+        source = mmloader.live(lambda r, w, k, K: _numbered(r, w, k, K, count=count), name="gen")
+    elif case == "leaves":  # rank 0 leaves its loop early (a break): rank 1 must not wait for it
+        source = mmloader.live(_numbered, name="gen")
+    else:  # rank 1's source stalls after a few batches, and raises
+        count = 400 if rank == 0 else 12
+        source = mmloader.live(_stalls_after(count), name="gen", timeout=0.5, on_stall="raise")
+    loader = mmloader.loader(
+        mmloader.LiveStream(source, batch_size=4, steps=1000), 2, backend="process", multiprocessing_context="fork"
+    )
+    keys, error = [], None
+    try:
+        for batch in loader:
+            step = torch.ones(1)
+            dist.all_reduce(step)  # a training step's collective: hangs if ranks' batch counts differ
+            keys += batch["__key__"]
+            if case == "leaves" and rank == 0 and len(keys) == 12:
+                break
+    except LiveSourceError as e:
+        error = str(e)
+    after = torch.tensor([float(rank + 1)])
+    dist.all_reduce(after)  # the loader's own agreement never pairs with the training's collectives
+    assert after.item() == 3.0
+    Path(out, f"rank{rank}-{case}.json").write_text(json.dumps({"keys": keys, "error": error}))
+    dist.barrier()
+
+
+DDP_CASES = ["ends_early", "leaves", "fails"]
+
+
+@pytest.fixture(scope="module")
+def ddp_cases(tmp_path_factory):
+    """Two ranks run every case in turn: one launch for the three."""
+    out = tmp_path_factory.mktemp("live-ddp")
+    tmp.spawn(_rank_main, args=(str(out / "init"), str(out), DDP_CASES), nprocs=2, join=True)
+    return out
+
+
 @pytest.mark.process
-@pytest.mark.parametrize("case", ["ends_early", "fails", "leaves"])
-def test_two_rank_ddp_ranks_end_together(tmp_path, case):
-    tmp.spawn(_rank_main, args=(str(tmp_path / "init"), str(tmp_path), case), nprocs=2, join=True)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+@pytest.mark.parametrize("case", DDP_CASES)
+def test_two_rank_ddp_ranks_end_together(ddp_cases, case):
+    results = [json.loads((ddp_cases / f"rank{r}-{case}.json").read_text()) for r in range(2)]
     for r in results:
         assert len(r["keys"]) == len(set(r["keys"]))
     if case == "ends_early":

@@ -146,43 +146,38 @@ def test_continue_with_a_source_added_and_a_selection_changed(data):
 CONFIG_RUN = textwrap.dedent(
     """
     import json, sys, mmloader
-    config, state_file, out, batches = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    loader = mmloader.loader(mmloader.from_config(config), num_workers=2, backend="thread")
-    try:
-        loader.load_state_dict(json.load(open(state_file)))
-    except FileNotFoundError:
-        pass
-    except mmloader.errors.PlanChangedError as e:
-        json.dump({"error": str(e)}, open(out, "w"))
-        sys.exit(0)
-    keys = []
-    for i, batch in enumerate(loader):
-        keys += batch["__key__"]
-        if i + 1 == batches:
-            break
-    json.dump(loader.state_dict(), open(state_file, "w"))
-    json.dump({"keys": keys, "epoch": loader.epoch}, open(out, "w"))
+    # one job per on_change mode: config, state file, result file, batches (a fresh loader each)
+    for config, state_file, out, batches in json.loads(sys.argv[1]):
+        loader = mmloader.loader(mmloader.from_config(config), num_workers=2, backend="thread")
+        try:
+            loader.load_state_dict(json.load(open(state_file)))
+        except FileNotFoundError:
+            pass
+        except mmloader.errors.PlanChangedError as e:
+            json.dump({"error": str(e)}, open(out, "w"))
+            continue
+        keys = []
+        for i, batch in enumerate(loader):
+            keys += batch["__key__"]
+            if i + 1 == batches:
+                break
+        json.dump(loader.state_dict(), open(state_file, "w"))
+        json.dump({"keys": keys, "epoch": loader.epoch}, open(out, "w"))
     """
 )
+ON_CHANGE = ["error", "next_epoch", "continue"]
 
 
-@pytest.mark.process
-@pytest.mark.parametrize("on_change", ["error", "next_epoch", "continue"])
-def test_each_on_change_mode_across_a_config_edit_between_two_runs(data, tmp_path, on_change):
-    script = tmp_path / "run.py"
+@pytest.fixture(scope="module")
+def two_runs(data, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """For each on_change mode: a run of 4 batches, then, in another process, the rest of the epoch
+    after the config was edited (a source added, a filter on another). Two processes in all: each
+    runs every mode's loader in turn, from that mode's own config and state file."""
+    root = tmp_path_factory.mktemp("on-change")
+    script = root / "run.py"
     script.write_text(CONFIG_RUN)
-    state, out = tmp_path / "state.json", tmp_path / "out.json"
 
-    def run(cfg: dict, batches: int) -> dict:
-        (tmp_path / "exp.yaml").write_text(json.dumps(cfg))  # JSON is YAML
-        subprocess.run(
-            [sys.executable, str(script), str(tmp_path / "exp.yaml"), str(state), str(out), str(batches)],
-            check=True,
-            timeout=120,
-        )
-        return json.loads(out.read_text())
-
-    def cfg(weights: dict, filters: dict) -> dict:
+    def cfg(on_change: str, weights: dict, filters: dict) -> dict:
         return {
             "seed": 3,
             "batch_size": 10,
@@ -199,9 +194,24 @@ def test_each_on_change_mode_across_a_config_edit_between_two_runs(data, tmp_pat
             },
         }
 
-    first = run(cfg({"a": 0.5, "b": 0.5}, {}), 4)
-    edited = cfg({"a": 0.5, "b": 0.3, "c": 0.2}, {"a": "meta.q < 8"})
-    second = run(edited, 1000)
+    def run(configs: dict[str, dict], batches: int, step: str) -> dict[str, dict]:
+        jobs = []
+        for mode, config in configs.items():
+            (root / mode).mkdir(exist_ok=True)
+            (root / mode / "exp.yaml").write_text(json.dumps(config))  # JSON is YAML
+            jobs.append([str(root / mode / f) for f in ("exp.yaml", "state.json", f"{step}.json")] + [batches])
+        subprocess.run([sys.executable, str(script), json.dumps(jobs)], check=True, timeout=120)
+        return {mode: json.loads((root / mode / f"{step}.json").read_text()) for mode in configs}
+
+    first = run({m: cfg(m, {"a": 0.5, "b": 0.5}, {}) for m in ON_CHANGE}, 4, "first")
+    second = run({m: cfg(m, {"a": 0.5, "b": 0.3, "c": 0.2}, {"a": "meta.q < 8"}) for m in ON_CHANGE}, 1000, "second")
+    return {m: (first[m], second[m]) for m in ON_CHANGE}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("on_change", ON_CHANGE)
+def test_each_on_change_mode_across_a_config_edit_between_two_runs(two_runs, on_change):
+    first, second = two_runs[on_change]
     if on_change == "error":
         assert "source 'c' added" in second["error"] and "source 'a': selection" in second["error"]
         return

@@ -3,6 +3,7 @@ write recognised, and the same crops on every backend and after a resume."""
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import math
@@ -28,6 +29,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 N_DRAWS = 10_000
 
 
+@functools.cache  # the same photos for every case of a test: made once (seconds for the large ones)
 def photo_jpeg(seed: int, width: int, height: int) -> bytes:
     """A JPEG with a photo's detail: smooth regions of several sizes, objects with hard edges,
     grain (compresses like a photo, not like noise)."""
