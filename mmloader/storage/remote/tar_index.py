@@ -13,9 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ...errors import FormatError, RandomAccessError
+from ...errors import FormatError
 from ..tar.index import MANIFEST
-from ..tar.store import TarStore, prepare_manifest
+from ..tar.store import TarStore, checked_index, compressed_shard, prepare_manifest
 from . import Location, RemoteError, RemoteUnavailableError, join
 
 log = logging.getLogger("mmloader")
@@ -184,11 +184,7 @@ class _RemoteIndex(TarStore):
         meta = self.metadata
         for s in missing:
             if meta["shards"][s]["compressed"]:
-                raise RandomAccessError(
-                    f"shard {self.shard_path(s)} is compressed: it can only be read sequentially "
-                    "(store.iter_samples()). For random access, shuffling and DDP splitting, decompress it "
-                    "and run `mmloader index` again."
-                )
+                raise compressed_shard(self.shard_path(s))
         names = [meta["shards"][s]["index"] for s in missing]
         try:
             raw = self._index_files(names)
@@ -196,12 +192,6 @@ class _RemoteIndex(TarStore):
             raise FormatError(f"{e}: an offset index listed in {self.manifest_path} is missing") from None
         with self._lock:
             for s, name, data in zip(missing, names, raw):
-                table = offsets_from_bytes(data, self._index_path(name))
-                if table.shape[0] != meta["shards"][s]["count"]:
-                    raise FormatError(
-                        f"{name}: {table.shape[0]} rows but the manifest lists "
-                        f"{meta['shards'][s]['count']} samples for {meta['shards'][s]['file']}"
-                    )
-                self._idx[s] = table
+                self._idx[s] = checked_index(offsets_from_bytes(data, self._index_path(name)), meta["shards"][s])
                 while len(self._idx) > MAX_INDEXES:
                     self._idx.popitem(last=False)

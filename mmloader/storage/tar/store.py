@@ -25,6 +25,24 @@ from .stages import group_samples, tar_members
 MAX_OPEN_SHARDS = 64  # bounded per-process cache of open shard files and index maps
 
 
+def compressed_shard(where: str) -> RandomAccessError:
+    """The error for a random read of a compressed shard (local or remote)."""
+    return RandomAccessError(
+        f"shard {where} is compressed: it can only be read sequentially "
+        "(store.iter_samples()). For random access, shuffling and DDP splitting, "
+        "decompress it (e.g. `gunzip -c x.tgz > x.tar`) and run `mmloader index` again."
+    )
+
+
+def checked_index(table: np.ndarray, shard: dict) -> np.ndarray:
+    """A shard's offset index, refused if its rows are not the manifest's count of samples."""
+    if table.shape[0] != shard["count"]:
+        raise FormatError(
+            f"{shard['index']}: {table.shape[0]} rows but the manifest lists {shard['count']} samples for {shard['file']}"
+        )
+    return table
+
+
 class TarStore(Store):
     """Map-style access to tar shards: ``store[i]`` is one ``pread`` per field, no scan.
 
@@ -171,17 +189,8 @@ class TarStore(Store):
         table = self._idx.get(s)
         if table is None:
             if self.shards[s]["compressed"]:
-                raise RandomAccessError(
-                    f"shard {self.shard_path(s)} is compressed: it can only be read sequentially "
-                    "(store.iter_samples()). For random access, shuffling and DDP splitting, "
-                    "decompress it (e.g. `gunzip -c x.tgz > x.tar`) and run `mmloader index` again."
-                )
-            table = map_offsets(os.path.join(self.path, self.shards[s]["index"]))
-            if table.shape[0] != self.shards[s]["count"]:
-                raise FormatError(
-                    f"{self.shards[s]['index']}: {table.shape[0]} rows but the manifest "
-                    f"lists {self.shards[s]['count']} samples for {self.shards[s]['file']}"
-                )
+                raise compressed_shard(self.shard_path(s))
+            table = checked_index(map_offsets(os.path.join(self.path, self.shards[s]["index"])), self.shards[s])
             self._idx[s] = table
             if len(self._idx) > MAX_OPEN_SHARDS:
                 self._idx.popitem(last=False)
