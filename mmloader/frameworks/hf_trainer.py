@@ -73,7 +73,7 @@ class LoaderCheckpoint(TrainerCallback):
 
     def _file(self, folder: str | os.PathLike) -> Path:
         stream = getattr(self.loader, "stream", None)
-        rank = stream._where()[0] if stream is not None else 0
+        rank = stream.where()[0] if stream is not None else 0
         return Path(folder) / STATE_FILE.format(rank=rank)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -18,7 +18,7 @@ def deliver(stream: Any, batches: Iterator[Any]) -> Iterator[Any]:
     """:meth:`mmloader.LiveStream.deliver` of ``stream``: the batches of this pass, each only
     once every rank has one. A rank that leaves the pass early (a ``break``) says so to the
     others, which end it at the same step rather than wait for it."""
-    rank, world = stream._where()
+    rank, world = stream.where()
     group = agreement_group(stream.group) if world > 1 else None
     uncapped = stream._uncapped()
     total = stream._capped(uncapped)

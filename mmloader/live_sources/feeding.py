@@ -27,7 +27,7 @@ def batch_tasks(
     """:meth:`mmloader.LiveStream.batch_tasks` of ``stream``: step ``j`` of the pass is built by
     worker ``j % workers`` and reads slice ``(before + j) % readers`` of its rank."""
     seed_globals = seed_globals and bool(stream.python_work())
-    rank, world = stream._where()
+    rank, world = stream.where()
     total, before, epoch = stream.remaining(), stream._steps_before, stream.epoch
     stored = _stored_parts(stream, worker, workers, before)
     slices = readers or workers

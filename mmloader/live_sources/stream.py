@@ -35,6 +35,7 @@ from ..errors import PlanChangedError, ResumeError
 from ..loading.building import BatchBuilder
 from ..loading.control import Controlled, SharedControl
 from ..loading.distributed import data_parallel_group
+from ..loading.protocol import PassFlags
 from ..loading.stages import Batching, Bucketing, Errors, Order, Packing
 from ..loading.stages.options import shortcut_stages, unknown_options
 from ..loading.stages.values import choice
@@ -172,8 +173,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
                 f"LiveStream needs an mmloader.live source or a mix with one, got {type(source).__name__}: "
                 "a stored dataset streams with mmloader.Stream"
             )
-        self._epoch_chosen = False
-        self._resume_fresh = False
+        self.pass_flags = PassFlags()
         self._steps_before = 0  # batches of the current epoch delivered before a resume
         self.slices = SlicePositions(self.source, self.live_name)  # where each live slice is
         self._warned_cut = False
@@ -194,7 +194,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         if self.stored is not None:
             self.stored.set_epoch(epoch)
         self.control.epoch = epoch
-        self._epoch_chosen = True
+        self.pass_flags.epoch_chosen = True
 
     _resume_epoch: int | None = None
 
@@ -203,7 +203,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         if self.stored is not None:
             self.stored.drop_resume()
         self.control.resuming = False
-        self._resume_fresh, self._steps_before, self._resume_epoch = False, 0, None
+        self.pass_flags.resume_fresh, self._steps_before, self._resume_epoch = False, 0, None
 
     def python_work(self) -> list[str]:
         """What runs user Python per sample: the live source always does (its iterables)."""
@@ -311,7 +311,7 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
         self.control.epoch = epoch
         self.control.resuming = bool(steps)
         self._steps_before, self._resume_epoch = steps, epoch
-        self._resume_fresh = True
+        self.pass_flags.resume_fresh = True
 
     # -- delivering (the training process) -------------------------------------
     def deliver(self, batches: Iterator[Any]) -> Iterator[Any]:

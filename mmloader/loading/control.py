@@ -129,7 +129,8 @@ class Controlled:
         """Fix (rank, world); by default they are detected at first use (from ``group``)."""
         self.control.set_world(rank, world)
 
-    def _where(self) -> tuple[int, int]:
+    def where(self) -> tuple[int, int]:
+        """(rank, world) of this stream's data-parallel group, fixed on first use."""
         return self.control.world(self.group)
 
     def __getstate__(self) -> dict:

@@ -9,9 +9,19 @@ and know no kind of stream by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .control import SharedControl
+
+
+@dataclass
+class PassFlags:
+    """What was asked of a stream since its last pass began; the loaders read and clear it when
+    the next pass begins (:mod:`mmloader.loading.resumable`)."""
+
+    epoch_chosen: bool = False  # set_epoch was called
+    resume_fresh: bool = False  # load_state_dict was called
 
 
 @runtime_checkable
@@ -25,15 +35,13 @@ class StreamLike(Protocol):
     seed_workers: bool
     #: The state shared with worker processes (epoch, place in the world, resume flag).
     control: SharedControl
-    #: A pass's bookkeeping, kept by the loaders: ``set_epoch`` / ``load_state_dict`` was called
-    #: since the last pass began (:mod:`mmloader.loading.resumable`).
-    _epoch_chosen: bool
-    _resume_fresh: bool
+    #: A pass's bookkeeping: ``set_epoch`` / ``load_state_dict`` was called since it began.
+    pass_flags: PassFlags
 
     @property
     def epoch(self) -> int: ...
 
-    def _where(self) -> tuple[int, int]:
+    def where(self) -> tuple[int, int]:
         """(rank, world), fixed on first use."""
         ...
 

@@ -164,7 +164,7 @@ class Resumable:
     def _pass(self) -> Iterator[Any]:
         # Everything is decided at the first next(), not at iter(): frameworks make an iterator
         # and only then set the epoch (Lightning), or make one they never use.
-        self.stream._where()  # fix rank/world in this process, before any worker starts
+        self.stream.where()  # fix rank/world in this process, before any worker starts
         self._apply_pending()  # (a pass left without being closed: a reference to it kept)
         self._begin_pass()
         getattr(self.stream, "prepare", lambda: None)()  # what workers would each compute, once, here
@@ -183,9 +183,9 @@ class Resumable:
     def _begin_pass(self) -> None:
         """Decide what this pass delivers (the module docstring's rules), before workers start."""
         stream = self.stream
-        if stream._resume_fresh:
-            stream._resume_fresh = False  # it applies to this pass only
-        elif stream._epoch_chosen or self._passes == 0:
+        if stream.pass_flags.resume_fresh:
+            stream.pass_flags.resume_fresh = False  # it applies to this pass only
+        elif stream.pass_flags.epoch_chosen or self._passes == 0:
             if stream.control.resuming:
                 stream.drop_resume()  # a resume some earlier pass delivered
         elif self.epoch_done:
@@ -193,8 +193,8 @@ class Resumable:
             stream.control.epoch = stream.epoch + 1
         else:  # left early: continue this epoch at its next unseen batch
             self._resume_now(self.state_dict())
-            stream._resume_fresh = False
-        stream._epoch_chosen = False
+            stream.pass_flags.resume_fresh = False
+        stream.pass_flags.epoch_chosen = False
         self._passes += 1
         self.batches_seen, self.epoch_done = 0, False
 
@@ -294,7 +294,7 @@ def warn_if_a_framework_cuts_the_epoch(stream: Any, state: dict) -> None:
     if read is None or needed <= read:
         return
     short = needed - read
-    saved, world = state.get("world"), stream._where()[1]
+    saved, world = state.get("world"), stream.where()[1]
     warnings.warn(
         f"this resume of epoch {state['epoch']} (saved on {saved} rank{'s' * (saved != 1)}, resumed on "
         f"{world}) needs {needed} steps per rank in its epoch ({stream._steps_before} taken "

@@ -31,6 +31,7 @@ from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
+from .protocol import PassFlags
 from .replan import changed_plan_target
 from .resumable import warn_if_a_framework_cuts_the_epoch
 from .stages import Batching, Bucketing, Errors, Order, Packing
@@ -135,8 +136,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         self._warned_empty = False
         self.control = SharedControl()
         self.group = data_parallel_group(group)
-        self._epoch_chosen = False  # set_epoch was called since the last pass began
-        self._resume_fresh = False  # load_state_dict was called since the last pass began
+        self.pass_flags = PassFlags()
         self._steps_before = 0  # batches (samples unbatched) this rank delivered of the resumed epoch before
         self._len_read: int | None = None  # what len() last said with no resume pending (a framework's epoch)
         self.builder = BatchBuilder(
@@ -169,10 +169,10 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             # say that epoch is not over (Lightning, on another number of ranks) asks for it again:
             # nothing of it is left, so this pass is empty and the next one is the saved epoch.
             self._resume = {"epoch": epoch, "ranges": []}
-            self.control.epoch, self._epoch_chosen, self._steps_before = epoch, True, 0
+            self.control.epoch, self.pass_flags.epoch_chosen, self._steps_before = epoch, True, 0
             return
         if self.control.resuming and (pending is None or pending["epoch"] != epoch):
-            if pending is not None and self._resume_fresh:
+            if pending is not None and self.pass_flags.resume_fresh:
                 warnings.warn(
                     f"set_epoch({epoch}) drops the pending resume of epoch {pending['epoch']} "
                     "(load_state_dict): that epoch's unseen samples will not be delivered",
@@ -180,12 +180,12 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
                 )
             self.drop_resume()
         self.control.epoch = epoch
-        self._epoch_chosen = True
+        self.pass_flags.epoch_chosen = True
 
     def _finishing(self, epoch: int) -> bool:
         """A fresh resume names the start of ``epoch + 1``: the state was taken at the end of ``epoch``."""
         pending = self._resume
-        if not (self.control.resuming and self._resume_fresh and pending is not None):
+        if not (self.control.resuming and self.pass_flags.resume_fresh and pending is not None):
             return False
         if pending["epoch"] != epoch + 1:
             return False
@@ -194,7 +194,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
     def drop_resume(self) -> None:
         """Forget a resume (the next pass of its epoch delivers the whole epoch)."""
         self.control.resuming = False
-        self._resume, self._resume_fresh, self._steps_before = None, False, 0
+        self._resume, self.pass_flags.resume_fresh, self._steps_before = None, False, 0
 
     def identity(self) -> dict:
         """What identifies this stream's plan in a state (plain data): each source's name, size
@@ -257,7 +257,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
 
     def _layout(self, epoch: int | None = None):
         """(rank, world, plan, visit, samples per rank) of the current (or given) epoch."""
-        rank, world = self._where()
+        rank, world = self.where()
         e = self.epoch if epoch is None else epoch
         plan = self.plan(e)
         visit = self._visit(plan, e)
@@ -312,7 +312,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
 
     def epoch_length(self) -> int:
         """Batches (samples unbatched) per rank of the current epoch delivered whole, in this world."""
-        rank, world = self._where()
+        rank, world = self.where()
         plan = self.plan()
         whole = self._per_rank(plan, RangeList([(0, len(plan))]), world, rank)
         return batches_per_rank(whole, self.batch_size) if self.batch_size else whole
@@ -359,7 +359,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
     def _resume_target(self, state: dict, report: bool = True) -> tuple[int, list[tuple[int, int]] | None, int]:
         """(epoch, plan ranges to visit or None for the epoch from its start, steps done before);
         ``report``: log what a changed plan makes the resume do (once, when it is applied)."""
-        _rank, world = self._where()
+        _rank, world = self.where()
         steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
         try:
             ranges = resume_ranges(
@@ -382,12 +382,12 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         if ranges is None:  # on_change="next_epoch": the new plan, from the start of an epoch
             self.drop_resume()
             self.control.epoch = epoch
-            self._epoch_chosen = True
+            self.pass_flags.epoch_chosen = True
             return
         self.control.epoch = epoch
         self._resume = {"epoch": epoch, "ranges": ranges}
         self.control.resuming = True
-        self._resume_fresh = True
+        self.pass_flags.resume_fresh = True
         self._steps_before = steps
         ended_after = int(state.get("ended_after_steps", 0))
         if not steps and ended_after and [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]:

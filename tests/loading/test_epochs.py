@@ -151,7 +151,7 @@ def _child(stream, queue) -> None:
 
     os.environ.update(RANK="1", WORLD_SIZE="2")
     stream.set_epoch(7)
-    queue.put((stream._where(), stream.epoch))
+    queue.put((stream.where(), stream.epoch))
 
 
 @pytest.mark.process
@@ -167,7 +167,7 @@ def test_a_stream_sent_to_another_training_process_gets_its_own_control(path):
     where, epoch = queue.get(timeout=120)
     child.join(60)
     assert where == (1, 2) and epoch == 7
-    assert stream._where() == (0, 2) and stream.epoch == 0
+    assert stream.where() == (0, 2) and stream.epoch == 0
 
 
 def test_frameworks_find_set_epoch_on_the_sampler(path):
