@@ -33,7 +33,10 @@ KINDS = {
 
 #: The kind of every test in a module where one kind fits them all.
 MODULE_KINDS = {
-    "test_frameworks": "framework",
+    "test_lightning": "framework",
+    "test_hf_trainer": "framework",
+    "test_accelerate": "framework",
+    "test_device_mesh": "framework",
     "test_energon": "framework",
     "test_img2dataset": "framework",
     "test_ray": "distributed",
