@@ -77,6 +77,10 @@ def kind_of(item: pytest.Item) -> str:
 #: How long a test of each kind runs, roughly: the order in which modules start (below).
 _WEIGHT = {"framework": 4, "distributed": 3, "process": 2, "network": 2, "unit": 1}
 
+#: The modules of a minute or more (``make test XDIST="-n 2 --dist loadfile --durations=40"``),
+#: longest first: they start before all others. Only the order depends on it, never a result.
+LONGEST_FIRST = ("test_lightning", "test_docs", "test_hf_trainer", "test_live", "test_remote", "test_text")
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -99,7 +103,14 @@ def _heavy_modules_first(items: list[pytest.Item]) -> None:
         module = item.nodeid.partition("::")[0]
         weight[module] = max(weight.get(module, 0), _WEIGHT[item.stash[_KIND]])
     first = {module: i for i, module in reversed(list(enumerate(item.nodeid.partition("::")[0] for item in items)))}
-    items.sort(key=lambda item: (-weight[item.nodeid.partition("::")[0]], first[item.nodeid.partition("::")[0]]))
+
+    def rank(item: pytest.Item) -> tuple[int, int, int]:
+        module = item.nodeid.partition("::")[0]
+        name = module.rpartition("/")[2].removesuffix(".py")
+        longest = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return longest, -weight[module], first[module]
+
+    items.sort(key=rank)
 
 
 _KIND = pytest.StashKey[str]()
