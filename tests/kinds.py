@@ -34,6 +34,7 @@ KINDS = {
 #: The kind of every test in a module where one kind fits them all.
 MODULE_KINDS = {
     "test_lightning": "framework",
+    "test_lightning_resume": "framework",
     "test_hf_trainer": "framework",
     "test_accelerate": "framework",
     "test_device_mesh": "framework",
@@ -79,7 +80,15 @@ _WEIGHT = {"framework": 4, "distributed": 3, "process": 2, "network": 2, "unit":
 
 #: The modules of a minute or more (``make test XDIST="-n 2 --dist loadfile --durations=40"``),
 #: longest first: they start before all others. Only the order depends on it, never a result.
-LONGEST_FIRST = ("test_lightning", "test_docs", "test_hf_trainer", "test_live", "test_remote", "test_text")
+LONGEST_FIRST = (
+    "test_docs",
+    "test_lightning_resume",
+    "test_lightning",
+    "test_hf_trainer",
+    "test_live",
+    "test_remote",
+    "test_text",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,6 +1,7 @@
 """mmloader inside Lightning, in real processes: ddp and ddp_spawn, a preemption and resume
-from its checkpoint, resumes onto another world size, mmloader's validation loaders (tests of
-mmloader/frameworks/lightning.py and of the loaders inside Lightning's loops)."""
+from its checkpoint, a checkpoint at an epoch's last batch, mmloader's validation loaders (tests
+of mmloader/frameworks/lightning.py and of the loaders inside Lightning's loops; resumes onto
+another world size are in test_lightning_resume.py, so that two workers run them side by side)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from runs import (
     PER_RANK,
     SAMPLES,
     assert_each_epoch_exactly_once,
-    copy_run,
     data,  # noqa: F401 (a fixture)
     per_epoch,
     run_script,
@@ -39,8 +39,9 @@ def test_lightning_ddp_epochs_advance_in_new_orders_each_exactly_once(lightning_
     assert stats["batches"] == 2 and stats["compute_s"] > 0 and 0 <= stats["wait_fraction"] < 1
 
 
-def test_lightning_preempted_mid_epoch_resumes_from_its_checkpoint(data, lightning_run, lightning_preempted, tmp_path):
-    out = copy_run(lightning_preempted[2], tmp_path / "run")  # preempted after step 4 on 2 ranks
+def test_lightning_preempted_mid_epoch_resumes_from_its_checkpoint(data, lightning_run, tmp_path):
+    out = tmp_path
+    run_script("lightning_fit.py", str(data), str(out), "--preempt-after", "4")
     assert [len(r) for r in seen(out)] == [4, 4]
     run_script("lightning_fit.py", str(data), str(out), "--resume", str(out / "preempt.ckpt"))
     both = seen(out)
@@ -118,58 +119,6 @@ def test_lightning_validates_and_fits_with_mmloader_val_loaders(data):
             verbose=False,
         )
         assert sorted(model.seen) == [f"k{i:04d}" for i in range(SAMPLES)]
-
-
-# -- resumes onto another world size: every later epoch whole, the resumed one exactly once -------
-
-
-@pytest.fixture(scope="module")
-def lightning_preempted(data, tmp_path_factory):
-    """Lightning checkpoints after step 4 of epoch 0: on 2 ranks (the loader returned by the
-    module's own train_dataloader) and on 1 (a DataModule)."""
-    runs = {}
-    for world, how in ((2, []), (1, ["--datamodule"])):
-        out = tmp_path_factory.mktemp(f"lightning-preempted-{world}")
-        run_script("lightning_fit.py", str(data), str(out), "--preempt-after", "4", "--devices", str(world), *how)
-        runs[world] = out
-    return runs
-
-
-@pytest.mark.parametrize(
-    "saved, resumed, how, backend",
-    [
-        (2, 1, "plain", "thread"),  # fewer ranks: Lightning's epoch length must stay the whole epoch's
-        (2, 1, "datamodule", "process"),
-        (1, 2, "datamodule", "thread"),  # more ranks: the resumed epoch takes more steps than a fresh one
-        (1, 2, "datamodule", "process"),
-    ],
-)
-def test_lightning_resumed_onto_another_world_trains_every_epoch_exactly_once(
-    data, lightning_preempted, tmp_path, saved, resumed, how, backend
-):
-    out = copy_run(lightning_preempted[saved], tmp_path / "run")
-    assert sum(len(r) for r in seen_all(out)) == 4 * saved
-    args = ["--resume", str(out / "preempt.ckpt"), "--devices", str(resumed), "--max-epochs", "3"]
-    run_script(
-        "lightning_fit.py",
-        str(data),
-        str(out),
-        *args,
-        "--backend",
-        backend,
-        *(["--datamodule"] if how != "plain" else []),
-    )
-    assert_each_epoch_exactly_once(per_epoch(seen_all(out)), [0, 1, 2])
-    assert json.loads((out / "warnings-rank0.json").read_text()) == []
-
-
-def test_lightning_own_loader_resumed_onto_more_ranks_says_the_epoch_is_cut(data, lightning_preempted, tmp_path):
-    """Lightning reads len() before it loads the loader's state; a loader returned by the module
-    itself cannot be loaded first, so a resume needing more steps than that length is said."""
-    out = copy_run(lightning_preempted[1], tmp_path / "run")
-    run_script("lightning_fit.py", str(data), str(out), "--resume", str(out / "preempt.ckpt"), "--devices", "2")
-    said = json.loads((out / "warnings-rank0.json").read_text())
-    assert any("needs 8 steps per rank" in w and "len() was 6" in w and "DataModule" in w for w in said), said
 
 
 def test_lightning_checkpoint_at_an_epochs_last_batch_resumed_onto_fewer_ranks(data, tmp_path):
