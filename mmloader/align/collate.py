@@ -64,17 +64,6 @@ class _EveryRowRagged(Ragged, _EveryRow):
     __slots__ = ()
 
 
-def column_rows(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """A batch's columns as its ``n`` samples (views of the columns' tensors); a field a sample
-    lacks is left out of it, as a sample read alone leaves it out.
-
-    >>> column_rows({"t": ["a", MISSING], "__key__": ["k0", "k1"]}, 2)
-    [{'t': 'a', '__key__': 'k0'}, {'__key__': 'k1'}]
-    """
-    values = {name: per_sample(column) for name, column in columns.items()}
-    return [{name: v[j] for name, v in values.items() if v[j] is not MISSING} for j in range(n)]
-
-
 def present_in_every_row(column: Any) -> Any:
     """``column`` (a list of values, or a :class:`Packed` / :class:`Ragged` / :class:`Stacked`
     column, none of them missing) marked so that its batch has ``__present__[name]``, all True.

@@ -13,7 +13,7 @@ from ..readers.base import Reader, as_bytes
 from ..readers.cache import SampleCache, fresh_copy
 from ..readers.columns import per_sample
 from .alignment import KeysAt, align_stores, store_groups
-from .collate import MISSING, column_rows, present_in_every_row
+from .collate import MISSING, present_in_every_row
 from .reader_checks import check_coverage, check_one_commit
 
 
@@ -105,11 +105,6 @@ class Zipped(torch.utils.data.Dataset):
             raise IndexError(f"index {index} out of range ({n} aligned samples)")
         return self._transformed(self._decoded_cached(index % n))
 
-    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
-        """Samples ``indices``, read as one batch (:meth:`get_batch`): what a
-        :class:`torch.utils.data.DataLoader` over this dataset fetches each batch with."""
-        return column_rows(self.get_batch(list(indices)), len(indices))
-
     def _decoded_cached(self, index: int) -> dict[str, Any]:
         n = len(self)
         if not 0 <= index < n:
@@ -123,10 +118,32 @@ class Zipped(torch.utils.data.Dataset):
 
     def _decoded(self, index: int) -> dict[str, Any]:
         """Sample ``index`` decoded, before any transform (what the cache keeps, so random
-        transforms still run on every access): the batch read path, for a batch of one."""
-        columns, _absent = self._decoded_columns([index], share_memory=False)
-        values = {name: per_sample(column)[0] for name, column in columns.items()}
-        return {name: v for name, v in values.items() if v is not MISSING}  # an optional one it lacks: left out
+        transforms still run on every access)."""
+        pos = int(self.positions[index]) if self.positions is not None else index
+        sample: dict[str, Any] = {}
+        key = None
+        for group in self._groups:
+            store = self.readers[group[0]].store
+            fields = self._fields_of(group)
+            if key is None:
+                record = store.read(pos, fields)
+                key = record["__key__"]
+            elif self.by_key:
+                j = store.index_of(key)
+                if j is None:
+                    raise AlignmentError(f"sample {key!r} is missing from {store.path}")
+                record = store.read(j, fields)
+            else:
+                record = store.read(pos, fields)
+                if record["__key__"] != key:
+                    raise self._misaligned(pos, key, record["__key__"], store)
+            for name in group:
+                reader = self.readers[name]
+                if reader.optional and not reader.has_value(record):
+                    continue  # left out, as a mix leaves out what a source lacks: the collate marks it
+                sample[name] = reader.decode_record(record)
+        sample["__key__"] = key
+        return sample
 
     def _transformed(self, decoded: dict[str, Any]) -> dict[str, Any]:
         """The sample after transforms. Cached samples are copied first: a transform (or the
@@ -149,29 +166,16 @@ class Zipped(torch.utils.data.Dataset):
     def get_batch(self, indices: list[int], *, share_memory: bool = False) -> dict[str, Any]:
         """Columns for a batch (``name -> values``; packed for raw images), one store call per store.
 
-        Same values as ``[self[i] for i in indices]``; :class:`mmloader.Stream` reads every batch
-        so. ``share_memory``: the batch goes to another process (readers that allocate batch
-        tensors put them in shared memory).
+        Same values as ``[self[i] for i in indices]``; used by :class:`mmloader.Stream` to cut
+        per-sample overhead. ``share_memory``: the batch goes to another process (readers that
+        allocate batch tensors put them in shared memory).
         """
-        if self.cache is not None:
+        if self.by_key or self.cache is not None:
             # every sample decoded before any transform runs: a bad one fails the batch first
             decoded = [self._decoded_cached(i) for i in indices]
             rows = [self._transformed(d) for d in decoded]
             out = {name: [r.get(name, MISSING) for r in rows] for name in ["__key__", *self.readers]}
             return self._mark_present(out, {n for n in self.readers if any(v is MISSING for v in out[n])})
-        columns, absent = self._decoded_columns(indices, share_memory)
-        for name, reader in self.readers.items():
-            if reader.transform is not None:
-                columns[name] = [v if v is MISSING else reader.transform(v) for v in per_sample(columns[name])]
-            t = self.transforms.get(name)
-            if t is not None:
-                columns[name] = [v if v is MISSING else t(v) for v in per_sample(columns[name])]
-        return self._mark_present(columns, absent)
-
-    def _decoded_columns(self, indices: list[int], share_memory: bool) -> tuple[dict[str, Any], set[str]]:
-        """The one read path: each store's fields of the batch in one ``read_many``, each reader's
-        column decoded as a batch, before transforms; and the optional modalities some rows lack
-        (their values :data:`MISSING`, which the collate turns into ``batch["__present__"]``)."""
         n = len(self)
         if len(indices) and (min(indices) < 0 or max(indices) >= n):
             bad = next(i for i in indices if not 0 <= i < n)
@@ -182,13 +186,12 @@ class Zipped(torch.utils.data.Dataset):
             else list(indices)
         )
         columns: dict[str, Any] = {}
-        absent: set[str] = set()
-        keys: list[str] | None = None
+        absent: set[str] = set()  # optional modalities some rows lack
+        keys = None
         for group in self._groups:
             store = self.readers[group[0]].store
             views = any(self.readers[name].takes_views for name in group)
-            rows = pos if keys is None or not self.by_key else self._rows_holding(keys, store)
-            group_keys, raw = store.read_many(rows, self._fields_of(group), views=views)
+            group_keys, raw = store.read_many(pos, self._fields_of(group), views=views)
             if keys is None:
                 keys = group_keys
             elif group_keys != keys:
@@ -205,7 +208,8 @@ class Zipped(torch.utils.data.Dataset):
                 if views and not reader.takes_views:
                     column = as_bytes(column)
                 if reader.optional and any(v is None for v in column):
-                    # the rows that have it are decoded as a batch; the others hold MISSING
+                    # the rows that have it are decoded as a batch; the others hold MISSING,
+                    # which the collate turns into batch["__present__"][name]
                     have = [j for j, v in enumerate(column) if v is not None]
                     absent.add(name)
                     values: list = [MISSING] * len(column)
@@ -216,17 +220,14 @@ class Zipped(torch.utils.data.Dataset):
                     columns[name] = values
                 else:
                     columns[name] = _decode_column(reader, column, keys, share_memory)
+        for name, reader in self.readers.items():
+            if reader.transform is not None:
+                columns[name] = [v if v is MISSING else reader.transform(v) for v in per_sample(columns[name])]
+            t = self.transforms.get(name)
+            if t is not None:
+                columns[name] = [v if v is MISSING else t(v) for v in per_sample(columns[name])]
         columns["__key__"] = keys
-        return columns, absent
-
-    @staticmethod
-    def _rows_holding(keys: list[str], store) -> list[int]:
-        """Where another store (zipped by key) holds these keys."""
-        rows = [store.index_of(key) for key in keys]
-        missing = next((key for key, row in zip(keys, rows) if row is None), None)
-        if missing is not None:
-            raise AlignmentError(f"sample {missing!r} is missing from {store.path}")
-        return rows
+        return self._mark_present(columns, absent)
 
     def _mark_present(self, columns: dict[str, Any], absent: set[str]) -> dict[str, Any]:
         """The optional modalities every row has marked so: their batch has ``__present__``

@@ -1,8 +1,8 @@
-"""Building one planned batch: the read path, its per-sample fallback, the error policy.
+"""Building one planned batch: the whole-batch read path, the per-sample path, the error policy.
 
-Every batch is read with one ``get_batch`` per source (one store call per store, images
-decoded straight into the batch tensor); a :class:`Collate` takes its columns, a row-wise
-``collate_fn`` its rows; a batch that mixes sources is merged from the sources' columns.
+The whole-batch path reads each source's part of a batch with one ``get_batch``
+(one store call per store, images decoded straight into the batch tensor) and
+collates columns; a batch that mixes sources is merged from the sources' columns.
 When a sample fails there, the batch is built again sample by sample, where the
 error policy applies: ``"raise"`` re-raises the error (naming key, field and
 store), ``"skip"`` logs it, counts it (:attr:`mmloader.Stream.skipped`, across
@@ -18,8 +18,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch.utils.data
 
-from ..align.collate import Collate, collate, column_rows, merge_columns, packing_also, sample_columns
+from ..align.collate import MISSING, Collate, collate, merge_columns, packing_also, sample_columns
 from ..errors import MMLoaderError, SampleError
+from ..readers.columns import per_sample
 from ..readers.document import Document
 from .control import SharedControl
 from .stages.error_policy import Errors
@@ -62,10 +63,8 @@ class BatchBuilder:
             if isinstance(self.collate_fn, Collate) and type(self.collate_fn).__call__ is Collate.__call__
             else None
         )
-        # Datasets that read whole batches are always read so (the one read path); a row-wise
-        # collate gets the batch's rows, a Collate its columns.
-        self._batched = all(hasattr(d, "get_batch") for d in self.datasets)
-        self._columns = columnar if self._batched else None
+        # The whole-batch path needs column-wise collation and datasets that read whole batches.
+        self._columns = columnar if all(hasattr(d, "get_batch") for d in self.datasets) else None
 
     def build(self, plan, positions: np.ndarray, sources: np.ndarray, indices: np.ndarray, batched: bool) -> Any:
         if not batched:  # one planned sample
@@ -82,16 +81,6 @@ class BatchBuilder:
                 columns = None  # the per-sample path below reports (or skips) the culprit by key
             if columns is not None:
                 return self._collate(self._columns, _followed_by(columns, len(indices), rows))
-        elif self._batched and len(indices):
-            try:  # read as a batch, handed to the collate as rows
-                planned = [
-                    loaded(row) for row in column_rows(self._batch_columns(sources, indices, share=False), len(indices))
-                ]
-            except SampleError:
-                pass  # the per-sample path below reports (or skips) the culprit by key
-            else:
-                samples = planned + rows
-                return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
         samples = [self.fetch(plan, int(p), int(s), int(i)) for p, s, i in zip(positions, sources, indices)]
         samples += rows
         return self._collate(self.collate_fn, samples) if self.collate_fn is not None else samples
@@ -106,7 +95,10 @@ class BatchBuilder:
             except SampleError:
                 pass  # sample by sample below: the culprit is reported by key
             else:
-                return list(column_rows(columns, len(indices)))
+                values = {name: per_sample(column) for name, column in columns.items()}
+                return [  # a field a sample's source lacks is left out of that sample
+                    {name: v[j] for name, v in values.items() if v[j] is not MISSING} for j in range(len(indices))
+                ]
         out: list[dict[str, Any] | None] = []
         for s, i in zip(sources.tolist(), indices.tolist()):
             try:
@@ -125,9 +117,8 @@ class BatchBuilder:
     def _collate(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         return packing_also(self._pack, fn, arg) if self._pack else fn(arg)
 
-    def _batch_columns(self, sources: np.ndarray, indices: np.ndarray, share: bool | None = None) -> dict[str, Any]:
-        if share is None:
-            share = torch.utils.data.get_worker_info() is not None  # the batch goes to another process
+    def _batch_columns(self, sources: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
+        share = torch.utils.data.get_worker_info() is not None  # the batch goes to another process
         if len(self.datasets) == 1:  # the common case: no rows to group by source
             columns = self.datasets[0].get_batch(indices.tolist(), share_memory=share)
         else:

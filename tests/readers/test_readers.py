@@ -248,11 +248,10 @@ def test_only_zipped_fields_are_read(any_ds, monkeypatch):
     ds = mmloader.zip(caption=mmloader.TextReader(any_ds))
     store = ds.readers["caption"].store
     asked = []
-    real = store.read_many
-    monkeypatch.setattr(store, "read_many", lambda rows, fields, **kw: asked.append(fields) or real(rows, fields, **kw))
-    ds[2]  # a sample is read as a batch of one
-    ds.get_batch([0, 1])
-    assert asked == [["txt"], ["txt"]]
+    real = store.read
+    monkeypatch.setattr(store, "read", lambda i, fields=None: asked.append(fields) or real(i, fields))
+    ds[2]
+    assert asked == [["txt"]]
 
 
 def test_transforms_and_bounded_cache(lmdb_ds):
