@@ -1,8 +1,8 @@
 """The LightningModule and the preempting callback lightning_fit.py trains with.
 
 Apart from the script so that processes which only read data (DataLoader workers spawned under
-``ddp_spawn``, which import the script as ``__mp_main__``) do not import Lightning: about 4 s
-of CPU each, 12 times per run of the ddp_spawn test.
+``ddp_spawn``, which import the script as ``__mp_main__``) do not import Lightning: measured
+with ``-X importtime``, the ddp_spawn test imported it 15 times before, once after.
 """
 
 from __future__ import annotations
