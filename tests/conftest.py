@@ -31,6 +31,49 @@ def jpeg_bytes(seed: int, size=(48, 32), **save) -> bytes:
     return buf.getvalue()
 
 
+# -- images and tar files made in memory, shared by the readers', zip's and storage's tests -----
+def _photo(w=97, h=61) -> Image.Image:
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 127 // (w + h) + 60)], -1).astype(np.uint8)
+    rgb = rgb ^ (np.random.default_rng(0).integers(0, 24, rgb.shape, dtype=np.uint8))
+    return Image.fromarray(rgb)
+
+
+def _encode(im: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+CASES = {
+    "baseline-jpeg": lambda: _encode(_photo(), "JPEG", quality=92),
+    "progressive-jpeg": lambda: _encode(_photo(), "JPEG", progressive=True),
+    "grayscale-jpeg": lambda: _encode(_photo().convert("L"), "JPEG"),
+    "cmyk-jpeg": lambda: _encode(_photo().convert("CMYK"), "JPEG"),
+    "png-alpha": lambda: _encode(_photo().convert("RGBA"), "PNG"),
+    "png-rgb": lambda: _encode(_photo(), "PNG"),
+    "png-palette": lambda: _encode(_photo().convert("P"), "PNG"),
+    "webp": lambda: _encode(_photo(), "WEBP"),
+}
+
+
+def _half_jpeg() -> bytes:
+    whole = jpeg_bytes(7, size=(256, 256))
+    return whole[: len(whole) // 2] + b"\xff\xd9"  # second half gone, still ends with EOI
+
+
+def _tar_with(path: Path, members: list[tuple[str, bytes]]) -> None:
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
 def write_pairs_folder(root: Path, count: int, px: int) -> Path:
     """A raw pairs folder of ``count`` identical ``px``-square JPEGs with distinct captions."""
     root.mkdir(parents=True, exist_ok=True)

@@ -417,3 +417,24 @@ def test_line_lookups_map_none_of_the_index(tmp_path):
         return rss
 
     assert mapped_kb(store.index_path) == 0
+
+
+def test_array_reader_refuses_pickled_objects(tmp_path):
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    path = tmp_path / "p.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        w.write({"__key__": "evil", "npy": buf.getvalue()})
+    with pytest.raises(UnsafeFieldError, match="evil"):
+        mmloader.ArrayReader(path)[0]
+
+
+def test_textlines_reader(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("first\r\nsecond é\n\nfourth".encode())
+    lines = mmloader.TextLinesReader(path, progress=False)
+    assert len(lines) == 4 and list(lines) == ["first", "second é", "", "fourth"]
+    assert lines.get("0000000001") == "second é"
+    assert (tmp_path / "corpus.txt.lines.npy").exists()
+    path.write_text("changed\n")  # the sidecar is rebuilt when the file changes
+    assert list(mmloader.TextLinesReader(path, progress=False)) == ["changed"]
