@@ -199,12 +199,7 @@ class Zipped(torch.utils.data.Dataset):
                 raise self._misaligned(pos[bad], keys[bad], group_keys[bad], store)
             for name in group:
                 reader = self.readers[name]
-                if len(reader.fields) == 1:
-                    column = raw[reader.field]
-                else:  # alternatives: each sample's first present field
-                    column = [
-                        next((raw[f][j] for f in reader.fields if raw[f][j] is not None), None) for j in range(len(pos))
-                    ]
+                column, picked = _first_present(reader, raw, len(pos))
                 if views and not reader.takes_views:
                     column = as_bytes(column)
                 if reader.optional and any(v is None for v in column):
@@ -214,12 +209,18 @@ class Zipped(torch.utils.data.Dataset):
                     absent.add(name)
                     values: list = [MISSING] * len(column)
                     if have:
-                        decoded = _decode_column(reader, [column[j] for j in have], [keys[j] for j in have], False)
+                        decoded = _decode_column(
+                            reader,
+                            [column[j] for j in have],
+                            [keys[j] for j in have],
+                            False,
+                            None if picked is None else [picked[j] for j in have],
+                        )
                         for j, v in zip(have, per_sample(decoded)):
                             values[j] = v
                     columns[name] = values
                 else:
-                    columns[name] = _decode_column(reader, column, keys, share_memory)
+                    columns[name] = _decode_column(reader, column, keys, share_memory, picked)
         for name, reader in self.readers.items():
             if reader.transform is not None:
                 columns[name] = [v if v is MISSING else reader.transform(v) for v in per_sample(columns[name])]
@@ -282,10 +283,16 @@ class Zipped(torch.utils.data.Dataset):
         filters on metadata read (:func:`mmloader.select`)."""
         reader = self.readers[modality]
         pos = self._rows_in(reader, indices).tolist()
-        columns = [reader.store.field_values(pos, f) for f in reader.fields]
-        if len(columns) == 1:
-            return columns[0]
-        return [next((c[j] for c in columns if c[j] is not None), None) for j in range(len(pos))]
+        raw = {f: reader.store.field_values(pos, f) for f in reader.fields}
+        column, picked = _first_present(reader, raw, len(pos))
+        if not reader.gzipped:
+            return column
+        # a filter reads a .gz field's text or JSON, not its compressed bytes
+        fields = picked if picked is not None else [reader.field] * len(pos)
+        return [
+            reader.inflated(v, f, reader.store.key(p)) if v is not None and f and f.endswith(".gz") else v
+            for v, f, p in zip(column, fields, pos)
+        ]
 
     def _rows_in(self, reader: Reader, indices: Sequence[int]) -> np.ndarray:
         """Rows of ``reader``'s store holding samples ``indices`` of this dataset."""
@@ -332,12 +339,29 @@ class Zipped(torch.utils.data.Dataset):
         return f"Zipped({mods}, {len(self)} samples{', by key' if self.by_key else ''})"
 
 
-def _decode_column(reader: Reader, column: list, keys: list[str], share_memory: bool) -> Any:
+def _first_present(reader: Reader, raw: dict[str, list], n: int) -> tuple[list, list[str | None] | None]:
+    """A reader's column of a batch read by ``store.read_many``, and, for a reader with
+    alternatives (``"jpg;png"``), the field each value came from (None where none): a ``.gz``
+    one is gunzipped and an error names the field the sample has."""
+    if len(reader.fields) == 1:
+        return raw[reader.field], None
+    column: list = [None] * n
+    picked: list[str | None] = [None] * n
+    for f in reversed(reader.fields):  # the first present wins: it is written last
+        for j, v in enumerate(raw[f]):
+            if v is not None:
+                column[j], picked[j] = v, f
+    return column, picked
+
+
+def _decode_column(
+    reader: Reader, column: list, keys: list[str], share_memory: bool, fields: list[str | None] | None
+) -> Any:
     """A batch's values of one reader. A reader with a transform decodes only: transforms run once
     every modality of the batch decoded, so a bad sample found later never makes them run twice."""
     if reader.transform is not None:
-        return reader.decoded_column(column, keys)
-    return reader.from_column(column, keys, share_memory=share_memory)
+        return reader.decoded_column(column, keys, fields=fields)
+    return reader.from_column(column, keys, share_memory=share_memory, fields=fields)
 
 
 def zip_readers(

@@ -194,6 +194,16 @@ class Reader:
         and per-sample reads run after :meth:`decode_record`."""
         return self.transform(value) if self.transform is not None else value
 
+    def inflated(self, data: bytes, field: str, key: str) -> bytes:
+        """A ``.gz`` field's stored value gunzipped, within ``max_field_bytes`` (what filters
+        read); a bad or oversized stream raises naming the sample."""
+        try:
+            return _gunzip(bytes(data), self.max_field_bytes)
+        except SizeLimitError as e:
+            raise SizeLimitError(str(e), key=key, field=field, where=self.store.path) from None
+        except (OSError, zlib.error, EOFError) as e:
+            raise DecodeError(f"cannot gunzip: {e}", key=key, field=field, where=self.store.path) from e
+
     def decode_record(self, record: dict) -> Any:
         """The decoded value, before ``transform`` (what a sample cache keeps: random
         transforms must run again on every access); None, with ``optional=True``, for a record
@@ -258,30 +268,42 @@ class Reader:
         except TypeError:  # len(None): a value is absent
             return False
 
-    def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
+    def from_column(
+        self,
+        datas: list[bytes | None],
+        keys: list[str],
+        *,
+        share_memory: bool = False,
+        fields: Sequence[str | None] | None = None,
+    ) -> Any:
         """Decode this field for a whole batch (a list of values, or a packed column), then ``transform``.
 
         ``share_memory``: the batch will be sent to another process (a DataLoader worker's
         output), so a reader that allocates the batch tensor itself may put it in shared memory.
+        ``fields``: the field each value was read from, when this reader has alternatives
+        (``"txt;txt.gz"``: a ``.gz`` one is gunzipped, and an error names it); None: its first.
         """
-        values = self.decoded_column(datas, keys)
+        values = self.decoded_column(datas, keys, fields=fields)
         if self.transform is None:
             return values
         return [None if v is None and d is None else self.transform(v) for v, d in zip(values, datas)]
 
-    def decoded_column(self, datas: list[bytes | None], keys: list[str]) -> list:
+    def decoded_column(
+        self, datas: list[bytes | None], keys: list[str], *, fields: Sequence[str | None] | None = None
+    ) -> list:
         """The batch's values decoded, before ``transform``: a bad sample raises here, naming its
-        key, before any transform ran (a batch built again sample by sample then runs each
-        transform once, as an uninterrupted one would)."""
+        key and field, before any transform ran (a batch built again sample by sample then runs
+        each transform once, as an uninterrupted one would). ``fields``: see :meth:`from_column`."""
         if not self.gzipped and self.all_present_within_limit(datas):
             try:  # the common case without per-sample bookkeeping
                 present = cast("list[bytes]", datas)  # all present (checked above)
                 return [self.decode(d, k) for d, k in zip(present, keys)]
             except Exception:
                 pass  # redo sample by sample: the error must name its key
+        picked = fields if fields is not None else [self.fields[0]] * len(keys)
         return [
-            self.decode_record({"__key__": k, self.fields[0]: d} if d is not None else {"__key__": k})
-            for d, k in zip(datas, keys)
+            self.decode_record({"__key__": k, f or self.fields[0]: d} if d is not None else {"__key__": k})
+            for d, k, f in zip(datas, keys, picked)
         ]
 
     def token_counts(self, rows: Sequence[int]) -> np.ndarray:

@@ -82,7 +82,9 @@ class TextReader(OwnsTokenizer, Reader):
         data = _gunzip(bytes(value), self.max_field_bytes) if field.endswith(".gz") else value
         return str(data, "utf-8", "replace")
 
-    def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
+    def from_column(
+        self, datas: list, keys: list[str], *, share_memory: bool = False, fields: Sequence[str | None] | None = None
+    ) -> Any:
         if self.plain_column(datas):
             try:
                 texts = [str(d, "utf-8") for d in datas]
@@ -91,7 +93,7 @@ class TextReader(OwnsTokenizer, Reader):
                 return token_ids(encode_batch(self._tokenizer(), texts, self.add_special_tokens))
             except Exception:
                 pass  # redo sample by sample: the error must name its key
-        return super().from_column(datas, keys, share_memory=share_memory)
+        return super().from_column(datas, keys, share_memory=share_memory, fields=fields)
 
 
 class LabelReader(Reader):
@@ -184,7 +186,9 @@ class ArrayReader(Reader):
         counts = (sizes - header) // width
         return np.where((sizes > 0) & (counts > 0), counts, 0)
 
-    def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
+    def from_column(
+        self, datas: list, keys: list[str], *, share_memory: bool = False, fields: Sequence[str | None] | None = None
+    ) -> Any:
         if datas and self.plain_column(datas):
             try:
                 arrays = [npy_array(d) for d in datas]
@@ -201,4 +205,4 @@ class ArrayReader(Reader):
                     return Ragged(torch.from_numpy(flat), torch.from_numpy(offsets_of(arrays)))
                 except TypeError:
                     pass  # a dtype torch cannot hold (long double...): the per-sample path names the key
-        return super().from_column(datas, keys, share_memory=share_memory)
+        return super().from_column(datas, keys, share_memory=share_memory, fields=fields)

@@ -156,8 +156,10 @@ class DocumentReader(OwnsTokenizer, Reader):
         layout, meta = parse_layout(data, key)
         return Document(self, key, layout, meta)
 
-    def from_column(self, datas: list, keys: list[str], *, share_memory: bool = False) -> Any:
-        values = super().from_column(datas, keys, share_memory=share_memory)
+    def from_column(
+        self, datas: list, keys: list[str], *, share_memory: bool = False, fields: Sequence[str | None] | None = None
+    ) -> Any:
+        values = super().from_column(datas, keys, share_memory=share_memory, fields=fields)
         for doc in values:  # a batch's images are read now: its errors belong to its build
             if isinstance(doc, Document):
                 doc.load()

@@ -6,7 +6,7 @@ import copy
 import logging
 import os
 import warnings
-from typing import Any, Callable, cast
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from torchvision.transforms.v2.functional import to_dtype
@@ -189,9 +189,16 @@ class ImageReader(Reader):
             and type(self)._decode_into_batch is ImageReader._decode_into_batch
         )
 
-    def from_column(self, datas: list[bytes | None], keys: list[str], *, share_memory: bool = False) -> Any:
+    def from_column(
+        self,
+        datas: list[bytes | None],
+        keys: list[str],
+        *,
+        share_memory: bool = False,
+        fields: Sequence[str | None] | None = None,
+    ) -> Any:
         if self.augment is not None:
-            column = self._augmented_column(datas, keys, share_memory)
+            column = self._augmented_column(datas, keys, share_memory, fields)
             return column if self.transform is None else [self.transform(v) for v in per_sample(column)]
         plain = self.plain_column(datas)
         if self.output == "tensor" and plain:
@@ -205,19 +212,23 @@ class ImageReader(Reader):
             datas = as_bytes(datas)
         present = cast("list[bytes]", datas)  # read only where plain: all present
         if self.output != "raw" or not plain or not min(map(len, present), default=1):
-            return super().from_column(datas, keys)  # the per-sample path reports problems by key
+            return super().from_column(datas, keys, fields=fields)  # the per-sample path reports problems by key
         # Encoded bytes of the whole batch as one buffer: one copy, one tensor, one IPC segment
         # (with the process backend's ring, the copy goes straight into the shared slot).
         offsets = offsets_of(present)
         return Packed(concat_bytes(present, offsets.tolist(), share_memory), torch.from_numpy(offsets))
 
-    def decoded_column(self, datas: list[bytes | None], keys: list[str]) -> Any:
+    def decoded_column(
+        self, datas: list[bytes | None], keys: list[str], *, fields: Sequence[str | None] | None = None
+    ) -> Any:
         """The batch decoded and, with a fused augmentation, augmented; before ``transform``."""
         if self.augment is not None:
-            return self._augmented_column(datas, keys, share_memory=False)
-        return super().decoded_column(datas, keys)
+            return self._augmented_column(datas, keys, False, fields)
+        return super().decoded_column(datas, keys, fields=fields)
 
-    def _augmented_column(self, datas: list[bytes | None], keys: list[str], share_memory: bool) -> Any:
+    def _augmented_column(
+        self, datas: list[bytes | None], keys: list[str], share_memory: bool, fields: Sequence[str | None] | None
+    ) -> Any:
         """Decode and augment a batch in one fused step; a problem sends the batch sample by
         sample, where the error names its key."""
         assert self.augment is not None
@@ -229,7 +240,7 @@ class ImageReader(Reader):
                 )
             except Exception:
                 pass  # redo sample by sample: the error must name its key
-        decoded = super().decoded_column(as_bytes(datas), keys)
+        decoded = super().decoded_column(as_bytes(datas), keys, fields=fields)
         return [self._augment_one(image, generator) for image in decoded]
 
     def _augment_one(self, image: Any, generator: Any) -> Any:

@@ -305,3 +305,23 @@ def test_the_cache_tells_apart_fields_readers_and_rewritten_files(tmp_path):
     assert len(mmloader.select(lines(), "t == 'short'", cache_dir=cache)) == 10
     text.write_text("".join("short\n" if i < 3 else "other line\n" for i in range(20)))  # same line count
     assert len(mmloader.select(lines(), "t == 'short'", cache_dir=cache)) == 3
+
+
+def test_filters_read_gz_fields_as_their_text_and_json(tmp_path):
+    """A ``.gz`` field is filtered on what it holds, not on its compressed bytes."""
+    import gzip
+
+    path = tmp_path / "gz.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(10):
+            meta = json.dumps({"score": i / 10}).encode()
+            w.write(
+                {
+                    "__key__": f"k{i}",
+                    **({"txt.gz": gzip.compress(f"item {i}".encode())} if i % 2 else {"txt": f"item {i}"}),
+                    **({"json.gz": gzip.compress(meta)} if i % 3 else {"json": meta}),
+                }
+            )
+    ds = mmloader.zip(caption=mmloader.TextReader(path, "txt;txt.gz"), meta=mmloader.JSONReader(path, "json;json.gz"))
+    assert [s["__key__"] for s in mmloader.select(ds, "meta.score >= 0.5")] == [f"k{i}" for i in range(5, 10)]
+    assert [s["caption"] for s in mmloader.select(ds, "caption in ['item 3', 'item 4']")] == ["item 3", "item 4"]

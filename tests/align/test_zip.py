@@ -241,3 +241,35 @@ def test_cached_values_are_not_changed_by_in_place_transforms_or_callers(lmdb_ds
     got = ds[5]["image"]
     got.zero_()  # the caller changes what it got
     assert torch.equal(ds[5]["image"], plain[5]["image"])
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_a_batch_gunzips_the_gz_alternative_each_sample_has(tmp_path, fmt):
+    """``"txt;txt.gz"``: a batch decodes each value as the field it came from, as ``ds[i]`` does."""
+    import gzip
+
+    path = tmp_path / f"gz.{fmt}"
+    with mmloader.writer_for(path, fmt, **({"shard_size": 4} if fmt == "tar" else {})) as w:
+        for i in range(8):
+            text = f"caption {i}"
+            w.write({"__key__": f"k{i}", **({"txt.gz": gzip.compress(text.encode())} if i % 2 else {"txt": text})})
+    ds = mmloader.zip(text=mmloader.TextReader(path, "txt;txt.gz"))
+    expected = [f"caption {i}" for i in range(8)]
+    assert [ds[i]["text"] for i in range(8)] == expected
+    assert ds.get_batch(list(range(8)))["text"] == expected
+    batches = mmloader.loader(mmloader.Stream(ds, batch_size=4, shuffle=False), num_workers=0)
+    assert [t for b in batches for t in b["text"]] == expected
+
+
+def test_a_batchs_error_names_the_alternative_field_the_sample_has(tmp_path):
+    path = tmp_path / "alt.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", **({"png": b"\x89PNG\r\n\x1a\n not a png"} if i == 2 else {"jpg": jpeg_bytes(i)})})
+    ds = mmloader.zip(image=mmloader.ImageReader(path, "jpg;png"))
+    with pytest.raises(mmloader.DecodeError) as one:
+        ds[2]
+    with pytest.raises(mmloader.DecodeError) as batch:
+        ds.get_batch([0, 1, 2, 3])
+    for e in (one.value, batch.value):
+        assert (e.key, e.field) == ("k2", "png")
