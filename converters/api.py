@@ -12,9 +12,10 @@ import argparse
 import difflib
 import importlib
 import os
+import re
 from typing import Any
 
-from .items import UsageError
+from .items import ConversionError, UsageError
 from .parts import check_engine_options, convert_parsed
 from .writing import Summary
 
@@ -50,8 +51,29 @@ def convert(
     module = importlib.import_module(f"{__package__}.{layout}")
     parser = module.parser()
     sources = [os.fspath(s) for s in src] if isinstance(src, (list, tuple)) else [os.fspath(src)]
-    args = _parse(parser, [*sources, os.fspath(dst), *_argv(parser, layout, options)])
-    return convert_parsed(parser, args, module.prepare)
+    try:
+        args = _parse(parser, [*sources, os.fspath(dst), *_argv(parser, layout, options)])
+        return convert_parsed(parser, args, module.prepare)
+    except ConversionError as e:
+        e.args = (in_python_terms(str(e), parser), *e.args[1:])  # same error, worded for this caller
+        raise
+
+
+def in_python_terms(message: str, parser: argparse.ArgumentParser) -> str:
+    """A message that names command-line flags, worded for a caller of :func:`convert`:
+    ``--overwrite`` becomes ``overwrite=True``, ``--max-images`` becomes ``max_images``.
+
+    >>> p = argparse.ArgumentParser(); _ = p.add_argument("--overwrite", action="store_true")
+    >>> _ = p.add_argument("--max-images", type=int)
+    >>> in_python_terms("pass --overwrite to replace it; over --max-images 8", p)
+    'pass overwrite=True to replace it; over max_images 8'
+    """
+    names = {}
+    for action in parser._actions:
+        switch = action.nargs == 0 and isinstance(action.const, bool)
+        for flag in action.option_strings:
+            names[flag] = f"{action.dest}={action.const}" if switch else action.dest
+    return re.sub(r"--[A-Za-z][A-Za-z0-9-]*", lambda m: names.get(m.group(0), m.group(0)), message)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -78,7 +78,7 @@ def test_convert_from_python_names_what_cannot_work(pairs_dir, tmp_path):
 
     with pytest.raises(UsageError, match=r"no option 'shardsize' \(did you mean 'shard_size'\?\)"):
         convert("pairs", pairs_dir, tmp_path / "a", shardsize=5)
-    with pytest.raises(UsageError, match="argument --workers: 0: must be 1 or more"):
+    with pytest.raises(UsageError, match="argument workers: 0: must be 1 or more"):
         convert("pairs", pairs_dir, tmp_path / "a", workers=0)
     with pytest.raises(UsageError, match="overwrite= takes True or False"):
         convert("pairs", pairs_dir, tmp_path / "a", overwrite="yes")
@@ -92,6 +92,13 @@ def test_convert_from_python_names_what_cannot_work(pairs_dir, tmp_path):
     with pytest.raises(ConversionError, match="no samples found in .*empty"):
         convert("pairs", tmp_path / "empty", tmp_path / "a", quiet=True)
     assert not (tmp_path / "a").exists()
+    convert("pairs", pairs_dir, tmp_path / "a", quiet=True)
+    with pytest.raises(ConversionError, match="already exists; pass overwrite=True to replace it") as e:
+        convert("pairs", pairs_dir, tmp_path / "a", quiet=True)
+    assert "--" not in str(e.value)  # Python callers are told Python names
+    with pytest.raises(UsageError, match="no_special_tokens=True applies with tokenizer"):
+        (tmp_path / "lines.txt").write_text("one\ntwo\n")
+        convert("textlines", tmp_path / "lines.txt", tmp_path / "t", no_special_tokens=True)
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
