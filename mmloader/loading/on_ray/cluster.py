@@ -1,0 +1,62 @@
+"""Reaching a Ray cluster, and choosing where the batch builders go."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from ...errors import MMLoaderError
+
+NAMESPACE = "mmloader"  # the builders' named actors live here, whatever namespace the job uses
+
+
+class ClusterUnreachable(MMLoaderError):
+    """The Ray cluster named by ``address=`` or ``RAY_ADDRESS`` does not answer."""
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("backend='ray' needs Ray: pip install 'mmloader[ray]'") from None
+    return ray
+
+
+def connect(address: str | None = None, timeout_s: float = 5.0) -> Any:
+    """Ray, connected: to ``address`` (else ``RAY_ADDRESS``, else a local Ray started here), or
+    to the cluster this process already joined. A ``host:port`` that does not accept a connection
+    within ``timeout_s`` raises :class:`ClusterUnreachable` at once (Ray itself would retry for a
+    minute before failing)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address and address != "auto" and "://" not in address:
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        except (OSError, ValueError) as e:
+            raise ClusterUnreachable(
+                f"cannot reach the Ray cluster at {address!r} ({e}): start one there "
+                "(`ray start --head`), or fix address= / RAY_ADDRESS"
+            ) from None
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, configure_logging=False)
+    return ray
+
+
+def decode_nodes(ray: Any, on_trainer_nodes: bool | None) -> list[tuple[str, int]]:
+    """(node id, CPUs) of the nodes builders go to: every alive node but this one (the trainer's),
+    unless it is the only one or ``on_trainer_nodes`` asks for it too."""
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [
+        (n["NodeID"], int(n["Resources"].get("CPU", 0)))
+        for n in ray.nodes()
+        if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1
+    ]
+    others = [n for n in nodes if n[0] != here]
+    if on_trainer_nodes or (on_trainer_nodes is None and not others):
+        return sorted(nodes)
+    if not others:
+        raise MMLoaderError("backend='ray': the cluster has no node besides this one; pass on_trainer_nodes=True")
+    return sorted(others)
