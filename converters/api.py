@@ -61,19 +61,33 @@ def convert(
 
 def in_python_terms(message: str, parser: argparse.ArgumentParser) -> str:
     """A message that names command-line flags, worded for a caller of :func:`convert`:
-    ``--overwrite`` becomes ``overwrite=True``, ``--max-images`` becomes ``max_images``.
+    ``--overwrite`` becomes ``overwrite=True``, ``--on-error skip`` ``on_error="skip"``,
+    ``--max-images`` ``max_images``. Only a flag standing as a word is one: a file name that
+    holds ``--`` is left as it is.
 
     >>> p = argparse.ArgumentParser(); _ = p.add_argument("--overwrite", action="store_true")
-    >>> _ = p.add_argument("--max-images", type=int)
+    >>> _ = p.add_argument("--max-images", type=int); _ = p.add_argument("--on-error", choices=["raise", "skip"])
     >>> in_python_terms("pass --overwrite to replace it; over --max-images 8", p)
     'pass overwrite=True to replace it; over max_images 8'
+    >>> in_python_terms("--on-error skip would skip it; /data/out--overwrite.lmdb exists", p)
+    'on_error="skip" would skip it; /data/out--overwrite.lmdb exists'
     """
-    names = {}
-    for action in parser._actions:
-        switch = action.nargs == 0 and isinstance(action.const, bool)
-        for flag in action.option_strings:
-            names[flag] = f"{action.dest}={action.const}" if switch else action.dest
-    return re.sub(r"--[A-Za-z][A-Za-z0-9-]*", lambda m: names.get(m.group(0), m.group(0)), message)
+    actions = {flag: a for a in parser._actions for flag in a.option_strings}
+
+    def reword(m: re.Match) -> str:
+        action = actions.get(m.group("flag"))
+        if action is None:
+            return m.group(0)
+        value = m.group("value")
+        if action.nargs == 0 and isinstance(action.const, bool):
+            return f"{action.dest}={action.const}" + (m.group(0)[len(m.group("flag")) :] if value is not None else "")
+        if value is not None and action.choices and value in action.choices:
+            return f'{action.dest}="{value}"'
+        return action.dest + m.group(0)[len(m.group("flag")) :]
+
+    # a flag: at the start or after a space or an opening bracket/quote, ending at a word's end
+    flag = r"(?<![^\s(\[`'\"])(?P<flag>--[A-Za-z][A-Za-z0-9-]*)(?![\w./-])(?:[ =](?P<value>[A-Za-z][\w-]*)(?![\w./-]))?"
+    return re.sub(flag, reword, message)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

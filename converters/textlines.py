@@ -195,7 +195,7 @@ def prepare(args: argparse.Namespace, notes: list[str]):
     if not path.is_file():
         raise ConversionError(f"{path} is a folder; textlines converts one text file, one sample a line")
     if args.resize_max or args.check_decode:
-        raise UsageError("--resize-max/--check-decode apply to images; a text file has none")
+        raise UsageError("--resize-max and --check-decode apply to images; a text file has none")
     check_required_fields(args.require, [], layout_fields=["txt", "ids.npy"] if args.tokenizer else ["txt"])
     if args.no_special_tokens and not args.tokenizer:
         raise UsageError("--no-special-tokens applies with --tokenizer")

@@ -298,7 +298,7 @@ def _byte_sizes(dataset: Any, modality: str, idx: np.ndarray) -> np.ndarray:
     sizes = np.asarray(dataset.lengths(idx, modality), dtype=np.float64)
     zero = np.flatnonzero(sizes == 0)
     if len(zero):
-        values = dataset.stored_values(idx[zero], modality)
+        values = dataset.stored_values(idx[zero], modality, inflate=False)
         sizes[zero[[v is None for v in values]]] = np.nan
     return sizes
 

@@ -36,7 +36,7 @@ _COMPARE = {**_ORDER, **_EQUAL}
 _LISTS = (ast.List, ast.Tuple, ast.Set)
 
 #: Changes whenever what an expression selects changes (cached selections are keyed by it).
-SEMANTICS = "3vl-1"
+SEMANTICS = "3vl-2"
 
 # A truth value per row: (true, false); rows in neither are unknown.
 Truth = tuple[np.ndarray, np.ndarray]

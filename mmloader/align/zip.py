@@ -278,14 +278,15 @@ class Zipped(torch.utils.data.Dataset):
         reader: Any = self.readers[modality]
         return reader.document_counts(self._rows_in(reader, indices).tolist(), tokens)
 
-    def stored_values(self, indices: Sequence[int], modality: str) -> list:
+    def stored_values(self, indices: Sequence[int], modality: str, inflate: bool = True) -> list:
         """The stored (encoded) bytes of ``modality`` for each sample, nothing decoded: what
-        filters on metadata read (:func:`mmloader.select`)."""
+        filters on metadata read (:func:`mmloader.select`); a ``.gz`` field's gunzipped unless
+        ``inflate=False`` (a filter on stored sizes only tells absent from empty)."""
         reader = self.readers[modality]
         pos = self._rows_in(reader, indices).tolist()
         raw = {f: reader.store.field_values(pos, f) for f in reader.fields}
         column, picked = _first_present(reader, raw, len(pos))
-        if not reader.gzipped:
+        if not reader.gzipped or not inflate:
             return column
         # a filter reads a .gz field's text or JSON, not its compressed bytes
         fields = picked if picked is not None else [reader.field] * len(pos)
@@ -359,9 +360,11 @@ def _decode_column(
 ) -> Any:
     """A batch's values of one reader. A reader with a transform decodes only: transforms run once
     every modality of the batch decoded, so a bad sample found later never makes them run twice."""
+    # fields= only where there are alternatives: a subclass written before it took fields= works on
+    picked = {} if fields is None else {"fields": fields}
     if reader.transform is not None:
-        return reader.decoded_column(column, keys, fields=fields)
-    return reader.from_column(column, keys, share_memory=share_memory, fields=fields)
+        return reader.decoded_column(column, keys, **picked)
+    return reader.from_column(column, keys, share_memory=share_memory, **picked)
 
 
 def zip_readers(

@@ -325,3 +325,15 @@ def test_filters_read_gz_fields_as_their_text_and_json(tmp_path):
     ds = mmloader.zip(caption=mmloader.TextReader(path, "txt;txt.gz"), meta=mmloader.JSONReader(path, "json;json.gz"))
     assert [s["__key__"] for s in mmloader.select(ds, "meta.score >= 0.5")] == [f"k{i}" for i in range(5, 10)]
     assert [s["caption"] for s in mmloader.select(ds, "caption in ['item 3', 'item 4']")] == ["item 3", "item 4"]
+
+
+def test_a_size_filter_on_a_gz_field_reads_its_stored_bytes(tmp_path):
+    """``.bytes`` is the stored size: an empty ``.gz`` value is empty, not a broken gzip stream."""
+    import gzip
+
+    path = tmp_path / "sizes.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "txt.gz": b"" if i == 2 else gzip.compress(b"x" * i)})
+    ds = mmloader.zip(caption=mmloader.TextReader(path, "txt.gz"))
+    assert [s["__key__"] for s in mmloader.select(ds, "caption.bytes > 0", cache_dir=False)] == ["k0", "k1", "k3"]

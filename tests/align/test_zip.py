@@ -273,3 +273,14 @@ def test_a_batchs_error_names_the_alternative_field_the_sample_has(tmp_path):
         ds.get_batch([0, 1, 2, 3])
     for e in (one.value, batch.value):
         assert (e.key, e.field) == ("k2", "png")
+
+
+def test_a_reader_subclass_with_the_older_from_column_still_reads_batches(lmdb_ds):
+    """``fields=`` goes only to readers with alternatives: an override without it keeps working."""
+
+    class Upper(mmloader.TextReader):
+        def from_column(self, datas, keys, *, share_memory=False):
+            return [bytes(d).decode().upper() for d in datas]
+
+    ds = mmloader.zip(caption=Upper(lmdb_ds))
+    assert ds.get_batch([3, 1])["caption"] == ["CAPTION NUMBER 3 É", "CAPTION NUMBER 1 É"]

@@ -96,6 +96,10 @@ def test_convert_from_python_names_what_cannot_work(pairs_dir, tmp_path):
     with pytest.raises(ConversionError, match="already exists; pass overwrite=True to replace it") as e:
         convert("pairs", pairs_dir, tmp_path / "a", quiet=True)
     assert "--" not in str(e.value)  # Python callers are told Python names
+    convert("pairs", pairs_dir, tmp_path / "out--overwrite.lmdb", quiet=True)
+    with pytest.raises(ConversionError) as e:  # a name holding "--" is a name, not a flag
+        convert("pairs", pairs_dir, tmp_path / "out--overwrite.lmdb", quiet=True)
+    assert f"{tmp_path / 'out--overwrite.lmdb'} already exists; pass overwrite=True" in str(e.value)
     with pytest.raises(UsageError, match="no_special_tokens=True applies with tokenizer"):
         (tmp_path / "lines.txt").write_text("one\ntwo\n")
         convert("textlines", tmp_path / "lines.txt", tmp_path / "t", no_special_tokens=True)
