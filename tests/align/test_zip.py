@@ -265,7 +265,9 @@ def test_a_batchs_error_names_the_alternative_field_the_sample_has(tmp_path):
     path = tmp_path / "alt.lmdb"
     with mmloader.LMDBWriter(path) as w:
         for i in range(4):
-            w.write({"__key__": f"k{i}", **({"png": b"\x89PNG\r\n\x1a\n not a png"} if i == 2 else {"jpg": jpeg_bytes(i)})})
+            w.write(
+                {"__key__": f"k{i}", **({"png": b"\x89PNG\r\n\x1a\n not a png"} if i == 2 else {"jpg": jpeg_bytes(i)})}
+            )
     ds = mmloader.zip(image=mmloader.ImageReader(path, "jpg;png"))
     with pytest.raises(mmloader.DecodeError) as one:
         ds[2]
