@@ -33,7 +33,7 @@ SUBLAYERS = {
         1: ["building", "replan", "packing", "protocol", "resumable", "stages"],
         2: ["stream"],
         3: ["ring"],
-        4: ["threaded", "dataloader", "on_ray"],
+        4: ["threaded", "dataloader"],
         5: ["gpu", "config", "config_sources"],
     }
 }
