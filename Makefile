@@ -45,7 +45,7 @@ $(TOOLS)/.installed:
 
 # Whole test modules go to one pytest-xdist worker per core (at most 4): module fixtures (servers,
 # a Ray cluster, a trained checkpoint) are made once, and the slowest modules start first.
-XDIST ?= -n auto --maxprocesses 4 --dist loadfile
+XDIST ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed $(TOOLS)/.installed
 	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q $(XDIST)
 

@@ -233,6 +233,24 @@ def test_no_two_modules_import_each_other():
 
 
 @pytest.mark.process
+def test_reading_and_loading_jpegs_imports_no_torchvision():
+    """torchvision takes 1.5 s of CPU to import (its models pull in torch._dynamo), paid by every
+    worker process and rank: only what needs it (PNG decode, resizing, augmentation, GPU decode)
+    imports it, on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mmloader\n"
+        "from mmloader.loading import stream, dataloader, config\n"
+        "from mmloader import readers, align\n"
+        "print('torchvision' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+@pytest.mark.process
 def test_the_cli_is_one_module_per_subcommand_and_its_parser_loads_no_torch():
     import subprocess
     import sys

@@ -9,7 +9,6 @@ import warnings
 from typing import Any, Callable, Sequence, cast
 
 import torch
-from torchvision.transforms.v2.functional import to_dtype
 
 from ..errors import DecodeError
 from ..media.imageinfo import IMAGE_EXTENSIONS
@@ -250,6 +249,8 @@ class ImageReader(Reader):
         if isinstance(image, torch.Tensor) and image.dtype != torch.uint8:
             if self._prefix is not None:
                 return self._prefix(image)
+            from torchvision.transforms.v2.functional import to_dtype  # (torchvision: 1.5 s to import)
+
             image = to_dtype(image, torch.uint8, scale=True)
         return augment_image(image, self.augment, generator)
 

@@ -25,8 +25,6 @@ from PIL import Image
 
 # Imported here, not at first decode: a forked DataLoader worker would otherwise pay for the
 # import (about a second) on its first image.
-from torchvision.io import ImageReadMode, decode_png
-from torchvision.transforms.v2.functional import resize
 
 from ..errors import DecodeError
 from ..media.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
@@ -148,6 +146,8 @@ def decode_to_tensor(
         else:  # CMYK: strict decode to find corrupt data, then Pillow's colour conversion
             _simplejpeg(data, "CMYK" if info.components == 4 else "RGB", min_hw=draft)
     elif info.format == "png" and info.components in (1, 3) and mode in ("RGB", "L", "unchanged"):
+        from torchvision.io import ImageReadMode, decode_png  # on first use: torchvision takes 1.5 s to import
+
         to_luma = mode == "L" and info.components == 3
         tv_mode = (
             ImageReadMode.RGB
@@ -167,6 +167,8 @@ def decode_to_tensor(
         except Exception as e:
             raise DecodeError(f"cannot decode {info.format} image: {e}") from None
     if target is not None and tuple(image.shape[-2:]) != target:
+        from torchvision.transforms.v2.functional import resize
+
         image = resize(image, list(target), antialias=True)
     return image
 

@@ -17,7 +17,6 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.transforms.v2 import functional as F
 
 from ...media.imageinfo import ImageInfo, check_pixels, probe
 from ..columns import Stacked, batch_buffer
@@ -26,11 +25,6 @@ from .params import center_boxes, flips, random_resized_boxes
 from .spec import Augment
 
 CHANNELS = {"RGB": 3, "L": 1, "RGBA": 4}
-_MODES = {
-    "nearest": F.InterpolationMode.NEAREST,
-    "bilinear": F.InterpolationMode.BILINEAR,
-    "bicubic": F.InterpolationMode.BICUBIC,
-}
 
 
 def _resize(image: torch.Tensor, hw: Sequence[int], aug: Augment) -> torch.Tensor:
@@ -40,7 +34,10 @@ def _resize(image: torch.Tensor, hw: Sequence[int], aug: Augment) -> torch.Tenso
         return image
     if not image.is_contiguous(memory_format=torch.channels_last) and image.shape[0] > 1:
         image = image[None].contiguous(memory_format=torch.channels_last)[0]
-    return F.resize(image, list(hw), interpolation=_MODES[aug.interpolation], antialias=aug.antialias)
+    from torchvision.transforms.v2 import functional as F  # on first use: torchvision takes 1.5 s to import
+
+    mode = F.InterpolationMode(aug.interpolation)  # (the same names: nearest, bilinear, bicubic)
+    return F.resize(image, list(hw), interpolation=mode, antialias=aug.antialias)
 
 
 def _resize_into(image: torch.Tensor, slot: torch.Tensor, aug: Augment, flip: bool) -> None:
