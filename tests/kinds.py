@@ -41,6 +41,7 @@ MODULE_KINDS = {
     "test_energon": "framework",
     "test_img2dataset": "framework",
     "test_ray": "distributed",
+    "test_on_ray": "distributed",
     "test_hub": "network",
     "test_proxy": "network",
     "test_remote": "network",

@@ -30,7 +30,7 @@ from .ring import BatchRing
 from .threaded import ThreadLoader, _pin
 
 log = logging.getLogger("mmloader")
-BACKENDS = ("auto", "thread", "process")
+BACKENDS = ("auto", "thread", "process", "ray")
 _DATALOADER_SETTINGS = frozenset(
     {
         "num_workers",
@@ -290,7 +290,7 @@ def choose_backend(stream: StreamLike) -> tuple[str, str]:
 
 def loader(
     stream: StreamLike, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
-) -> Loader | ThreadLoader:
+) -> Loader | ThreadLoader | Any:
     """A loader for ``stream``: workers from the CPUs per local rank, pinned memory with CUDA,
     the same batches in the same order on either backend, ``state_dict``/``load_state_dict``.
 
@@ -299,6 +299,9 @@ def loader(
     readers or decoders, a custom collate), and logs which and why; ``"thread"`` or
     ``"process"`` choose. Process-only options (``persistent_workers``,
     ``multiprocessing_context``...) select the process backend under ``"auto"``.
+    ``backend="ray"`` builds the batches on a Ray cluster (:class:`~.on_ray.RayLoader`: its
+    options ``address``, ``actors`` (``num_workers`` counts builders for the whole job there),
+    ``in_flight``...); it is never chosen by ``"auto"``.
 
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
@@ -313,6 +316,12 @@ def loader(
         else:
             backend, why = choose_backend(stream)
         log.info("mmloader.loader: backend=%s (%s); pass backend= to choose", backend, why)
+    if backend == "ray":  # batches built on a Ray cluster: its own options
+        from .on_ray import RayLoader
+
+        if num_workers is not None:
+            kwargs.setdefault("actors", num_workers)
+        return RayLoader(stream, **kwargs)
     workers = default_num_workers() if num_workers is None else num_workers
     if backend == "thread":
         unknown = sorted(set(kwargs) - thread_options)

@@ -458,6 +458,12 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
             yield plan, positions, sources, indices, seed, None
 
+    def build_planned(self, plan, spec: tuple, seed_globals: bool = False) -> Any:
+        """Build one batch :meth:`planned` described, from ``spec`` (its tuple after the plan):
+        what a process elsewhere (the Ray backend's builders) runs with its copy of the stream."""
+        positions, sources, indices, seed, valid = spec
+        return self._build(plan, positions, sources, indices, seed, seed_globals, valid)
+
     def deliver(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The batches a loader's pass hands to training, from what its backend built (here: all
         of them; a live stream agrees with the other ranks on each, see :mod:`mmloader.live_sources`)."""

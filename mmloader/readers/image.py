@@ -17,7 +17,16 @@ from .augment import Augment, Crop, Split, augment_column, augment_image, native
 from .augment.fused import CHANNELS
 from .base import Reader, accepts_views, as_bytes
 from .columns import Packed, Stacked, batch_buffer, concat_bytes, offsets_of, per_sample
-from .image_decode import DEFAULT_MAX_PIXELS, MODES, check_pixels, decode_to_pil, decode_to_tensor, jpeg_into, probe
+from .image_decode import (
+    DEFAULT_MAX_PIXELS,
+    MODES,
+    check_pixels,
+    decode_to_pil,
+    decode_to_tensor,
+    import_torchvision,
+    jpeg_into,
+    probe,
+)
 from .seeding import rng
 
 log = logging.getLogger("mmloader")
@@ -127,6 +136,8 @@ class ImageReader(Reader):
                 )
         elif transform is not None and output != "raw" and mode != "unchanged" and decode is None:
             self._take(split_transform(transform, output, size))
+        if output == "tensor" and decode is None:
+            import_torchvision()  # here, before any worker is forked (not on each one's first image)
 
     def _takes_channels(self, augment: Augment) -> bool:
         return augment.mean is None or len(augment.mean) in (1, CHANNELS[self.mode])

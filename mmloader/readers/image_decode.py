@@ -23,9 +23,6 @@ import simplejpeg
 import torch
 from PIL import Image
 
-# Imported here, not at first decode: a forked DataLoader worker would otherwise pay for the
-# import (about a second) on its first image.
-
 from ..errors import DecodeError
 from ..media.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
 
@@ -36,6 +33,15 @@ warnings.filterwarnings(
 )
 
 MODES = ("RGB", "L", "RGBA", "unchanged")
+
+
+def import_torchvision() -> None:
+    """Import what PNG decoding and resizing to tensors call, now: torchvision takes 1.5 s of CPU
+    to import (its models pull in ``torch._dynamo``). A reader that decodes to tensors calls
+    this where it is made, so forked DataLoader workers inherit the import rather than each pay
+    for it on its first image; a process that reads no image (text, arrays, the CLI) never does."""
+    import torchvision.io  # noqa: F401
+    import torchvision.transforms.v2.functional  # noqa: F401
 
 
 def target_hw(size: int | tuple[int, int], height: int, width: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq  # noqa: E402
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray for this module: its address, for conversions run in other processes."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -1,0 +1,117 @@
+"""The actor that builds planned batches, and the pool of them the ranks of a job share."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+from typing import Any
+
+from .cluster import NAMESPACE, decode_nodes
+
+_PASSES_KEPT = 16  # passes an actor keeps a stream for (a few per rank of the jobs it serves)
+
+
+class BatchBuilder:
+    """Builds batch specs of any rank's pass: ``(positions, sources, indices, seed, valid)``,
+    planned by the rank, built here by the stream's own builder (the same code, seeds and
+    error policy as a local worker). The stream and plan of a pass are fetched once, by
+    reference, and kept for the pass."""
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # one CPU per builder: an op's own thread team only contends
+        self._passes: collections.OrderedDict[str, tuple[Any, Any]] = collections.OrderedDict()
+        self._built = 0
+
+    def build(self, pass_id: str, refs: list, spec: tuple, seed_globals: bool) -> tuple[Any, int]:
+        """(the batch, samples it skipped under ``errors="skip"``)."""
+        stream, plan = self._pass(pass_id, refs)
+        before = stream.control.skipped
+        batch = stream.build_planned(plan, spec, seed_globals)
+        self._built += 1
+        return batch, stream.control.skipped - before
+
+    def built(self) -> int:
+        """Batches this builder has built since it started."""
+        return self._built
+
+    def where(self) -> tuple[str, int]:
+        """(node id, process id) of this builder."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+    def _pass(self, pass_id: str, refs: list) -> tuple[Any, Any]:
+        hit = self._passes.get(pass_id)
+        if hit is None:
+            import ray
+
+            hit = self._passes[pass_id] = tuple(ray.get(refs))  # (refs in a list: resolved here, once)
+            while len(self._passes) > _PASSES_KEPT:
+                self._passes.popitem(last=False)
+        self._passes.move_to_end(pass_id)
+        return hit
+
+
+class BuilderPool:
+    """The builders of one job: named actors that every rank of the job finds (the first rank to
+    ask creates them). Each is placed on a decode node, one per CPU by default; a builder lost
+    with its process or node is restarted by Ray (on another node when its own is gone).
+
+    A process keeps its pools (:func:`builder_pool`) until it exits: Ray ends an actor once no
+    handle to it is left, and loaders come and go (one per epoch in some frameworks).
+    """
+
+    def __init__(self, ray: Any, job: str, actors: int | None, on_trainer_nodes: bool | None):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        slots = builder_slots(decode_nodes(ray, on_trainer_nodes))
+        count = actors or len(slots)
+        remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(BatchBuilder)
+        self.actors = [
+            remote.options(
+                name=f"{job}-builder-{i}",
+                namespace=NAMESPACE,
+                get_if_exists=True,
+                # A node whose CPUs are taken (by another job's builders) spills its builder to
+                # one that has a CPU free, rather than keep it waiting there.
+                scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    slots[i % len(slots)], soft=True, _spill_on_unavailable=True
+                ),
+            ).remote()
+            for i in range(count)
+        ]
+        self._turn = itertools.count()
+
+    def pick(self, avoid: int | None = None) -> int:
+        """The next builder in turn (not ``avoid``, the one that just failed, when there are others)."""
+        while True:
+            i = next(self._turn) % len(self.actors)
+            if i != avoid or len(self.actors) == 1:
+                return i
+
+
+def builder_slots(nodes: list[tuple[str, int]]) -> list[str]:
+    """One slot per CPU, the nodes taken in turn, so that a few builders spread over the nodes.
+
+    >>> builder_slots([("a", 3), ("b", 1), ("c", 2)])
+    ['a', 'b', 'c', 'a', 'c', 'a']
+    """
+    slots: list[str] = []
+    for turn in range(max((cpus for _node, cpus in nodes), default=0)):
+        slots += [node for node, cpus in nodes if cpus > turn]
+    return slots
+
+
+_POOLS: dict[tuple, BuilderPool] = {}
+
+
+def builder_pool(ray: Any, job: str, actors: int | None, on_trainer_nodes: bool | None) -> BuilderPool:
+    """This process's pool of ``job``'s builders (made, or found on the cluster, on first use)."""
+    key = (ray.get_runtime_context().gcs_address, job, actors, on_trainer_nodes)
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = BuilderPool(ray, job, actors, on_trainer_nodes)
+    return pool

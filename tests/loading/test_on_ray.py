@@ -1,0 +1,314 @@
+"""backend="ray" (mmloader/loading/on_ray/) on a real local Ray cluster of three nodes (a head,
+where this process trains, and two decode nodes), started once for the module: the batches of
+the thread backend (plain, masked, drop_last, a mix, packed rows), by torchrun ranks and by
+Lightning's DDP ranks too, resumed and onto another world size, through a builder killed and a
+decode node lost mid-epoch, errors named, the window and the references held bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import ROOT, TESTS, jpeg_bytes, write_dataset
+
+import mmloader
+from mmloader.errors import SampleError
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+N = 40
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    fast_failure = {
+        "health_check_initial_delay_ms": 0,
+        "health_check_period_ms": 500,
+        "health_check_failure_threshold": 3,
+    }
+    address_before = os.environ.get("RAY_ADDRESS")
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast_failure},
+    )
+    nodes = [c.add_node(num_cpus=2) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield c, nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if address_before is None:  # later modules in this process start a Ray of their own
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = address_before
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("ray") / "d.lmdb", N, "lmdb")
+
+
+def _stream(path, rank=0, world=1, padding=None, **kw):
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
+    if padding is not None:
+        kw["batching"] = mmloader.Batching(4, padding=padding)
+    else:
+        kw["batch_size"] = 4
+    stream = mmloader.Stream(ds, seed=5, **kw)
+    stream.set_world(rank, world)
+    return stream
+
+
+def _keys(loader) -> list[list[str]]:
+    return [list(b["__key__"]) for b in loader]
+
+
+def _ray(stream, **kw):
+    """backend="ray" with this module's two builders (started once, shared by its tests)."""
+    return mmloader.loader(stream, backend="ray", actors=2, job=f"tests-{os.getpid()}", **kw)
+
+
+@pytest.mark.parametrize("options", [{}, {"padding": "mask"}, {"drop_last": True}])
+def test_the_batches_of_the_thread_backend_on_each_rank_over_two_epochs(cluster, path, options):
+    for rank in range(2):
+        local = mmloader.loader(_stream(path, rank, 2, **options), 1, backend="thread")
+        remote = _ray(_stream(path, rank, 2, **options))
+        for _epoch in range(2):
+            want, got = list(local), list(remote)
+            assert [list(b["__key__"]) for b in got] == [list(b["__key__"]) for b in want] and got
+            for a, b in zip(got, want):  # the values too, not only the keys
+                assert a["image"].equal(b["image"]) and a["caption"] == b["caption"]
+                if "__valid__" in b:
+                    assert a["__valid__"].equal(b["__valid__"])
+        assert remote.epoch == 1
+
+
+def _npy(values) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(values, dtype=np.int64))
+    return buf.getvalue()
+
+
+def test_a_mix_and_packed_rows_are_the_thread_backends(cluster, path, tmp_path):
+    tokens = tmp_path / "tokens.lmdb"
+    with mmloader.writer_for(tokens) as w:
+        for i in range(60):
+            w.write({"__key__": f"t{i:03d}", "ids.npy": _npy(range(1, 2 + i % 23))})
+
+    def packed():
+        ds = mmloader.zip(ids=mmloader.ArrayReader(tokens, "ids.npy"))
+        return mmloader.Stream(ds, batch_size=3, seed=2, lengths=mmloader.Packing(48, length_by="ids"))
+
+    def mixed():
+        a = mmloader.zip(caption=mmloader.TextReader(path))
+        b = mmloader.zip(caption=mmloader.TextReader(path, "txt"))
+        return mmloader.Stream(mmloader.mix([a, b], weights=[3, 1], epoch_size=48), batch_size=4, seed=9)
+
+    for make in (packed, mixed):
+        want, got = list(mmloader.loader(make(), 1, backend="thread")), list(_ray(make()))
+        assert [b["__key__"] for b in got] == [b["__key__"] for b in want] and got
+        for a, b in zip(got, want):
+            for name in ("ids", "position_ids", "cu_seqlens", "__source__"):
+                if name in b:
+                    same = a[name].equal(b[name]) if hasattr(b[name], "equal") else a[name] == b[name]
+                    assert same, name
+
+
+def test_torchrun_ranks_share_the_builders_and_see_every_sample_once(cluster, path, tmp_path):
+    c, _nodes = cluster
+    env = {**os.environ, "RAY_ADDRESS": c.address, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0"]
+    run = subprocess.run(
+        [*cmd, str(TESTS / "loading" / "ray_ranks.py"), str(path), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["builders"] == ranks[1]["builders"] == 2  # one pool, found by the second rank
+    for epoch in range(2):
+        per_rank = [r["epochs"][epoch] for r in ranks]
+        assert len(per_rank[0]) == len(per_rank[1]) == N // 8
+        keys = Counter(k for batches in per_rank for b in batches for k in b)
+        assert keys == Counter(f"s{i:05d}" for i in range(N)), f"epoch {epoch}: not every sample once"
+    assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]  # a new order each epoch
+    assert ranks[0]["epochs"][0] == _keys(mmloader.loader(_stream(path, 0, 2), 1, backend="thread"))
+    # the 2 -> 1 elastic resume of the state the ranks took two batches into epoch 2
+    seen = Counter(k for r in ranks for b in r["first"] for k in b)
+    resumed = _ray(_stream(path, 0, 1))
+    resumed.load_state_dict(ranks[0]["state"])
+    rest = Counter(k for b in _keys(resumed) for k in b)
+    assert not set(rest) & set(seen) and sum((rest + seen).values()) == N == len(rest | seen)
+
+
+def test_a_mid_epoch_resume_delivers_the_rest(cluster, path):
+    full = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
+    loader = _ray(_stream(path))
+    it = iter(loader)
+    first = [list(next(it)["__key__"]) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    again = _ray(_stream(path))
+    again.load_state_dict(state)
+    assert first == full[:3] and _keys(again) == full[3:]
+
+
+def _built_on(loader) -> list[str]:
+    """The nodes the loader's builders run on (waiting for those Ray is restarting)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return [ray.get(a.where.remote(), timeout=30)[0] for a in loader.pool().actors]
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # (ActorUnavailableError too)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_a_builder_killed_mid_epoch_loses_and_repeats_nothing(cluster, path):
+    want = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
+    loader = _ray(_stream(path), in_flight=6)
+    it = iter(loader)
+    got = [list(next(it)["__key__"]) for _ in range(2)]
+    ray.kill(loader.pool().actors[0], no_restart=False)  # Ray restarts it; its batches go elsewhere
+    got += [list(b["__key__"]) for b in it]
+    assert got == want and loader.rebuilt >= 1 and loader.stats()["rebuilt"] == loader.rebuilt
+    _built_on(loader)  # the restarted builder is back for the next tests
+
+
+def test_a_decode_node_lost_mid_epoch_loses_and_repeats_nothing(cluster, path):
+    c, nodes = cluster
+    want = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
+
+    def slow(text):  # builds that take a while: some are under way when the node goes
+        time.sleep(0.1)
+        return text
+
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path, transform=slow))
+    loader = _ray(mmloader.Stream(ds, batch_size=4, seed=5), in_flight=6)
+    where = _built_on(loader)
+    victim = next(n for n in nodes if n.node_id in where)
+    it = iter(loader)
+    got = [list(next(it)["__key__"]) for _ in range(2)]
+    c.remove_node(victim, allow_graceful=False)  # its raylet and every process on it killed
+    got += [list(b["__key__"]) for b in it]
+    assert got == want and loader.rebuilt >= 1
+    assert victim.node_id not in _built_on(loader)  # restarted on the node left
+    nodes[nodes.index(victim)] = c.add_node(num_cpus=2)  # the next tests have two decode nodes again
+    c.wait_for_nodes()
+
+
+def test_a_bad_sample_raises_naming_it_or_is_skipped_as_locally(cluster, tmp_path):
+    path = tmp_path / "bad.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(12):
+            img = jpeg_bytes(i)
+            w.write({"__key__": f"k{i:03d}", "jpg": img[: len(img) // 2] if i == 5 else img, "txt": f"t{i}"})
+    with pytest.raises(SampleError) as e:
+        list(_ray(_stream(path)))
+    assert e.value.key == "k005" and e.value.field == "jpg"
+    local, remote = _stream(path, errors="skip"), _stream(path, errors="skip")
+    want = _keys(mmloader.loader(local, 1, backend="thread"))
+    assert _keys(_ray(remote)) == want
+    assert remote.skipped == local.skipped == 1
+
+
+def test_batches_in_flight_stay_within_the_window(cluster, path):
+    """A slow trainer: the builders build at most ``in_flight`` batches ahead of it."""
+    loader = _ray(_stream(path), in_flight=2)
+    before = sum(ray.get([a.built.remote() for a in loader.pool().actors]))
+    it = iter(loader)
+    next(it)
+    time.sleep(1.0)  # the builders would race ahead if nothing held them
+    built = sum(ray.get([a.built.remote() for a in loader.pool().actors])) - before
+    assert built <= 1 + 2, f"{built} batches built for 1 taken"
+    assert len(list(it)) == N // 4 - 1
+
+
+def test_what_the_trainer_holds_stays_bounded_over_many_passes(cluster, path):
+    """Over 8 epochs (80 batches) the objects this process holds on the cluster never exceed the
+    window (plus the pass's stream and plan): nothing of a finished pass, or a taken batch, stays."""
+    core = ray._private.worker.global_worker.core_worker
+    loader = _ray(_stream(path), in_flight=3)
+    held, baseline = [], len(core.get_all_reference_counts())
+    for _epoch in range(8):
+        for _batch in loader:
+            held.append(len(core.get_all_reference_counts()) - baseline)
+    assert len(held) == 8 * N // 4
+    assert max(held) <= 3 + 2, f"objects held: max {max(held)}"
+    assert held[-1] <= held[len(held) // 8]  # no growth from pass to pass
+
+
+def test_lightning_ddp_on_ray_preempted_and_resumed_on_one_rank_trains_every_epoch_once(cluster, tmp_path):
+    """Lightning's own DDP ranks (not torchrun) share one pool through its rendezvous address;
+    its checkpoint, taken mid-epoch on 2 ranks, resumes on 1 with every epoch exactly once."""
+    pytest.importorskip("lightning")
+    sys.path.insert(0, str(TESTS / "frameworks"))  # (the framework tests' helpers)
+    from common import make_dataset
+    from runs import PER_RANK, assert_each_epoch_exactly_once, per_epoch, run_script, seen_all
+
+    c, _nodes = cluster
+    data = make_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    out.mkdir()
+    os.environ["RAY_ADDRESS"] = c.address  # the scripts inherit it
+    common = ["--backend", "ray", "--datamodule"]
+    run_script("lightning_fit.py", str(data), str(out), "--preempt-after", str(PER_RANK + 2), *common)
+    args = ["--resume", str(out / "preempt.ckpt"), "--devices", "1", "--max-epochs", "2", *common]
+    run_script("lightning_fit.py", str(data), str(out), *args)
+    assert_each_epoch_exactly_once(per_epoch(seen_all(out)), [0, 1])
+
+
+def test_an_unreachable_cluster_or_ranks_without_one_are_said_within_seconds():
+    code = (
+        "import sys, mmloader\n"
+        "from mmloader.loading.on_ray.cluster import connect\n"
+        "for address, world in (('127.0.0.1:9', 1), (None, 2)):\n"
+        "    try:\n        connect(address, world=world)\n"
+        "    except mmloader.MMLoaderError as e:\n        print(e)\n"
+        "    else:\n        sys.exit(4)\n"
+    )
+    start = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert "cannot reach the Ray cluster at '127.0.0.1:9'" in run.stdout and "ray start --head" in run.stdout
+    assert "on 2 ranks needs one Ray cluster they share" in run.stdout and "RAY_ADDRESS" in run.stdout
+    assert time.monotonic() - start < 20
+
+
+def test_a_live_stream_and_bad_options_are_refused_naming_what_works(path):
+    live = mmloader.LiveStream(mmloader.live(lambda *where: iter([])), batch_size=1, steps=1)
+    with pytest.raises(TypeError, match="backend='thread' or 'process'"):
+        mmloader.loader(live, backend="ray")
+    with pytest.raises(ValueError, match="in_flight=0: expected a positive number"):
+        mmloader.loader(_stream(path), backend="ray", in_flight=0)
+
+
+def test_the_ranks_of_one_job_name_it_alike(monkeypatch):
+    from mmloader.loading.on_ray.cluster import job_name
+
+    for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    alone = job_name()
+    assert alone.startswith(f"process-{os.getpid()}-") and job_name() != alone  # nobody shares it
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")  # Lightning's and accelerate's launchers
+    assert job_name() == job_name() == "job-10.0.0.1-29500"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")  # torchrun's
+    assert job_name() == "run-abc"
