@@ -86,6 +86,7 @@ LONGEST_FIRST = (
     "test_lightning_resume",
     "test_lightning",
     "test_hf_trainer",
+    "test_on_ray",
     "test_live",
     "test_remote",
     "test_text",
