@@ -122,7 +122,14 @@ class _Run:
             item = (e, None)
         with self.ready:
             self.results[j] = item
-            if j == self.delivered:  # the batch the consumer is (or will be) waiting for
+            if item[0] is not None:
+                # The pass ends at this batch: build no later one. (Each would first wait out
+                # what failed this one, a server's retry deadline, say, and the consumer's
+                # stop() waits for the batches under way before it raises.)
+                self.exhausted = True
+                self.room.notify_all()
+                self.ready.notify_all()
+            elif j == self.delivered:  # the batch the consumer is (or will be) waiting for
                 self.ready.notify()
 
     def _produce(self) -> None:
