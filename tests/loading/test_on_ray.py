@@ -312,3 +312,26 @@ def test_the_ranks_of_one_job_name_it_alike(monkeypatch):
     assert job_name() == job_name() == "job-10.0.0.1-29500"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")  # torchrun's
     assert job_name() == "run-abc"
+
+
+def test_a_batch_crosses_as_arrays_and_arrives_as_the_same_tensors():
+    """What a builder returns (mmloader/loading/on_ray/wire.py): tensors of every dtype, nested."""
+    import doctest
+
+    import torch
+
+    from mmloader.loading.on_ray import wire
+
+    assert doctest.testmod(wire).failed == 0
+    batch = {
+        "x": torch.randn(3, 4).to(torch.bfloat16),
+        "m": {"a": torch.tensor([True, False]), "b": [torch.arange(3), "text"]},
+        "t": (torch.zeros(2, dtype=torch.int64), 5),
+        "__key__": ["a", "b"],
+    }
+    sent = wire.to_wire(batch)
+    assert isinstance(sent["x"], wire.WireTensor) and isinstance(sent["m"]["b"][0], wire.WireTensor)
+    back = wire.from_wire(ray.cloudpickle.loads(ray.cloudpickle.dumps(sent)))
+    assert back["x"].dtype == torch.bfloat16 and back["x"].equal(batch["x"])
+    assert back["m"]["a"].equal(batch["m"]["a"]) and back["m"]["b"][0].equal(torch.arange(3))
+    assert back["m"]["b"][1] == "text" and back["t"][1] == 5 and back["t"][0].dtype == torch.int64

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from .cluster import NAMESPACE, decode_nodes
+from .wire import to_wire
 
 _PASSES_KEPT = 16  # passes an actor keeps a stream for (a few per rank of the jobs it serves)
 
@@ -29,7 +30,7 @@ class BatchBuilder:
         """(the batch, samples it skipped under ``errors="skip"``)."""
         stream, plan = self._pass(pass_id, refs)
         before = stream.control.skipped
-        batch = stream.build_planned(plan, spec, seed_globals)
+        batch = to_wire(stream.build_planned(plan, spec, seed_globals))
         self._built += 1
         return batch, stream.control.skipped - before
 

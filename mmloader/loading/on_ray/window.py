@@ -9,6 +9,7 @@ from typing import Any
 
 from ...errors import MMLoaderError
 from .builders import BuilderPool
+from .wire import from_wire
 
 _TRIES = 4  # builds of one batch before its loss is an error (each on another builder)
 
@@ -82,7 +83,7 @@ class BuildWindow:
                 self._rebuild_lost(head.actor, e)
                 continue
             self.queue.popleft()
-            return batch, skipped
+            return from_wire(batch), skipped
 
     def _rebuild_lost(self, lost: int, error: Exception) -> None:
         """Everything builder ``lost`` held is asked again of the others."""
