@@ -176,18 +176,3 @@ def test_every_python_and_shell_block_runs(reader, user_data, tmp_path, monkeypa
                 f"the shell block at {where}:{line} failed ({done.returncode}):\n"
                 f"{code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
             )
-
-
-def test_the_site_builds_strict(tmp_path):
-    """``mkdocs build --strict``: no broken link or anchor, no docstring warning (needs the docs tooling)."""
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("mkdocstrings_handlers.python")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-        cwd=ROOT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
