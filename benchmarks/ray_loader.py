@@ -3,7 +3,7 @@ CPU the training process spends per batch, the cost of a batch's round trip, and
 the same workload and cluster.
 
     pip install -e '.[bench]'
-    python benchmarks/ray_loader.py                       # 3,000 256-px JPEGs, batch 32, 3 rounds
+    python benchmarks/ray_loader.py                       # 3,000 256-px JPEGs, batch 64, 3 rounds
     python benchmarks/ray_loader.py --samples 1000 --rounds 1 --results benchmarks/RESULTS.md
 
 The workload is decode-bound: each 256-px JPEG is decoded, randomly resized-cropped to 224 px
@@ -203,7 +203,7 @@ def _ray_data(parquet: str, batch: int):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--out", default=None, help="where the data goes (default: a temporary folder)")
