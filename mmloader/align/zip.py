@@ -99,6 +99,14 @@ class Zipped(torch.utils.data.Dataset):
         primary = self._primary
         return primary.store.key(int(self.positions[index]) if self.positions is not None else index)
 
+    def index_of(self, key: str) -> int | None:
+        """The aligned index of the sample named ``key`` (None: not among these samples)."""
+        i = self._primary.store.index_of(key)
+        if i is None or self.positions is None:
+            return i
+        where = np.flatnonzero(np.asarray(self.positions) == i)
+        return int(where[0]) if len(where) else None
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = len(self)
         if not -n <= index < n:

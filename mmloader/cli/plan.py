@@ -148,7 +148,11 @@ def _short(v: Any) -> str:
 
 # -- the subcommand ------------------------------------------------------------------------------
 HELP = "print an experiment config's resolved epoch plan"
-EXAMPLES = ["mmloader plan samples/configs/mixed.yaml --world 8 --workers 4"]
+EXAMPLES = [
+    "mmloader plan samples/configs/mixed.yaml --world 8 --workers 4",
+    "mmloader plan samples/configs/mixed.yaml --world 8 --step 1200 --rank 3",
+    "mmloader plan samples/configs/mixed.yaml --world 8 --find 000123",
+]
 
 
 def add_arguments(s) -> None:
@@ -165,9 +169,45 @@ def add_arguments(s) -> None:
         help="epochs a mix schedule's totals cover (default: all it sets)",
     )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar (fetching a dataset on object storage)")
+    s.add_argument(
+        "--step", type=int_at_least(0), help="print the keys (and sources) of this step instead: the data ledger"
+    )
+    s.add_argument("--rank", type=int_at_least(0), help="with --step: this rank only (default: every rank)")
+    s.add_argument("--epoch", type=int_at_least(0), default=0, help="with --step or --find: the epoch (default 0)")
+    s.add_argument("--find", metavar="KEY", help="print the (rank, step) of each batch of the epoch holding KEY")
 
 
 def run(args) -> int:
-    """Print the plan."""
-    print(describe_plan(args.config, world=args.world, workers=args.workers, epochs=args.epochs))
+    """Print the plan, or what the ledger says of a step or a key."""
+    if args.step is None and args.find is None:
+        print(describe_plan(args.config, world=args.world, workers=args.workers, epochs=args.epochs))
+        return 0
+    from ..loading.config import from_config  # (torch)
+
+    stream = from_config(args.config)
+    stream.set_world(0, args.world)
+    if args.find is not None:
+        found = stream.steps_of(args.find, epoch=args.epoch)
+        ranks = sorted({r for r, _s in found})
+        where = "; ".join(f"rank {r} at step {', '.join(str(s) for q, s in found if q == r)}" for r in ranks)
+        print(f"{args.find}, epoch {args.epoch} on {args.world} rank(s): {where or 'not in this epoch'}")
+    if args.step is not None:
+        print(describe_step(stream, args.step, args.rank, args.epoch))
     return 0
+
+
+def describe_step(stream: Any, step: int, rank: int | None = None, epoch: int = 0) -> str:
+    """The keys (and, for a mix, sources) of ``step`` of ``epoch``, per rank, as text."""
+    ranks = [rank] if rank is not None else range(stream.where()[1])
+    lines = [f"epoch {epoch}, step {step}:"]
+    for r in ranks:
+        keys = stream.keys_at(step, rank=r, epoch=epoch)
+        shown = [" + ".join(k) if isinstance(k, list) else k for k in keys]  # a packed row: its samples
+        line = f"  rank {r}: {' '.join(shown)}"
+        if stream.mix is not None:
+            counts: dict[str, int] = {}
+            for name in stream.sources_at(step, rank=r, epoch=epoch):
+                counts[name] = counts.get(name, 0) + 1
+            line += "  (" + ", ".join(f"{n}: {c}" for n, c in counts.items()) + ")"
+        lines.append(line)
+    return "\n".join(lines)

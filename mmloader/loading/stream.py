@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
+from .ledger import Ledger
 from .protocol import PassFlags
 from .replan import changed_plan_target
 from .resumable import warn_if_a_framework_cuts_the_epoch
@@ -43,7 +44,7 @@ log = logging.getLogger("mmloader")
 ON_CHANGE = ("error", "next_epoch", "continue")
 
 
-class Stream(Controlled, torch.utils.data.IterableDataset):
+class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
     """Deterministic, rank- and worker-aware stream over a map-style dataset (or a :func:`mmloader.mix`).
 
     * The epoch's order (:class:`~mmloader.Order`) is a pure function of ``(seed, epoch)``,
@@ -68,6 +69,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
       :class:`mmloader.errors.PlanChangedError` saying what changed; ``"next_epoch"`` starts
       the new plan at the next epoch; ``"continue"`` delivers the rest of the saved epoch under
       the new plan, without the samples already delivered (:mod:`mmloader.loading.replan`).
+    * The data ledger: ``keys_at(step, rank)``, ``steps_of(key)`` (:mod:`mmloader.loading.ledger`).
 
     >>> stream = Stream(dataset, batch_size=64, seed=0)     # doctest: +SKIP
     >>> loader = mmloader.loader(stream)                    # doctest: +SKIP
@@ -147,6 +149,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             self.control,
         )
         self._resume: dict | None = None
+        self._resumed_from: dict | None = None  # the state of the pending resume (the ledger reads it)
         if self.mix is not None:
             error, problems = self.mix.problems(self.batch_size)
             if error:
@@ -195,6 +198,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         """Forget a resume (the next pass of its epoch delivers the whole epoch)."""
         self.control.resuming = False
         self._resume, self.pass_flags.resume_fresh, self._steps_before = None, False, 0
+        self._resumed_from = None
 
     def identity(self) -> dict:
         """What identifies this stream's plan in a state (plain data): each source's name, size
@@ -385,7 +389,7 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
             self.pass_flags.epoch_chosen = True
             return
         self.control.epoch = epoch
-        self._resume = {"epoch": epoch, "ranges": ranges}
+        self._resume, self._resumed_from = {"epoch": epoch, "ranges": ranges}, state
         self.control.resuming = True
         self.pass_flags.resume_fresh = True
         self._steps_before = steps
@@ -441,8 +445,14 @@ class Stream(Controlled, torch.utils.data.IterableDataset):
         is built: ``(plan, positions, sources, indices, seed, valid)``; ``seed`` an int or a
         callable computing it, ``valid`` the rows that count (``padding="mask"``) or None."""
         rank, world, plan, visit, per_rank = self._layout()
-        epoch = self.epoch
         spans = worker_batches(per_rank, self.batch_size, workers, worker)
+        yield from self.specs(plan, visit, self.epoch, rank, world, per_rank, spans)
+
+    def specs(
+        self, plan, visit: RangeList, epoch: int, rank: int, world: int, per_rank: int, spans: Iterable[tuple[int, int]]
+    ) -> Iterator[tuple]:
+        """What :meth:`planned` yields, for the batch ``spans`` (offsets within the rank) of any
+        epoch, rank and world: a pure function of them (the data ledger asks for any step)."""
         if self.padding == "mask":
             start, share, _rows = unrepeated_share(len(visit), world, rank, self.batch_size)
             for a, b in spans:

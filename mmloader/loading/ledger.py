@@ -1,0 +1,184 @@
+"""The data ledger: which samples a step of a stream holds, by arithmetic, reading no sample.
+
+A stored stream's plan is a pure function of its seed, the epoch and the world, so the keys of
+any batch of any rank are known without building it, in any process, before or after training:
+"which samples were in step 41,200 on rank 3" is a lookup, not a replay. What it gives equals
+the ``__key__`` (and ``__source__``) of the batch the loader delivers at that step, on every
+backend, for plain, mixed, scheduled, filtered, bucketed and packed streams, and in a resumed
+epoch (also one resumed onto another number of ranks: its steps before the resume are those
+the saved world planned). A sample skipped under ``errors="skip"`` is the one the plan holds;
+the loader delivers the plan's next one in its place and logs it.
+
+Steps count batches within an epoch, per rank, from 0 (all ranks take step ``s`` together).
+
+>>> stream.keys_at(120, rank=3)                 # doctest: +SKIP
+['s004211', 's000917', ...]
+>>> stream.steps_of("s004211")                  # doctest: +SKIP
+[(3, 120)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..planning import RangeList
+from ..planning.partition import batches_per_rank, rank_positions, unrepeated_positions, unrepeated_share
+
+
+class Ledger:
+    """What a stored stream answers about its plan (:class:`mmloader.Stream` has these methods)."""
+
+    def keys_at(self, step: int, rank: int | None = None, epoch: int | None = None) -> list:
+        """The ``__key__`` of the batch ``rank`` takes at ``step`` of ``epoch`` (default: the
+        current one), without reading a sample; ``rank=None``: every rank's, in a list. Packed
+        rows give a list of keys per row.
+
+        Args:
+            step: the batch's place in the epoch, per rank, from 0.
+            rank: the data-parallel rank (default: all of the world that took the step).
+            epoch: the epoch (default: the stream's current one).
+        """
+        return keys_at(self, step, rank, epoch)
+
+    def sources_at(self, step: int, rank: int | None = None, epoch: int | None = None) -> list:
+        """The ``__source__`` of that batch: each row's source (a mix's name; ``"dataset"``)."""
+        return sources_at(self, step, rank, epoch)
+
+    def steps_of(self, key: str, epoch: int | None = None) -> list[tuple[int, int]]:
+        """``(rank, step)`` of each batch of ``epoch`` holding the sample ``key``, in this world."""
+        return steps_of(self, key, epoch)
+
+
+def keys_at(stream: Any, step: int, rank: int | None = None, epoch: int | None = None) -> list:
+    """The ``__key__`` of the batch ``rank`` takes at ``step`` of ``epoch`` (default: the current
+    one); ``rank=None``: a list of every rank's. Packed rows give a list of keys per row."""
+    return _per_rank(stream, step, rank, epoch, _keys)
+
+
+def sources_at(stream: Any, step: int, rank: int | None = None, epoch: int | None = None) -> list:
+    """The ``__source__`` of that batch: each row's source name (a mix's; ``"dataset"`` otherwise)."""
+    return _per_rank(stream, step, rank, epoch, _sources)
+
+
+def steps_of(stream: Any, key: str, epoch: int | None = None) -> list[tuple[int, int]]:
+    """``(rank, step)`` of every batch of ``epoch`` that holds the sample ``key`` (of any source
+    of a mix; a padding repeat counts), the epoch delivered whole in this stream's world; empty
+    when the epoch leaves the sample out."""
+    e = stream.epoch if epoch is None else int(epoch)
+    world, plan = stream.where()[1], stream.plan(e)
+    visit = RangeList([(0, len(plan))])  # the epoch delivered whole, in this world
+    wanted = [(s, _named(ds).index_of(key)) for s, ds in enumerate(stream.datasets)]
+    wanted = [(s, i) for s, i in wanted if i is not None]
+    found: list[tuple[int, int]] = []
+    bs = stream.batch_size or 1
+    for rank in range(world):
+        per_rank = stream._per_rank(plan, visit, world, rank)
+        virtual = _virtual(stream, visit, world, rank, per_rank, 0, per_rank)
+        positions = visit.take(virtual)
+        if stream.packer is not None:  # positions are rows: find the rows holding the sample
+            sources, indices, _members, offsets = plan.samples(positions)
+            owner = np.repeat(np.arange(len(positions)), np.diff(offsets))
+        else:
+            sources, indices = plan.lookup(positions)
+            owner = np.arange(len(positions))
+        hit = np.zeros(len(sources), dtype=bool)
+        for s, i in wanted:
+            hit |= (sources == s) & (indices == i)
+        found += [(rank, int(j) // bs) for j in np.unique(owner[hit])]
+    return sorted(set(found))
+
+
+def _per_rank(stream: Any, step: int, rank: int | None, epoch: int | None, what) -> list:
+    world = stream.where()[1]
+    if rank is None:
+        return [what(stream, *_batch(stream, step, r, epoch)) for r in range(_world_at(stream, step, epoch, world))]
+    return what(stream, *_batch(stream, step, rank, epoch))
+
+
+def _world_at(stream: Any, step: int, epoch: int | None, world: int) -> int:
+    """The number of ranks that took ``step``: the saved world's, for a step before a resume."""
+    saved = _saved_pass(stream, epoch)
+    return int(saved["world"]) if saved is not None and step < stream._steps_before else world
+
+
+def _keys(stream: Any, plan, positions, sources, indices) -> list:
+    if stream.packer is not None:
+        s, i, _members, offsets = plan.samples(positions)
+        keys = [_named(stream.datasets[a]).key(b) for a, b in zip(s.tolist(), i.tolist())]
+        return [keys[offsets[j] : offsets[j + 1]] for j in range(len(positions))]
+    return [_named(stream.datasets[a]).key(b) for a, b in zip(sources.tolist(), indices.tolist())]
+
+
+def _named(dataset: Any) -> Any:
+    """``dataset``, which must name its samples (``key``, ``index_of``: :func:`mmloader.zip`'s do)."""
+    if not (hasattr(dataset, "key") and hasattr(dataset, "index_of")):
+        raise TypeError(
+            f"the data ledger reads sample keys from the datasets; a {type(dataset).__name__} names none "
+            "(stream the readers zipped: mmloader.zip(...))"
+        )
+    return dataset
+
+
+def _sources(stream: Any, plan, positions, sources, indices) -> list:
+    names = stream.mix.names if stream.mix is not None else ["dataset"]
+    return [names[a] for a in sources.tolist()]
+
+
+def _batch(stream: Any, step: int, rank: int, epoch: int | None) -> tuple:
+    """(plan, positions, sources, indices) of ``rank``'s batch at ``step``."""
+    e, world, plan, visit, before = _pass(stream, epoch, step)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside the world of {world} that took step {step}")
+    per_rank = stream._per_rank(plan, visit, world, rank)
+    steps = batches_per_rank(per_rank, stream.batch_size)
+    j = step - before
+    if not 0 <= j < steps:
+        raise IndexError(f"step {step} of epoch {e}: the epoch's steps per rank are {before}..{before + steps - 1}")
+    bs = stream.batch_size or 1
+    span = (j * bs, min((j + 1) * bs, per_rank))
+    _plan, positions, sources, indices, _seed, _valid = next(
+        stream.specs(plan, visit, e, rank, world, per_rank, [span])
+    )
+    return plan, positions, sources, indices
+
+
+def _pass(stream: Any, epoch: int | None, step: int) -> tuple[int, int, Any, RangeList, int]:
+    """(epoch, world, plan, visit, steps before it) of the pass that delivered ``step``: the
+    epoch whole, else the resumed part of it, else (a step before the resume) the pass the
+    saved state was taken in, as the saved world planned it."""
+    e = stream.epoch if epoch is None else int(epoch)
+    world = stream.where()[1]
+    plan = stream.plan(e)
+    resumed = stream._resume if stream.control.resuming else None
+    if resumed is None or resumed["epoch"] != e:
+        return e, world, plan, RangeList([(0, len(plan))]), 0
+    if step >= stream._steps_before:
+        return e, world, plan, RangeList(resumed["ranges"]), stream._steps_before
+    saved = _saved_pass(stream, e)
+    bs = stream.batch_size or 1
+    first = stream._steps_before - int(saved["consumed"]) // bs if saved is not None else stream._steps_before
+    if saved is None or step < first:
+        raise ValueError(
+            f"step {step} of epoch {e} was delivered before the state this stream resumed from "
+            "was taken (by an earlier pass, or under another plan): ask the stream that delivered it"
+        )
+    return e, int(saved["world"]), plan, RangeList(saved["ranges"]), first
+
+
+def _saved_pass(stream: Any, epoch: int | None) -> dict | None:
+    """The state this stream resumed ``epoch`` from, when its plan is this stream's."""
+    saved = getattr(stream, "_resumed_from", None)
+    e = stream.epoch if epoch is None else int(epoch)
+    if saved is None or int(saved.get("epoch", -1)) != e or saved.get("plan") != stream.identity():
+        return None
+    return saved
+
+
+def _virtual(stream: Any, visit: RangeList, world: int, rank: int, per_rank: int, a: int, b: int) -> np.ndarray:
+    """Visit offsets of ``rank``'s batch offsets ``a:b`` (the rank split of ``Stream.specs``)."""
+    if stream.padding == "mask":
+        start, share, _rows = unrepeated_share(len(visit), world, rank, stream.batch_size)
+        return unrepeated_positions(start, share, a, b)[0]
+    return rank_positions(len(visit), world, rank, per_rank, a, b)

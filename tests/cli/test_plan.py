@@ -1,0 +1,71 @@
+"""``mmloader plan`` (mmloader/cli/plan.py): the data ledger's --step and --find print what the
+loader of the config's stream delivers."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import mmloader
+from mmloader.cli import main as cli
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan")
+    for name in ("a", "b"):
+        with mmloader.LMDBWriter(root / f"{name}.lmdb") as w:
+            for i in range(30):
+                w.write({"__key__": f"{name}{i:03d}", "txt": f"{name} {i}"})
+    cfg = {
+        "seed": 5,
+        "batch_size": 4,
+        "mix": {"mode": "proportion", "epoch_size": 40},
+        "sources": {
+            name: {"path": str(root / f"{name}.lmdb"), "weight": w, "modalities": {"t": {"field": "txt"}}}
+            for name, w in (("a", 0.75), ("b", 0.25))
+        },
+    }
+    path = root / "exp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _delivered(path, rank, world, epoch):
+    stream = mmloader.from_config(path)
+    stream.set_world(rank, world)
+    loader = mmloader.loader(stream, num_workers=1, backend="thread")
+    loader.set_epoch(epoch)
+    return [(list(b["__key__"]), list(b["__source__"])) for b in loader]
+
+
+def test_step_prints_each_ranks_keys_and_sources_as_delivered(config_path, capsys):
+    assert cli(["plan", str(config_path), "--world", "2", "--step", "3", "--epoch", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "epoch 1, step 3:"
+    for rank in range(2):
+        keys, sources = _delivered(config_path, rank, 2, 1)[3]
+        line = next(line for line in out if line.startswith(f"  rank {rank}: "))
+        assert line.split(": ", 1)[1].split("  (")[0].split() == keys
+        counts = ", ".join(f"{n}: {sources.count(n)}" for n in dict.fromkeys(sources))
+        assert line.endswith(f"({counts})")
+    assert cli(["plan", str(config_path), "--world", "2", "--step", "3", "--rank", "1"]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if "rank" in line][0].startswith("  rank 1: ")
+
+
+def test_find_prints_the_steps_that_hold_a_key(config_path, capsys):
+    steps = {}
+    for rank in range(3):
+        for step, (keys, _sources) in enumerate(_delivered(config_path, rank, 3, 0)):
+            for key in keys:
+                steps.setdefault(key, set()).add((rank, step))
+    key = sorted(k for k in steps if k.startswith("b"))[0]  # a sample of the smaller source
+    assert cli(["plan", str(config_path), "--world", "3", "--find", key]) == 0
+    printed = capsys.readouterr().out.strip()
+    want = "; ".join(
+        f"rank {r} at step {', '.join(str(s) for q, s in sorted(steps[key]) if q == r)}"
+        for r in sorted({r for r, _s in steps[key]})
+    )
+    assert printed == f"{key}, epoch 0 on 3 rank(s): {want}"
+    assert cli(["plan", str(config_path), "--world", "3", "--find", "zzz"]) == 0
+    assert capsys.readouterr().out.strip() == "zzz, epoch 0 on 3 rank(s): not in this epoch"
