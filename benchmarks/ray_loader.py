@@ -285,8 +285,9 @@ def report(results: dict[str, list[dict]], args) -> str:
     if "overhead-thread" in results and "overhead-ray" in results:
         per_batch = lambda c: 1e3 * args.batch_size / med(c, "samples_per_s")  # noqa: E731
         lines.append(
-            f"A batch's round trip through Ray (raw bytes, nothing decoded): {per_batch('overhead-ray'):.2f} ms a "
-            f"batch against {per_batch('overhead-thread'):.2f} ms on the thread backend."
+            f"What a batch costs to go through Ray (raw bytes, nothing decoded, at full throughput): "
+            f"{per_batch('overhead-ray'):.2f} ms a batch against {per_batch('overhead-thread'):.2f} ms on the thread "
+            "backend."
         )
     return "\n".join(lines)
 
