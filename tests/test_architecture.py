@@ -300,3 +300,14 @@ def test_the_map_of_the_tree_names_every_package_and_module():
             if module.stem not in ("__init__", "__main__") and module.stem not in said:
                 unnamed.append(f"{package}/{module.name}")
     assert not unnamed, f"docs/design.md's map does not name {unnamed}"
+
+
+def test_no_module_is_over_500_lines():
+    """One job per module: a module that outgrows 500 lines is doing two (split it by job)."""
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for root in (PACKAGE, PACKAGE.parent / "converters")
+        for p in root.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert not long, f"modules over 500 lines: {long}"
