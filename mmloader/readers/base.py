@@ -226,9 +226,9 @@ class Reader:
                 field=field,
                 where=self.store.path,
             )
+        if field.endswith(".gz"):
+            data = self.inflated(data, field, key)
         try:
-            if field.endswith(".gz"):
-                data = _gunzip(data, self.max_field_bytes)
             return self.decode(data, key)
         except SampleError as e:
             if e.key is None:  # add the location the decoder could not know
