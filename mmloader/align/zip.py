@@ -99,6 +99,13 @@ class Zipped(torch.utils.data.Dataset):
         primary = self._primary
         return primary.store.key(int(self.positions[index]) if self.positions is not None else index)
 
+    def shard_of(self, indices: np.ndarray) -> np.ndarray:
+        """The shard (of the first reader's store) each of the aligned samples ``indices`` lies in."""
+        rows = np.asarray(indices, dtype=np.int64)
+        if self.positions is not None:
+            rows = np.asarray(self.positions, dtype=np.int64)[rows]
+        return self._primary.store.shard_of(rows)
+
     def index_of(self, key: str) -> int | None:
         """The aligned index of the sample named ``key`` (None: not among these samples)."""
         i = self._primary.store.index_of(key)

@@ -175,11 +175,17 @@ def add_arguments(s) -> None:
     s.add_argument("--rank", type=int_at_least(0), help="with --step: this rank only (default: every rank)")
     s.add_argument("--epoch", type=int_at_least(0), default=0, help="with --step or --find: the epoch (default 0)")
     s.add_argument("--find", metavar="KEY", help="print the (rank, step) of each batch of the epoch holding KEY")
+    s.add_argument(
+        "--quality",
+        action="store_true",
+        help="print how the epoch's plan mixes: source shares per window, shard spread and runs, a verdict",
+    )
+    s.add_argument("--window", type=int_at_least(1), default=16, help="with --quality: batches per window (default 16)")
 
 
 def run(args) -> int:
     """Print the plan, or what the ledger says of a step or a key."""
-    if args.step is None and args.find is None:
+    if args.step is None and args.find is None and not args.quality:
         print(describe_plan(args.config, world=args.world, workers=args.workers, epochs=args.epochs))
         return 0
     from ..loading.config import from_config  # (torch)
@@ -193,7 +199,22 @@ def run(args) -> int:
         print(f"{args.find}, epoch {args.epoch} on {args.world} rank(s): {where or 'not in this epoch'}")
     if args.step is not None:
         print(describe_step(stream, args.step, args.rank, args.epoch))
+    if args.quality:
+        print(describe_quality(stream.quality(args.epoch, args.window), args.window))
     return 0
+
+
+def describe_quality(q: Any, window_batches: int) -> str:
+    """The mixing measures of a plan as text (``mmloader plan --quality``)."""
+    return "\n".join(
+        [
+            f"plan quality ({window_batches} batches = {q.window} samples a window):",
+            f"  source share drift: max {100 * q.drift_max:.1f} points, p99 {100 * q.drift_p99:.1f} (from the weights)",
+            f"  shard spread: {q.spread:.2f} of uniform (1: a shard's samples spread over the epoch; 0: one clump)",
+            f"  shard runs: consecutive samples share a shard {q.runs:.2f}x as often as by chance",
+            f"  {q.verdict()}",
+        ]
+    )
 
 
 def describe_step(stream: Any, step: int, rank: int | None = None, epoch: int = 0) -> str:

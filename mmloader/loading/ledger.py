@@ -25,6 +25,7 @@ import numpy as np
 
 from ..planning import RangeList
 from ..planning.partition import batches_per_rank, rank_positions, unrepeated_positions, unrepeated_share
+from ..planning.quality import Quality, plan_quality
 
 
 class Ledger:
@@ -49,6 +50,30 @@ class Ledger:
     def steps_of(self, key: str, epoch: int | None = None) -> list[tuple[int, int]]:
         """``(rank, step)`` of each batch of ``epoch`` holding the sample ``key``, in this world."""
         return steps_of(self, key, epoch)
+
+    def quality(self, epoch: int | None = None, window_batches: int = 16) -> Quality:
+        """How well ``epoch``'s plan mixes (:mod:`mmloader.planning.quality`): each source's share
+        in windows of ``window_batches`` batches against its weight, how a shard's samples spread
+        over the epoch, how often neighbours share a shard; ``.verdict()`` says it in a line."""
+        return quality(self, epoch, window_batches)
+
+
+def quality(stream: Any, epoch: int | None = None, window_batches: int = 16) -> Quality:
+    """The mixing measures of ``epoch``'s plan (see :meth:`Ledger.quality`)."""
+    e = stream.epoch if epoch is None else int(epoch)
+    rows = stream.plan(e)
+    plan = rows.plan if stream.packer is not None else rows  # packed: the samples the rows hold
+    sources, indices = plan.lookup(np.arange(len(plan), dtype=np.int64))
+    shards = np.zeros(len(sources), dtype=np.int64)
+    offset = 0
+    for s, ds in enumerate(stream.datasets):  # one shard id space over every source
+        picked = sources == s
+        if not hasattr(ds, "shard_of"):
+            raise TypeError(f"plan quality reads where samples are stored; a {type(ds).__name__} does not say")
+        shards[picked] = offset + ds.shard_of(indices[picked])
+        offset += len(ds) + 1
+    weights = np.asarray(plan.quotas, dtype=np.float64) if stream.mix is not None else np.ones(1)
+    return plan_quality(sources, shards, weights, window_batches * (stream.batch_size or 1))
 
 
 def keys_at(stream: Any, step: int, rank: int | None = None, epoch: int | None = None) -> list:

@@ -86,6 +86,16 @@ class Store:
     def index_of(self, key: str) -> int | None:
         raise NotImplementedError
 
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        """The shard each of ``rows`` lies in (what is read in one sequence): a shard dataset's
+        files; in other formats, runs of 1024 consecutive rows."""
+        rows = np.asarray(rows, dtype=np.int64)
+        meta = self.metadata
+        starts = meta.get("_starts_array") if isinstance(meta, dict) else None
+        if starts is None:
+            return rows // 1024
+        return np.searchsorted(starts, rows, side="right") - 1
+
     def read(self, index: int, fields: Sequence[str] | None = None) -> dict[str, Any]:
         raise NotImplementedError
 

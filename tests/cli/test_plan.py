@@ -69,3 +69,13 @@ def test_find_prints_the_steps_that_hold_a_key(config_path, capsys):
     assert printed == f"{key}, epoch 0 on 3 rank(s): {want}"
     assert cli(["plan", str(config_path), "--world", "3", "--find", "zzz"]) == 0
     assert capsys.readouterr().out.strip() == "zzz, epoch 0 on 3 rank(s): not in this epoch"
+
+
+def test_quality_prints_the_measures_and_the_verdict_of_the_stream(config_path, capsys):
+    assert cli(["plan", str(config_path), "--quality", "--window", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    q = mmloader.from_config(config_path).quality(window_batches=4)
+    assert out[0] == "plan quality (4 batches = 16 samples a window):"
+    assert f"max {100 * q.drift_max:.1f} points, p99 {100 * q.drift_p99:.1f}" in out[1]
+    assert f"{q.spread:.2f} of uniform" in out[2] and f"{q.runs:.2f}x" in out[3]
+    assert out[4] == f"  {q.verdict()}"

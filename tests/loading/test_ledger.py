@@ -174,3 +174,37 @@ def test_a_dataset_without_keys_and_a_step_before_the_resumed_state_are_said(dat
     assert again.keys_at(3) and again.keys_at(2)  # taken in the pass the state was saved in
     with pytest.raises(ValueError, match="before the state this stream resumed from"):
         again.keys_at(1)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quality")
+    paths = []
+    for name, n in (("x", 400), ("y", 200)):
+        with mmloader.ShardWriter(root / name, shard_size=20) as w:
+            for i in range(n):
+                w.write({"__key__": f"{name}{i:04d}", "txt": f"{name} {i}"})
+        paths.append(root / name)
+    return paths
+
+
+def test_plan_quality_tells_a_well_mixed_plan_from_badly_built_ones(shards):
+    x, y = (_text(p) for p in shards)
+    shuffled = mmloader.Stream(x, batch_size=8, order=mmloader.Order(seed=1, block_size=4, window_blocks=25))
+    good = shuffled.quality()
+    assert good.verdict() == "good: mixes as configured" and good.spread > 0.8 and good.runs < 2
+    in_order = mmloader.Stream(x, batch_size=8, order=mmloader.Order(shuffle=False)).quality()
+    assert in_order.spread < 0.1 and in_order.runs > 10, in_order  # each shard one clump, read in a row
+    assert "a shard's samples clump together" in in_order.verdict() and "as often as by chance" in in_order.verdict()
+    # blocks of 4 shuffled, nothing shuffled within them: a shard's blocks spread, neighbours alike
+    blocks = mmloader.Stream(x, batch_size=8, order=mmloader.Order(seed=1, block_size=4, window_blocks=1))
+    q = blocks.quality()
+    assert q.spread > 0.5 and q.runs > 10 and q.verdict().startswith("poor: consecutive samples share a shard")
+    mixed = mmloader.Stream(mmloader.mix([x, y], [3, 1], epoch_size=400), batch_size=8, seed=2).quality(
+        window_batches=8
+    )
+    assert mixed.drift_p99 <= mixed.drift_limit and mixed.verdict() == "good: mixes as configured"
+    sources_apart = mmloader.Stream(
+        mmloader.mix([x, y], [3, 1], epoch_size=400, batch_composition="source"), batch_size=8, seed=2
+    ).quality(window_batches=1)  # each batch one source: a one-batch window is all of one
+    assert sources_apart.drift_max > 0.7 and "source shares stray" in sources_apart.verdict()  # 1 or 0 against ~0.75
