@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 
 from ..planning import RangeList
-from ..planning.partition import batches_per_rank, rank_positions, unrepeated_positions, unrepeated_share
+from ..planning.partition import (
+    batches_per_rank,
+    rank_positions,
+    unrepeated_positions,
+    unrepeated_share,
+    worker_batches,
+)
 from ..planning.quality import Quality, plan_quality
 
 
@@ -100,8 +106,12 @@ def steps_of(stream: Any, key: str, epoch: int | None = None) -> list[tuple[int,
     bs = stream.batch_size or 1
     for rank in range(world):
         per_rank = stream._per_rank(plan, visit, world, rank)
-        virtual = _virtual(stream, visit, world, rank, per_rank, 0, per_rank)
-        positions = visit.take(virtual)
+        if stream.packer is not None and stream.packer.balance:  # rows dealt step by step: as planned
+            spans = worker_batches(per_rank, stream.batch_size, 1, 0)
+            parts = [spec[1] for spec in stream.specs(plan, visit, e, rank, world, per_rank, spans)]
+            positions = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        else:
+            positions = visit.take(_virtual(stream, visit, world, rank, per_rank, 0, per_rank))
         if stream.packer is not None:  # positions are rows: find the rows holding the sample
             sources, indices, _members, offsets = plan.samples(positions)
             owner = np.repeat(np.arange(len(positions)), np.diff(offsets))

@@ -53,10 +53,17 @@ class Packer:
     """
 
     def __init__(
-        self, datasets: Sequence[Any], capacity: int, length_by: Any, window: int, mixed: bool, shuffle: bool = True
+        self,
+        datasets: Sequence[Any],
+        capacity: int,
+        length_by: Any,
+        window: int,
+        mixed: bool,
+        shuffle: bool = True,
+        balance: str | None = None,
     ):
         self.datasets, self.capacity, self.window, self.mixed = list(datasets), int(capacity), int(window), mixed
-        self.shuffle = bool(shuffle)
+        self.shuffle, self.balance = bool(shuffle), balance
         self.layout = token_layout(length_by)
         self.text = self.layout.text or self._only_token_modality()
         names = {n for ds in self.datasets for n in getattr(ds, "readers", {})}
@@ -117,6 +124,7 @@ class Packer:
             "text": self.text,
             "shuffle": self.shuffle,
             "lengths": digest.hexdigest()[:16],
+            **({"balance": self.balance} if self.balance else {}),  # (ranks are dealt other rows)
         }
 
     def prepare(self) -> None:

@@ -21,12 +21,8 @@ import torch.utils.data
 from ..align.collate import Collate, collate
 from ..errors import PlanChangedError
 from ..planning import RangeList, worker_batches
-from ..planning.partition import (
-    batches_per_rank,
-    planned_batches,
-    unrepeated_positions,
-    unrepeated_share,
-)
+from ..planning.balance import balanced_batches
+from ..planning.partition import batches_per_rank, planned_batches, unrepeated_positions, unrepeated_share
 from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
@@ -464,7 +460,10 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
                 )
                 yield plan, positions, sources, indices, first, valid
             return
-        for positions, sources, indices in planned_batches(spans, visit, plan, rank, world, per_rank):
+        batches = planned_batches(spans, visit, plan, rank, world, per_rank)
+        if self.packer is not None and self.packer.balance:  # each global step's rows dealt by cost
+            batches = balanced_batches(spans, visit, plan, rank, world, per_rank, self.packer.balance)
+        for positions, sources, indices in batches:
             seed = functools.partial(batch_seed, self.seed, epoch, rank, int(positions[0])) if len(positions) else 0
             yield plan, positions, sources, indices, seed, None
 

@@ -13,6 +13,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ...align.collate import collate
+from ...planning.balance import COSTS
 from ...planning.packing import PACK_WINDOW
 from ..packing import Packer
 from .values import whole
@@ -33,6 +34,8 @@ class Stream(Protocol):
     def on_change(self) -> str: ...
     @property
     def collate_fn(self) -> Any: ...
+    @property
+    def padding(self) -> str | None: ...
     @property
     def packer(self) -> Packer | None: ...
 
@@ -128,7 +131,10 @@ class Packing:
     before the rank split (:mod:`mmloader.loading.packing`); the stream's batch size is rows
     per batch. ``length_by``: a token modality, a callable or array of token counts, or
     :func:`mmloader.tokens` for images and documents (None: the one token modality).
-    ``window``: plan positions packed together.
+    ``window``: plan positions packed together. ``balance``: ``"attention"`` or ``"tokens"``:
+    the rows of each global step are dealt to the data-parallel ranks so that their costs (the
+    sum of squared sample lengths, or the tokens) are even (:mod:`mmloader.planning.balance`);
+    every sample is still delivered once per epoch, and resumes stay exact.
 
     >>> Packing(0)
     Traceback (most recent call last):
@@ -139,10 +145,13 @@ class Packing:
     tokens: int
     length_by: Any = None
     window: int = PACK_WINDOW
+    balance: str | None = None
 
     def __post_init__(self) -> None:
         whole("pack_tokens", self.tokens, 1)
         whole("pack_window", self.window, 1)
+        if self.balance is not None and self.balance not in COSTS:
+            raise ValueError(f"Packing(balance={self.balance!r}): expected one of {', '.join(COSTS)}, or None")
 
     def check(self, stream: Stream) -> None:
         why = [
@@ -153,6 +162,10 @@ class Packing:
             ),
             (stream.on_change == "continue", "with on_change='continue' is not supported; use 'error' or 'next_epoch'"),
             (stream.collate_fn is not collate, "lays out its own batches: Batching(collate_fn=...) cannot be given"),
+            (
+                self.balance is not None and stream.padding == "mask",
+                "(balance=...) deals whole global steps; with padding='mask' ranks take steps of unequal rows",
+            ),
         ]
         for bad, what in why:
             if bad:
@@ -173,4 +186,5 @@ class Packing:
             self.window,
             mixed=stream.mix is not None,
             shuffle=stream.shuffle,
+            balance=self.balance,
         )
