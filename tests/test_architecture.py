@@ -30,7 +30,7 @@ LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 SUBLAYERS = {
     "loading": {
         0: ["__init__", "distributed", "control"],
-        1: ["building", "replan", "packing", "protocol", "resumable", "stages", "ledger"],
+        1: ["building", "replan", "packing", "protocol", "resumable", "stages", "ledger", "identity"],
         2: ["stream"],
         3: ["ring"],
         4: ["threaded", "dataloader", "on_ray"],

@@ -134,8 +134,11 @@ def _per_rank(stream: Any, step: int, rank: int | None, epoch: int | None, what)
 
 def _world_at(stream: Any, step: int, epoch: int | None, world: int) -> int:
     """The number of ranks that took ``step``: the saved world's, for a step before a resume."""
-    saved = _saved_pass(stream, epoch)
-    return int(saved["world"]) if saved is not None and step < stream._steps_before else world
+    e = stream.epoch if epoch is None else int(epoch)
+    record = stream.resumed_epochs.get(e)
+    if record is None or step >= record["steps"]:
+        return world
+    return int(record["state"]["world"])
 
 
 def _keys(stream: Any, plan, positions, sources, indices) -> list:
@@ -169,6 +172,8 @@ def _batch(stream: Any, step: int, rank: int, epoch: int | None) -> tuple:
     per_rank = stream._per_rank(plan, visit, world, rank)
     steps = batches_per_rank(per_rank, stream.batch_size)
     j = step - before
+    if not steps:
+        raise IndexError(f"step {step} of epoch {e}: the epoch has no step on {world} rank(s) (drop_last left none)")
     if not 0 <= j < steps:
         raise IndexError(f"step {step} of epoch {e}: the epoch's steps per rank are {before}..{before + steps - 1}")
     bs = stream.batch_size or 1
@@ -181,34 +186,25 @@ def _batch(stream: Any, step: int, rank: int, epoch: int | None) -> tuple:
 
 def _pass(stream: Any, epoch: int | None, step: int) -> tuple[int, int, Any, RangeList, int]:
     """(epoch, world, plan, visit, steps before it) of the pass that delivered ``step``: the
-    epoch whole, else the resumed part of it, else (a step before the resume) the pass the
-    saved state was taken in, as the saved world planned it."""
+    epoch whole, else (an epoch resumed mid-way) the resumed part of it, else (a step before the
+    resume) the pass the saved state was taken in, as the saved world planned it."""
     e = stream.epoch if epoch is None else int(epoch)
     world = stream.where()[1]
     plan = stream.plan(e)
-    resumed = stream._resume if stream.control.resuming else None
-    if resumed is None or resumed["epoch"] != e:
+    record = stream.resumed_epochs.get(e)
+    if record is None:
         return e, world, plan, RangeList([(0, len(plan))]), 0
-    if step >= stream._steps_before:
-        return e, world, plan, RangeList(resumed["ranges"]), stream._steps_before
-    saved = _saved_pass(stream, e)
+    if step >= record["steps"]:
+        return e, world, plan, RangeList(record["ranges"]), record["steps"]
+    saved = record["state"]
     bs = stream.batch_size or 1
-    first = stream._steps_before - int(saved["consumed"]) // bs if saved is not None else stream._steps_before
-    if saved is None or step < first:
+    first = record["steps"] - int(saved["consumed"]) // bs
+    if step < first or saved.get("plan") != stream.identity():
         raise ValueError(
             f"step {step} of epoch {e} was delivered before the state this stream resumed from "
             "was taken (by an earlier pass, or under another plan): ask the stream that delivered it"
         )
     return e, int(saved["world"]), plan, RangeList(saved["ranges"]), first
-
-
-def _saved_pass(stream: Any, epoch: int | None) -> dict | None:
-    """The state this stream resumed ``epoch`` from, when its plan is this stream's."""
-    saved = getattr(stream, "_resumed_from", None)
-    e = stream.epoch if epoch is None else int(epoch)
-    if saved is None or int(saved.get("epoch", -1)) != e or saved.get("plan") != stream.identity():
-        return None
-    return saved
 
 
 def _virtual(stream: Any, visit: RangeList, world: int, rank: int, per_rank: int, a: int, b: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
+from .identity import plan_identity
 from .ledger import Ledger
 from .protocol import PassFlags
 from .replan import changed_plan_target
@@ -145,7 +146,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
             self.control,
         )
         self._resume: dict | None = None
-        self._resumed_from: dict | None = None  # the state of the pending resume (the ledger reads it)
+        self.resumed_epochs: dict[int, dict] = {}  # how each epoch resumed mid-way was delivered (the ledger's)
         if self.mix is not None:
             error, problems = self.mix.problems(self.batch_size)
             if error:
@@ -178,6 +179,8 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
                     stacklevel=2,
                 )
             self.drop_resume()
+        if not self.control.resuming:  # the epoch from its start: no longer as it was resumed
+            self.resumed_epochs.pop(epoch, None)
         self.control.epoch = epoch
         self.pass_flags.epoch_chosen = True
 
@@ -193,33 +196,15 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
     def drop_resume(self) -> None:
         """Forget a resume (the next pass of its epoch delivers the whole epoch)."""
         self.control.resuming = False
+        if self._resume is not None and self.pass_flags.resume_fresh:  # never delivered
+            self.resumed_epochs.pop(self._resume["epoch"], None)
         self._resume, self.pass_flags.resume_fresh, self._steps_before = None, False, 0
-        self._resumed_from = None
 
     def identity(self) -> dict:
         """What identifies this stream's plan in a state (plain data): each source's name, size
         and fingerprint (and selection), the mix, and every option that changes the plan."""
         if self._identity is None:
-            from ..align.identity import dataset_fingerprint
-
-            names = self.mix.names if self.mix is not None else ["dataset"]
-            sources = []
-            for name, ds in zip(names, self.datasets):
-                entry = {"name": name, "size": len(ds), "fingerprint": dataset_fingerprint(ds)}
-                if getattr(ds, "selection", None) is not None:
-                    entry["subset"] = ds.selection
-                sources.append(entry)
-            self._identity = {
-                **self.order.identity(),
-                "sources": sources,
-                "mix": self.mix.identity() if self.mix is not None else None,
-                **self.batching.identity(),
-                **(
-                    self.lengths.identity(self)
-                    if self.lengths is not None
-                    else {"bucket_by": None, "bucket_window": None, "pack": None}
-                ),
-            }
+            self._identity = plan_identity(self)
         return self._identity
 
     def plan(self, epoch: int | None = None):
@@ -385,10 +370,12 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
             self.pass_flags.epoch_chosen = True
             return
         self.control.epoch = epoch
-        self._resume, self._resumed_from = {"epoch": epoch, "ranges": ranges}, state
+        self._resume = {"epoch": epoch, "ranges": ranges}
         self.control.resuming = True
         self.pass_flags.resume_fresh = True
         self._steps_before = steps
+        if [tuple(r) for r in ranges] != [(0, len(self.plan(epoch)))]:  # mid-epoch: what the ledger answers from
+            self.resumed_epochs[epoch] = {"ranges": ranges, "steps": steps, "state": state}
         ended_after = int(state.get("ended_after_steps", 0))
         if not steps and ended_after and [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]:
             # Taken at the end of an epoch of `ended_after` steps, shorter than an epoch here (another

@@ -208,3 +208,41 @@ def test_plan_quality_tells_a_well_mixed_plan_from_badly_built_ones(shards):
         mmloader.mix([x, y], [3, 1], epoch_size=400, batch_composition="source"), batch_size=8, seed=2
     ).quality(window_batches=1)  # each batch one source: a one-batch window is all of one
     assert sources_apart.drift_max > 0.7 and "source shares stray" in sources_apart.verdict()  # 1 or 0 against ~0.75
+
+
+@pytest.mark.parametrize("kind", ["plain", "mixed"])
+@pytest.mark.parametrize(("saved", "resumed"), [(4, 1), (1, 2), (2, 3)])
+def test_a_resumed_epoch_is_answered_as_delivered_after_the_loader_moved_on(data, kind, saved, resumed):
+    """The next epoch drops the resume; the ledger keeps how the resumed epoch was delivered
+    (it answered as if that epoch had run whole on the new world: wrong keys, or an IndexError)."""
+    make = lambda: KINDS[kind](data)  # noqa: E731
+    state = _delivered(_ranks(make, saved)[0], limit=2)[1]
+    stream = _ranks(make, resumed)[0]
+    loader = mmloader.loader(stream, num_workers=1, backend="thread")
+    loader.load_state_dict(state)
+    resumed_pass = [b["__key__"] for b in loader]
+    next_epoch = [b["__key__"] for b in loader]  # epoch 1, whole
+    assert loader.epoch == 1 and next_epoch
+    for j, keys in enumerate(resumed_pass):
+        assert stream.keys_at(2 + j, rank=0, epoch=0) == keys
+    assert [stream.keys_at(j, rank=0, epoch=1) for j in range(len(next_epoch))] == next_epoch
+    loader.set_epoch(0)  # epoch 0 again, from its start: no longer as it was resumed
+    assert [b["__key__"] for b in loader] == [stream.keys_at(j, rank=0, epoch=0) for j in range(len(stream))]
+
+
+def test_an_epoch_after_an_end_of_epoch_state_counts_its_steps_from_0(data):
+    """A state taken after an epoch's last batch on 4 ranks, resumed on 1: the loader counts the
+    saved epoch's steps on (for Lightning), the ledger still numbers the new epoch from 0."""
+    make = lambda: KINDS["plain"](data)  # noqa: E731
+    state = _delivered(_ranks(make, 4)[0])[1]
+    assert state["epoch"] == 1 and state.get("ended_after_steps")
+    stream = _ranks(make, 1)[0]
+    delivered, _ = _delivered(stream, state=state)
+    assert [stream.keys_at(j, rank=0, epoch=1) for j in range(len(delivered))] == [k for k, _s in delivered]
+
+
+def test_a_world_that_drop_last_leaves_empty_is_said(data):
+    stream = mmloader.Stream(_text(data["b"]), batch_size=7, seed=3, drop_last=True)
+    stream.set_world(0, 8)
+    with pytest.raises(IndexError, match="the epoch has no step on 8 rank"):
+        stream.keys_at(0)
