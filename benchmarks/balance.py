@@ -9,7 +9,7 @@ benchmarks/packing.py). A row's attention cost is the sum of its samples' square
 sample attends within itself, FlashAttention's varlen). Per step: the slowest rank's cost over
 the mean rank's (what the others wait for); reported as the mean and the 99th percentile over
 an epoch's steps, and the share of the epoch's compute the ranks spend waiting. Planning only:
-no sample is read (the rows are those the loader delivers: tests/loading/test_packing.py).
+no sample is read (the rows are those the loader delivers: tests/loading/test_balanced_packing.py).
 """
 
 from __future__ import annotations

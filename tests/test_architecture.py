@@ -309,3 +309,13 @@ def test_no_module_is_over_500_lines():
         if (n := len(p.read_text().splitlines())) > 500
     }
     assert not long, f"modules over 500 lines: {long}"
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest imports a test module by its file name (tests/ has no packages), so two rooms' files
+    of one name collide: the second is not collected and spawned children import the wrong one."""
+    tests = PACKAGE.parent / "tests"
+    by_name: dict[str, list[str]] = {}
+    for p in tests.rglob("*.py"):
+        by_name.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    assert not {n: ps for n, ps in by_name.items() if len(ps) > 1}

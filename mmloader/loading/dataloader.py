@@ -317,9 +317,14 @@ def loader(
             backend, why = choose_backend(stream)
         log.info("mmloader.loader: backend=%s (%s); pass backend= to choose", backend, why)
     if backend == "ray":  # batches built on a Ray cluster: its own options
-        from .on_ray import RayLoader
+        from .on_ray import RAY_OPTIONS, RayLoader
 
+        unknown = sorted(set(kwargs) - set(RAY_OPTIONS))
+        if unknown:
+            raise TypeError(f"backend='ray' does not take {unknown}; it takes {', '.join(RAY_OPTIONS)}")
         if num_workers is not None:
+            if num_workers < 1:
+                raise ValueError(f"backend='ray': num_workers={num_workers} (the job's builders): expected >= 1")
             kwargs.setdefault("actors", num_workers)
         return RayLoader(stream, **kwargs)
     workers = default_num_workers() if num_workers is None else num_workers

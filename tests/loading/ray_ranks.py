@@ -5,10 +5,13 @@ import json
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
 import mmloader
 
 
 def main(path: str, out: str) -> None:
+    dist.init_process_group("gloo")  # as a training script does
     ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path))
     stream = mmloader.Stream(ds, batch_size=4, seed=5)
     # RAY_ADDRESS names the cluster, torchrun's run id the job; two builders (the module's own
@@ -20,8 +23,11 @@ def main(path: str, out: str) -> None:
     first = [list(next(it)["__key__"]) for _ in range(2)]
     state = loader.state_dict()
     del it
-    builders = loader.stats()["builders"]
+    builders, job = loader.stats()["builders"], loader.job
     result = {"rank": rank, "world": world, "epochs": epochs, "first": first, "state": state, "builders": builders}
+    result["job"] = job
+    dist.barrier()  # neither rank leaves (ending its builders' owner) while the other reads
+    dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 

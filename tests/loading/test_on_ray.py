@@ -129,7 +129,7 @@ def test_a_mix_and_packed_rows_are_the_thread_backends(cluster, path, tmp_path):
 def test_torchrun_ranks_share_the_builders_and_see_every_sample_once(cluster, path, tmp_path):
     c, _nodes = cluster
     env = {**os.environ, "RAY_ADDRESS": c.address, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     run = subprocess.run(
         [*cmd, str(TESTS / "loading" / "ray_ranks.py"), str(path), str(tmp_path)],
         env=env,
@@ -140,6 +140,7 @@ def test_torchrun_ranks_share_the_builders_and_see_every_sample_once(cluster, pa
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["builders"] == ranks[1]["builders"] == 2  # one pool, found by the second rank
+    assert ranks[0]["job"] == ranks[1]["job"] and ranks[0]["job"].startswith("run-")  # torchrun's run id
     for epoch in range(2):
         per_rank = [r["epochs"][epoch] for r in ranks]
         assert len(per_rank[0]) == len(per_rank[1]) == N // 8
@@ -273,6 +274,21 @@ def test_lightning_ddp_on_ray_preempted_and_resumed_on_one_rank_trains_every_epo
     assert_each_epoch_exactly_once(per_epoch(seen_all(out)), [0, 1])
 
 
+def test_the_loaders_of_one_process_share_its_builders(cluster, path):
+    """A train and a validation loader (a DataModule's, a notebook's): the second found no CPU
+    left for a pool of its own and waited out timeout_s."""
+    want = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
+    train = mmloader.loader(_stream(path), backend="ray", actors=2, timeout_s=60)
+    val = mmloader.loader(_stream(path), backend="ray", actors=2, timeout_s=60)
+    assert _keys(train) == want and _keys(val) == want
+    assert train.job == val.job and train.pool() is val.pool()
+
+
+def test_more_builders_than_the_cluster_has_cpus_is_said_at_once(cluster, path):
+    with pytest.raises(mmloader.MMLoaderError, match="actors=64 builders of one CPU each, on a cluster of 5 CPUs"):
+        list(mmloader.loader(_stream(path), backend="ray", actors=64, job="too-many"))
+
+
 def test_an_unreachable_cluster_or_ranks_without_one_are_said_within_seconds():
     code = (
         "import sys, mmloader\n"
@@ -298,18 +314,31 @@ def test_a_live_stream_and_bad_options_are_refused_naming_what_works(path):
         mmloader.loader(live, backend="ray")
     with pytest.raises(ValueError, match="in_flight=0: expected a positive number"):
         mmloader.loader(_stream(path), backend="ray", in_flight=0)
+    with pytest.raises(TypeError, match=r"backend='ray' does not take \['pin_memory'\]; it takes address, actors"):
+        mmloader.loader(_stream(path), backend="ray", pin_memory=True)
+    with pytest.raises(ValueError, match="num_workers=0 \\(the job's builders\\): expected >= 1"):
+        mmloader.loader(_stream(path), 0, backend="ray")
 
 
-def test_the_ranks_of_one_job_name_it_alike(monkeypatch):
+def test_the_ranks_of_one_job_name_it_alike_and_no_other_job_does(monkeypatch, tmp_path):
+    import torch.distributed as dist
+
     from mmloader.loading.on_ray.cluster import job_name
 
-    for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     alone = job_name()
-    assert alone.startswith(f"process-{os.getpid()}-") and job_name() != alone  # nobody shares it
-    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")  # Lightning's and accelerate's launchers
-    assert job_name() == job_name() == "job-10.0.0.1-29500"
+    assert alone.startswith(f"process-{os.getpid()}-") and job_name() == alone  # this process's loaders share it
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without a run id: not a name
+    assert job_name() == alone
+    names = []
+    for run in range(2):  # two jobs, one after the other, with the same rendezvous address
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store{run}", rank=0, world_size=1)
+        try:
+            names.append((job_name(), job_name()))
+        finally:
+            dist.destroy_process_group()
+    assert names[0][0] == names[0][1] and names[1][0] == names[1][1]  # asked again: the same
+    assert names[0][0] != names[1][0] and names[0][0].startswith("job-")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")  # torchrun's
     assert job_name() == "run-abc"
 

@@ -7,6 +7,6 @@ and rebuilds those a lost actor or node took with it. Ray is imported on first u
 (``pip install 'mmloader[ray]'``).
 """
 
-from .loader import RayLoader
+from .loader import RAY_OPTIONS, RayLoader
 
-__all__ = ["RayLoader"]
+__all__ = ["RAY_OPTIONS", "RayLoader"]

@@ -7,6 +7,7 @@ import itertools
 import os
 from typing import Any
 
+from ...errors import MMLoaderError
 from .cluster import NAMESPACE, decode_nodes
 from .wire import to_wire
 
@@ -70,6 +71,12 @@ class BuilderPool:
 
         slots = builder_slots(decode_nodes(ray, on_trainer_nodes))
         count = actors or len(slots)
+        cpus = sum(int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
+        if count > cpus:  # could never all start: say so now rather than wait
+            raise MMLoaderError(
+                f"backend='ray': actors={count} builders of one CPU each, on a cluster of {cpus} CPUs: "
+                "pass actors= fewer, or add decode nodes"
+            )
         remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(BatchBuilder)
         self.actors = [
             remote.options(
@@ -107,12 +114,26 @@ def builder_slots(nodes: list[tuple[str, int]]) -> list[str]:
 
 
 _POOLS: dict[tuple, BuilderPool] = {}
+START_S = 120.0  # builders that have not started by then are said not to fit on the cluster
 
 
 def builder_pool(ray: Any, job: str, actors: int | None, on_trainer_nodes: bool | None) -> BuilderPool:
-    """This process's pool of ``job``'s builders (made, or found on the cluster, on first use)."""
-    key = (ray.get_runtime_context().gcs_address, job, actors, on_trainer_nodes)
+    """This process's pool of ``job``'s builders (made, or found on the cluster, on first use;
+    the first loader of a job sets how many), started before it is handed out."""
+    context = ray.get_runtime_context()
+    key = (context.gcs_address, context.get_job_id(), job, on_trainer_nodes)  # (a reconnect: a new pool)
     pool = _POOLS.get(key)
     if pool is None:
-        pool = _POOLS[key] = BuilderPool(ray, job, actors, on_trainer_nodes)
+        pool = BuilderPool(ray, job, actors, on_trainer_nodes)
+        started, pending = ray.wait(
+            [a.built.remote() for a in pool.actors], num_returns=len(pool.actors), timeout=START_S
+        )
+        if pending:
+            free = ray.available_resources().get("CPU", 0)
+            raise MMLoaderError(
+                f"backend='ray': {len(pending)} of {len(pool.actors)} builders did not start within {START_S:.0f} s; "
+                f"each needs a CPU and the cluster has {free:g} free (other loaders' or jobs' builders hold the "
+                "rest): pass actors= fewer, or add decode nodes"
+            )
+        _POOLS[key] = pool
     return pool

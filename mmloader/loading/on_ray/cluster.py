@@ -53,16 +53,29 @@ def connect(address: str | None = None, timeout_s: float = 5.0, world: int = 1) 
     return ray
 
 
+_PROCESS_JOB = f"process-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this process's loaders share one pool
+
+
 def job_name() -> str:
-    """A name every rank of one training job computes alike, so that they share its builders:
-    torchrun's run id, else the rendezvous address (Lightning's and accelerate's launchers set
-    ``MASTER_ADDR``/``MASTER_PORT``), else one of this process's own."""
+    """A name every rank of one training job computes alike, and no other job does, so that the
+    job's ranks (and the loaders of one process) share its builders: torchrun's run id; else,
+    once ``torch.distributed`` is initialised, a name the first rank to ask writes into the
+    job's rendezvous store (Lightning's and accelerate's launchers have no run id, and two jobs
+    may use the same ``MASTER_ADDR:MASTER_PORT``); else this process's own."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
         return f"run-{run_id}"
-    if os.environ.get("MASTER_PORT"):
-        return f"job-{os.environ.get('MASTER_ADDR', 'localhost')}-{os.environ['MASTER_PORT']}"
-    return f"process-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            mine = f"job-{uuid.uuid4().hex[:12]}"
+            # set only where unset: the first rank's name wins, every rank reads it (no waiting)
+            return bytes(store.compare_set("mmloader/ray-job", "", mine)).decode()
+        except (AttributeError, RuntimeError, NotImplementedError):  # a store that cannot
+            pass
+    return _PROCESS_JOB
 
 
 def decode_nodes(ray: Any, on_trainer_nodes: bool | None) -> list[tuple[str, int]]:

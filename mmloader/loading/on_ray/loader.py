@@ -12,6 +12,9 @@ from .builders import BuilderPool, builder_pool
 from .cluster import connect, job_name
 from .window import BuildWindow
 
+#: What ``mmloader.loader(stream, backend="ray", ...)`` takes besides ``num_workers`` (= ``actors``).
+RAY_OPTIONS = ("address", "actors", "in_flight", "job", "on_trainer_nodes", "timeout_s")
+
 
 class RayLoader(Resumable):
     """Batches of a stored :class:`mmloader.Stream`, built on a Ray cluster's CPU nodes.
@@ -29,11 +32,12 @@ class RayLoader(Resumable):
         address: the cluster (``host:port`` of its head); default ``RAY_ADDRESS``, else a
             local Ray started in this process (one rank only).
         actors: builders for the job (default: one per CPU of the decode nodes); the ranks
-            of a job share them.
+            of a job, and the loaders of a process, share them (the first to start them sets
+            how many).
         in_flight: batches this rank has asked for and not taken (its memory bound); default
             twice the builders per rank, at least 2.
-        job: the name the job's builders share (default: torchrun's run id, else the
-            rendezvous address ``MASTER_ADDR:MASTER_PORT``, else this process's own).
+        job: the name the job's builders share (default: torchrun's run id, else one the
+            ranks agree on through ``torch.distributed``'s store, else this process's own).
         on_trainer_nodes: put builders on the training nodes too (default: only when the
             cluster has no other node).
         timeout_s: how long one batch may take before the loader says so and stops.
@@ -63,7 +67,7 @@ class RayLoader(Resumable):
                 raise ValueError(f"backend='ray': {name}={value!r}: expected a positive number or None")
         self.stream = stream
         self.address, self.actors, self.in_flight = address, actors, in_flight
-        self.job = job or job_name()
+        self.job = job  # (default: named on first use, once torch.distributed is set up)
         self.on_trainer_nodes, self.timeout_s = on_trainer_nodes, timeout_s
         self.batches_seen = 0
         self.rebuilt = 0  # batches built again after their builder or node was lost
@@ -77,6 +81,7 @@ class RayLoader(Resumable):
         """The job's builders (started, or found, on first use)."""
         if self._pool is None:
             self._ray = connect(self.address, world=self.stream.where()[1])
+            self.job = self.job or job_name()
             self._pool = builder_pool(self._ray, self.job, self.actors, self.on_trainer_nodes)
         return self._pool
 

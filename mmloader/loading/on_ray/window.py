@@ -100,7 +100,16 @@ class BuildWindow:
             self.rebuilt += 1
 
     def cancel(self) -> None:
-        """A pass left early: what it asked for is not built for nothing."""
-        for build in self.queue:
-            self.ray.cancel(build.ref)
+        """A pass left early (or ended by an error): what it asked for is not built for nothing,
+        and builds that already failed are collected here (Ray prints the traceback of a failed
+        result nobody took, as if it were a second error)."""
+        refs = [build.ref for build in self.queue]
         self.queue.clear()
+        for ref in refs:
+            self.ray.cancel(ref)
+        done, _pending = self.ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        for ref in done:
+            try:
+                self.ray.get(ref, timeout=0)
+            except Exception:  # noqa: BLE001 - the pass's own error (if any) is raised already
+                pass
