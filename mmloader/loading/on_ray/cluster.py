@@ -25,8 +25,9 @@ def import_ray() -> Any:
 
 
 def connect(address: str | None = None, timeout_s: float = 5.0, world: int = 1) -> Any:
-    """Ray, connected: to ``address`` (else ``RAY_ADDRESS``, else a local Ray started here), or
-    to the cluster this process already joined. A ``host:port`` that does not accept a connection
+    """Ray, connected: to ``address`` (else ``RAY_ADDRESS``; else, as ``ray.init()`` does, the
+    cluster ``ray start`` runs on this machine or a local Ray started here; ``"local"``: always a
+    new local Ray), or to the cluster this process already joined. A ``host:port`` that does not accept a connection
     within ``timeout_s`` raises :class:`ClusterUnreachable` at once (Ray itself would retry for a
     minute before failing). Several ranks with no cluster named would each start a Ray of their
     own, every one using all of the node's CPUs: that is refused, naming the remedy."""
@@ -40,7 +41,7 @@ def connect(address: str | None = None, timeout_s: float = 5.0, world: int = 1) 
             "one (`ray start --head`, then `ray start --address=HEAD:6379` on each decode node) and pass "
             "address='HEAD:6379' or set RAY_ADDRESS"
         )
-    if address and address != "auto" and "://" not in address:
+    if address and address not in ("auto", "local") and "://" not in address:
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()

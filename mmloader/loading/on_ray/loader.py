@@ -29,8 +29,9 @@ class RayLoader(Resumable):
 
     Args:
         stream: a stored stream (a :class:`mmloader.LiveStream` has no plan to hand out).
-        address: the cluster (``host:port`` of its head); default ``RAY_ADDRESS``, else a
-            local Ray started in this process (one rank only).
+        address: the cluster (``host:port`` of its head); default ``RAY_ADDRESS``, else the
+            cluster ``ray start`` runs on this machine, else a local Ray started in this
+            process (one rank only); ``"local"``: always a local Ray of its own.
         actors: builders for the job (default: one per CPU of the decode nodes); the ranks
             of a job, and the loaders of a process, share them (the first to start them sets
             how many).
