@@ -193,15 +193,29 @@ def run(args) -> int:
     stream = from_config(args.config)
     stream.set_world(0, args.world)
     if args.find is not None:
-        found = stream.steps_of(args.find, epoch=args.epoch)
-        ranks = sorted({r for r, _s in found})
-        where = "; ".join(f"rank {r} at step {', '.join(str(s) for q, s in found if q == r)}" for r in ranks)
-        print(f"{args.find}, epoch {args.epoch} on {args.world} rank(s): {where or 'not in this epoch'}")
+        print(describe_find(stream, args.find, args.epoch, args.world))
     if args.step is not None:
         print(describe_step(stream, args.step, args.rank, args.epoch))
     if args.quality:
         print(describe_quality(stream.quality(args.epoch, args.window), args.window))
     return 0
+
+
+def describe_find(stream: Any, key: str, epoch: int, world: int) -> str:
+    """Where a key comes in an epoch (``mmloader plan --find``): per source when several hold it."""
+    from ..loading.ledger import sources_holding
+
+    holders = sources_holding(stream, key)
+    if not holders:
+        return f"{key}: no source of this stream holds it"
+    lines = []
+    for source in holders:
+        found = stream.steps_of(key, epoch=epoch, source=source)
+        ranks = sorted({r for r, _s in found})
+        where = "; ".join(f"rank {r} at step {', '.join(str(s) for q, s in found if q == r)}" for r in ranks)
+        of = f" (source {source!r})" if len(holders) > 1 else ""
+        lines.append(f"{key}{of}, epoch {epoch} on {world} rank(s): {where or 'not in this epoch'}")
+    return "\n".join(lines)
 
 
 def describe_quality(q: Any, window_batches: int) -> str:

@@ -53,9 +53,10 @@ class Ledger:
         """The ``__source__`` of that batch: each row's source (a mix's name; ``"dataset"``)."""
         return sources_at(self, step, rank, epoch)
 
-    def steps_of(self, key: str, epoch: int | None = None) -> list[tuple[int, int]]:
-        """``(rank, step)`` of each batch of ``epoch`` holding the sample ``key``, in this world."""
-        return steps_of(self, key, epoch)
+    def steps_of(self, key: str, epoch: int | None = None, source: str | None = None) -> list[tuple[int, int]]:
+        """``(rank, step)`` of each batch of ``epoch`` holding the sample ``key`` (of the mix's
+        source named ``source`` alone, if given), in this world."""
+        return steps_of(self, key, epoch, source)
 
     def quality(self, epoch: int | None = None, window_batches: int = 16) -> Quality:
         """How well ``epoch``'s plan mixes (:mod:`mmloader.planning.quality`): each source's share
@@ -93,14 +94,17 @@ def sources_at(stream: Any, step: int, rank: int | None = None, epoch: int | Non
     return _per_rank(stream, step, rank, epoch, _sources)
 
 
-def steps_of(stream: Any, key: str, epoch: int | None = None) -> list[tuple[int, int]]:
+def steps_of(stream: Any, key: str, epoch: int | None = None, source: str | None = None) -> list[tuple[int, int]]:
     """``(rank, step)`` of every batch of ``epoch`` that holds the sample ``key`` (of any source
-    of a mix; a padding repeat counts), the epoch delivered whole in this stream's world; empty
-    when the epoch leaves the sample out."""
+    of a mix, or of the one named ``source``; a padding repeat counts), the epoch delivered whole
+    in this stream's world; empty when the epoch leaves the sample out."""
     e = stream.epoch if epoch is None else int(epoch)
     world, plan = stream.where()[1], stream.plan(e)
     visit = RangeList([(0, len(plan))])  # the epoch delivered whole, in this world
-    wanted = [(s, _named(ds).index_of(key)) for s, ds in enumerate(stream.datasets)]
+    names = source_names(stream)
+    if source is not None and source not in names:
+        raise ValueError(f"no source {source!r} in this stream: its sources are {names}")
+    wanted = [(s, _named(ds).index_of(key)) for s, ds in enumerate(stream.datasets) if source in (None, names[s])]
     wanted = [(s, i) for s, i in wanted if i is not None]
     found: list[tuple[int, int]] = []
     bs = stream.batch_size or 1
@@ -159,8 +163,19 @@ def _named(dataset: Any) -> Any:
     return dataset
 
 
+def source_names(stream: Any) -> list[str]:
+    """The names ``__source__`` gives the stream's sources: a mix's, else ``["dataset"]``."""
+    return list(stream.mix.names) if stream.mix is not None else ["dataset"]
+
+
+def sources_holding(stream: Any, key: str) -> list[str]:
+    """The names of the sources that hold a sample ``key`` (a mix's sources may share keys)."""
+    names = source_names(stream)
+    return [names[s] for s, ds in enumerate(stream.datasets) if _named(ds).index_of(key) is not None]
+
+
 def _sources(stream: Any, plan, positions, sources, indices) -> list:
-    names = stream.mix.names if stream.mix is not None else ["dataset"]
+    names = source_names(stream)
     return [names[a] for a in sources.tolist()]
 
 

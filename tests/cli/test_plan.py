@@ -68,7 +68,42 @@ def test_find_prints_the_steps_that_hold_a_key(config_path, capsys):
     )
     assert printed == f"{key}, epoch 0 on 3 rank(s): {want}"
     assert cli(["plan", str(config_path), "--world", "3", "--find", "zzz"]) == 0
-    assert capsys.readouterr().out.strip() == "zzz, epoch 0 on 3 rank(s): not in this epoch"
+    assert capsys.readouterr().out.strip() == "zzz: no source of this stream holds it"
+
+
+def test_find_says_per_source_where_a_key_two_sources_hold_comes(tmp_path, capsys):
+    """Two sources with keys alike (two crawls of one site): each source's batches, said apart."""
+    for name in ("x", "y"):
+        with mmloader.LMDBWriter(tmp_path / f"{name}.lmdb") as w:
+            for i in range(20):
+                w.write({"__key__": f"k{i:03d}", "txt": f"{name} {i}"})
+    cfg = {
+        "seed": 1,
+        "batch_size": 4,
+        "mix": {"mode": "proportion", "epoch_size": 40},
+        "sources": {
+            n: {"path": str(tmp_path / f"{n}.lmdb"), "weight": 0.5, "modalities": {"t": {"field": "txt"}}}
+            for n in ("x", "y")
+        },
+    }
+    path = tmp_path / "twin.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    steps: dict = {}
+    for rank in range(2):
+        for step, (keys, sources) in enumerate(_delivered(path, rank, 2, 0)):
+            for key, source in zip(keys, sources):
+                steps.setdefault((key, source), set()).add((rank, step))
+    assert cli(["plan", str(path), "--world", "2", "--find", "k007"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 2
+    for line, source in zip(printed, ("x", "y")):
+        at = sorted(steps.get(("k007", source), ()))
+        want = "; ".join(
+            f"rank {r} at step {', '.join(str(s) for q, s in at if q == r)}" for r in sorted({r for r, _s in at})
+        )
+        assert line == f"k007 (source {source!r}), epoch 0 on 2 rank(s): {want or 'not in this epoch'}"
+    with pytest.raises(ValueError, match=r"no source 'z' in this stream: its sources are \['x', 'y'\]"):
+        mmloader.from_config(path).steps_of("k007", source="z")
 
 
 def test_quality_prints_the_measures_and_the_verdict_of_the_stream(config_path, capsys):
