@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ..planning.epoch import mix_order
 from ..planning.mixing import MixOrder, quotas
@@ -18,7 +21,10 @@ class Mix:
     ``"source"`` (each batch from one source; batches alternate in proportion).
     ``schedule``: weights that change over the run (curriculum, annealing), piecewise constant
     or linear, by epoch or by samples consumed — see :class:`mmloader.planning.schedule.WeightSchedule`;
-    it needs ``mode="proportion"`` and ``epoch_size``. Plain form::
+    it needs ``mode="proportion"`` and ``epoch_size``. ``weights_by="tokens"``: the weights
+    (and a schedule's) are shares of the *tokens* of an epoch, not of its samples: a stream that
+    packs the mix (:class:`mmloader.Packing`) turns them into sample weights by each source's
+    mean tokens per sample (``epoch_size`` still counts samples). Plain form::
 
         {"by": "samples", "interpolate": "linear",
          "points": [{"at": 0, "weights": {"web": 0.9, "hq": 0.1}},
@@ -39,6 +45,7 @@ class Mix:
         batch_composition: str = "sample",
         names: Sequence[str] | None = None,
         schedule: WeightSchedule | Mapping[str, Any] | None = None,
+        weights_by: str = "samples",
     ):
         if not datasets:
             raise ValueError("mix() needs at least one dataset")
@@ -55,7 +62,39 @@ class Mix:
         first = self.schedule.weights_at(0).tolist() if self.schedule is not None else self.weights
         if self.schedule is not None and weights is None:
             self.weights = first  # what summaries show: the schedule's start
+        if weights_by not in ("samples", "tokens"):
+            raise ValueError(f"weights_by={weights_by!r}: expected 'samples' or 'tokens'")
+        if weights_by == "tokens" and mode != "proportion":
+            raise ValueError(
+                f"weights_by='tokens' makes the weights shares of an epoch's tokens: it needs mode='proportion', not {mode!r}"
+            )
+        self.weights_by = weights_by
+        self.tokens_per_sample: list[float] | None = None  # each source's mean, once a packing stream measured it
         self.quotas = quotas(self.sizes, first, mode=mode, epoch_size=epoch_size)
+
+    def by_tokens(self, tokens_per_sample: Sequence[float]) -> Mix:
+        """This mix with its token shares turned into sample weights: each source's weight over
+        its mean tokens per sample (a schedule's points alike: the weights are linear in them, so
+        a linear schedule's every point is exact too). The mix itself is unchanged."""
+        means = np.asarray(tokens_per_sample, dtype=np.float64)
+        empty = [n for n, m, w in zip(self.names, means, self.weights) if not m > 0 and w > 0]
+        if empty:
+            raise ValueError(f"weights_by='tokens': source {empty[0]!r} has a weight but its samples hold no tokens")
+        per = np.where(means > 0, 1.0 / np.maximum(means, 1e-12), 0.0)
+        out = copy.copy(self)
+        out.tokens_per_sample = [float(m) for m in means]
+        if self.schedule is not None:
+            s = self.schedule
+            points = [(float(a), (w * per).tolist()) for a, w in zip(s.at, s.weights)]
+            out.schedule = WeightSchedule(points, by=s.by, interpolate=s.interpolate)
+            out.quotas = quotas(
+                self.sizes, out.schedule.weights_at(0).tolist(), mode=self.mode, epoch_size=self.epoch_size
+            )
+        else:
+            out.quotas = quotas(
+                self.sizes, (np.asarray(self.weights) * per).tolist(), mode=self.mode, epoch_size=self.epoch_size
+            )
+        return out
 
     def __len__(self) -> int:
         return int(self.quotas.sum())
@@ -71,6 +110,7 @@ class Mix:
             "composition": self.composition,
             "quotas": [int(q) for q in self.quotas] if self.schedule is None else None,
             "schedule": self.schedule.as_dict() if self.schedule is not None else None,
+            **({"weights_by": "tokens"} if self.weights_by == "tokens" else {}),  # (the quotas say the rest)
         }
 
     def order(self, *, unit: int = 1, epoch: int = 0, **kwargs) -> MixOrder | PhasedMixOrder:

@@ -198,6 +198,8 @@ def run(args) -> int:
         print(describe_step(stream, args.step, args.rank, args.epoch))
     if args.quality:
         print(describe_quality(stream.quality(args.epoch, args.window), args.window))
+        if stream.packer is not None and stream.mix is not None:
+            print(describe_token_shares(stream, args.epoch))
     return 0
 
 
@@ -216,6 +218,18 @@ def describe_find(stream: Any, key: str, epoch: int, world: int) -> str:
         of = f" (source {source!r})" if len(holders) > 1 else ""
         lines.append(f"{key}{of}, epoch {epoch} on {world} rank(s): {where or 'not in this epoch'}")
     return "\n".join(lines)
+
+
+def describe_token_shares(stream: Any, epoch: int) -> str:
+    """A packed mix's realised shares of tokens, beside what its weights ask (``--quality``)."""
+    shares = stream.token_shares(epoch)
+    line = "  token shares: " + ", ".join(f"{n} {100 * v:.1f}%" for n, v in shares.items())
+    mix = stream.mix
+    if mix.schedule is None:
+        total = sum(mix.weights) or 1.0
+        asked = ", ".join(f"{n} {100 * w / total:.1f}%" for n, w in zip(mix.names, mix.weights))
+        line += f" (weights, in {mix.weights_by}: {asked})"
+    return line
 
 
 def describe_quality(q: Any, window_batches: int) -> str:

@@ -75,7 +75,7 @@ TOP_KEYS = {
 }
 #: ``length_by`` as a mapping: the arguments of :func:`mmloader.tokens`.
 LENGTH_KEYS = {"text", "images", "per_image", "image_token_id", "pad_id", "overlong"}
-MIX_KEYS = {"mode", "epoch_size", "schedule"}
+MIX_KEYS = {"mode", "epoch_size", "schedule", "weights_by"}
 
 
 def _length_by(value: Any) -> Any:
@@ -220,6 +220,7 @@ def from_config(config: str | os.PathLike | Mapping, **overrides: Any) -> Stream
                 names=list(sources),
                 batch_composition=composition,
                 schedule=mix_cfg.get("schedule"),
+                weights_by=mix_cfg.get("weights_by", "samples"),
             )
         except ValueError as e:
             raise ConfigError(f"mix: {e}") from None

@@ -64,6 +64,23 @@ class Ledger:
         over the epoch, how often neighbours share a shard; ``.verdict()`` says it in a line."""
         return quality(self, epoch, window_batches)
 
+    def token_shares(self, epoch: int | None = None) -> dict[str, float]:
+        """Each source's share of the tokens of a packed ``epoch`` (what ``mix(weights_by="tokens")``
+        keeps at the weights), by source name."""
+        return token_shares(self, epoch)
+
+
+def token_shares(stream: Any, epoch: int | None = None) -> dict[str, float]:
+    """Each source's share of the tokens a packed epoch holds (as packed: truncation counted)."""
+    if stream.packer is None:
+        raise ValueError("token shares are of a packed stream's epoch (lengths=mmloader.Packing(...))")
+    e = stream.epoch if epoch is None else int(epoch)
+    base = stream.plan(e).plan
+    sources, indices = base.lookup(np.arange(len(base), dtype=np.int64))
+    tokens = np.bincount(sources, weights=stream.packer.lengths(sources, indices), minlength=len(stream.datasets))
+    total = max(float(tokens.sum()), 1.0)
+    return {name: float(t) / total for name, t in zip(source_names(stream), tokens)}
+
 
 def quality(stream: Any, epoch: int | None = None, window_batches: int = 16) -> Quality:
     """The mixing measures of ``epoch``'s plan (see :meth:`Ledger.quality`)."""

@@ -240,3 +240,21 @@ class Packer:
 
 
 __all__ = ["PACK_WINDOW", "Packer", "token_layout"]
+
+
+def token_weighted(mix: Any, packer: Packer | None) -> Any:
+    """A stream's mix with ``weights_by="tokens"`` turned into sample weights by each source's
+    mean tokens per sample as packed (any other mix, or none, as it is)."""
+    if mix is None or mix.weights_by != "tokens":
+        return mix
+    if packer is None:
+        raise ValueError(
+            "mix(weights_by='tokens') weighs sources by their tokens, which a packing stream measures: "
+            "pack it (lengths=mmloader.Packing(tokens, ...) or pack_tokens: in a config), or weigh by samples"
+        )
+    means = []
+    for s, ds in enumerate(mix.datasets):
+        n = len(ds)
+        tokens = packer.lengths(np.full(n, s, dtype=np.int64), np.arange(n, dtype=np.int64)) if n else np.zeros(0)
+        means.append(float(tokens.mean()) if n else 0.0)
+    return mix.by_tokens(means)

@@ -29,6 +29,7 @@ from .building import BatchBuilder
 from .control import Controlled, SharedControl
 from .identity import plan_identity
 from .ledger import Ledger
+from .packing import token_weighted
 from .protocol import PassFlags
 from .replan import changed_plan_target
 from .resumable import warn_if_a_framework_cuts_the_epoch
@@ -131,6 +132,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         if lengths is not None:
             lengths.check(self)
         self.packer = lengths.packer(self) if lengths is not None else None
+        self.mix = token_weighted(self.mix, self.packer)  # (a mix weighed by tokens: now by samples)
         self._identity: dict | None = None
         self._warned_empty = False
         self.control = SharedControl()
