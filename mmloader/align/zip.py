@@ -12,6 +12,7 @@ from ..errors import AlignmentError
 from ..readers.base import Reader, as_bytes
 from ..readers.cache import SampleCache, fresh_copy
 from ..readers.columns import per_sample
+from ..readers.timing import timed
 from .alignment import KeysAt, align_stores, store_groups
 from .collate import MISSING, present_in_every_row
 from .reader_checks import check_coverage, check_one_commit
@@ -141,7 +142,8 @@ class Zipped(torch.utils.data.Dataset):
             store = self.readers[group[0]].store
             fields = self._fields_of(group)
             if key is None:
-                record = store.read(pos, fields)
+                with timed("read"):
+                    record = store.read(pos, fields)
                 key = record["__key__"]
             elif self.by_key:
                 j = store.index_of(key)
@@ -206,7 +208,8 @@ class Zipped(torch.utils.data.Dataset):
         for group in self._groups:
             store = self.readers[group[0]].store
             views = any(self.readers[name].takes_views for name in group)
-            group_keys, raw = store.read_many(pos, self._fields_of(group), views=views)
+            with timed("read"):
+                group_keys, raw = store.read_many(pos, self._fields_of(group), views=views)
             if keys is None:
                 keys = group_keys
             elif group_keys != keys:

@@ -172,6 +172,8 @@ def main(args) -> int:
 
     from ..loading.config import is_config_path
     from ..loading.dataloader import default_num_workers
+    from ..loading.diagnosis import advice
+    from ..readers.timing import STAGES
     from ..storage.remote.redaction import redact_url
 
     path = str(args.path)
@@ -198,7 +200,12 @@ def main(args) -> int:
         f"  memory          peak PSS of the loader's process tree {r['peak_pss_mb']:.0f} MB; "
         f"peak USS main {r['peak_main_uss_mb']:.0f} MB, per worker {r['peak_worker_uss_mb']:.0f} MB"
     )
+    figures = loader.stats() if hasattr(loader, "stats") else {}
+    stages = [f"{s} {figures[f'{s}_ms_per_batch']:.1f}" for s in STAGES if f"{s}_ms_per_batch" in figures]
+    if stages:
+        print(f"  stages          {', '.join(stages)} ms per batch, per worker")
     if args.step_ms:
+        print(f"  advice          {advice(figures, workers, step_ms=args.step_ms)}")
         per_batch_ms = 1000 * r["seconds"] / max(1, r["samples"] / args.batch_size)
         ratio = args.step_ms / per_batch_ms
         verdict = (

@@ -11,6 +11,7 @@ included. This module adds what Lightning users expect around that.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 try:
@@ -23,7 +24,11 @@ except ImportError:  # the older package name
 
 from ..loading.config import from_config
 from ..loading.dataloader import loader as make_loader
+from ..loading.diagnosis import KEEPS_UP, advice
 from ..loading.stream import Stream
+from ..readers.timing import STAGES
+
+log = logging.getLogger("mmloader")
 
 StreamSource = Stream | Callable[[], Stream] | str
 
@@ -103,9 +108,13 @@ class DataWaitCallback(pl.Callback):
 
     Logged (through ``pl_module.log_dict``, so to whatever logger the Trainer has):
     ``data/wait_ms`` and ``data/compute_ms`` per batch, ``data/wait_fraction`` (near 0
-    while data keeps up; the loader should be about 1.5x faster than the model) and
-    ``data/samples_per_s``, over the interval since the last log. The loaders found
-    are those of ``trainer.train_dataloader`` that have ``stats()``.
+    while data keeps up; the loader should be about 1.5x faster than the model),
+    ``data/samples_per_s`` and ``data/ready_fraction``, and where the loader reports them
+    the stages of building a batch (``data/read_ms``, ``data/decode_ms``,
+    ``data/collate_ms``, per worker), over the interval since the last log. When data holds
+    the loop up, what to do is logged once (and kept in :attr:`advice`), as
+    :func:`mmloader.loading.diagnosis.advice` says it. The loaders found are those of
+    ``trainer.train_dataloader`` that have ``stats()``.
 
     Args:
         every_n_steps: how often to log.
@@ -117,6 +126,7 @@ class DataWaitCallback(pl.Callback):
             raise ValueError(f"every_n_steps={every_n_steps}: expected an integer >= 1")
         self.every_n_steps, self.prefix = every_n_steps, prefix
         self.last: dict[str, float] = {}
+        self.advice = ""
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if (batch_idx + 1) % self.every_n_steps:
@@ -124,13 +134,23 @@ class DataWaitCallback(pl.Callback):
         for loader in _stats_loaders(trainer.train_dataloader):
             figures = loader.stats(reset=True)
             self.last = figures
+            logged = {
+                f"{self.prefix}wait_ms": figures["wait_ms_per_batch"],
+                f"{self.prefix}compute_ms": figures["compute_ms_per_batch"],
+                f"{self.prefix}wait_fraction": figures["wait_fraction"],
+                f"{self.prefix}samples_per_s": figures["samples_per_s"],
+                f"{self.prefix}ready_fraction": figures.get("ready_fraction", 0.0),
+            }
+            logged.update(
+                {f"{self.prefix}{s}_ms": figures[f"{s}_ms_per_batch"] for s in STAGES if f"{s}_ms_per_batch" in figures}
+            )
+            workers = int(figures.get("builders") or getattr(loader, "num_workers", 0) or 1)
+            said = advice(figures, workers)
+            if figures["wait_fraction"] >= KEEPS_UP and said.split(":")[0] != self.advice.split(":")[0]:
+                log.warning("mmloader: %s", said)  # once per finding, not every interval
+            self.advice = said
             pl_module.log_dict(
-                {
-                    f"{self.prefix}wait_ms": figures["wait_ms_per_batch"],
-                    f"{self.prefix}compute_ms": figures["compute_ms_per_batch"],
-                    f"{self.prefix}wait_fraction": figures["wait_fraction"],
-                    f"{self.prefix}samples_per_s": figures["samples_per_s"],
-                },
+                logged,
                 on_step=True,
                 on_epoch=False,
                 batch_size=1,

@@ -22,6 +22,7 @@ from ..align.collate import MISSING, Collate, collate, merge_columns, packing_al
 from ..errors import MMLoaderError, SampleError
 from ..readers.columns import per_sample
 from ..readers.document import Document
+from ..readers.timing import timed
 from .control import SharedControl
 from .stages.error_policy import Errors
 
@@ -115,7 +116,8 @@ class BatchBuilder:
         return out
 
     def _collate(self, fn: Callable[[Any], Any], arg: Any) -> Any:
-        return packing_also(self._pack, fn, arg) if self._pack else fn(arg)
+        with timed("collate"):
+            return packing_also(self._pack, fn, arg) if self._pack else fn(arg)
 
     def _batch_columns(self, sources: np.ndarray, indices: np.ndarray) -> dict[str, Any]:
         share = torch.utils.data.get_worker_info() is not None  # the batch goes to another process

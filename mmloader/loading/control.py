@@ -40,14 +40,16 @@ class SharedControl:
 
     def __init__(self):
         self._tensor = torch.zeros(4 + _SKIP_SLOTS, dtype=torch.int64).share_memory_()
+        # per slot (as the skip counters): seconds reading, decoding, collating; batches built
+        self._stages = torch.zeros(_SKIP_SLOTS, 4, dtype=torch.float64).share_memory_()
         self._lock = threading.Lock()
         self._owner = os.getpid()
 
     def __getstate__(self) -> dict:
-        return {"_tensor": self._tensor, "_owner": self._owner}
+        return {"_tensor": self._tensor, "_stages": self._stages, "_owner": self._owner}
 
     def __setstate__(self, state: dict) -> None:
-        self._tensor, self._owner = state["_tensor"], state["_owner"]
+        self._tensor, self._stages, self._owner = state["_tensor"], state["_stages"], state["_owner"]
         self._lock = threading.Lock()
 
     @property
@@ -58,6 +60,7 @@ class SharedControl:
             self._tensor = self._tensor.clone().share_memory_()
             self._tensor[_RANK] = self._tensor[_WORLD] = 0
             self._tensor[4:] = 0
+            self._stages = torch.zeros_like(self._stages).share_memory_()
             self._owner = os.getpid()
         return self._tensor
 
@@ -107,6 +110,19 @@ class SharedControl:
     @property
     def skipped(self) -> int:
         return int(self._t[4:].sum())
+
+    def add_stage_times(self, read: float, decode: float, collate: float) -> None:
+        """One batch built here (a worker process, or a thread of this one) and its seconds per stage."""
+        info = torch.utils.data.get_worker_info()
+        slot = 0 if info is None else 1 + info.id % (_SKIP_SLOTS - 1)
+        _ = self._t  # (another training process: its own counters first)
+        with self._lock:
+            self._stages[slot] += torch.tensor([read, decode, collate, 1.0], dtype=torch.float64)
+
+    def stage_times(self) -> list[float]:
+        """Seconds reading, decoding and collating, and batches built, summed over the builders."""
+        _ = self._t
+        return self._stages.sum(dim=0).tolist()
 
 
 class Controlled:

@@ -20,6 +20,7 @@ import numpy as np
 from ..align.packing import PACKED_NAMES, TokenLayout, measured, pack_batch
 from ..planning.packing import PACK_WINDOW, OverBudgetError, PackedOrder
 from ..readers.basic import ArrayReader, TextReader
+from ..readers.timing import timed
 
 log = logging.getLogger("mmloader")
 
@@ -236,7 +237,8 @@ class Packer:
         sources, indices, members, offsets = plan.samples(rows)
         samples = builder.samples(sources, indices)
         planned = plan.lengths[members].tolist()
-        return pack_batch(samples, offsets.tolist(), self.layout, self.text, self.capacity, planned)
+        with timed("collate"):  # laying samples into rows is this batch's collate
+            return pack_batch(samples, offsets.tolist(), self.layout, self.text, self.capacity, planned)
 
 
 __all__ = ["PACK_WINDOW", "Packer", "token_layout"]

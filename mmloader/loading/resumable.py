@@ -28,7 +28,10 @@ import time
 import warnings
 from typing import Any, Iterator
 
+from ..readers.timing import STAGES
 from .protocol import StreamLike
+
+READY_S = 1e-3  # a next() this quick found its batch built already (the queue held one)
 
 
 class EpochSampler:
@@ -58,7 +61,9 @@ class LoaderStats:
 
     ``wait`` is the time spent inside the loader's ``next()``; ``compute`` the time
     between receiving a batch and asking for the next one. The first batch of each pass
-    (starting workers, filling the pipeline) is counted apart, in ``first_wait``.
+    (starting workers, filling the pipeline) is counted apart, in ``first_wait``. ``ready``:
+    batches that were waiting when asked for (the prefetch queue was not empty). ``stages``:
+    the builders' counters (:meth:`SharedControl.stage_times`) when counting began.
     """
 
     def __init__(self):
@@ -68,6 +73,7 @@ class LoaderStats:
         """Start counting afresh."""
         self.batches, self.samples, self.wait, self.compute = 0, 0, 0.0, 0.0
         self.first_batches, self.first_wait, self.samples_after_first = 0, 0.0, 0
+        self.ready, self.stages = 0, [0.0] * 4
 
     def as_dict(self) -> dict[str, float]:
         """The figures as plain numbers (per batch in milliseconds; rates per second)."""
@@ -84,7 +90,16 @@ class LoaderStats:
             "wait_fraction": self.wait / total if total else 0.0,
             "batches_per_s": timed / total if total else 0.0,
             "samples_per_s": self.samples_after_first / total if total else 0.0,
+            "ready_fraction": self.ready / timed if timed else 0.0,
         }
+
+    def stage_figures(self, now: list[float]) -> dict[str, float]:
+        """Milliseconds per built batch of each stage since counting began, from the builders'
+        counters ``now`` (none when no batch was built where they count: the Ray backend's)."""
+        *seconds, built = [a - b for a, b in zip(now, self.stages)]
+        if built <= 0:
+            return {}
+        return {f"{stage}_ms_per_batch": 1e3 * s / built for stage, s in zip(STAGES, seconds)}
 
 
 class Resumable:
@@ -229,6 +244,7 @@ class Resumable:
             else:
                 stats.wait += got - asked
                 stats.samples_after_first += size
+                stats.ready += got - asked < READY_S
             self.batches_seen += 1
             # Counted as delivered now: frameworks that know the length (Lightning) never ask
             # for the batch after the last, so the pass may never see StopIteration.
@@ -240,6 +256,9 @@ class Resumable:
     def stats_counter(self) -> LoaderStats:
         if self._stats is None:
             self._stats = LoaderStats()
+            control = getattr(self.stream, "control", None)
+            if control is not None:  # (another loader of the stream may have built batches)
+                self._stats.stages = control.stage_times()
         return self._stats
 
     def stats(self, reset: bool = False) -> dict[str, float]:
@@ -248,14 +267,27 @@ class Resumable:
         Keys: ``batches``, ``samples``, ``wait_s`` (inside ``next()``), ``compute_s``
         (between batches), ``first_batch_wait_s`` (each pass's first batch, counted apart),
         ``wait_ms_per_batch``, ``compute_ms_per_batch``, ``wait_fraction`` (of the loop's
-        time; near 0 when data keeps up), ``batches_per_s`` and ``samples_per_s`` delivered.
+        time; near 0 when data keeps up), ``batches_per_s`` and ``samples_per_s`` delivered,
+        ``ready_fraction`` (batches already built when asked for: the prefetch queue's
+        occupancy). Where the batches are built in this process or its DataLoader workers,
+        the stages of building one, in milliseconds per batch and summed over the builders
+        (each worker's own time): ``read_ms_per_batch`` (stored bytes), ``decode_ms_per_batch``
+        (decoding with the transforms) and ``collate_ms_per_batch``;
+        :func:`mmloader.loading.diagnosis.advice` says in a line what holds the loop up.
 
         Args:
             reset: start counting afresh after reading (for per-interval logging).
         """
-        figures = self.stats_counter.as_dict()
+        counter = self.stats_counter
+        figures = counter.as_dict()
+        control = getattr(self.stream, "control", None)
+        if control is not None:
+            now = control.stage_times()
+            figures.update(counter.stage_figures(now))
         if reset:
-            self.stats_counter.reset()
+            counter.reset()
+            if control is not None:
+                counter.stages = now
         return figures
 
     def state_dict(self) -> dict:

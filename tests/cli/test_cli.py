@@ -234,6 +234,10 @@ def test_bench_prints_its_figures(tmp_path, capsys):
     pss = re.search(r"peak PSS of the loader's process tree (\d+) MB", figures["memory"])
     assert pss and int(pss.group(1)) > 0
     assert "vs a 1000 ms step" in figures["step"] and "not data-bound" in figures["step"]
+    assert re.fullmatch(
+        r"  stages +read [\d.]+, decode [\d.]+, collate [\d.]+ ms per batch, per worker", figures["stages"]
+    )
+    assert figures["advice"].split(None, 1)[1].startswith("data keeps up: 1 builder(s) make a batch every")
 
 
 def _solid_png(rgb) -> bytes:

@@ -140,6 +140,34 @@ def test_stats_measure_wait_and_compute(path):
     assert loader.stats()["batches"] == 0
 
 
+def _slow_caption(text: str) -> str:
+    time.sleep(0.002)  # 2 ms of "decoding" per sample
+    return text
+
+
+def _slow_collate(rows: list) -> list:
+    time.sleep(0.02)
+    return rows
+
+
+@pytest.mark.parametrize("backend", ["thread", pytest.param("process", marks=pytest.mark.process)])
+def test_stats_say_where_building_a_batch_goes(path, backend):
+    """Read, decode (with transforms) and collate, per batch, measured where the batches are
+    built: threads of this process, or DataLoader workers (shared counters)."""
+    ds = mmloader.zip(caption=mmloader.TextReader(str(path)), transforms={"caption": _slow_caption})
+    stream = mmloader.Stream(ds, batching=mmloader.Batching(BATCH, collate_fn=_slow_collate), seed=1)
+    kw = {"multiprocessing_context": "fork"} if backend == "process" else {}
+    loader = mmloader.loader(stream, 2, backend=backend, **kw)
+    assert len(list(loader)) == PER_EPOCH
+    s = loader.stats(reset=True)
+    assert s["collate_ms_per_batch"] >= 20 and s["decode_ms_per_batch"] >= 2 * BATCH
+    assert s["decode_ms_per_batch"] < s["collate_ms_per_batch"]  # (each stage its own)
+    assert 0 <= s["read_ms_per_batch"] < 20 and 0 <= s["ready_fraction"] <= 1
+    assert "collate_ms_per_batch" not in loader.stats()  # counted afresh after the reset: none built since
+    again = list(loader)  # a second pass counts only its own batches
+    assert len(again) == PER_EPOCH and 20 <= loader.stats()["collate_ms_per_batch"] < 200
+
+
 def test_group_needs_an_initialised_process_group(path):
     stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(str(path))), batch_size=4, group=object())
     with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
