@@ -116,8 +116,12 @@ class SharedControl:
         info = torch.utils.data.get_worker_info()
         slot = 0 if info is None else 1 + info.id % (_SKIP_SLOTS - 1)
         _ = self._t  # (another training process: its own counters first)
+        row = self._stages.numpy()[slot]  # (a view of the shared memory: no tensor made per batch)
         with self._lock:
-            self._stages[slot] += torch.tensor([read, decode, collate, 1.0], dtype=torch.float64)
+            row[0] += read
+            row[1] += decode
+            row[2] += collate
+            row[3] += 1.0
 
     def stage_times(self) -> list[float]:
         """Seconds reading, decoding and collating, and batches built, summed over the builders."""
