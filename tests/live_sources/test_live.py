@@ -374,10 +374,26 @@ def test_a_source_that_raises_is_an_error_naming_it(backend):
         list(_loader(mmloader.LiveStream(mmloader.live(factory, name="captions"), batch_size=4, steps=10), backend))
 
 
+_RELEASE = threading.Event()  # what stuck producers wait for: set after each test
+
+
+@pytest.fixture(autouse=True)
+def _no_reader_thread_outlives_its_test():
+    """Stuck producers are released and their reader threads gone before the next test: a thread
+    that ends while a later test forks its DataLoader workers can crash or hang the child
+    (CPython 3.11, gh-112275), so none is left to end then."""
+    yield
+    _RELEASE.set()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(t.name.startswith("mmloader-live") for t in threading.enumerate()):
+        time.sleep(0.02)
+    _RELEASE.clear()
+
+
 def _stalls_after(n: int):
     def factory(rank, world, worker, workers):
         yield from _numbered(rank, world, worker, workers, count=n)
-        threading.Event().wait()  # never returns
+        _RELEASE.wait()  # stuck until the test is over
 
     return factory
 
@@ -486,13 +502,15 @@ def test_a_fetcher_waits_boundedly_and_reports_ends_and_errors():
 
 def test_a_fetcher_bounds_the_factory_call_and_names_its_errors():
     def connects_slowly():
-        time.sleep(5)
+        _RELEASE.wait(5)
         return iter(range(3))
 
     began = time.monotonic()
+    slow = Fetcher(connects_slowly, "svc", buffer=2)
     with pytest.raises(LiveSourceError, match="no sample for 0.3 s"):
-        Fetcher(connects_slowly, "svc", buffer=2).take(1, 0.3, "raise")
+        slow.take(1, 0.3, "raise")
     assert time.monotonic() - began < 2
+    slow.close()
 
     def refuses():
         raise ConnectionRefusedError("no captioner on port 9")
@@ -534,6 +552,7 @@ def test_batches_take_their_samples_in_planning_order_whichever_thread_builds_th
     for t in threads:
         t.join(5)
     assert [got[t] for t in range(10)] == [list(range(4 * t, 4 * t + 4)) for t in range(10)]
+    fetcher.close()
 
 
 def test_agreement_on_one_rank_is_the_rank_own_code():
