@@ -53,6 +53,11 @@ class Mix:
             raise ValueError(f"batch_composition={batch_composition!r}: expected 'sample' or 'source'")
         self.datasets = list(datasets)
         self.names = list(names) if names else [f"source{i}" for i in range(len(self.datasets))]
+        if len(set(self.names)) != len(self.names):
+            twice = sorted({n for n in self.names if self.names.count(n) > 1})
+            raise ValueError(
+                f"mix(names=...): {twice} name(s) more than one source; batches' __source__ could not tell them apart"
+            )
         self.sizes = [len(d) for d in self.datasets]
         self.weights = list(weights) if weights is not None else [1.0] * len(self.datasets)
         self.mode, self.composition, self.epoch_size = mode, batch_composition, epoch_size
@@ -70,6 +75,7 @@ class Mix:
             )
         self.weights_by = weights_by
         self.tokens_per_sample: list[float] | None = None  # each source's mean, once a packing stream measured it
+        self.given_schedule = self.schedule  # (by_tokens plans with a schedule of sample weights made from it)
         self.quotas = quotas(self.sizes, first, mode=mode, epoch_size=epoch_size)
 
     def by_tokens(self, tokens_per_sample: Sequence[float]) -> Mix:
@@ -77,12 +83,18 @@ class Mix:
         its mean tokens per sample (a schedule's points alike: the weights are linear in them, so
         a linear schedule's every point is exact too). The mix itself is unchanged."""
         means = np.asarray(tokens_per_sample, dtype=np.float64)
-        empty = [n for n, m, w in zip(self.names, means, self.weights) if not m > 0 and w > 0]
-        if empty:
-            raise ValueError(f"weights_by='tokens': source {empty[0]!r} has a weight but its samples hold no tokens")
+        rows = self.schedule.weights if self.schedule is not None else np.asarray([self.weights], dtype=np.float64)
+        for point, row in enumerate(rows):  # (every point of a schedule: a later one may weigh it)
+            empty = [n for n, m, w in zip(self.names, means, row) if not m > 0 and w > 0]
+            if empty:
+                at = f" at schedule point {point}" if self.schedule is not None else ""
+                raise ValueError(
+                    f"weights_by='tokens': source {empty[0]!r} has a weight{at} but its samples hold no tokens"
+                )
         per = np.where(means > 0, 1.0 / np.maximum(means, 1e-12), 0.0)
         out = copy.copy(self)
         out.tokens_per_sample = [float(m) for m in means]
+        out.given_schedule = self.schedule  # what identities, summaries and errors show: the user's
         if self.schedule is not None:
             s = self.schedule
             points = [(float(a), (w * per).tolist()) for a, w in zip(s.at, s.weights)]
@@ -109,7 +121,7 @@ class Mix:
             "epoch_size": self.epoch_size,
             "composition": self.composition,
             "quotas": [int(q) for q in self.quotas] if self.schedule is None else None,
-            "schedule": self.schedule.as_dict() if self.schedule is not None else None,
+            "schedule": self.given_schedule.as_dict() if self.given_schedule is not None else None,
             **({"weights_by": "tokens"} if self.weights_by == "tokens" else {}),  # (the quotas say the rest)
         }
 
@@ -248,6 +260,15 @@ class LiveMix:
         if len(datasets) < 2:
             raise ValueError(
                 "mix() of a live source alone: stream the source itself (mmloader.LiveStream(source, ...))"
+            )
+        if stored.get("weights_by", "samples") != "samples":
+            raise ValueError(
+                "mix(weights_by='tokens') weighs packed rows' tokens; a live stream is not packed: weigh by samples"
+            )
+        if len(datasets) == 2 and stored:  # one stored dataset: no Mix of the stored part to take them
+            raise ValueError(
+                f"mix() of a live source and one stored dataset takes no {', '.join(sorted(stored))}: "
+                "they are options of a mix of several stored datasets"
             )
         w = [float(x) for x in (weights if weights is not None else [1.0] * len(datasets))]
         if len(w) != len(datasets) or any(x < 0 for x in w) or sum(w) <= 0:

@@ -172,7 +172,7 @@ def main(args) -> int:
 
     from ..loading.config import is_config_path
     from ..loading.dataloader import default_num_workers
-    from ..loading.diagnosis import advice
+    from ..loading.diagnosis import advice, at_step
     from ..readers.timing import STAGES
     from ..storage.remote.redaction import redact_url
 
@@ -203,9 +203,8 @@ def main(args) -> int:
     figures = loader.stats() if hasattr(loader, "stats") else {}
     stages = [f"{s} {figures[f'{s}_ms_per_batch']:.1f}" for s in STAGES if f"{s}_ms_per_batch" in figures]
     if stages:
-        print(f"  stages          {', '.join(stages)} ms per batch, per worker")
+        print(f"  stages          {', '.join(stages)} ms per batch, per builder")
     if args.step_ms:
-        print(f"  advice          {advice(figures, workers, step_ms=args.step_ms)}")
         per_batch_ms = 1000 * r["seconds"] / max(1, r["samples"] / args.batch_size)
         ratio = args.step_ms / per_batch_ms
         verdict = (
@@ -218,6 +217,8 @@ def main(args) -> int:
             f"  step check      loading takes {per_batch_ms:.1f} ms per batch vs a {args.step_ms:.0f} ms step: "
             f"{ratio:.1f}x faster -> {verdict}"
         )
+        if figures:  # what a loop of that step would wait for, and why
+            print(f"  advice          {advice(at_step(figures, args.step_ms, per_batch_ms))}")
     return 0
 
 

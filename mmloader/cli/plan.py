@@ -133,7 +133,8 @@ def _schedule_lines(mix: Any, batch_size: int | None, epochs: int | None) -> lis
             lines.append(f"  ...    ({covered - SHOWN_EPOCHS // 2 - SHOWN_EPOCHS // 4} epochs not shown)")
     lines.append("  " + f"{'total':<7}" + "".join(f"{int(t):>12}" for t in totals) + f"   (epochs 0-{covered - 1})")
     if covered > last:
-        lines.append(f"  (epochs from {covered} keep the last point's weights: {schedule.weights[-1].tolist()})")
+        given = mix.given_schedule.weights[-1].tolist()  # (the user's: a token schedule plans by samples)
+        lines.append(f"  (epochs from {covered} keep the last point's weights: {given})")
     else:
         lines.append(f"  (the schedule goes on to epoch {last:g}: --epochs covers more)")
     return lines
@@ -253,10 +254,11 @@ def describe_step(stream: Any, step: int, rank: int | None = None, epoch: int = 
         keys = stream.keys_at(step, rank=r, epoch=epoch)
         shown = [" + ".join(k) if isinstance(k, list) else k for k in keys]  # a packed row: its samples
         line = f"  rank {r}: {' '.join(shown)}"
-        if stream.mix is not None:
+        if stream.mix is not None:  # samples per source (a packed row's samples each counted)
             counts: dict[str, int] = {}
-            for name in stream.sources_at(step, rank=r, epoch=epoch):
-                counts[name] = counts.get(name, 0) + 1
+            for row in stream.sources_at(step, rank=r, epoch=epoch):
+                for name in row if isinstance(row, list) else [row]:
+                    counts[name] = counts.get(name, 0) + 1
             line += "  (" + ", ".join(f"{n}: {c}" for n, c in counts.items()) + ")"
         lines.append(line)
     return "\n".join(lines)

@@ -126,12 +126,13 @@ class DataWaitCallback(pl.Callback):
             raise ValueError(f"every_n_steps={every_n_steps}: expected an integer >= 1")
         self.every_n_steps, self.prefix = every_n_steps, prefix
         self.last: dict[str, float] = {}
-        self.advice = ""
+        self.advice = ""  # the last loader's finding (each loader's: in `findings`, by its place)
+        self.findings: dict[int, str] = {}
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if (batch_idx + 1) % self.every_n_steps:
             return
-        for loader in _stats_loaders(trainer.train_dataloader):
+        for place, loader in enumerate(_stats_loaders(trainer.train_dataloader)):
             figures = loader.stats(reset=True)
             self.last = figures
             logged = {
@@ -144,10 +145,11 @@ class DataWaitCallback(pl.Callback):
             logged.update(
                 {f"{self.prefix}{s}_ms": figures[f"{s}_ms_per_batch"] for s in STAGES if f"{s}_ms_per_batch" in figures}
             )
-            workers = int(figures.get("builders") or getattr(loader, "num_workers", 0) or 1)
-            said = advice(figures, workers)
-            if figures["wait_fraction"] >= KEEPS_UP and said.split(":")[0] != self.advice.split(":")[0]:
-                log.warning("mmloader: %s", said)  # once per finding, not every interval
+            said = advice(figures)
+            found = said.split(":")[0]  # what was found, without the interval's figures
+            if figures["wait_fraction"] >= KEEPS_UP and found != self.findings.get(place):
+                log.warning("mmloader: %s", said)  # once per finding and loader, not every interval
+            self.findings[place] = found
             self.advice = said
             pl_module.log_dict(
                 logged,

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..errors import LiveSourceError, SampleError
 from ..readers.seeding import batch_seed, enter_batch
+from ..readers.timing import spent, timed
 from .fetch import Fetcher
 from .steps import is_live_step, stored_by_step
 
@@ -106,10 +108,12 @@ def _build(
     """``(batch, info)``; ``(None, info)`` with ``info["ended"]`` when the source ended or
     stalled before the batch could be made (the loader then ends the pass)."""
     enter_batch(seed, seed_globals)
+    started, read, collated = time.perf_counter(), spent("read"), spent("collate")
     samples: list = []
     info = dict(info)
     if fetcher is not None:
-        taken = fetcher.take(n_live, stream.source.timeout, stream.source.on_stall, ticket)
+        with timed("read"):  # (the source's own pace: a live source's read is waiting for it)
+            taken = fetcher.take(n_live, stream.source.timeout, stream.source.on_stall, ticket)
         samples, info["state"] = taken.samples, taken.state
         if taken.short is not None:
             log.info("%s %s at step %d", fetcher.where, taken.short, info["step"])
@@ -121,7 +125,10 @@ def _build(
     rows = [row for row in (_row(stream, sample, key) for sample, key in zip(samples, keys)) if row is not None]
     if samples and not rows and plan is None:
         raise LiveSourceError(f"live source {stream.live_name!r}: every sample of step {info['step']} failed to decode")
-    return stream.builder.build_with_rows(plan, positions, sources, indices, rows), info
+    batch = stream.builder.build_with_rows(plan, positions, sources, indices, rows)
+    read, collated = spent("read") - read, spent("collate") - collated
+    stream.control.add_stage_times(read, time.perf_counter() - started - read - collated, collated)
+    return batch, info
 
 
 def _row(stream: Any, sample: Any, key: str) -> dict | None:

@@ -50,7 +50,8 @@ class Ledger:
         return keys_at(self, step, rank, epoch)
 
     def sources_at(self, step: int, rank: int | None = None, epoch: int | None = None) -> list:
-        """The ``__source__`` of that batch: each row's source (a mix's name; ``"dataset"``)."""
+        """The ``__source__`` of that batch: each sample's source (a mix's name; ``"dataset"``);
+        packed rows give a list per row."""
         return sources_at(self, step, rank, epoch)
 
     def steps_of(self, key: str, epoch: int | None = None, source: str | None = None) -> list[tuple[int, int]]:
@@ -107,7 +108,8 @@ def keys_at(stream: Any, step: int, rank: int | None = None, epoch: int | None =
 
 
 def sources_at(stream: Any, step: int, rank: int | None = None, epoch: int | None = None) -> list:
-    """The ``__source__`` of that batch: each row's source name (a mix's; ``"dataset"`` otherwise)."""
+    """The ``__source__`` of that batch: each sample's source name (a mix's; ``"dataset"``
+    otherwise); packed rows give a list per row."""
     return _per_rank(stream, step, rank, epoch, _sources)
 
 
@@ -193,6 +195,10 @@ def sources_holding(stream: Any, key: str) -> list[str]:
 
 def _sources(stream: Any, plan, positions, sources, indices) -> list:
     names = source_names(stream)
+    if stream.packer is not None:  # each row's samples' sources, as the batch's __source__
+        s, _i, _members, offsets = plan.samples(positions)
+        per = [names[a] for a in s.tolist()]
+        return [per[offsets[j] : offsets[j + 1]] for j in range(len(positions))]
     return [names[a] for a in sources.tolist()]
 
 

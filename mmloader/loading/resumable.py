@@ -86,7 +86,7 @@ class LoaderStats:
             "compute_s": self.compute,
             "first_batch_wait_s": self.first_wait,
             "wait_ms_per_batch": 1e3 * self.wait / timed if timed else 0.0,
-            "compute_ms_per_batch": 1e3 * self.compute / timed if timed else 0.0,
+            "compute_ms_per_batch": 1e3 * self.compute / self.batches if self.batches else 0.0,  # (after each)
             "wait_fraction": self.wait / total if total else 0.0,
             "batches_per_s": timed / total if total else 0.0,
             "samples_per_s": self.samples_after_first / total if total else 0.0,
@@ -266,6 +266,7 @@ class Resumable:
 
         Keys: ``batches``, ``samples``, ``wait_s`` (inside ``next()``), ``compute_s``
         (between batches), ``first_batch_wait_s`` (each pass's first batch, counted apart),
+        ``builders`` (the threads or processes that build batches),
         ``wait_ms_per_batch``, ``compute_ms_per_batch``, ``wait_fraction`` (of the loop's
         time; near 0 when data keeps up), ``batches_per_s`` and ``samples_per_s`` delivered,
         ``ready_fraction`` (batches already built when asked for: the prefetch queue's
@@ -280,6 +281,8 @@ class Resumable:
         """
         counter = self.stats_counter
         figures = counter.as_dict()
+        # who built the batches: the thread backend's producers, else the worker processes (0: this one)
+        figures["builders"] = getattr(self, "builders", None) or getattr(self, "num_workers", 0) or 1
         control = getattr(self.stream, "control", None)
         if control is not None:
             now = control.stage_times()

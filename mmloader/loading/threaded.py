@@ -65,6 +65,7 @@ class ThreadLoader(Resumable):
     def _batches(self) -> Iterator[Any]:
         parallel = any(getattr(ds, "releases_gil", False) for ds in self.stream.datasets)
         producers = self.producers or (self.num_workers if parallel else 1)
+        self.builders = producers  # (Python work holds the GIL: one producer, whatever num_workers says)
         tasks = self.stream.batch_tasks(0, 1, readers=self.num_workers)  # a live source's slices, as with processes
         run = _Run(tasks, producers, self.prefetch_factor * producers, self.pin_memory)
         return run.batches()

@@ -167,8 +167,12 @@ def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
             "the state was saved for another plan (the experiment changed since): "
             + "; ".join(changes)
             + ". Resume with the same config, or choose Stream(on_change='next_epoch') (start the new "
-            "plan at the next epoch) or on_change='continue' (the rest of this epoch without the "
-            "samples already delivered)",
+            "plan at the next epoch)"
+            + (
+                ""
+                if (plan or {}).get("pack")  # (packed rows cannot go on under another plan)
+                else " or on_change='continue' (the rest of this epoch without the samples already delivered)"
+            ),
             changes,
         )
 

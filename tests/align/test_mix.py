@@ -102,3 +102,33 @@ def test_a_config_weighs_by_tokens_and_plan_quality_prints_the_shares(stores, ca
     said = ", ".join(f"{n} {100 * v:.1f}%" for n, v in shares.items())
     asked = ", ".join(f"{n} {100 * w:.1f}%" for n, w in sorted(zip(SOURCES, (0.5, 0.3, 0.2))))  # (yaml sorts)
     assert line == f"  token shares: {said} (weights, in tokens: {asked})"
+
+
+def test_a_schedule_point_that_weighs_a_source_without_tokens_is_refused(stores, tmp_path):
+    with mmloader.LMDBWriter(tmp_path / "empty.lmdb") as w:
+        for i in range(20):
+            w.write({"__key__": f"e{i:03d}", "ids.npy": np.ones(0, dtype=np.int32)})
+    ds = [
+        mmloader.zip(ids=mmloader.ArrayReader(p, "ids.npy"))
+        for p in (stores / "captions.lmdb", tmp_path / "empty.lmdb")
+    ]
+    later = {"points": [{"at": 0, "weights": [1, 0]}, {"at": 1, "weights": [1, 1]}]}  # only the second weighs it
+    m = mmloader.mix(ds, names=["captions", "empty"], epoch_size=100, schedule=later, weights_by="tokens")
+    with pytest.raises(
+        ValueError, match="source 'empty' has a weight at schedule point 1 but its samples hold no tokens"
+    ):
+        mmloader.Stream(m, batch_size=4, lengths=mmloader.Packing(CAPACITY))
+
+
+def test_what_a_token_schedule_shows_is_the_weights_given(stores):
+    points = [{"at": 0, "weights": [0.8, 0.1, 0.1]}, {"at": 2, "weights": [0.2, 0.4, 0.4]}]
+    stream = _stream(stores, None, "tokens", schedule={"points": points})
+    shown = stream.identity()["mix"]["schedule"]["points"]
+    assert [w for _at, w in shown] == [[0.8, 0.1, 0.1], [0.2, 0.4, 0.4]]  # not the sample weights planned with
+    assert stream.mix.schedule.weights[0].tolist() != [0.8, 0.1, 0.1]
+
+
+def test_two_sources_of_one_name_are_refused(stores):
+    ds = mmloader.zip(ids=mmloader.ArrayReader(stores / "captions.lmdb", "ids.npy"))
+    with pytest.raises(ValueError, match=r"mix\(names=...\): \['a'\] name\(s\) more than one source"):
+        mmloader.mix([ds, ds], names=["a", "a"])

@@ -235,9 +235,9 @@ def test_bench_prints_its_figures(tmp_path, capsys):
     assert pss and int(pss.group(1)) > 0
     assert "vs a 1000 ms step" in figures["step"] and "not data-bound" in figures["step"]
     assert re.fullmatch(
-        r"  stages +read [\d.]+, decode [\d.]+, collate [\d.]+ ms per batch, per worker", figures["stages"]
+        r"  stages +read [\d.]+, decode [\d.]+, collate [\d.]+ ms per batch, per builder", figures["stages"]
     )
-    assert figures["advice"].split(None, 1)[1].startswith("data keeps up: 1 builder(s) make a batch every")
+    assert figures["advice"].split(None, 1)[1] == "data keeps up: the loop waits for it 0% of its time"
 
 
 def _solid_png(rgb) -> bytes:

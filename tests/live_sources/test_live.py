@@ -81,6 +81,8 @@ def test_steps_bound_a_pass_and_each_slice_is_read_once(backend):
     # process backend: each worker's own slice; thread backend: one reader per rank
     assert set(slices) == {"r0w0of2", "r0w1of2"}  # num_workers readers on either backend
     assert loader.epoch_done and loader.state_dict()["epoch"] == 1
+    stats = loader.stats()  # the live readers' batches are timed where they are built, as stored ones
+    assert stats["read_ms_per_batch"] >= 0 and stats["decode_ms_per_batch"] >= 0 and stats["builders"] >= 1
 
 
 @pytest.mark.process

@@ -55,6 +55,20 @@ def test_cpu_fallback_equals_normal_decode_pixel_for_pixel(mixed):
         assert "__offsets__" not in b
 
 
+def test_stats_count_gpudecodes_own_decode_as_the_loops_wait(mixed):
+    """The decode GPUDecode does in the training process is time the loop waits for data, not
+    its compute: a loop that only iterates waits nearly all of its time, and advice says why."""
+    from mmloader.loading.diagnosis import advice
+
+    decoded = mmloader.GPUDecode(_loader(mixed, "raw"), device="cpu", size=(224, 224))
+    for _ in range(3):
+        assert len(list(decoded)) == 4
+    s = decoded.stats(reset=True)
+    assert s["gpu_decode_ms_per_batch"] > s["compute_ms_per_batch"] and s["wait_fraction"] > 0.5
+    assert advice(s).startswith("gpu decode is the bottleneck: GPUDecode takes")
+    assert "gpu_decode_ms_per_batch" not in decoded.stats()  # counted afresh after the reset
+
+
 def test_transforms_match_torchvision_v2_on_cpu(mixed):
     from torchvision.transforms.v2 import functional as F
 

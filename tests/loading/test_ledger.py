@@ -32,7 +32,7 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("ledger")
     return {
         "a": _write(root / "a.lmdb", "a", N, tokens=True),
-        "b": _write(root / "b.lmdb", "b", 40),
+        "b": _write(root / "b.lmdb", "b", 40, tokens=True),
         "root": root,
     }
 
@@ -71,6 +71,12 @@ KINDS = {
     ),
     "packed": lambda d: mmloader.Stream(
         mmloader.zip(ids=mmloader.ArrayReader(d["a"], "ids.npy")),
+        batch_size=2,
+        seed=3,
+        lengths=mmloader.Packing(40, length_by="ids"),
+    ),
+    "packed_mix": lambda d: mmloader.Stream(  # a row's samples from both sources: __source__ per sample
+        mmloader.mix([mmloader.zip(ids=mmloader.ArrayReader(d[n], "ids.npy")) for n in "ab"], [1, 1], names=["a", "b"]),
         batch_size=2,
         seed=3,
         lengths=mmloader.Packing(40, length_by="ids"),
