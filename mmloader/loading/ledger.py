@@ -19,18 +19,12 @@ Steps count batches within an epoch, per rank, from 0 (all ranks take step ``s``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..planning import RangeList
-from ..planning.partition import (
-    batches_per_rank,
-    rank_positions,
-    unrepeated_positions,
-    unrepeated_share,
-    worker_batches,
-)
+from ..planning.partition import batches_per_rank, worker_batches
 from ..planning.quality import Quality, plan_quality
 
 
@@ -75,7 +69,7 @@ def token_shares(stream: Any, epoch: int | None = None) -> dict[str, float]:
     """Each source's share of the tokens a packed epoch holds (as packed: truncation counted)."""
     if stream.packer is None:
         raise ValueError("token shares are of a packed stream's epoch (lengths=mmloader.Packing(...))")
-    e = stream.epoch if epoch is None else int(epoch)
+    e = _epoch(stream, epoch)
     base = stream.plan(e).plan
     sources, indices = base.lookup(np.arange(len(base), dtype=np.int64))
     tokens = np.bincount(sources, weights=stream.packer.lengths(sources, indices), minlength=len(stream.datasets))
@@ -85,7 +79,7 @@ def token_shares(stream: Any, epoch: int | None = None) -> dict[str, float]:
 
 def quality(stream: Any, epoch: int | None = None, window_batches: int = 16) -> Quality:
     """The mixing measures of ``epoch``'s plan (see :meth:`Ledger.quality`)."""
-    e = stream.epoch if epoch is None else int(epoch)
+    e = _epoch(stream, epoch)
     rows = stream.plan(e)
     plan = rows.plan if stream.packer is not None else rows  # packed: the samples the rows hold
     sources, indices = plan.lookup(np.arange(len(plan), dtype=np.int64))
@@ -117,7 +111,7 @@ def steps_of(stream: Any, key: str, epoch: int | None = None, source: str | None
     """``(rank, step)`` of every batch of ``epoch`` that holds the sample ``key`` (of any source
     of a mix, or of the one named ``source``; a padding repeat counts), the epoch delivered whole
     in this stream's world; empty when the epoch leaves the sample out."""
-    e = stream.epoch if epoch is None else int(epoch)
+    e = _epoch(stream, epoch)
     world, plan = stream.where()[1], stream.plan(e)
     visit = RangeList([(0, len(plan))])  # the epoch delivered whole, in this world
     names = source_names(stream)
@@ -127,19 +121,20 @@ def steps_of(stream: Any, key: str, epoch: int | None = None, source: str | None
     wanted = [(s, i) for s, i in wanted if i is not None]
     found: list[tuple[int, int]] = []
     bs = stream.batch_size or 1
+    balanced = stream.packer is not None and stream.packer.balance  # rows dealt step by step
     for rank in range(world):
         per_rank = stream._per_rank(plan, visit, world, rank)
-        if stream.packer is not None and stream.packer.balance:  # rows dealt step by step: as planned
-            spans = worker_batches(per_rank, stream.batch_size, 1, 0)
-            parts = [spec[1] for spec in stream.specs(plan, visit, e, rank, world, per_rank, spans)]
-            positions = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        else:
-            positions = visit.take(_virtual(stream, visit, world, rank, per_rank, 0, per_rank))
+        # the rank's whole epoch as one span (the batches' split, vectorised), or step by step
+        spans = worker_batches(per_rank, stream.batch_size, 1, 0) if balanced else [(0, per_rank)] * bool(per_rank)
+        specs = list(stream.specs(plan, visit, e, rank, world, per_rank, spans))
+        if not specs:
+            continue
+        positions = np.concatenate([spec[1] for spec in specs])
         if stream.packer is not None:  # positions are rows: find the rows holding the sample
             sources, indices, _members, offsets = plan.samples(positions)
             owner = np.repeat(np.arange(len(positions)), np.diff(offsets))
         else:
-            sources, indices = plan.lookup(positions)
+            sources, indices = (np.concatenate([spec[k] for spec in specs]) for k in (2, 3))
             owner = np.arange(len(positions))
         hit = np.zeros(len(sources), dtype=bool)
         for s, i in wanted:
@@ -157,19 +152,28 @@ def _per_rank(stream: Any, step: int, rank: int | None, epoch: int | None, what)
 
 def _world_at(stream: Any, step: int, epoch: int | None, world: int) -> int:
     """The number of ranks that took ``step``: the saved world's, for a step before a resume."""
-    e = stream.epoch if epoch is None else int(epoch)
+    e = _epoch(stream, epoch)
     record = stream.resumed_epochs.get(e)
     if record is None or step >= record["steps"]:
         return world
     return int(record["state"]["world"])
 
 
+def _epoch(stream: Any, epoch: int | None) -> int:
+    return stream.epoch if epoch is None else int(epoch)
+
+
+def _per_sample(stream: Any, plan, positions, sources, indices, value: Callable[[int, int], Any]) -> list:
+    """``value(source, index)`` of each sample of a batch; packed rows give a list per row."""
+    if stream.packer is None:
+        return [value(a, b) for a, b in zip(sources.tolist(), indices.tolist())]
+    s, i, _members, offsets = plan.samples(positions)
+    flat = [value(a, b) for a, b in zip(s.tolist(), i.tolist())]
+    return [flat[offsets[j] : offsets[j + 1]] for j in range(len(positions))]
+
+
 def _keys(stream: Any, plan, positions, sources, indices) -> list:
-    if stream.packer is not None:
-        s, i, _members, offsets = plan.samples(positions)
-        keys = [_named(stream.datasets[a]).key(b) for a, b in zip(s.tolist(), i.tolist())]
-        return [keys[offsets[j] : offsets[j + 1]] for j in range(len(positions))]
-    return [_named(stream.datasets[a]).key(b) for a, b in zip(sources.tolist(), indices.tolist())]
+    return _per_sample(stream, plan, positions, sources, indices, lambda s, i: _named(stream.datasets[s]).key(i))
 
 
 def _named(dataset: Any) -> Any:
@@ -195,11 +199,7 @@ def sources_holding(stream: Any, key: str) -> list[str]:
 
 def _sources(stream: Any, plan, positions, sources, indices) -> list:
     names = source_names(stream)
-    if stream.packer is not None:  # each row's samples' sources, as the batch's __source__
-        s, _i, _members, offsets = plan.samples(positions)
-        per = [names[a] for a in s.tolist()]
-        return [per[offsets[j] : offsets[j + 1]] for j in range(len(positions))]
-    return [names[a] for a in sources.tolist()]
+    return _per_sample(stream, plan, positions, sources, indices, lambda s, _i: names[s])
 
 
 def _batch(stream: Any, step: int, rank: int, epoch: int | None) -> tuple:
@@ -226,7 +226,7 @@ def _pass(stream: Any, epoch: int | None, step: int) -> tuple[int, int, Any, Ran
     """(epoch, world, plan, visit, steps before it) of the pass that delivered ``step``: the
     epoch whole, else (an epoch resumed mid-way) the resumed part of it, else (a step before the
     resume) the pass the saved state was taken in, as the saved world planned it."""
-    e = stream.epoch if epoch is None else int(epoch)
+    e = _epoch(stream, epoch)
     world = stream.where()[1]
     plan = stream.plan(e)
     record = stream.resumed_epochs.get(e)
@@ -243,11 +243,3 @@ def _pass(stream: Any, epoch: int | None, step: int) -> tuple[int, int, Any, Ran
             "was taken (by an earlier pass, or under another plan): ask the stream that delivered it"
         )
     return e, int(saved["world"]), plan, RangeList(saved["ranges"]), first
-
-
-def _virtual(stream: Any, visit: RangeList, world: int, rank: int, per_rank: int, a: int, b: int) -> np.ndarray:
-    """Visit offsets of ``rank``'s batch offsets ``a:b`` (the rank split of ``Stream.specs``)."""
-    if stream.padding == "mask":
-        start, share, _rows = unrepeated_share(len(visit), world, rank, stream.batch_size)
-        return unrepeated_positions(start, share, a, b)[0]
-    return rank_positions(len(visit), world, rank, per_rank, a, b)
