@@ -238,3 +238,13 @@ def deliver(total, world, workers, batch, drop_last, ranges=None):
             i += 1
         out.append(got)
     return out, per
+
+
+def rank_streams(make, world: int) -> list:
+    """One stream from ``make()`` per rank of a world of ``world``, each set to its rank."""
+    streams = []
+    for rank in range(world):
+        s = make()
+        s.set_world(rank, world)
+        streams.append(s)
+    return streams

@@ -10,25 +10,29 @@ import mmloader
 from mmloader.cli import main as cli
 
 
-@pytest.fixture(scope="module")
-def config_path(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plan")
-    for name in ("a", "b"):
+def _mix_config(root, weights: dict[str, float], size: int, seed: int, key=lambda name, i: f"{name}{i:03d}"):
+    """A config mixing text stores named after ``weights`` (``size`` samples each, keys from ``key``)."""
+    for name in weights:
         with mmloader.LMDBWriter(root / f"{name}.lmdb") as w:
-            for i in range(30):
-                w.write({"__key__": f"{name}{i:03d}", "txt": f"{name} {i}"})
+            for i in range(size):
+                w.write({"__key__": key(name, i), "txt": f"{name} {i}"})
     cfg = {
-        "seed": 5,
+        "seed": seed,
         "batch_size": 4,
         "mix": {"mode": "proportion", "epoch_size": 40},
         "sources": {
             name: {"path": str(root / f"{name}.lmdb"), "weight": w, "modalities": {"t": {"field": "txt"}}}
-            for name, w in (("a", 0.75), ("b", 0.25))
+            for name, w in weights.items()
         },
     }
     path = root / "exp.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory):
+    return _mix_config(tmp_path_factory.mktemp("plan"), {"a": 0.75, "b": 0.25}, size=30, seed=5)
 
 
 def _delivered(path, rank, world, epoch):
@@ -73,21 +77,7 @@ def test_find_prints_the_steps_that_hold_a_key(config_path, capsys):
 
 def test_find_says_per_source_where_a_key_two_sources_hold_comes(tmp_path, capsys):
     """Two sources with keys alike (two crawls of one site): each source's batches, said apart."""
-    for name in ("x", "y"):
-        with mmloader.LMDBWriter(tmp_path / f"{name}.lmdb") as w:
-            for i in range(20):
-                w.write({"__key__": f"k{i:03d}", "txt": f"{name} {i}"})
-    cfg = {
-        "seed": 1,
-        "batch_size": 4,
-        "mix": {"mode": "proportion", "epoch_size": 40},
-        "sources": {
-            n: {"path": str(tmp_path / f"{n}.lmdb"), "weight": 0.5, "modalities": {"t": {"field": "txt"}}}
-            for n in ("x", "y")
-        },
-    }
-    path = tmp_path / "twin.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = _mix_config(tmp_path, {"x": 0.5, "y": 0.5}, size=20, seed=1, key=lambda _name, i: f"k{i:03d}")
     steps: dict = {}
     for rank in range(2):
         for step, (keys, sources) in enumerate(_delivered(path, rank, 2, 0)):

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import rank_streams
 
 import mmloader
 
@@ -98,21 +99,12 @@ def _delivered(stream, state=None, epoch=None, limit=None):
     return out, json.loads(json.dumps(loader.state_dict()))
 
 
-def _ranks(make, world):
-    streams = []
-    for rank in range(world):
-        s = make()
-        s.set_world(rank, world)
-        streams.append(s)
-    return streams
-
-
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_the_keys_of_every_step_are_those_delivered_on_worlds_1_to_4(data, kind):
     make = lambda: KINDS[kind](data)  # noqa: E731
     for world in (1, 2, 3, 4):
         for epoch in (0, 1):
-            ranks = _ranks(make, world)
+            ranks = rank_streams(make, world)
             delivered = [_delivered(s, epoch=epoch)[0] for s in ranks]
             ledger = make()  # another stream, this rank's place unknown to it: asks for all ranks
             ledger.set_world(0, world)
@@ -129,10 +121,10 @@ def test_the_keys_of_every_step_are_those_delivered_on_worlds_1_to_4(data, kind)
 @pytest.mark.parametrize(("saved", "resumed"), [(2, 2), (2, 1), (1, 3), (4, 2)])
 def test_after_a_resume_onto_any_world_each_step_is_what_was_delivered(data, kind, saved, resumed):
     make = lambda: KINDS[kind](data)  # noqa: E731
-    before = [_delivered(s, limit=1) for s in _ranks(make, saved)]
+    before = [_delivered(s, limit=1) for s in rank_streams(make, saved)]
     state = before[0][1]
     assert state["epoch"] == 0 and state["steps"] == 1  # mid-epoch
-    after = [_delivered(s, state=state)[0] for s in _ranks(make, resumed)]
+    after = [_delivered(s, state=state)[0] for s in rank_streams(make, resumed)]
     ledger = make()
     ledger.set_world(0, resumed)
     ledger.resume(state)
@@ -145,7 +137,7 @@ def test_steps_of_a_key_are_where_it_came(data):
     stream = KINDS["mixed"](data)
     stream.set_world(0, 3)
     found = {}
-    for rank, s in enumerate(_ranks(lambda: KINDS["mixed"](data), 3)):
+    for rank, s in enumerate(rank_streams(lambda: KINDS["mixed"](data), 3)):
         for step, (keys, _sources) in enumerate(_delivered(s)[0]):
             for key in keys:
                 found.setdefault(key, []).append((rank, step))
@@ -222,8 +214,8 @@ def test_a_resumed_epoch_is_answered_as_delivered_after_the_loader_moved_on(data
     """The next epoch drops the resume; the ledger keeps how the resumed epoch was delivered
     (it answered as if that epoch had run whole on the new world: wrong keys, or an IndexError)."""
     make = lambda: KINDS[kind](data)  # noqa: E731
-    state = _delivered(_ranks(make, saved)[0], limit=2)[1]
-    stream = _ranks(make, resumed)[0]
+    state = _delivered(rank_streams(make, saved)[0], limit=2)[1]
+    stream = rank_streams(make, resumed)[0]
     loader = mmloader.loader(stream, num_workers=1, backend="thread")
     loader.load_state_dict(state)
     resumed_pass = [b["__key__"] for b in loader]
@@ -240,9 +232,9 @@ def test_an_epoch_after_an_end_of_epoch_state_counts_its_steps_from_0(data):
     """A state taken after an epoch's last batch on 4 ranks, resumed on 1: the loader counts the
     saved epoch's steps on (for Lightning), the ledger still numbers the new epoch from 0."""
     make = lambda: KINDS["plain"](data)  # noqa: E731
-    state = _delivered(_ranks(make, 4)[0])[1]
+    state = _delivered(rank_streams(make, 4)[0])[1]
     assert state["epoch"] == 1 and state.get("ended_after_steps")
-    stream = _ranks(make, 1)[0]
+    stream = rank_streams(make, 1)[0]
     delivered, _ = _delivered(stream, state=state)
     assert [stream.keys_at(j, rank=0, epoch=1) for j in range(len(delivered))] == [k for k, _s in delivered]
 

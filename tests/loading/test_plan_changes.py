@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
-from conftest import jpeg_bytes
+from conftest import jpeg_bytes, rank_streams
 
 import mmloader
 from mmloader.errors import PlanChangedError
@@ -227,15 +227,6 @@ def test_each_on_change_mode_across_a_config_edit_between_two_runs(two_runs, on_
 # -- every guarantee over a selection and a schedule ------------------------------------------
 
 
-def _rank_streams(make, world):
-    streams = []
-    for rank in range(world):
-        s = make()
-        s.set_world(rank, world)
-        streams.append(s)
-    return streams
-
-
 def _all_ranks(streams, state=None, limit=None):
     out = []
     for s in streams:
@@ -270,16 +261,16 @@ def test_resume_at_every_step_onto_worlds_1_to_4(data, kind):
     later.set_epoch(1)
     next_universe = Counter(_keys(mmloader.loader(later, num_workers=0)))
     for world in (1, 2, 3, 4):
-        full = _all_ranks(_rank_streams(make, world))
+        full = _all_ranks(rank_streams(make, world))
         steps = len(full[0][0])
         assert {len(b) for b, _ in full} == {steps}
         delivered = Counter(_keys(b for bs, _ in full for b in bs))
         assert set(delivered) == set(universe) and sum(delivered.values()) - len(universe) < world * 4
         for k in range(steps + 1):
-            part = _all_ranks(_rank_streams(make, world), limit=k)
+            part = _all_ranks(rank_streams(make, world), limit=k)
             before = Counter(_keys(b for bs, _ in part for b in bs))
             for world2 in (1, 2, 3, 4):
-                rest = _all_ranks(_rank_streams(make, world2), state=part[0][1])
+                rest = _all_ranks(rank_streams(make, world2), state=part[0][1])
                 assert len({len(b) for b, _ in rest}) == 1  # equal batches after the resume
                 after = Counter(_keys(b for bs, _ in rest for b in bs))
                 if k == steps:  # a state after the epoch's last batch: the next epoch, whole
@@ -325,13 +316,13 @@ def test_padding_mask_refuses_drop_last_and_resumes_mid_pass(tmp_path):
     with pytest.raises(ValueError, match="drop_last"):
         mmloader.Stream(_zip(path), batching=mmloader.Batching(4, drop_last=True, padding="mask"))
     first = _all_ranks(
-        _rank_streams(lambda: mmloader.Stream(_zip(path), batching=mmloader.Batching(2, padding="mask")), 2), limit=2
+        rank_streams(lambda: mmloader.Stream(_zip(path), batching=mmloader.Batching(2, padding="mask")), 2), limit=2
     )
     state = first[0][1]
     seen = [k for bs, _ in first for b in bs for k, v in zip(b["__key__"], b["__valid__"]) if v]
     for world2 in (1, 2, 3):
         rest = _all_ranks(
-            _rank_streams(lambda: mmloader.Stream(_zip(path), batching=mmloader.Batching(2, padding="mask")), world2),
+            rank_streams(lambda: mmloader.Stream(_zip(path), batching=mmloader.Batching(2, padding="mask")), world2),
             state,
         )
         after = [k for bs, _ in rest for b in bs for k, v in zip(b["__key__"], b["__valid__"]) if v]
