@@ -99,13 +99,10 @@ class Mix:
             s = self.schedule
             points = [(float(a), (w * per).tolist()) for a, w in zip(s.at, s.weights)]
             out.schedule = WeightSchedule(points, by=s.by, interpolate=s.interpolate)
-            out.quotas = quotas(
-                self.sizes, out.schedule.weights_at(0).tolist(), mode=self.mode, epoch_size=self.epoch_size
-            )
-        else:
-            out.quotas = quotas(
-                self.sizes, (np.asarray(self.weights) * per).tolist(), mode=self.mode, epoch_size=self.epoch_size
-            )
+        # (with a schedule, self.weights are its start's: the planned schedule's start too)
+        out.quotas = quotas(
+            self.sizes, (np.asarray(self.weights) * per).tolist(), mode=self.mode, epoch_size=self.epoch_size
+        )
         return out
 
     def __len__(self) -> int:

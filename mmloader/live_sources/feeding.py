@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..errors import LiveSourceError, SampleError
 from ..readers.seeding import batch_seed, enter_batch
-from ..readers.timing import spent, timed
+from ..readers.timing import timed
 from .fetch import Fetcher
 from .steps import is_live_step, stored_by_step
 
@@ -108,7 +107,7 @@ def _build(
     """``(batch, info)``; ``(None, info)`` with ``info["ended"]`` when the source ended or
     stalled before the batch could be made (the loader then ends the pass)."""
     enter_batch(seed, seed_globals)
-    started, read, collated = time.perf_counter(), spent("read"), spent("collate")
+    clock = stream.control.batch_clock()
     samples: list = []
     info = dict(info)
     if fetcher is not None:
@@ -126,8 +125,7 @@ def _build(
     if samples and not rows and plan is None:
         raise LiveSourceError(f"live source {stream.live_name!r}: every sample of step {info['step']} failed to decode")
     batch = stream.builder.build_with_rows(plan, positions, sources, indices, rows)
-    read, collated = spent("read") - read, spent("collate") - collated
-    stream.control.add_stage_times(read, time.perf_counter() - started - read - collated, collated)
+    clock.done()
     return batch, info
 
 

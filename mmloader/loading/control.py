@@ -18,11 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import torch
 import torch.utils.data
 
+from ..readers.timing import spent
 from .distributed import rank_and_world
 
 log = logging.getLogger("mmloader")
@@ -123,10 +125,28 @@ class SharedControl:
             row[2] += collate
             row[3] += 1.0
 
+    def batch_clock(self) -> BatchClock:
+        """A clock for one batch this thread starts building now (count it with ``done()``)."""
+        return BatchClock(self)
+
     def stage_times(self) -> list[float]:
         """Seconds reading, decoding and collating, and batches built, summed over the builders."""
         _ = self._t
         return self._stages.sum(dim=0).tolist()
+
+
+class BatchClock:
+    """One batch built in this thread: its reading and collating as timed inside it
+    (:mod:`mmloader.readers.timing`), the rest of the time as decoding, counted into the stage
+    counters by :meth:`done` (a batch that fails or is not made is never counted)."""
+
+    def __init__(self, control: SharedControl):
+        self.control = control
+        self.started, self.read, self.collated = time.perf_counter(), spent("read"), spent("collate")
+
+    def done(self) -> None:
+        read, collated = spent("read") - self.read, spent("collate") - self.collated
+        self.control.add_stage_times(read, time.perf_counter() - self.started - read - collated, collated)
 
 
 class Controlled:

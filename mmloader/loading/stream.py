@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator
 
@@ -26,7 +25,6 @@ from ..planning.balance import balanced_batches
 from ..planning.partition import batches_per_rank, planned_batches, unrepeated_positions, unrepeated_share
 from ..planning.resume import progress_state, resume_ranges
 from ..readers.seeding import batch_seed, enter_batch
-from ..readers.timing import spent
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
 from .identity import plan_identity
@@ -480,13 +478,12 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         valid: np.ndarray | None = None,
     ) -> Any:
         enter_batch(seed, seed_globals)
-        started, read, collated = time.perf_counter(), spent("read"), spent("collate")
+        clock = self.control.batch_clock()
         if self.packer is not None:
             out = self.packer.build(self.builder, plan, positions)
         else:
             out = self.builder.build(plan, positions, sources, indices, batched=bool(self.batch_size))
-        read, collated = spent("read") - read, spent("collate") - collated
-        self.control.add_stage_times(read, time.perf_counter() - started - read - collated, collated)
+        clock.done()
         if valid is not None and isinstance(out, dict):  # padding="mask": which rows count
             out["__valid__"] = torch.from_numpy(valid.copy()) if self.batch_size else bool(valid[0])
         return out
