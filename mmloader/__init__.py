@@ -73,6 +73,7 @@ _LAZY = {
     "mix": (".align.mix", "mix"),
     "from_config": (".loading.config", "from_config"),
     "GPUDecode": (".loading.gpu", "GPUDecode"),
+    "ToDevice": (".loading.to_device", "ToDevice"),
     "rng": (".readers.seeding", "rng"),
     "live": (".live_sources.source", "live"),
     "LiveSource": (".live_sources.source", "LiveSource"),

@@ -34,7 +34,7 @@ SUBLAYERS = {
         2: ["stream"],
         3: ["ring"],
         4: ["threaded", "dataloader", "on_ray"],
-        5: ["gpu", "config", "config_sources"],
+        5: ["device_stage", "gpu", "to_device", "config", "config_sources"],
     }
 }
 

@@ -19,21 +19,20 @@ with any worker count, and after a resume.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from ..align.collate import unpack
 from ..readers.image_decode import decode_to_tensor
+from .device_stage import DeviceStage
 
 _JPEG = b"\xff\xd8\xff"
 
 
-class GPUDecode:
+class GPUDecode(DeviceStage):
     """Wrap a loader; yield its batches with ``name`` decoded on ``device``.
 
     ``size``: (h, w) resize (antialiased) of every image; ``crop``: (h, w) centre crop
@@ -47,6 +46,8 @@ class GPUDecode:
     ...                                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):  # doctest: +SKIP
     ...     model(batch["image"])
     """
+
+    STAT = "gpu_decode"
 
     def __init__(
         self,
@@ -64,66 +65,14 @@ class GPUDecode:
         channels_last: bool = False,
         mode: str = "RGB",
     ):
-        self.loader, self.name = loader, name
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        super().__init__(loader, device)
+        self.name = name
         self.dtype, self.size, self.crop, self.random_crop, self.flip = dtype, size, crop, random_crop, flip
         self.mean, self.std, self.channels_last, self.mode = mean, std, channels_last, mode
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         if mean is not None and not dtype.is_floating_point:
             raise ValueError("normalising needs a floating dtype (e.g. torch.bfloat16)")
-        self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-
-        self._held_state: Any = None  # the loader's state when the batch the caller holds was taken
-        self._left_early = False  # the caller stopped taking batches before the pass ended
-        self._decoding = [0, 0.0]  # batches decoded, seconds of this process's time it took (stats)
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    def __getattr__(self, attr: str) -> Any:  # epoch, stream... of the loader
-        if attr in ("loader", "__setstate__", "_held_state", "_left_early"):
-            raise AttributeError(attr)
-        return getattr(self.loader, attr)
-
-    # -- resume: what the caller received, not what was read ahead ------------------------------
-    def state_dict(self) -> dict:
-        """The loader's state as of the last batch handed to the caller (the batch decoded ahead
-        is not counted: resuming from this state delivers it again)."""
-        held = self._held_state
-        if held is None:
-            return self.loader.state_dict()  # type: ignore[attr-defined]
-        return held() if callable(held) else held
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume the loader at ``state`` (a :meth:`state_dict`)."""
-        self.loader.load_state_dict(state)  # type: ignore[attr-defined]
-        if getattr(self.loader, "_pending", None) is None:
-            self._held_state, self._left_early = None, False
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the loader's epoch (see :meth:`mmloader.Loader.set_epoch`)."""
-        self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
-        if getattr(self.loader, "_pending", None) is None:  # applied now, not when the pass ends
-            self._held_state, self._left_early = None, False
-
-    @property
-    def sampler(self) -> Any:
-        """Where Lightning and accelerate call ``set_epoch``: it reaches this wrapper (and the loader)."""
-        from .resumable import EpochSampler
-
-        return EpochSampler(self)  # type: ignore[arg-type]
-
-    def _snapshot(self, before_last: bool = False) -> Any:
-        """The loader's state right now (``before_last``: as it was before the batch it last
-        delivered), cheaply: mmloader's loaders give a deferred state."""
-        snap = getattr(self.loader, "snapshot", None)
-        if snap is not None:
-            return snap(before_last=before_last)
-        if before_last:
-            return None
-        state = getattr(self.loader, "state_dict", None)
-        return state() if state is not None else None
 
     def _generator(self, batch: dict) -> torch.Generator:
         """Per-batch randomness from (seed, epoch, keys): independent of backend, workers and resume."""
@@ -213,66 +162,3 @@ class GPUDecode:
         out = decoded.new_zeros((len(encoded), *decoded.shape[1:]))
         out[rows] = decoded
         return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
-
-    def __iter__(self) -> Iterator[dict]:
-        # Batch n+1 is decoded (on the side stream with CUDA) while the caller works on batch n.
-        # The same read-ahead runs on the CPU, so its bookkeeping is tested without a GPU.
-        if self._left_early and self._held_state is not None and getattr(self.loader, "_pending", None) is None:
-            # The last pass was left early: continue after the batch the caller last received,
-            # not after the one decoded ahead (the loader would count that one as delivered).
-            self.loader.load_state_dict(self.state_dict())  # type: ignore[attr-defined]
-        self._held_state, self._left_early = None, True
-        pending = None
-        batches = iter(self.loader)
-        try:
-            for batch in batches:
-                if pending is None and self._held_state is None:  # the pass's start: nothing handed over yet
-                    self._held_state = self._snapshot(before_last=True)
-                state = self._snapshot()  # taken before the next batch is read ahead
-                with torch.cuda.stream(self._side) if self._side is not None else contextlib.nullcontext():
-                    began = time.perf_counter()
-                    ready = self._process(batch)
-                    self._decoding[0] += 1
-                    self._decoding[1] += time.perf_counter() - began
-                    event = None
-                    if self._side is not None:
-                        event = torch.cuda.Event()
-                        event.record(self._side)
-                if pending is not None:
-                    yield self._handoff(*pending)
-                pending = (ready, event, state)
-            if pending is not None:  # the last batch: nothing is read ahead now, the loader's own state holds
-                yield self._handoff(pending[0], pending[1], None)
-            self._left_early = False
-        finally:
-            deferred = getattr(self.loader, "_pending", None) is not None
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()  # the loader's pass ends now: a set_epoch/load_state_dict made during it applies
-            if deferred:  # ...so what this pass held no longer describes where the next one starts
-                self._held_state, self._left_early = None, False
-
-    def stats(self, reset: bool = False) -> dict[str, float]:
-        """The loader's :meth:`stats`, with the decode done here (``gpu_decode_ms_per_batch``, the
-        training process's own time: on a GPU mostly queuing the work) moved from the loop's
-        compute to its wait for data, where the loop spends it."""
-        figures = self.loader.stats(reset)  # type: ignore[attr-defined]
-        batches, seconds = self._decoding
-        if reset:
-            self._decoding = [0, 0.0]
-        if batches:
-            gpu = 1e3 * seconds / batches
-            wait, compute = figures["wait_ms_per_batch"], figures["compute_ms_per_batch"]
-            figures["gpu_decode_ms_per_batch"] = gpu
-            figures["compute_ms_per_batch"] = max(0.0, compute - gpu)
-            figures["wait_ms_per_batch"] = wait + gpu
-            figures["wait_fraction"] = min(1.0, (wait + gpu) / (wait + compute)) if wait + compute else 0.0
-        return figures
-
-    def _handoff(self, batch: dict, event: Any, state: Any) -> dict:
-        self._held_state = state
-        if event is not None:
-            torch.cuda.current_stream(self.device).wait_event(event)
-            image = batch[self.name]
-            image.record_stream(torch.cuda.current_stream(self.device))  # its memory now belongs to the caller's stream
-        return batch

@@ -26,6 +26,11 @@ from PIL import Image
 from ..errors import DecodeError
 from ..media.imageinfo import DEFAULT_MAX_PIXELS, ImageInfo, check_pixels, probe
 
+try:  # the optional compiled partial decoder (setup.py): absent, boxes come from full decodes
+    from ._jpegcrop import decode_crop as _decode_crop
+except ImportError:  # pragma: no cover - built wherever libjpeg's headers are
+    _decode_crop = None
+
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
 # PNG path (and nvJPEG on GPUs), so keep using them without warning every user.
 warnings.filterwarnings(
@@ -121,6 +126,38 @@ def jpeg_into(
     if mode == "unchanged":
         return _simplejpeg(data, "RGB", out, min_hw)
     return None
+
+
+def dct_eighths_for(info: ImageInfo, min_hw: tuple[int, int] | None) -> int:
+    """The ``M`` of the smallest M/8 DCT scale whose image (``ceil(side * M / 8)`` a side) is
+    at least ``min_hw``: the scale simplejpeg's ``min_height``/``min_width`` pick.
+
+    >>> dct_eighths_for(ImageInfo("jpeg", 480, 640, 3), (100, 100)), dct_eighths_for(ImageInfo("jpeg", 480, 640, 3), None)
+    (2, 8)
+    """
+    if min_hw is None:
+        return 8
+    for m in range(1, 8):
+        if -(-info.height * m // 8) >= min_hw[0] and -(-info.width * m // 8) >= min_hw[1]:
+            return m
+    return 8
+
+
+def jpeg_box(data, info: ImageInfo, mode: str, eighths: int, box: tuple[int, int, int, int]) -> np.ndarray | None:
+    """The ``box`` (top, left, h, w, in pixels of the ``eighths``/8 scale) of an RGB JPEG as HWC
+    uint8, decoding only what it needs: no row below it, no iMCU column outside it (libjpeg-turbo's
+    partial decode; the same pixels as cutting the box out of a full decode). None where this
+    does not apply (the decoder not built, another mode, CMYK) or the data is corrupt: the caller's
+    full, strict decode then says what is wrong."""
+    if _decode_crop is None or mode != "RGB" or info.format != "jpeg" or info.components not in (1, 3):
+        return None
+    top, left, h, w = box
+    out = np.empty((h, w, 3), dtype=np.uint8)
+    try:
+        _decode_crop(data, eighths, top, left, h, w, out)
+    except ValueError:
+        return None
+    return out
 
 
 def _draft_hw(info: ImageInfo, target: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@
 
 from .fused import augment_column, augment_image
 from .recognise import Split, split_transform
-from .spec import IMAGENET_MEAN, IMAGENET_STD, Augment, Crop, native_augment
+from .spec import IMAGENET_MEAN, IMAGENET_STD, Augment, Crop, native_augment, parse_normalize
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -19,5 +19,6 @@ __all__ = [
     "augment_column",
     "augment_image",
     "native_augment",
+    "parse_normalize",
     "split_transform",
 ]

@@ -20,7 +20,7 @@ from PIL import Image
 
 from ...media.imageinfo import ImageInfo, check_pixels, probe
 from ..columns import Stacked, batch_buffer
-from ..image_decode import decode_to_tensor, jpeg_into, pil_to_tensor, target_hw
+from ..image_decode import dct_eighths_for, decode_to_tensor, jpeg_box, jpeg_into, pil_to_tensor, target_hw
 from .params import center_boxes, flips, random_resized_boxes
 from .spec import Augment
 
@@ -170,6 +170,17 @@ def reduced_box(box: Sequence[int], eighths: int) -> tuple[int, int, int, int]:
     return y0, x0, max(1, y1 - y0), max(1, x1 - x0)
 
 
+def _box_on_grid(box: Sequence[int], info: ImageInfo, eighths: int) -> tuple[int, int, int, int]:
+    """The crop ``box`` of full pixels in pixels of the ``eighths``/8 decode, kept inside it."""
+    if eighths == 8:
+        top, left, h, w = (int(v) for v in box)
+        return top, left, h, w
+    dh, dw = -(-info.height * eighths // 8), -(-info.width * eighths // 8)
+    top, left, h, w = reduced_box(box, eighths)
+    top, left = min(top, dh - 1), min(left, dw - 1)
+    return top, left, max(1, min(h, dh - top)), max(1, min(w, dw - left))
+
+
 def _reduces(aug: Augment, info: ImageInfo, region: tuple[int, int], out_hw: Sequence[int]) -> bool:
     """Whether to decode ``region`` (h, w) of this image at a reduced DCT scale for ``out_hw``:
     a JPEG, an antialiased bilinear or bicubic resize (without antialiasing, or nearest, the
@@ -191,12 +202,15 @@ def _one(data: Any, info: ImageInfo, mode: str, aug: Augment, resized, box, out_
         min_hw = None
         if _reduces(aug, info, (h, w), out_hw):  # decoded smaller, the crop still DCT_MARGIN x the output
             min_hw = (math.ceil(info.height * DCT_MARGIN * oh / h), math.ceil(info.width * DCT_MARGIN * ow / w))
+        eighths = dct_eighths_for(info, min_hw)
+        part = jpeg_box(data, info, mode, eighths, _box_on_grid(box, info, eighths))
+        if part is not None:  # only the box decoded
+            _resize_into(torch.from_numpy(part).permute(2, 0, 1), slot, aug, flip)
+            return
         image = _decode_hwc(data, info, mode, min_hw).permute(2, 0, 1)
         dh, dw = image.shape[-2:]
         if (dh, dw) != (info.height, info.width):  # decoded smaller: the box on the reduced grid
-            top, left, h, w = reduced_box(box, dct_eighths((info.height, info.width), (dh, dw)))
-            top, left = min(top, dh - 1), min(left, dw - 1)
-            h, w = max(1, min(h, dh - top)), max(1, min(w, dw - left))
+            top, left, h, w = _box_on_grid(box, info, dct_eighths((info.height, info.width), (dh, dw)))
         _resize_into(image[:, top : top + h, left : left + w], slot, aug, flip)
         return
     min_hw = None

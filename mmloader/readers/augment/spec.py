@@ -220,16 +220,7 @@ def native_augment(
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     if normalize is not None:
-        if normalize == "imagenet":
-            mean, std = IMAGENET_MEAN, IMAGENET_STD
-        elif isinstance(normalize, Mapping) and set(normalize) == {"mean", "std"}:
-            mean, std = tuple(map(float, normalize["mean"])), tuple(map(float, normalize["std"]))
-        elif isinstance(normalize, Sequence) and not isinstance(normalize, str) and len(normalize) == 2:
-            mean, std = tuple(map(float, normalize[0])), tuple(map(float, normalize[1]))
-        else:
-            raise ValueError(
-                f"normalize={normalize!r}: expected 'imagenet', (mean, std) or {{mean: [...], std: [...]}}"
-            )
+        mean, std = parse_normalize(normalize)
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -238,3 +229,19 @@ def native_augment(
         dtype = torch.float32
     resize = None if size is None else size if isinstance(size, int) else pair(size, "size")
     return Augment(resize=resize, crop=parsed, flip=float(flip), dtype=dtype, mean=mean, std=std)
+
+
+def parse_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``normalize=`` as given -> ``(mean, std)`` in [0, 1] units: ``"imagenet"``, ``(mean, std)``
+    or ``{"mean": [...], "std": [...]}``.
+
+    >>> parse_normalize({"mean": [0.5], "std": [0.25]})
+    ((0.5,), (0.25,))
+    """
+    if normalize == "imagenet":
+        return IMAGENET_MEAN, IMAGENET_STD
+    if isinstance(normalize, Mapping) and set(normalize) == {"mean", "std"}:
+        return tuple(map(float, normalize["mean"])), tuple(map(float, normalize["std"]))
+    if isinstance(normalize, Sequence) and not isinstance(normalize, str) and len(normalize) == 2:
+        return tuple(map(float, normalize[0])), tuple(map(float, normalize[1]))
+    raise ValueError(f"normalize={normalize!r}: expected 'imagenet', (mean, std) or {{mean: [...], std: [...]}}")

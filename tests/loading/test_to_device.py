@@ -1,0 +1,90 @@
+"""ToDevice on the CPU: uint8 batches moved and normalised with the reader's own arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import jpeg_bytes
+
+import mmloader
+from mmloader.readers.augment import IMAGENET_MEAN, IMAGENET_STD
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    path = tmp_path_factory.mktemp("to_device") / "imgs"
+    with mmloader.ShardWriter(path, shard_size=8) as w:
+        for i in range(20):
+            w.write({"__key__": f"k{i:03d}", "jpg": jpeg_bytes(i, size=(64, 48)), "cls": i})
+    return path
+
+
+def _loader(path, **reader):
+    ds = mmloader.zip(image=mmloader.ImageReader(path, **reader), label=mmloader.LabelReader(path))
+    return mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=3), num_workers=2, backend="thread")
+
+
+def test_normalised_on_the_device_equals_the_readers_own_normalisation(images):
+    """Crop and flip in the reader (uint8), then ToDevice: the same floats as the reader's fused
+    ToDtype + Normalize, and as torchvision's Normalize of the same uint8 pixels."""
+    crop = {"crop": mmloader.Crop.random(32), "flip": 0.5}
+    on_cpu = list(_loader(images, normalize="imagenet", **crop))
+    moved = list(mmloader.ToDevice(_loader(images, **crop), "cpu", normalize="imagenet"))
+    plain = list(_loader(images, **crop))
+    assert len(on_cpu) == len(moved) == 4
+    for a, b, u in zip(on_cpu, moved, plain):
+        assert a["__key__"] == b["__key__"] and torch.equal(a["label"], b["label"])
+        assert b["image"].dtype == torch.float32 and b["image"].shape == (len(a["__key__"]), 3, 32, 32)
+        assert b["image"].is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(b["image"], a["image"], rtol=0, atol=1e-6)
+        mean = torch.tensor(IMAGENET_MEAN)[None, :, None, None]
+        std = torch.tensor(IMAGENET_STD)[None, :, None, None]
+        torch.testing.assert_close(b["image"], (u["image"].float() / 255 - mean) / std, rtol=0, atol=1e-5)
+
+
+def test_bfloat16_mean_std_pairs_and_uint8_kept(images):
+    batch = next(
+        iter(
+            mmloader.ToDevice(
+                _loader(images, size=(24, 32)), "cpu", dtype=torch.bfloat16, normalize=([0.5] * 3, [0.5] * 3)
+            )
+        )
+    )
+    raw = next(iter(_loader(images, size=(24, 32))))
+    assert batch["image"].dtype == torch.bfloat16
+    torch.testing.assert_close(batch["image"].float(), raw["image"].float() / 127.5 - 1, rtol=0, atol=8e-3)
+    kept = next(iter(mmloader.ToDevice(_loader(images, size=(24, 32)), "cpu", dtype=None)))
+    assert torch.equal(kept["image"], raw["image"]) and kept["image"].is_contiguous(memory_format=torch.channels_last)
+    scaled = next(iter(mmloader.ToDevice(_loader(images, size=(24, 32)), "cpu", channels_last=False)))
+    assert scaled["image"].is_contiguous()
+    torch.testing.assert_close(scaled["image"], raw["image"].float() / 255, rtol=0, atol=1e-7)
+
+
+def test_float_or_unstacked_images_are_refused_naming_the_field_and_the_remedy(images):
+    with pytest.raises(ValueError, match=r"batch\['image'\] is torch.float32, not uint8: leave ToDtype/Normalize"):
+        next(iter(mmloader.ToDevice(_loader(images, crop=mmloader.Crop.random(32), normalize="imagenet"), "cpu")))
+    with pytest.raises(ValueError, match=r"batch\['image'\] is a list of 2 images of different sizes"):
+        mmloader.ToDevice([], "cpu").convert(
+            [torch.zeros(3, 4, 5, dtype=torch.uint8), torch.zeros(3, 5, 4, dtype=torch.uint8)]
+        )
+    with pytest.raises(ValueError, match="normalize has 2 channels"):
+        next(iter(mmloader.ToDevice(_loader(images, size=(24, 32)), "cpu", normalize=([0.5, 0.5], [1, 1]))))
+    with pytest.raises(ValueError, match="normalize needs a floating-point dtype"):
+        mmloader.ToDevice([], "cpu", dtype=None, normalize="imagenet")
+    with pytest.raises(ValueError, match="expected 'imagenet'"):
+        mmloader.ToDevice([], "cpu", normalize="cifar")
+
+
+def test_state_describes_what_the_caller_received(images):
+    stage = mmloader.ToDevice(_loader(images, size=(24, 32)), "cpu")
+    it = iter(stage)
+    first, second = next(it), next(it)
+    state = stage.state_dict()
+    assert state["consumed"] == 12  # two batches received, not the third moved ahead
+    it.close()
+    resumed = mmloader.ToDevice(_loader(images, size=(24, 32)), "cpu")
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    keys = [k for b in (first, second, *rest) for k in b["__key__"]]
+    assert sorted(keys) == [f"k{i:03d}" for i in range(20)]
+    assert "to_device_ms_per_batch" in resumed.stats()
