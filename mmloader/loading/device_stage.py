@@ -30,9 +30,12 @@ class DeviceStage:
 
     def __init__(self, loader: Iterable, device: str | torch.device | None = None):
         self.loader = loader
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available here (leave device out: the CPU then)")
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._held_state: Any = None  # the loader's state when the batch the caller holds was taken
+        self._before_held: Any = None  # ... and when the one before it was (snapshot(before_last=True))
         self._left_early = False  # the caller stopped taking batches before the pass ended
         self._working = [0, 0.0]  # batches processed, seconds of this process's time it took (stats)
 
@@ -74,6 +77,11 @@ class DeviceStage:
         from .resumable import EpochSampler
 
         return EpochSampler(self)  # type: ignore[arg-type]
+
+    def snapshot(self, before_last: bool = False) -> Any:
+        """What a stage wrapping this one records (as this one records its loader's): the state
+        as of the last batch handed over, or the one before it; never counting the read-ahead."""
+        return self._before_held if before_last else self._held_state
 
     def _snapshot(self, before_last: bool = False) -> Any:
         """The loader's state right now (``before_last``: as it was before the batch it last
@@ -142,7 +150,7 @@ class DeviceStage:
         return figures
 
     def _handoff(self, batch: dict, event: Any, state: Any) -> dict:
-        self._held_state = state
+        self._before_held, self._held_state = self._held_state, state
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)

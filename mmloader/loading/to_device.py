@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from ..readers.augment import parse_normalize
+from ..readers.augment.spec import DTYPES
 from .device_stage import DeviceStage
 
 
@@ -51,12 +52,16 @@ class ToDevice(DeviceStage):
         device: str | torch.device | None = None,
         *,
         images: str | Sequence[str] = "image",
-        dtype: torch.dtype | None = torch.float32,
+        dtype: torch.dtype | str | None = torch.float32,
         normalize: Any = None,
         channels_last: bool = True,
     ):
         super().__init__(loader, device)
         self.images = (images,) if isinstance(images, str) else tuple(images)
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}, a torch dtype, or None")
+            dtype = DTYPES[dtype]
         if dtype is not None and not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype}: expected a floating-point dtype, or None to keep uint8")
         if dtype is None and normalize is not None:
@@ -66,11 +71,33 @@ class ToDevice(DeviceStage):
         self._factors: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _process(self, batch: dict) -> dict:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"ToDevice: a batch is a {type(batch).__name__}, not a dict: it wraps mmloader's loaders "
+                "(or any loader of dict batches)"
+            )
         out = {k: _moved(v, self.device) for k, v in batch.items()}
         for name in self.images:
-            if name in out:
-                out[name] = self.convert(out[name], name)
+            if name in out:  # (a mix's batch in which no sample has the field lacks it)
+                out[name] = self._blank_fillers(self.convert(out[name], name), out, name)
         return out
+
+    @staticmethod
+    def _blank_fillers(images: torch.Tensor, batch: dict, name: str) -> torch.Tensor:
+        """Rows of samples without the image (a mix's other source) and the collate's padding
+        stay 0, as the reader's own normalisation leaves them, not ``-mean / std``."""
+        if images.dtype == torch.uint8:
+            return images
+        present = batch.get("__present__", {}).get(name)
+        if present is not None and not bool(present.all()):
+            images[~present.to(images.device)] = 0
+        mask = batch.get("__mask__", {}).get(name)
+        if mask is not None:
+            mask = mask.to(images.device)
+            while mask.dim() < images.dim():
+                mask = mask.unsqueeze(1)
+            images.masked_fill_(~mask, 0)
+        return images
 
     def convert(self, pixels: Any, name: str = "image") -> torch.Tensor:
         """uint8 ``(B, C, H, W)`` pixels -> ``(pixels / 255 - mean) / std`` in ``dtype``, on their device."""
@@ -112,6 +139,8 @@ def _moved(value: Any, device: torch.device) -> Any:
         return value.to(device, non_blocking=True)
     if isinstance(value, Mapping):
         return {k: _moved(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_moved(v, device) for v in value)  # images of several sizes, documents
     return value
 
 

@@ -30,8 +30,23 @@ static void on_error(j_common_ptr cinfo) {
 
 static void on_warning(j_common_ptr cinfo) { (void)cinfo; }
 
+/* The sampling factors TurboJPEG (simplejpeg, every other path) decodes: grayscale, or colour
+   with full-resolution chroma and luma at 1x1, 2x1, 2x2, 1x2, 4x1 or 1x4. */
+static int usual_sampling(struct jpeg_decompress_struct *cinfo) {
+    if (cinfo->num_components == 1)
+        return 1;
+    if (cinfo->num_components != 3)
+        return 0;
+    for (int i = 1; i < 3; i++)
+        if (cinfo->comp_info[i].h_samp_factor != 1 || cinfo->comp_info[i].v_samp_factor != 1)
+            return 0;
+    int h = cinfo->comp_info[0].h_samp_factor, v = cinfo->comp_info[0].v_samp_factor;
+    return (h == 1 && v == 1) || (h == 2 && v == 1) || (h == 2 && v == 2) || (h == 1 && v == 2) ||
+           (h == 4 && v == 1) || (h == 1 && v == 4);
+}
+
 /* 0: done; 1: libjpeg error (msg set); 2: box outside the scaled image; 3: out of memory;
-   4: the data raised a warning (corrupt or truncated) */
+   4: the data raised a warning (corrupt or truncated); 5: sampling factors the full decode refuses */
 static int decode_box(const unsigned char *data, unsigned long size, int eighths, int top, int left, int h, int w,
                       unsigned char *out, struct err_mgr *jerr) {
     struct jpeg_decompress_struct cinfo;
@@ -48,6 +63,10 @@ static int decode_box(const unsigned char *data, unsigned long size, int eighths
     }
     jpeg_mem_src(&cinfo, data, size);
     jpeg_read_header(&cinfo, TRUE);
+    if (!usual_sampling(&cinfo)) { /* what the full decode (TurboJPEG) refuses: refused here too */
+        jpeg_destroy_decompress(&cinfo);
+        return 5;
+    }
     cinfo.out_color_space = JCS_RGB;
     cinfo.scale_num = (unsigned int)eighths;
     cinfo.scale_denom = 8;
@@ -126,6 +145,8 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     if (status == 4)
         return PyErr_Format(PyExc_ValueError, "JPEG data corrupt or truncated");
+    if (status == 5)
+        return PyErr_Format(PyExc_ValueError, "JPEG sampling factors the full decoder does not take");
     Py_RETURN_NONE;
 }
 

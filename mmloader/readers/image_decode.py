@@ -16,6 +16,7 @@ decoding, so a decompression bomb costs a header parse, not gigabytes.
 from __future__ import annotations
 
 import io
+import logging
 import warnings
 
 import numpy as np
@@ -30,6 +31,7 @@ try:  # the optional compiled partial decoder (setup.py): absent, boxes come fro
     from ._jpegcrop import decode_crop as _decode_crop
 except ImportError:  # pragma: no cover - built wherever libjpeg's headers are
     _decode_crop = None
+_said_unbuilt = False
 
 # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec; they remain the
 # PNG path (and nvJPEG on GPUs), so keep using them without warning every user.
@@ -137,8 +139,14 @@ def dct_eighths_for(info: ImageInfo, min_hw: tuple[int, int] | None) -> int:
     """
     if min_hw is None:
         return 8
+
+    def size(m: int) -> tuple[int, int]:
+        return -(-info.height * m // 8), -(-info.width * m // 8)
+
     for m in range(1, 8):
-        if -(-info.height * m // 8) >= min_hw[0] and -(-info.width * m // 8) >= min_hw[1]:
+        if size(m)[0] >= min_hw[0] and size(m)[1] >= min_hw[1]:
+            while m < 8 and size(m + 1) == size(m):  # a tiny image: of equal sizes, the larger scale
+                m += 1
             return m
     return 8
 
@@ -149,7 +157,10 @@ def jpeg_box(data, info: ImageInfo, mode: str, eighths: int, box: tuple[int, int
     partial decode; the same pixels as cutting the box out of a full decode). None where this
     does not apply (the decoder not built, another mode, CMYK) or the data is corrupt: the caller's
     full, strict decode then says what is wrong."""
-    if _decode_crop is None or mode != "RGB" or info.format != "jpeg" or info.components not in (1, 3):
+    if _decode_crop is None:
+        _say_unbuilt()
+        return None
+    if mode != "RGB" or info.format != "jpeg" or info.components not in (1, 3):
         return None
     top, left, h, w = box
     out = np.empty((h, w, 3), dtype=np.uint8)
@@ -158,6 +169,18 @@ def jpeg_box(data, info: ImageInfo, mode: str, eighths: int, box: tuple[int, int
     except ValueError:
         return None
     return out
+
+
+def _say_unbuilt() -> None:
+    """Once per process: the install could not build the partial decoder (pip says so only with -v)."""
+    global _said_unbuilt
+    if not _said_unbuilt:
+        _said_unbuilt = True
+        logging.getLogger("mmloader").warning(
+            "mmloader: the partial JPEG decoder (mmloader.readers._jpegcrop) was not built, so random crops "
+            "decode whole images (same pixels, ~20% more decode time): install libjpeg-turbo's headers "
+            "(Debian/Ubuntu: libjpeg-turbo8-dev or libjpeg62-turbo-dev) and a C compiler, then reinstall mmloader"
+        )
 
 
 def _draft_hw(info: ImageInfo, target: tuple[int, int] | None) -> tuple[int, int] | None:

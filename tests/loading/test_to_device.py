@@ -88,3 +88,50 @@ def test_state_describes_what_the_caller_received(images):
     keys = [k for b in (first, second, *rest) for k in b["__key__"]]
     assert sorted(keys) == [f"k{i:03d}" for i in range(20)]
     assert "to_device_ms_per_batch" in resumed.stats()
+
+
+def test_todevice_over_gpudecode_resumes_where_the_caller_was(tmp_path):
+    """A stage over a stage records what the inner one handed over, not its loader's read-ahead."""
+    from conftest import jpeg_bytes as jpeg
+
+    path = tmp_path / "raw"
+    with mmloader.ShardWriter(path, shard_size=8) as w:
+        for i in range(30):
+            w.write({"__key__": f"k{i:03d}", "jpg": jpeg(i, size=(40, 32)), "cls": i})
+
+    def stage():
+        ds = mmloader.zip(image=mmloader.ImageReader(path, output="raw"), label=mmloader.LabelReader(path))
+        loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2, backend="thread")
+        return mmloader.ToDevice(mmloader.GPUDecode(loader, device="cpu", size=(16, 16)), "cpu")
+
+    whole = [b["__key__"] for b in stage()]
+    first = stage()
+    it = iter(first)
+    got = [next(it)["__key__"] for _ in range(3)]
+    state = first.state_dict()
+    assert state["consumed"] == 18
+    it.close()
+    resumed = stage()
+    resumed.load_state_dict(state)
+    assert got + [b["__key__"] for b in resumed] == whole
+
+
+def test_rows_without_the_image_and_padding_stay_zero(images):
+    batch = {
+        "image": torch.full((3, 3, 2, 2), 200, dtype=torch.uint8),
+        "__present__": {"image": torch.tensor([True, False, True])},
+        "__mask__": {"image": torch.tensor([True, True, False])[:, None, None, None].expand(3, 3, 2, 2)},
+        "extra": [torch.ones(2), torch.ones(3)],
+    }
+    out = mmloader.ToDevice([batch], "cpu", normalize="imagenet")._process(batch)
+    assert out["image"][0].min() > 1 and not out["image"][1].any() and not out["image"][2].any()
+    assert isinstance(out["extra"], list) and len(out["extra"]) == 2
+
+
+def test_string_dtype_and_clear_errors_for_tuples_and_missing_cuda():
+    assert mmloader.ToDevice([], "cpu", dtype="bfloat16").dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="a batch is a tuple, not a dict"):
+        mmloader.ToDevice([], "cpu")._process((torch.zeros(1),))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            mmloader.ToDevice([], "cuda")
