@@ -160,10 +160,14 @@ class DeviceStage:
         return batch
 
 
-def _tensors(batch: dict) -> Iterator[torch.Tensor]:
-    """The tensors of a batch, one level of dicts deep (``__offsets__``, ``__present__``)."""
-    for value in batch.values():
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif isinstance(value, dict):
-            yield from (v for v in value.values() if isinstance(v, torch.Tensor))
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a batch, in its dicts (``__offsets__``, ``__present__``) and lists (images
+    of several sizes) too: every one :class:`~.to_device.ToDevice` moves needs its stream recorded."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)

@@ -135,3 +135,13 @@ def test_string_dtype_and_clear_errors_for_tuples_and_missing_cuda():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available here"):
             mmloader.ToDevice([], "cuda")
+
+
+def test_every_moved_tensor_gets_its_stream_recorded():
+    """On CUDA the hand-over records the caller's stream on each tensor ToDevice moved: those in
+    lists (images of several sizes) and dicts as well as the top level."""
+    from mmloader.loading.device_stage import _tensors
+
+    a, b, c, d = (torch.zeros(i + 1) for i in range(4))
+    found = list(_tensors({"image": a, "sizes": [b, c], "__present__": {"image": d}, "__key__": ["k0", "k1"]}))
+    assert len(found) == 4 and {id(t) for t in found} == {id(a), id(b), id(c), id(d)}
