@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from ..readers.augment import parse_normalize
-from ..readers.augment.spec import DTYPES
+from ..readers.augment.spec import affine_factors, parse_dtype
 from .device_stage import DeviceStage
 
 
@@ -58,15 +58,12 @@ class ToDevice(DeviceStage):
     ):
         super().__init__(loader, device)
         self.images = (images,) if isinstance(images, str) else tuple(images)
-        if isinstance(dtype, str):
-            if dtype not in DTYPES:
-                raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}, a torch dtype, or None")
-            dtype = DTYPES[dtype]
-        if dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype={dtype}: expected a floating-point dtype, or None to keep uint8")
-        if dtype is None and normalize is not None:
+        resolved = parse_dtype(dtype)
+        if resolved is not None and not resolved.is_floating_point:
+            raise ValueError(f"dtype={resolved}: expected a floating-point dtype, or None to keep uint8")
+        if resolved is None and normalize is not None:
             raise ValueError("normalize needs a floating-point dtype (e.g. dtype=torch.bfloat16)")
-        self.dtype, self.channels_last = dtype, channels_last
+        self.dtype, self.channels_last = resolved, channels_last
         self.mean_std = parse_normalize(normalize) if normalize is not None else None
         self._factors: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -120,17 +117,17 @@ class ToDevice(DeviceStage):
         return work if self.dtype == torch.float32 else work.to(self.dtype)
 
     def _factor(self, channels: int, device: torch.device, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-channel ``1 / (255 std)`` and ``-mean / std``, shaped (1, C, 1, 1), on ``device``."""
+        """Per-channel scale and offset (:func:`~mmloader.readers.augment.spec.affine_factors`), shaped
+        (1, C, 1, 1), on ``device``."""
         key = (channels, device)
         if key not in self._factors:
-            mean, std = self.mean_std or ((0.0,), (1.0,))
-            if len(mean) not in (1, channels):
+            mean, std = self.mean_std or (None, None)
+            if mean is not None and len(mean) not in (1, channels):
                 raise ValueError(f"ToDevice: normalize has {len(mean)} channels, batch[{name!r}] has {channels}")
-            m = torch.tensor(mean, dtype=torch.float64).expand(channels)
-            s = torch.tensor(std, dtype=torch.float64).expand(channels)
-            shape = (1, channels, 1, 1)
-            scale, offset = (1 / (255 * s)).view(shape), (-m / s).view(shape)
-            self._factors[key] = (scale.to(device, torch.float32), offset.to(device, torch.float32))
+            factors = affine_factors(mean, std, channels, 1 / 255)
+            self._factors[key] = tuple(  # type: ignore[assignment]
+                torch.from_numpy(f).view(1, channels, 1, 1).to(device, torch.float32) for f in factors
+            )
         return self._factors[key]
 
 

@@ -22,7 +22,7 @@ from ...media.imageinfo import ImageInfo, check_pixels, probe
 from ..columns import Stacked, batch_buffer
 from ..image_decode import dct_eighths_for, decode_to_tensor, jpeg_box, jpeg_into, pil_to_tensor, target_hw
 from .params import center_boxes, flips, random_resized_boxes
-from .spec import Augment
+from .spec import Augment, affine_factors
 
 CHANNELS = {"RGB": 3, "L": 1, "RGBA": 4}
 
@@ -305,13 +305,7 @@ class Converter:
 
     def __init__(self, aug: Augment, width: int, channels: int):
         unit = 1 / 255 if aug.scale else 1.0
-        if aug.mean is not None:
-            assert aug.std is not None
-            mean = np.broadcast_to(np.asarray(aug.mean, dtype=np.float64), (channels,))
-            std = np.broadcast_to(np.asarray(aug.std, dtype=np.float64), (channels,))
-            scale, offset = unit / std, -mean / std
-        else:
-            scale, offset = np.full(channels, unit), np.zeros(channels)
+        scale, offset = affine_factors(aug.mean, aug.std, channels, unit)
         self.normalise, self.unit = aug.mean is not None, unit
         self.row = width * channels
         self.scale_row = torch.from_numpy(np.tile(scale, width))  # float64: cast to the work dtype

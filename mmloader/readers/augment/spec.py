@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 
 #: ImageNet's per-channel statistics in [0, 1] units (``normalize="imagenet"``).
@@ -221,10 +222,7 @@ def native_augment(
     std: tuple[float, ...] | None = None
     if normalize is not None:
         mean, std = parse_normalize(normalize)
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
-        dtype = DTYPES[dtype]
+    dtype = parse_dtype(dtype)
     if dtype is None and mean is not None:
         dtype = torch.float32
     resize = None if size is None else size if isinstance(size, int) else pair(size, "size")
@@ -245,3 +243,33 @@ def parse_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...
     if isinstance(normalize, Sequence) and not isinstance(normalize, str) and len(normalize) == 2:
         return tuple(map(float, normalize[0])), tuple(map(float, normalize[1]))
     raise ValueError(f"normalize={normalize!r}: expected 'imagenet', (mean, std) or {{mean: [...], std: [...]}}")
+
+
+def parse_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A dtype name (``"bfloat16"``) as its torch dtype; anything else as given.
+
+    >>> parse_dtype("bfloat16"), parse_dtype(None)
+    (torch.bfloat16, None)
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}, a torch dtype, or None")
+        return DTYPES[dtype]
+    return dtype
+
+
+def affine_factors(
+    mean: Sequence[float] | None, std: Sequence[float] | None, channels: int, unit: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel float64 ``(scale, offset)`` with ``pixels * scale + offset == (pixels * unit - mean) / std``
+    (without ``mean``: ``pixels * unit``): the one normalisation arithmetic of the fused CPU path and
+    of ``ToDevice``, so both give the same floats.
+
+    >>> affine_factors([0.5], [0.25], 2, 1 / 255)[1].tolist()
+    [-2.0, -2.0]
+    """
+    if mean is None or std is None:
+        return np.full(channels, unit), np.zeros(channels)
+    m = np.broadcast_to(np.asarray(mean, dtype=np.float64), (channels,))
+    s = np.broadcast_to(np.asarray(std, dtype=np.float64), (channels,))
+    return unit / s, -m / s
