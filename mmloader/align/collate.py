@@ -96,7 +96,10 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
     if any(t.dim() != ndim for t in tensors):
         raise ValueError(f"cannot pad tensors of different ranks: {[tuple(t.shape) for t in tensors]}")
     shape = [max(t.shape[d] for t in tensors) for d in range(ndim)]
-    out = tensors[0].new_full((len(tensors), *shape), pad_value)
+    if is_image(tensors[0]):  # decoded pixels of several sizes: padded in the layout they batch in
+        out = pixels_batch((len(tensors), *shape), pad_value)
+    else:
+        out = tensors[0].new_full((len(tensors), *shape), pad_value)
     mask = torch.zeros((len(tensors), *shape), dtype=torch.bool)
     for i, t in enumerate(tensors):
         region: tuple[int | slice, ...] = (i, *[slice(0, s) for s in t.shape])
@@ -237,14 +240,24 @@ def sample_columns(samples: Sequence[dict[str, Any]]) -> dict[str, list]:
 
 
 def is_image(t: torch.Tensor) -> bool:
-    """A decoded image: uint8, (C, H, W) with 1, 3 or 4 channels."""
-    return t.dtype == torch.uint8 and t.dim() == 3 and t.shape[0] in (1, 3, 4)
+    """Decoded pixels: uint8, an image (C, H, W) or a clip's frames (T, C, H, W), 1, 3 or 4
+    channels."""
+    return t.dtype == torch.uint8 and t.dim() in (3, 4) and t.shape[-3] in (1, 3, 4)
+
+
+def pixels_batch(shape: Sequence[int], fill: float | None = None) -> torch.Tensor:
+    """An uint8 batch ``(B, [T,] C, H, W)`` in channels-last memory (``(B, [T,] H, W, C)``: the
+    layout decoders write and GPU convolutions prefer), empty or filled with ``fill``."""
+    *lead, c, h, w = shape
+    memory = (*lead, h, w, c)
+    out = torch.empty(memory, dtype=torch.uint8) if fill is None else torch.full(memory, fill, dtype=torch.uint8)
+    return out.movedim(-1, -3)
 
 
 def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Images of one shape -> (B, C, H, W) in channels_last memory (the batched decoders' layout)."""
-    c, h, w = images[0].shape
-    out = torch.empty((len(images), h, w, c), dtype=torch.uint8).permute(0, 3, 1, 2)
+    """Images or clips of one shape -> (B, [T,] C, H, W) in channels-last memory; a copy, not a
+    transposition, when they are channels-last themselves (the decoders' output)."""
+    out = pixels_batch((len(images), *images[0].shape))
     for i, im in enumerate(images):
         out[i].copy_(im)
     return out

@@ -57,7 +57,15 @@ def _use_count(t: torch.Tensor) -> int:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last))
+    """Its elements fill its memory once each, in some order of its dims (contiguous,
+    channels-last images or clips...): copied into the slot with the same strides, a plain copy."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 class _Arena:

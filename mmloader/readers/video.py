@@ -60,7 +60,8 @@ INTERPOLATION = "AREA"
 
 
 class VideoReader(ClipSource):
-    """A video field as a uint8 ``(T, C, H, W)`` tensor of ``frames`` RGB frames.
+    """A video field as a uint8 ``(T, C, H, W)`` tensor of ``frames`` RGB frames, in channels-last
+    memory (``(T, H, W, C)``, as decoded; ``.contiguous()`` gives planar frames).
 
     ``fps``: the clip's frame rate (None: the video's own, i.e. consecutive frames).
     ``clip``: where the clip starts: ``"random"`` (default), ``"start"``, ``"center"`` or
@@ -236,12 +237,13 @@ class VideoReader(ClipSource):
                 chosen, reached = decode_targets(container, stream, plan, self.threads, convert, seek=False)
             shown = np.array([t for t, _ in chosen], dtype=np.float64)
             check_not_truncated(reached, plan, info)
-            out = torch.from_numpy(np.stack([a for _, a in chosen])) if len({a.shape for _, a in chosen}) == 1 else None
-            if out is None:
+            if len({a.shape for _, a in chosen}) != 1:
                 raise DecodeError(
                     "the frames of the clip differ in size (a resolution change mid-stream): give size=(height, width)"
                 )
-            return out.permute(0, 3, 1, 2).contiguous(), shown
+            # (T, H, W, C) as swscale writes it, seen as (T, C, H, W): channels-last memory, the
+            # layout batches keep (collate) and GPUs prefer; a planar copy cost 0.7 ms per 480p frame
+            return torch.from_numpy(np.stack([a for _, a in chosen])).permute(0, 3, 1, 2), shown
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt video: {e}") from None
         finally:

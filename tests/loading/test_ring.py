@@ -104,6 +104,21 @@ def test_tensors_inside_lists_go_into_the_slot_and_plain_lists_pass_as_they_are(
     assert out["caption"] == ["a", "b"] and out["mixed"][0] == "x"
 
 
+def test_dense_tensors_of_any_dim_order_cross_in_their_own_layout():
+    """Contiguous, channels-last images and clips ((B, T, C, H, W) over (B, T, H, W, C) memory)
+    are copied into the slot keeping their strides: a plain copy, not a transposition. A strided
+    view that skips memory is copied contiguous."""
+    slot = torch.zeros(1 << 16, dtype=torch.uint8)
+    clip = torch.arange(2 * 3 * 4 * 5 * 3, dtype=torch.int32).reshape(2, 3, 4, 5, 3).movedim(-1, 2)
+    image = torch.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    plain, skipping = torch.arange(12).reshape(3, 4), torch.arange(24).reshape(4, 6)[:, ::2]
+    packed = _pack({"clip": clip, "image": image, "plain": plain, "skip": skipping}, _Arena(slot))
+    out = _unpack(packed, slot)
+    for name, t in (("clip", clip), ("image", image), ("plain", plain)):
+        assert torch.equal(out[name], t) and out[name].stride() == t.stride(), name
+    assert torch.equal(out["skip"], skipping) and out["skip"].is_contiguous()
+
+
 @pytest.mark.process
 def test_ring_resume_onto_another_worker_count(pairs):
     full = [b["__key__"] for b in _loader(pairs)]

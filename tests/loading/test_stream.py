@@ -210,6 +210,25 @@ def test_collate_pads_and_masks():
     assert out["l"].tolist() == [1, 2] and out["__key__"] == ["a", "b"]
 
 
+def test_collate_batches_pixels_channels_last_and_pads_them_in_that_layout():
+    """Images (C, H, W) and clips (T, C, H, W) batch in channels-last memory, whatever the layout
+    of the samples, with the values of a plain stack; clips of several lengths pad in it too."""
+    clips = [torch.randint(0, 255, (t, 3, 5, 7), dtype=torch.uint8) for t in (2, 3)]
+    views = [c.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for c in clips]  # as decoded
+    for samples in (clips, views):
+        same = mmloader.collate([{"v": samples[0]}, {"v": samples[0]}])["v"]
+        assert torch.equal(same, torch.stack([clips[0], clips[0]]))
+        assert same.permute(0, 1, 3, 4, 2).is_contiguous()  # (B, T, H, W, C) memory
+        out = mmloader.collate([{"v": v} for v in samples])
+        padded, mask = out["v"], out["__mask__"]["v"]
+        assert padded.shape == (2, 3, 3, 5, 7) and padded.permute(0, 1, 3, 4, 2).is_contiguous()
+        assert torch.equal(padded[0, :2], clips[0]) and torch.equal(padded[1], clips[1])
+        assert not padded[0, 2].any() and mask[0, :2].all() and not mask[0, 2].any()
+    images = mmloader.collate([{"i": clips[1][0]}, {"i": views[1][1]}])["i"]
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(images, clips[1][:2])
+
+
 def test_collate_always_masks_named_modalities():
     same = [{"__key__": "a", "t": torch.ones(2)}, {"__key__": "b", "t": torch.ones(2)}]
     assert "__mask__" not in mmloader.collate(same)

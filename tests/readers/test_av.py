@@ -94,6 +94,23 @@ def test_video_frames_equal_a_reference_decode_of_the_same_timestamps(tmp_path, 
                 assert np.array_equal(frames[j].permute(1, 2, 0).numpy(), reference[round(t, 6)]), (ext, j, t)
 
 
+@pytest.mark.process
+def test_clips_keep_the_decoded_layout_through_collate_and_worker_processes(tmp_path, clips):
+    """FFmpeg writes (H, W, C) frames: a clip is a (T, C, H, W) view of them, and batches keep
+    that memory, (B, T, H, W, C): copied, never transposed, also through the process backend."""
+    path = store_of(tmp_path, "v.lmdb", [{"__key__": f"k{i}", "mp4": clips["mp4"]} for i in range(4)])
+    clip = mmloader.VideoReader(path, "mp4", frames=3, clip="start")[0]
+    assert clip.shape == (3, 3, 48, 64) and clip.permute(0, 2, 3, 1).is_contiguous()
+    for backend in ("thread", "process"):
+        ds = mmloader.zip(v=mmloader.VideoReader(path, "mp4", frames=3, clip="start"))
+        loader = mmloader.loader(mmloader.Stream(ds, batch_size=2, seed=0), num_workers=1, backend=backend)
+        batches = [b["v"] for b in loader]
+        assert len(batches) == 2, backend
+        for v in batches:
+            assert v.shape == (2, 3, 3, 48, 64) and v.permute(0, 1, 3, 4, 2).is_contiguous(), backend
+            assert torch.equal(v[0], clip) and torch.equal(v[1], clip), backend
+
+
 # -- frame selection on the containers' own timestamps (indices drawn in the pixels) -------------------
 #: A phone's variable frame rate: bursts at 30 fps, frames held for up to 0.4 s (milliseconds).
 PHONE_MS = [0, 33, 66, 200, 233, 500, 533, 566, 900, 933, 966, 1000, 1033, 1500, 1533, 1900]
