@@ -194,8 +194,8 @@ def measure(readers: dict, clips: list, rounds: int, batch: int = 8) -> dict:
             for at in range(0, len(clips), batch):
                 frames = [readers[name](key, data) for key, data in clips[at : at + batch]]
                 if stacked:
-                    batch = collate_of(name)(frames)
-                    assert batch.shape[1:] == (FRAMES, 3, *frames[0].shape[2:]), name
+                    collated = collate_of(name)(frames)
+                    assert collated.shape[1:] == (FRAMES, 3, *frames[0].shape[2:]), name
             spent.append((time.process_time() - t) / len(clips) * 1000)
     return {key: statistics.median(v) for key, v in times.items()}
 

@@ -96,7 +96,8 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
     if any(t.dim() != ndim for t in tensors):
         raise ValueError(f"cannot pad tensors of different ranks: {[tuple(t.shape) for t in tensors]}")
     shape = [max(t.shape[d] for t in tensors) for d in range(ndim)]
-    if is_image(tensors[0]):  # decoded pixels of several sizes: padded in the layout they batch in
+    real = next((t for t in tensors if t.numel()), tensors[0])  # (absent rows are empty fillers)
+    if is_image(real) and all(t.dtype == real.dtype for t in tensors):  # pixels: padded in their batch layout
         out = pixels_batch((len(tensors), *shape), pad_value)
     else:
         out = tensors[0].new_full((len(tensors), *shape), pad_value)
@@ -240,9 +241,12 @@ def sample_columns(samples: Sequence[dict[str, Any]]) -> dict[str, list]:
 
 
 def is_image(t: torch.Tensor) -> bool:
-    """Decoded pixels: uint8, an image (C, H, W) or a clip's frames (T, C, H, W), 1, 3 or 4
-    channels."""
-    return t.dtype == torch.uint8 and t.dim() in (3, 4) and t.shape[-3] in (1, 3, 4)
+    """Decoded pixels that batch channels-last: uint8 images (C, H, W) with 1, 3 or 4 channels, and
+    clips (T, C, H, W) that are channels-last themselves (as decoders hand them out); a 4-D tensor
+    in any other layout (an array field, a transform's planar output) batches as it is."""
+    if t.dtype != torch.uint8 or t.dim() not in (3, 4) or t.shape[-3] not in (1, 3, 4):
+        return False
+    return t.dim() == 3 or (t.movedim(-3, -1).is_contiguous() and not t.is_contiguous())
 
 
 def pixels_batch(shape: Sequence[int], fill: float | None = None) -> torch.Tensor:
@@ -315,7 +319,8 @@ def collate_columns(
             elif all(v.shape == first.shape for v in real) and name not in always_mask:
                 filler = torch.zeros_like(first)
                 filled = [v if h else filler for v, h in zip(values, have)]
-                batch[name] = stack_images(filled) if is_image(first) else torch.stack(filled)
+                same_dtype = all(v.dtype == first.dtype for v in real)
+                batch[name] = stack_images(filled) if same_dtype and is_image(first) else torch.stack(filled)
             else:
                 filler = first.new_zeros((0,) * first.dim())
                 filled = [v if h else filler for v, h in zip(values, have)]

@@ -29,14 +29,16 @@ class ToDevice(DeviceStage):
 
     Args:
         loader: an mmloader loader whose ``images`` are uint8 ``(B, C, H, W)`` batches (an
-            ``ImageReader`` with a crop or a fixed size, no float conversion).
+            ``ImageReader`` with a crop or a fixed size, no float conversion) or ``(B, T, C, H, W)``
+            clips (a ``VideoReader`` with a ``size``).
         device: default CUDA when available, else the CPU.
-        images: the batch's image fields (a name or names).
+        images: the batch's image or clip fields (a name or names).
         dtype: their output dtype; None keeps uint8 (then no ``normalize``).
         normalize: ``"imagenet"``, ``(mean, std)`` or ``{"mean": [...], "std": [...]}`` in
             [0, 1] units (as ``ImageReader(normalize=...)``), or None (only ``/ 255``).
         channels_last: the images in channels_last memory (what convolutions on a GPU take
-            fastest, and the layout the fused path already produces).
+            fastest, and the layout the fused path already produces); clips keep their
+            ``(B, T, H, W, C)`` memory. False: plain contiguous.
 
     >>> loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(
     ...     "train/", crop=mmloader.Crop.random(224), flip=0.5)), batch_size=256))   # doctest: +SKIP
@@ -97,21 +99,25 @@ class ToDevice(DeviceStage):
         return images
 
     def convert(self, pixels: Any, name: str = "image") -> torch.Tensor:
-        """uint8 ``(B, C, H, W)`` pixels -> ``(pixels / 255 - mean) / std`` in ``dtype``, on their device."""
-        if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4:
+        """uint8 ``(B, C, H, W)`` images or ``(B, T, C, H, W)`` clips -> ``(pixels / 255 - mean) / std``
+        in ``dtype``, on their device."""
+        if not isinstance(pixels, torch.Tensor) or pixels.dim() not in (4, 5):
             raise ValueError(
-                f"ToDevice: batch[{name!r}] is {_what(pixels)}, not a (B, C, H, W) batch: give the ImageReader "
-                "a crop or a fixed size so that its images stack"
+                f"ToDevice: batch[{name!r}] is {_what(pixels)}, not a (B, C, H, W) or (B, T, C, H, W) batch: "
+                "give the ImageReader a crop or a fixed size (the VideoReader a size) so that they stack"
             )
         if pixels.dtype != torch.uint8:
             raise ValueError(
                 f"ToDevice: batch[{name!r}] is {pixels.dtype}, not uint8: leave ToDtype/Normalize (or "
                 "normalize=/dtype=) out of the reader and let ToDevice convert on the device"
             )
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        if pixels.dim() == 5:  # clips: channels-last is the (B, T, H, W, C) memory they batch in
+            layout = torch.preserve_format if self.channels_last else torch.contiguous_format
+        else:
+            layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if self.dtype is None:
-            return pixels.contiguous(memory_format=layout)
-        scale, offset = self._factor(int(pixels.shape[1]), pixels.device, name)
+            return pixels if layout == torch.preserve_format else pixels.contiguous(memory_format=layout)
+        scale, offset = self._factor(int(pixels.shape[-3]), pixels.device, name)
         work = pixels.to(torch.float32, memory_format=layout)  # float32 arithmetic, as the reader's
         work = torch.addcmul(offset, work, scale, out=work) if self.mean_std else work.mul_(scale)
         return work if self.dtype == torch.float32 else work.to(self.dtype)

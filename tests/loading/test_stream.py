@@ -211,19 +211,25 @@ def test_collate_pads_and_masks():
 
 
 def test_collate_batches_pixels_channels_last_and_pads_them_in_that_layout():
-    """Images (C, H, W) and clips (T, C, H, W) batch in channels-last memory, whatever the layout
-    of the samples, with the values of a plain stack; clips of several lengths pad in it too."""
+    """Images (C, H, W) batch channels-last; clips (T, C, H, W) that are channels-last views (as
+    decoded) batch so too, padded in that layout, whichever row is absent; planar 4-D uint8 (an
+    array, a transform's output) batches as it is, and mixed dtypes promote as torch.stack does."""
     clips = [torch.randint(0, 255, (t, 3, 5, 7), dtype=torch.uint8) for t in (2, 3)]
     views = [c.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for c in clips]  # as decoded
-    for samples in (clips, views):
-        same = mmloader.collate([{"v": samples[0]}, {"v": samples[0]}])["v"]
-        assert torch.equal(same, torch.stack([clips[0], clips[0]]))
-        assert same.permute(0, 1, 3, 4, 2).is_contiguous()  # (B, T, H, W, C) memory
-        out = mmloader.collate([{"v": v} for v in samples])
-        padded, mask = out["v"], out["__mask__"]["v"]
-        assert padded.shape == (2, 3, 3, 5, 7) and padded.permute(0, 1, 3, 4, 2).is_contiguous()
-        assert torch.equal(padded[0, :2], clips[0]) and torch.equal(padded[1], clips[1])
-        assert not padded[0, 2].any() and mask[0, :2].all() and not mask[0, 2].any()
+    same = mmloader.collate([{"v": views[0]}, {"v": views[0]}])["v"]
+    assert torch.equal(same, torch.stack([clips[0], clips[0]]))
+    assert same.permute(0, 1, 3, 4, 2).is_contiguous()  # (B, T, H, W, C) memory
+    rows = [{"v": views[0]}, {"v": views[1]}]
+    for batch in (rows, [{"x": 1}, *rows]):  # the second: row 0 lacks the clip
+        out = mmloader.collate(batch)
+        padded, mask, first = out["v"], out["__mask__"]["v"], len(batch) - 2
+        assert padded.shape == (len(batch), 3, 3, 5, 7) and padded.permute(0, 1, 3, 4, 2).is_contiguous()
+        assert torch.equal(padded[first, :2], clips[0]) and torch.equal(padded[first + 1], clips[1])
+        assert not padded[first, 2].any() and mask[first, :2].all() and not mask[first, 2].any()
+    planar = mmloader.collate([{"a": clips[0]}, {"a": clips[0]}])["a"]
+    assert planar.is_contiguous() and planar.view(2, -1).shape == (2, 210)
+    mixed = mmloader.collate([{"v": views[0]}, {"v": views[0].float() + 0.5}])["v"]
+    assert mixed.dtype == torch.float32 and mixed[1, 0, 0, 0, 0] == clips[0][0, 0, 0, 0] + 0.5
     images = mmloader.collate([{"i": clips[1][0]}, {"i": views[1][1]}])["i"]
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(images, clips[1][:2])

@@ -145,3 +145,35 @@ def test_every_moved_tensor_gets_its_stream_recorded():
     a, b, c, d = (torch.zeros(i + 1) for i in range(4))
     found = list(_tensors({"image": a, "sizes": [b, c], "__present__": {"image": d}, "__key__": ["k0", "k1"]}))
     assert len(found) == 4 and {id(t) for t in found} == {id(a), id(b), id(c), id(d)}
+
+
+def test_video_clips_are_normalised_per_channel_in_their_channels_last_memory(tmp_path):
+    """(B, T, C, H, W) uint8 clips from a VideoReader: normalised on the device per channel, the
+    same floats as torchvision's Normalize frame by frame, kept in (B, T, H, W, C) memory."""
+    av = pytest.importorskip("av")  # noqa: F841
+    from media import make_video
+
+    path = tmp_path / "v.lmdb"
+    with mmloader.writer_for(path) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "mp4": make_video("mp4", seconds=1, fps=10)})
+    ds = mmloader.zip(video=mmloader.VideoReader(path, "mp4", frames=3, size=(24, 32)))
+    raw = list(mmloader.loader(mmloader.Stream(ds, batch_size=2, seed=1), num_workers=1, backend="thread"))
+    moved = list(
+        mmloader.ToDevice(
+            mmloader.loader(mmloader.Stream(ds, batch_size=2, seed=1), num_workers=1, backend="thread"),
+            "cpu",
+            images="video",
+            normalize="imagenet",
+        )
+    )
+    assert len(raw) == len(moved) == 2
+    mean = torch.tensor(IMAGENET_MEAN)[:, None, None]
+    std = torch.tensor(IMAGENET_STD)[:, None, None]
+    for u, b in zip(raw, moved):
+        clips = b["video"]
+        assert clips.dtype == torch.float32 and clips.shape == (2, 3, 3, 24, 32)
+        assert clips.permute(0, 1, 3, 4, 2).is_contiguous()
+        torch.testing.assert_close(clips, (u["video"].float() / 255 - mean) / std, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"not a \(B, C, H, W\) or \(B, T, C, H, W\) batch"):
+        mmloader.ToDevice([], "cpu").convert(torch.zeros(2, 3, dtype=torch.uint8), "video")
