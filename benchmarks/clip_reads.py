@@ -183,7 +183,6 @@ def collate_of(name: str):
 def measure(readers: dict, clips: list, rounds: int, batch: int = 8) -> dict:
     """Median CPU ms per clip of each reader, rounds alternating, after one warm-up pass: read
     only, and read then collated into batches of ``batch`` clips."""
-    import torch
 
     times: dict = {(name, stacked): [] for name in readers for stacked in (False, True)}
     for read in readers.values():
@@ -266,7 +265,8 @@ def report(results: dict, why_not: str, args, path: Path) -> None:
         f"CPU ms per clip in one process (one decoding thread each), medians of {args.rounds} alternating "
         f"rounds over {args.clips} 10-s 854x480 H.264 clips; output uint8 (T, C, H, W). "
         "fps: 8 frames at 4 fps from a random start, 224x224; consecutive: 8 frames from a random start "
-        "at the stored size." + (" torchcodec on PyAV's bundled FFmpeg (`--ffmpeg-from-pyav`)." if args.ffmpeg_from_pyav else ""),
+        "at the stored size."
+        + (" torchcodec on PyAV's bundled FFmpeg (`--ffmpeg-from-pyav`)." if args.ffmpeg_from_pyav else ""),
         "",
         "| workload | contender | read, CPU ms / clip | read + collated in batches of 8 | mmloader's speed-up (collated) |",
         "| --- | --- | ---: | ---: | ---: |",
