@@ -12,9 +12,12 @@ in ``batch["__images__"][name]`` (every image of the batch: ``(N, C, H, W)`` whe
 shape), with ``batch["__counts__"][name]`` (images per document) and ``batch["__row__"][name]``
 (the document of each image).
 
-Images (uint8 ``(C, H, W)`` tensors, C in 1, 3, 4) of one size stack into a
-``(B, C, H, W)`` batch in channels_last memory, on every path, so a batch has the
-same layout whichever way it was built.
+Images (uint8 ``(C, H, W)`` tensors, C in 1, 3, 4) stack into a ``(B, C, H, W)`` batch
+in channels_last memory, on every path, so a batch has the same layout whichever way it
+was built; so do clips (uint8 ``(T, C, H, W)``) that come channels-last, as decoded,
+into ``(B, T, C, H, W)`` over ``(B, T, H, W, C)`` memory. Images and clips of several
+sizes are padded in that layout. ``.contiguous()`` gives planar batches (``.view`` across
+the channels needs it; ``.reshape`` takes either).
 
 Encoded bytes — modalities named in ``pack``, e.g. ``ImageReader(output="raw")``,
 which :class:`mmloader.Stream` passes — are *packed*: ``batch[name]`` is their
@@ -33,7 +36,7 @@ from typing import Any, Callable, Literal, Sequence, overload
 
 import torch
 
-from ..readers.columns import Packed, Ragged, Stacked, per_sample
+from ..readers.columns import Packed, Ragged, Stacked, batch_buffer, per_sample
 from ..readers.document import Document
 
 _MISSING = object()
@@ -242,19 +245,23 @@ def sample_columns(samples: Sequence[dict[str, Any]]) -> dict[str, list]:
 
 def is_image(t: torch.Tensor) -> bool:
     """Decoded pixels that batch channels-last: uint8 images (C, H, W) with 1, 3 or 4 channels, and
-    clips (T, C, H, W) that are channels-last themselves (as decoders hand them out); a 4-D tensor
-    in any other layout (an array field, a transform's planar output) batches as it is."""
+    clips (T, C, H, W) laid out channels-last themselves (as decoders hand them out; crops and
+    frame slices of them too: channels innermost, then width); a 4-D tensor in any other layout
+    (an array field, a transform's planar output) batches as it is."""
     if t.dtype != torch.uint8 or t.dim() not in (3, 4) or t.shape[-3] not in (1, 3, 4):
         return False
-    return t.dim() == 3 or (t.movedim(-3, -1).is_contiguous() and not t.is_contiguous())
+    return t.dim() == 3 or (t.stride(-3) == 1 and t.stride(-1) == t.shape[-3])
 
 
-def pixels_batch(shape: Sequence[int], fill: float | None = None) -> torch.Tensor:
-    """An uint8 batch ``(B, [T,] C, H, W)`` in channels-last memory (``(B, [T,] H, W, C)``: the
-    layout decoders write and GPU convolutions prefer), empty or filled with ``fill``."""
+def pixels_batch(shape: Sequence[int], fill: float | None = None, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """A batch ``(B, [T,] C, H, W)`` in channels-last memory (``(B, [T,] H, W, C)``: the layout
+    decoders write and GPU convolutions prefer), uninitialised or filled with ``fill``; from the
+    batch buffers (the worker's shared-memory slot, or memory already faulted in: a fresh
+    allocation of a 10 MB clip batch costs more in page faults than copying into it)."""
     *lead, c, h, w = shape
-    memory = (*lead, h, w, c)
-    out = torch.empty(memory, dtype=torch.uint8) if fill is None else torch.full(memory, fill, dtype=torch.uint8)
+    out = batch_buffer((*lead, h, w, c), dtype)
+    if fill is not None:
+        out.fill_(fill)
     return out.movedim(-1, -3)
 
 
@@ -397,7 +404,7 @@ def merge_columns(parts: Sequence[tuple[Sequence[int], dict[str, Any]]], size: i
             and len({(c.tensor.shape[1:], c.tensor.dtype) for _r, c in have}) == 1
         ):
             first = have[0][1].tensor
-            merged = torch.empty((size, *first.shape[2:], first.shape[1]), dtype=first.dtype).permute(0, 3, 1, 2)
+            merged = pixels_batch((size, *first.shape[1:]), dtype=first.dtype)
             for rows, column in have:
                 merged[torch.as_tensor(list(rows))] = column.tensor
             out[name] = Stacked(merged)

@@ -59,6 +59,8 @@ def _use_count(t: torch.Tensor) -> int:
 def _dense(t: torch.Tensor) -> bool:
     """Its elements fill its memory once each, in some order of its dims (contiguous,
     channels-last images or clips...): copied into the slot with the same strides, a plain copy."""
+    if t.numel() == 0 or t.is_contiguous():
+        return True
     expected = 1
     for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
         if size != 1:

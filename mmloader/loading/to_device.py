@@ -37,8 +37,9 @@ class ToDevice(DeviceStage):
         normalize: ``"imagenet"``, ``(mean, std)`` or ``{"mean": [...], "std": [...]}`` in
             [0, 1] units (as ``ImageReader(normalize=...)``), or None (only ``/ 255``).
         channels_last: the images in channels_last memory (what convolutions on a GPU take
-            fastest, and the layout the fused path already produces); clips keep their
-            ``(B, T, H, W, C)`` memory. False: plain contiguous.
+            fastest, and the layout the fused path already produces); clips keep the memory
+            layout they come in (``(B, T, H, W, C)`` from a ``VideoReader``). False: plain
+            contiguous.
 
     >>> loader = mmloader.loader(mmloader.Stream(mmloader.zip(image=mmloader.ImageReader(
     ...     "train/", crop=mmloader.Crop.random(224), flip=0.5)), batch_size=256))   # doctest: +SKIP

@@ -242,7 +242,8 @@ class VideoReader(ClipSource):
                     "the frames of the clip differ in size (a resolution change mid-stream): give size=(height, width)"
                 )
             # (T, H, W, C) as swscale writes it, seen as (T, C, H, W): channels-last memory, the
-            # layout batches keep (collate) and GPUs prefer; a planar copy cost 0.7 ms per 480p frame
+            # layout batches keep (collate) and GPUs prefer; a planar copy (torch's permute-copy)
+            # was 8 ms of a consecutive 8-frame 480p clip's 42 ms of CPU (cProfile)
             return torch.from_numpy(np.stack([a for _, a in chosen])).permute(0, 3, 1, 2), shown
         except av.error.FFmpegError as e:
             raise DecodeError(f"corrupt video: {e}") from None

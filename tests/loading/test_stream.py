@@ -210,22 +210,31 @@ def test_collate_pads_and_masks():
     assert out["l"].tolist() == [1, 2] and out["__key__"] == ["a", "b"]
 
 
+def _clip_memory(batch: torch.Tensor) -> bool:
+    """A (B, T, C, H, W) batch over (B, T, H, W, C) memory."""
+    return batch.permute(0, 1, 3, 4, 2).is_contiguous()
+
+
 def test_collate_batches_pixels_channels_last_and_pads_them_in_that_layout():
-    """Images (C, H, W) batch channels-last; clips (T, C, H, W) that are channels-last views (as
-    decoded) batch so too, padded in that layout, whichever row is absent; planar 4-D uint8 (an
-    array, a transform's output) batches as it is, and mixed dtypes promote as torch.stack does."""
+    """Images (C, H, W) batch channels-last; clips (T, C, H, W) that are channels-last (as decoded,
+    or crops and frame slices of that) batch so too, also next to a planar row and padded to
+    several lengths, whichever row is absent; planar 4-D uint8 (an array, a transform's output)
+    batches as it is, and mixed dtypes promote as torch.stack does."""
     clips = [torch.randint(0, 255, (t, 3, 5, 7), dtype=torch.uint8) for t in (2, 3)]
     views = [c.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) for c in clips]  # as decoded
-    same = mmloader.collate([{"v": views[0]}, {"v": views[0]}])["v"]
-    assert torch.equal(same, torch.stack([clips[0], clips[0]]))
-    assert same.permute(0, 1, 3, 4, 2).is_contiguous()  # (B, T, H, W, C) memory
+    mixed_layouts = mmloader.collate([{"v": views[0]}, {"v": clips[0]}])["v"]  # torch.stack: planar
+    assert torch.equal(mixed_layouts, torch.stack([clips[0], clips[0]])) and _clip_memory(mixed_layouts)
     rows = [{"v": views[0]}, {"v": views[1]}]
-    for batch in (rows, [{"x": 1}, *rows]):  # the second: row 0 lacks the clip
+    crops = [{"v": v[:, :, 1:4, 2:6]} for v in views]  # a transform's crop: a view, not dense
+    for batch in (rows, [{"x": 1}, *rows], crops):  # the second: row 0 lacks the clip
         out = mmloader.collate(batch)
         padded, mask, first = out["v"], out["__mask__"]["v"], len(batch) - 2
-        assert padded.shape == (len(batch), 3, 3, 5, 7) and padded.permute(0, 1, 3, 4, 2).is_contiguous()
-        assert torch.equal(padded[first, :2], clips[0]) and torch.equal(padded[first + 1], clips[1])
+        want = [c[:, :, 1:4, 2:6] for c in clips] if batch is crops else clips
+        assert padded.shape == (len(batch), 3, *want[0].shape[1:]) and _clip_memory(padded)
+        assert torch.equal(padded[first, :2], want[0]) and torch.equal(padded[first + 1], want[1])
         assert not padded[first, 2].any() and mask[first, :2].all() and not mask[first, 2].any()
+    gray = torch.randint(0, 255, (2, 5, 7, 1), dtype=torch.uint8).permute(0, 3, 1, 2)
+    assert torch.equal(mmloader.collate([{"g": gray}, {"g": gray}])["g"], torch.stack([gray, gray]))
     planar = mmloader.collate([{"a": clips[0]}, {"a": clips[0]}])["a"]
     assert planar.is_contiguous() and planar.view(2, -1).shape == (2, 210)
     mixed = mmloader.collate([{"v": views[0]}, {"v": views[0].float() + 0.5}])["v"]

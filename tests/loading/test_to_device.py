@@ -149,7 +149,10 @@ def test_every_moved_tensor_gets_its_stream_recorded():
 
 def test_video_clips_are_normalised_per_channel_in_their_channels_last_memory(tmp_path):
     """(B, T, C, H, W) uint8 clips from a VideoReader: normalised on the device per channel, the
-    same floats as torchvision's Normalize frame by frame, kept in (B, T, H, W, C) memory."""
+    same floats as torchvision's normalize of the clips, kept in (B, T, H, W, C) memory; uint8
+    kept as it is with dtype=None."""
+    from torchvision.transforms.v2.functional import normalize, to_dtype
+
     av = pytest.importorskip("av")  # noqa: F841
     from media import make_video
 
@@ -174,6 +177,12 @@ def test_video_clips_are_normalised_per_channel_in_their_channels_last_memory(tm
         clips = b["video"]
         assert clips.dtype == torch.float32 and clips.shape == (2, 3, 3, 24, 32)
         assert clips.permute(0, 1, 3, 4, 2).is_contiguous()
+        frames = to_dtype(u["video"].flatten(0, 1), torch.float32, scale=True)
+        want = normalize(frames, list(IMAGENET_MEAN), list(IMAGENET_STD)).view(clips.shape)
+        torch.testing.assert_close(clips, want, rtol=0, atol=1e-5)
         torch.testing.assert_close(clips, (u["video"].float() / 255 - mean) / std, rtol=0, atol=1e-5)
+    stage = mmloader.ToDevice([raw[0]], "cpu", images="video", dtype=None)
+    kept = next(iter(stage))["video"]
+    assert kept.dtype == torch.uint8 and torch.equal(kept, raw[0]["video"]) and kept.stride() == raw[0]["video"].stride()
     with pytest.raises(ValueError, match=r"not a \(B, C, H, W\) or \(B, T, C, H, W\) batch"):
         mmloader.ToDevice([], "cpu").convert(torch.zeros(2, 3, dtype=torch.uint8), "video")
