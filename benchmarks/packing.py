@@ -416,9 +416,9 @@ NOTES = [
     "or two to a row, each kept where the room it leaves lies in a band that k pairs fill, then every row completed "
     "by a bounded subset-sum over the short samples left (Python integers as bitsets: 8,600 rows in about 3 s) 95.5%: "
     "1,700 rows keep a room no combination closes and 2,300 rows of pairs alone remain; taking the rows of seven "
-    "pairs (which close at 4,095) first, 94.1%, since they use up the short samples the other rows needed. 1,127 "
-    "such seven-pair rows exist in these lengths, so 97% is there to be had, by a packer that balances the whole "
-    "window (a local search reached 97.3%), not by any one-row-at-a-time rule tried here.",
+    "pairs (which close at 4,095) first, 94.1%, since they use up the short samples the other rows needed "
+    "(experiments, not kept). Only the local search's 97.3% shows the goal can be reached on these lengths: "
+    "by a packer that balances the whole window, not by any one-row-at-a-time rule tried here.",
     "- **Against bucketing.** `Bucketing` sorts windows of 64 batches by length, so on this data its batches "
     "are 96-97% real tokens. A step whose cost follows its tokens then gains little from packing (the goal's "
     "1.3x would need bucketing under about 73% full). What packing changes is the step: bucketed steps of 20 "
