@@ -183,6 +183,8 @@ def test_video_clips_are_normalised_per_channel_in_their_channels_last_memory(tm
         torch.testing.assert_close(clips, (u["video"].float() / 255 - mean) / std, rtol=0, atol=1e-5)
     stage = mmloader.ToDevice([raw[0]], "cpu", images="video", dtype=None)
     kept = next(iter(stage))["video"]
-    assert kept.dtype == torch.uint8 and torch.equal(kept, raw[0]["video"]) and kept.stride() == raw[0]["video"].stride()
+    assert (
+        kept.dtype == torch.uint8 and torch.equal(kept, raw[0]["video"]) and kept.stride() == raw[0]["video"].stride()
+    )
     with pytest.raises(ValueError, match=r"not a \(B, C, H, W\) or \(B, T, C, H, W\) batch"):
         mmloader.ToDevice([], "cpu").convert(torch.zeros(2, 3, dtype=torch.uint8), "video")
