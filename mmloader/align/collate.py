@@ -99,8 +99,7 @@ def pad_stack(tensors: Sequence[torch.Tensor], pad_value: float = 0) -> tuple[to
     if any(t.dim() != ndim for t in tensors):
         raise ValueError(f"cannot pad tensors of different ranks: {[tuple(t.shape) for t in tensors]}")
     shape = [max(t.shape[d] for t in tensors) for d in range(ndim)]
-    real = next((t for t in tensors if t.numel()), tensors[0])  # (absent rows are empty fillers)
-    if is_image(real) and all(t.dtype == real.dtype for t in tensors):  # pixels: padded in their batch layout
+    if batches_as_pixels(tensors):  # padded in the layout they batch in
         out = pixels_batch((len(tensors), *shape), pad_value)
     else:
         out = tensors[0].new_full((len(tensors), *shape), pad_value)
@@ -253,6 +252,14 @@ def is_image(t: torch.Tensor) -> bool:
     return t.dim() == 3 or (t.stride(-3) == 1 and t.stride(-1) == t.shape[-3])
 
 
+def batches_as_pixels(tensors: Sequence[torch.Tensor]) -> bool:
+    """The tensors of one column batch as pixels (channels-last): the first real one (absent rows
+    are empty fillers) :func:`is_image`, and all of one dtype (mixed dtypes promote, as
+    ``torch.stack`` does, instead of being cast to uint8)."""
+    first = next((t for t in tensors if t.numel()), tensors[0])
+    return is_image(first) and all(t.dtype == first.dtype for t in tensors)
+
+
 def pixels_batch(shape: Sequence[int], fill: float | None = None, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
     """A batch ``(B, [T,] C, H, W)`` in channels-last memory (``(B, [T,] H, W, C)``: the layout
     decoders write and GPU convolutions prefer), uninitialised or filled with ``fill``; from the
@@ -326,8 +333,7 @@ def collate_columns(
             elif all(v.shape == first.shape for v in real) and name not in always_mask:
                 filler = torch.zeros_like(first)
                 filled = [v if h else filler for v, h in zip(values, have)]
-                same_dtype = all(v.dtype == first.dtype for v in real)
-                batch[name] = stack_images(filled) if same_dtype and is_image(first) else torch.stack(filled)
+                batch[name] = stack_images(filled) if batches_as_pixels(real) else torch.stack(filled)
             else:
                 filler = first.new_zeros((0,) * first.dim())
                 filled = [v if h else filler for v, h in zip(values, have)]
