@@ -109,11 +109,12 @@ def sources_at(stream: Any, step: int, rank: int | None = None, epoch: int | Non
 
 def steps_of(stream: Any, key: str, epoch: int | None = None, source: str | None = None) -> list[tuple[int, int]]:
     """``(rank, step)`` of every batch of ``epoch`` that holds the sample ``key`` (of any source
-    of a mix, or of the one named ``source``; a padding repeat counts), the epoch delivered whole
-    in this stream's world; empty when the epoch leaves the sample out."""
+    of a mix, or of the one named ``source``; a padding repeat counts): the epoch delivered whole
+    in this stream's world, or, for an epoch this stream resumed mid-way, the steps of its own
+    pass and of the pass its state was taken in (under the same plan: the saved world's steps),
+    as :func:`keys_at` answers them. Empty when those passes leave the sample out."""
     e = _epoch(stream, epoch)
-    world, plan = stream.where()[1], stream.plan(e)
-    visit = RangeList([(0, len(plan))])  # the epoch delivered whole, in this world
+    plan = stream.plan(e)
     names = source_names(stream)
     if source is not None and source not in names:
         raise ValueError(f"no source {source!r} in this stream: its sources are {names}")
@@ -122,25 +123,43 @@ def steps_of(stream: Any, key: str, epoch: int | None = None, source: str | None
     found: list[tuple[int, int]] = []
     bs = stream.batch_size or 1
     balanced = stream.packer is not None and stream.packer.balance  # rows dealt step by step
-    for rank in range(world):
-        per_rank = stream._per_rank(plan, visit, world, rank)
-        # the rank's whole epoch as one span (the batches' split, vectorised), or step by step
-        spans = worker_batches(per_rank, stream.batch_size, 1, 0) if balanced else [(0, per_rank)] * bool(per_rank)
-        specs = list(stream.specs(plan, visit, e, rank, world, per_rank, spans))
-        if not specs:
-            continue
-        positions = np.concatenate([spec[1] for spec in specs])
-        if stream.packer is not None:  # positions are rows: find the rows holding the sample
-            sources, indices, _members, offsets = plan.samples(positions)
-            owner = np.repeat(np.arange(len(positions)), np.diff(offsets))
-        else:
-            sources, indices = (np.concatenate([spec[k] for spec in specs]) for k in (2, 3))
-            owner = np.arange(len(positions))
-        hit = np.zeros(len(sources), dtype=bool)
-        for s, i in wanted:
-            hit |= (sources == s) & (indices == i)
-        found += [(rank, int(j) // bs) for j in np.unique(owner[hit])]
+    for world, visit, first, limit in _passes(stream, e, plan):
+        for rank in range(world):
+            per_rank = stream._per_rank(plan, visit, world, rank)
+            taken = per_rank if limit is None else min(per_rank, limit * bs)
+            # the rank's steps as one span (the batches' split, vectorised), or step by step
+            spans = list(worker_batches(taken, stream.batch_size, 1, 0)) if balanced else [(0, taken)] * bool(taken)
+            specs = list(stream.specs(plan, visit, e, rank, world, per_rank, spans))
+            if not specs:
+                continue
+            positions = np.concatenate([spec[1] for spec in specs])
+            if stream.packer is not None:  # positions are rows: find the rows holding the sample
+                sources, indices, _members, offsets = plan.samples(positions)
+                owner = np.repeat(np.arange(len(positions)), np.diff(offsets))
+            else:
+                sources, indices = (np.concatenate([spec[k] for spec in specs]) for k in (2, 3))
+                owner = np.arange(len(positions))
+            hit = np.zeros(len(sources), dtype=bool)
+            for s, i in wanted:
+                hit |= (sources == s) & (indices == i)
+            found += [(rank, first + int(j) // bs) for j in np.unique(owner[hit])]
     return sorted(set(found))
+
+
+def _passes(stream: Any, e: int, plan) -> list[tuple[int, RangeList, int, int | None]]:
+    """(world, visit, first step, steps taken or None for all) of each pass of epoch ``e`` this
+    stream can answer for: the epoch whole in its world, or (resumed mid-way) its own pass and
+    the one the saved state was taken in, when that was the same plan."""
+    world = stream.where()[1]
+    record = stream.resumed_epochs.get(e)
+    if record is None:
+        return [(world, RangeList([(0, len(plan))]), 0, None)]
+    passes: list[tuple[int, RangeList, int, int | None]] = [(world, RangeList(record["ranges"]), record["steps"], None)]
+    saved = record["state"]
+    if saved.get("plan") == stream.identity():
+        taken = -(-int(saved["consumed"]) // (stream.batch_size or 1))  # its last batch may be short
+        passes.append((int(saved["world"]), RangeList(saved["ranges"]), record["steps"] - taken, taken))
+    return passes
 
 
 def _per_rank(stream: Any, step: int, rank: int | None, epoch: int | None, what) -> list:
@@ -236,7 +255,7 @@ def _pass(stream: Any, epoch: int | None, step: int) -> tuple[int, int, Any, Ran
         return e, world, plan, RangeList(record["ranges"]), record["steps"]
     saved = record["state"]
     bs = stream.batch_size or 1
-    first = record["steps"] - int(saved["consumed"]) // bs
+    first = record["steps"] - -(-int(saved["consumed"]) // bs)  # (a last short batch counts)
     if step < first or saved.get("plan") != stream.identity():
         raise ValueError(
             f"step {step} of epoch {e} was delivered before the state this stream resumed from "

@@ -29,15 +29,16 @@ from ..align.select import reselect
 from ..errors import PlanChangedError, ResumeError
 from ..planning.epoch import plan_from_identity
 from ..planning.partition import remaining_ranges, unrepeated_remaining
-from ..planning.replan import delivered_positions, kept_ranges, sample_ids, whole_units
+from ..planning.replan import carried_over, delivered_positions, kept_ranges, sample_ids, whole_units
 from .stages.lengths import modality_lengths
 
 log = logging.getLogger("mmloader")
 
 
-def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
+def continue_ranges(stream: Any, state: dict) -> tuple[list[tuple[int, int]], list[dict]]:
     """Ranges of ``stream``'s plan for ``state``'s epoch that are left once the samples
-    ``state`` had delivered are taken out.
+    ``state`` had delivered are taken out, and the delivered samples this plan does not hold
+    (as :func:`carried_samples`): a later change in the epoch must still leave them out.
 
     Args:
         stream: the :class:`mmloader.Stream` resuming.
@@ -76,21 +77,48 @@ def continue_ranges(stream: Any, state: dict) -> list[tuple[int, int]]:
             slots.append(np.full(len(r), j, dtype=np.int64))
             rows.append(r)
     delivered = sample_ids(np.concatenate(slots), np.concatenate(rows)) if slots else np.empty(0, np.int64)
+    # what earlier plans of the epoch delivered and the saved one did not hold
+    delivered = np.concatenate([delivered, _carried_ids(state.get("carried") or [], now["sources"])])
     new_plan = stream.plan(epoch)
     nsrc, nidx = new_plan.lookup(np.arange(len(new_plan), dtype=np.int64))
     nrows = np.empty_like(nidx)
     for j in np.unique(nsrc).tolist():
         sel = nsrc == j
         nrows[sel] = _rows(stream.datasets[j], nidx[sel])
-    return whole_units(kept_ranges(sample_ids(nsrc, nrows), delivered), len(new_plan), new_plan.unit)
+    ids = sample_ids(nsrc, nrows)
+    ranges = whole_units(kept_ranges(ids, delivered), len(new_plan), new_plan.unit)
+    return ranges, carried_samples(carried_over(ids, delivered), now["sources"])
+
+
+def carried_samples(ids: np.ndarray, sources: list[dict]) -> list[dict]:
+    """Sample ids (:func:`~mmloader.planning.replan.sample_ids` of this plan's source slots) as
+    plain data a state keeps: per source, its name, the fingerprint of the dataset it selects
+    from and the rows (a row delivered twice listed twice)."""
+    out = []
+    slots, rows = np.divmod(np.asarray(ids, dtype=np.int64), 1 << 40)
+    for j in np.unique(slots).tolist():
+        out.append({"name": sources[j]["name"], "base": _base(sources[j]), "rows": rows[slots == j].tolist()})
+    return out
+
+
+def _carried_ids(carried: list[dict], sources: list[dict]) -> np.ndarray:
+    """The ids in this plan of samples a state carries (those of a source that is gone, or whose
+    dataset changed, are another source's now: dropped, as the samples of a removed source)."""
+    parts = [np.empty(0, np.int64)]
+    for entry in carried:
+        for j, source in enumerate(sources):
+            if source["name"] == entry["name"] and _base(source) == entry["base"]:
+                parts.append(sample_ids(np.full(len(entry["rows"]), j), np.asarray(entry["rows"], dtype=np.int64)))
+    return np.concatenate(parts)
 
 
 def changed_plan_target(
     stream: Any, state: dict, changed: PlanChangedError, report: bool
-) -> tuple[int, list[tuple[int, int]] | None, int]:
+) -> tuple[int, list[tuple[int, int]] | None, int, list[dict]]:
     """What a resume from another plan's ``state`` does under ``stream.on_change``
     (``"next_epoch"`` or ``"continue"``): (epoch, plan ranges to visit or None for the epoch from
-    its start, steps done before); ``report``: log it (once, when the resume is applied)."""
+    its start, steps done before, delivered samples carried on: :func:`continue_ranges`);
+    ``report``: log it (once, when the resume is applied)."""
     steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
     what = "; ".join(changed.changes)
     if stream.on_change == "next_epoch":
@@ -102,8 +130,8 @@ def changed_plan_target(
             state["epoch"],
             epoch,
         )
-        return epoch, None, 0
-    ranges = continue_ranges(stream, state)
+        return epoch, None, 0, []
+    ranges, carried = continue_ranges(stream, state)
     (log.warning if report else log.debug)(
         "resume: the plan changed (%s); on_change='continue': epoch %d goes on under the new "
         "plan with %d samples not yet delivered",
@@ -111,7 +139,7 @@ def changed_plan_target(
         state["epoch"],
         sum(b - a for a, b in ranges),
     )
-    return int(state["epoch"]), ranges, steps
+    return int(state["epoch"]), ranges, steps, carried
 
 
 def match_sources(old: list[dict], new: list[dict]) -> dict[int, int]:

@@ -139,6 +139,9 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         self.group = data_parallel_group(group)
         self.pass_flags = PassFlags()
         self._steps_before = 0  # batches (samples unbatched) this rank delivered of the resumed epoch before
+        # of those, the steps a framework counted on from the epoch before (Stream.resume): not
+        # the epoch's own, so the ledger numbers its steps without them
+        self._step_offset = 0
         self._len_read: int | None = None  # what len() last said with no resume pending (a framework's epoch)
         self.builder = BatchBuilder(
             self.datasets,
@@ -172,6 +175,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
             # nothing of it is left, so this pass is empty and the next one is the saved epoch.
             self._resume = {"epoch": epoch, "ranges": []}
             self.control.epoch, self.pass_flags.epoch_chosen, self._steps_before = epoch, True, 0
+            self._step_offset = 0
             return
         if self.control.resuming and (pending is None or pending["epoch"] != epoch):
             if pending is not None and self.pass_flags.resume_fresh:
@@ -201,6 +205,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         if self._resume is not None and self.pass_flags.resume_fresh:  # never delivered
             self.resumed_epochs.pop(self._resume["epoch"], None)
         self._resume, self.pass_flags.resume_fresh, self._steps_before = None, False, 0
+        self._step_offset = 0
 
     def identity(self) -> dict:
         """What identifies this stream's plan in a state (plain data): each source's name, size
@@ -334,6 +339,11 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         )
         if epoch_done:  # what a framework restored from this checkpoint counts of the epoch that ended
             state["ended_after_steps"] = self._steps_before + batches_seen
+        elif self.control.resuming and self._resume is not None and self._resume["epoch"] == epoch:
+            if self._step_offset:  # steps counted from the epoch before (see resume)
+                state["step_offset"] = self._step_offset
+            if self._resume.get("carried"):  # delivered under an earlier plan of the epoch (on_change="continue")
+                state["carried"] = self._resume["carried"]
         return state
 
     def check_resume(self, state: dict) -> list[tuple[int, int]]:
@@ -343,16 +353,20 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         says what to do: then the ranges that choice visits, empty for ``"next_epoch"``)."""
         return self._resume_target(state, report=False)[1] or []
 
-    def _resume_target(self, state: dict, report: bool = True) -> tuple[int, list[tuple[int, int]] | None, int]:
-        """(epoch, plan ranges to visit or None for the epoch from its start, steps done before);
-        ``report``: log what a changed plan makes the resume do (once, when it is applied)."""
+    def _resume_target(
+        self, state: dict, report: bool = True
+    ) -> tuple[int, list[tuple[int, int]] | None, int, list[dict]]:
+        """(epoch, plan ranges to visit or None for the epoch from its start, steps done before,
+        samples delivered in the epoch under earlier plans that this plan does not hold: a later
+        change must still leave them out); ``report``: log what a changed plan makes the resume
+        do (once, when it is applied)."""
         _rank, world = self.where()
         steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
         try:
             ranges = resume_ranges(
                 state, seed=self.seed, plan_len=len(self.plan(state["epoch"])), world=world, plan=self.identity()
             )
-            return int(state["epoch"]), ranges, steps
+            return int(state["epoch"]), ranges, steps, list(state.get("carried") or [])
         except PlanChangedError as changed:
             if self.on_change == "error":
                 raise
@@ -365,26 +379,30 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         run. Another world size or worker count: every unseen sample exactly once.
         A state of another plan follows ``on_change`` (see the class docstring).
         """
-        epoch, ranges, steps = self._resume_target(state)
+        epoch, ranges, steps, carried = self._resume_target(state)
         if ranges is None:  # on_change="next_epoch": the new plan, from the start of an epoch
             self.drop_resume()
             self.control.epoch = epoch
             self.pass_flags.epoch_chosen = True
             return
         self.control.epoch = epoch
-        self._resume = {"epoch": epoch, "ranges": ranges}
+        self._resume = {"epoch": epoch, "ranges": ranges, "carried": carried}
         self.control.resuming = True
         self.pass_flags.resume_fresh = True
         self._steps_before = steps
-        if [tuple(r) for r in ranges] != [(0, len(self.plan(epoch)))]:  # mid-epoch: what the ledger answers from
-            self.resumed_epochs[epoch] = {"ranges": ranges, "steps": steps, "state": state}
+        self._step_offset = min(int(state.get("step_offset", 0)), steps)
+        whole = [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]
+        if not whole or steps > self._step_offset:  # mid-epoch: what the ledger answers from (a changed
+            # plan may visit its whole epoch after steps were taken; the ledger numbers the epoch's own
+            # steps: a framework's offset is not one of them)
+            self.resumed_epochs[epoch] = {"ranges": ranges, "steps": steps - self._step_offset, "state": state}
         ended_after = int(state.get("ended_after_steps", 0))
-        if not steps and ended_after and [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]:
+        if not steps and ended_after and whole:
             # Taken at the end of an epoch of `ended_after` steps, shorter than an epoch here (another
             # world, or a resumed epoch): Lightning keeps counting from there instead of starting the
             # next epoch at 0, so the next epoch's steps are counted on top, to let it finish.
             if ended_after < self.epoch_length():
-                self._steps_before = ended_after
+                self._steps_before = self._step_offset = ended_after
         warn_if_a_framework_cuts_the_epoch(self, state)
 
     def python_work(self) -> list[str]:

@@ -129,28 +129,76 @@ def remaining_ranges(
     """Plan ranges not yet seen after every rank consumed ``consumed`` of its ``per_rank`` samples.
 
     With ``keep_padding`` (same world size on resume) the padding positions stay,
-    so each rank's remaining batches are exactly those of an uninterrupted run.
-    Without it (elastic resume) only real unseen samples remain; the new world
-    pads afresh.
+    so each rank's remaining batches are exactly those of an uninterrupted run (a tail
+    ``drop_last`` left out stays at the end, where this world drops it again). Without it (elastic resume) every real sample not
+    delivered remains, a dropped tail included (it was never delivered); the new world pads
+    or drops afresh.
 
     >>> remaining_ranges([(0, 10)], world=2, per_rank=5, consumed=2, keep_padding=True)
     [(2, 5), (7, 10)]
+    >>> remaining_ranges([(0, 11)], world=2, per_rank=4, consumed=4, keep_padding=False)  # drop_last's tail
+    [(8, 11)]
+    >>> remaining_ranges([(0, 3), (0, 1)], world=2, per_rank=2, consumed=1, keep_padding=False)  # a padding repeat
+    [(1, 2)]
     """
     visit = RangeList(ranges)
     n = len(visit)
     consumed = min(max(consumed, 0), per_rank)
+    if not keep_padding:  # every plan position of the visit that no rank delivered, once, in plan order
+        delivered = [p for r in range(world) for p in _wrapped(visit, r * per_rank, r * per_rank + consumed)]
+        return _subtract(_union(visit.as_list()), _union(delivered))
     out: list[tuple[int, int]] = []
     for r in range(world):
-        a, b = r * per_rank + consumed, (r + 1) * per_rank
-        out += visit.sub(a, min(b, n))
-        if keep_padding and n:
-            v = max(a, n)
-            while v < b:
-                u = (v - n) % n
-                run = min(b - v, n - u)
-                out += visit.sub(u, u + run)
-                v += run
-    return _merge(out)
+        out += _wrapped(visit, r * per_rank + consumed, (r + 1) * per_rank)
+    # A tail drop_last leaves out stays in the visit, after every share: this world drops it
+    # again (it cannot fill a batch per rank), a later resume onto another world delivers it.
+    return _merge(out + visit.sub(world * per_rank, n))
+
+
+def _wrapped(visit: RangeList, a: int, b: int) -> list[tuple[int, int]]:
+    """The plan ranges of virtual positions ``[a, b)`` of ``visit``, past its end wrapping to its start."""
+    n = len(visit)
+    out = visit.sub(a, min(b, n))
+    v = max(a, n)
+    while n and v < b:
+        u = (v - n) % n
+        run = min(b - v, n - u)
+        out += visit.sub(u, u + run)
+        v += run
+    return out
+
+
+def _union(ranges: Iterable[Sequence[int]]) -> list[tuple[int, int]]:
+    """Ranges sorted and merged: each position once (a visit that holds padding repeats some)."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted((int(a), int(b)) for a, b in ranges if int(b) > int(a)):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _subtract(keep: list[tuple[int, int]], drop: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, merged ranges ``keep`` without the positions of sorted, merged ``drop``.
+
+    >>> _subtract([(0, 10), (20, 30)], [(2, 4), (8, 22)])
+    [(0, 2), (4, 8), (22, 30)]
+    """
+    out: list[tuple[int, int]] = []
+    j = 0
+    for a, b in keep:
+        while j < len(drop) and drop[j][1] <= a:
+            j += 1
+        k = j
+        while a < b and k < len(drop) and drop[k][0] < b:
+            if drop[k][0] > a:
+                out.append((a, drop[k][0]))
+            a = max(a, drop[k][1])
+            k += 1
+        if a < b:
+            out.append((a, b))
+    return out
 
 
 def unit_samples_per_rank(visit_len: int, unit: int, world: int, batch_size: int | None, drop_last: bool) -> int:

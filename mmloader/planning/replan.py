@@ -56,6 +56,23 @@ def kept_ranges(plan_ids: np.ndarray, delivered_ids: np.ndarray) -> list[tuple[i
     return [(int(r[0]), int(r[-1]) + 1) for r in runs]
 
 
+def carried_over(plan_ids: np.ndarray, delivered_ids: np.ndarray) -> np.ndarray:
+    """The delivered samples :func:`kept_ranges` cannot take out of a plan (it holds them fewer
+    times than they were delivered, or not at all), each as often as it is left over: what a
+    later plan of the same epoch must still leave out.
+
+    >>> carried_over(np.array([5, 6, 5]), np.array([5, 7, 7, 6])).tolist()
+    [7, 7]
+    """
+    done, times = np.unique(np.asarray(delivered_ids, dtype=np.int64), return_counts=True)
+    ids, held = np.unique(np.asarray(plan_ids, dtype=np.int64), return_counts=True)
+    inside = np.zeros(len(done), dtype=np.int64)  # how often the plan holds each delivered sample
+    if len(ids):
+        where = np.minimum(np.searchsorted(ids, done), len(ids) - 1)
+        inside = np.where(ids[where] == done, held[where], 0)
+    return np.repeat(done, np.maximum(times - inside, 0))
+
+
 def sample_ids(slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """One integer per (source slot, row): the ids :func:`kept_ranges` compares."""
     return np.asarray(slots, dtype=np.int64) * (1 << 40) + np.asarray(rows, dtype=np.int64)
