@@ -17,7 +17,8 @@ import numpy as np
 def store_content(store: Any, samples: int = 64) -> str:
     """A digest of a store's content: its per-field counts, byte totals and checksums (what the
     writers record over every value), or, for a store without checksums, its count and every
-    field of ``samples`` evenly spaced records.
+    field of ``samples`` records spread evenly from its first to its last (every record of a
+    smaller store).
 
     Args:
         store: an open store.
@@ -31,7 +32,8 @@ def store_content(store: Any, samples: int = 64) -> str:
         keep = {k: meta.get(k) for k in ("count", "field_counts", "field_bytes", "field_crc32")}
         return digest(json.dumps(keep, sort_keys=True, default=str))
     n = len(store)
-    rows = sorted({round(j * (n - 1) / max(samples - 1, 1)) for j in range(min(samples, n))})
+    k = min(samples, n)
+    rows = sorted({round(j * (n - 1) / max(k - 1, 1)) for j in range(k)})
     parts: list[Any] = [n]
     for i in rows:
         record = store.read(i)
@@ -80,4 +82,104 @@ def callable_name(fn: Any) -> str:
     code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
     if code is None:
         return name
-    return f"{name}@{digest(code.co_code, repr(code.co_consts), repr(code.co_names))[:12]}"
+    return f"{name}@{digest(*_code_parts(code))[:12]}"
+
+
+class UnidentifiableError(TypeError):
+    """A callable option holds a value that cannot be part of a plan identity."""
+
+
+def callable_identity(fn: Any, option: str) -> str:
+    """What identifies a callable option (``Bucketing(by=...)``) in a plan identity: its name and
+    a digest of everything it computes from that a resume could not see otherwise: its code
+    (nested functions included), the values its closure holds, its defaults, and for
+    :func:`functools.partial` the function and arguments; for an object with ``__call__``, its
+    class's code and attributes. Globals it reads are not part of it.
+
+    Values are plain data (numbers, strings, bytes, None, containers of them, NumPy arrays,
+    tensors, functions, modules, classes); anything else raises :class:`UnidentifiableError`
+    naming ``option`` and the remedy: an explicit ``identity=``.
+
+    >>> def by_table(table):
+    ...     return lambda i: table[i]
+    >>> callable_identity(by_table([3, 1, 2]), "by") == callable_identity(by_table([9, 1, 2]), "by")
+    False
+    >>> callable_identity(by_table([3, 1, 2]), "by") == callable_identity(by_table([3, 1, 2]), "by")
+    True
+    """
+    try:
+        return f"{_qualified(fn)}@{digest(*_value_parts(fn, set()))[:16]}"
+    except UnidentifiableError as e:
+        raise UnidentifiableError(
+            f"{option}={_qualified(fn)} holds {e}, which cannot be part of the plan identity (a resume "
+            f"could not tell this plan from another); give it one: {option.split('=')[0].split('(')[0]}"
+            f"(..., identity='a name you change whenever what it computes changes')"
+        ) from None
+
+
+def _qualified(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def _code_parts(code: Any) -> list:
+    """A code object's bytecode, names and constants, nested code objects digested in turn
+    (their repr holds a memory address)."""
+    consts = [
+        f"code:{digest(*_code_parts(c))}" if hasattr(c, "co_code") else repr(c) for c in code.co_consts
+    ]
+    return [code.co_code, repr(consts), repr(code.co_names)]
+
+
+def _value_parts(value: Any, seen: set) -> list:
+    import functools
+    import types
+
+    if id(value) in seen:  # a function that refers to itself through its closure
+        return ["<cycle>"]
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return [f"{type(value).__name__}:{value!r}"]
+    if isinstance(value, np.generic):
+        return [f"np:{value.dtype}:{value!r}"]
+    if isinstance(value, np.ndarray):
+        return [f"ndarray:{value.dtype}:{value.shape}", np.ascontiguousarray(value).tobytes()]
+    seen = seen | {id(value)}
+    if isinstance(value, (list, tuple)):
+        return [f"{type(value).__name__}:{len(value)}"] + [p for v in value for p in _value_parts(v, seen)]
+    if isinstance(value, (set, frozenset)):
+        return [f"set:{len(value)}"] + sorted(str(_value_parts(v, seen)) for v in value)
+    if isinstance(value, dict):
+        items = sorted((str(_value_parts(k, seen)), _value_parts(v, seen)) for k, v in value.items())
+        return [f"dict:{len(value)}"] + [p for k, v in items for p in (k, *v)]
+    if isinstance(value, types.ModuleType):
+        return [f"module:{value.__name__}"]
+    if isinstance(value, type):
+        return [f"type:{_qualified(value)}"]
+    if isinstance(value, functools.partial):
+        return ["partial", *_value_parts(value.func, seen), *_value_parts(value.args, seen)] + _value_parts(
+            value.keywords, seen
+        )
+    if isinstance(value, types.MethodType):
+        return ["method", *_value_parts(value.__func__, seen), *_value_parts(value.__self__, seen)]
+    if isinstance(value, types.FunctionType):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(cell.cell_contents)
+            except ValueError:  # a cell not yet filled
+                cells.append("<empty cell>")
+        return [f"function:{_qualified(value)}", *_code_parts(value.__code__)] + _value_parts(
+            (cells, value.__defaults__, value.__kwdefaults__), seen
+        )
+    if isinstance(value, types.BuiltinFunctionType):
+        return [f"builtin:{getattr(value, '__module__', '?')}.{value.__qualname__}"]
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return [f"tensor:{value.dtype}:{tuple(value.shape)}", value.detach().cpu().contiguous().numpy().tobytes()]
+    except ImportError:  # pragma: no cover (torch is a dependency)
+        pass
+    call = getattr(type(value), "__call__", None)
+    if call is not None and hasattr(call, "__code__") and hasattr(value, "__dict__"):
+        return [f"object:{_qualified(type(value))}", *_code_parts(call.__code__)] + _value_parts(vars(value), seen)
+    raise UnidentifiableError(f"a {type(value).__qualname__}")

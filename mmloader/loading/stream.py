@@ -23,7 +23,7 @@ from ..errors import PlanChangedError
 from ..planning import RangeList, worker_batches
 from ..planning.balance import balanced_batches
 from ..planning.partition import batches_per_rank, planned_batches, unrepeated_positions, unrepeated_share
-from ..planning.resume import progress_state, resume_ranges
+from ..planning.resume import progress_state, resume_ranges, upgraded
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
@@ -167,6 +167,8 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         ``load_state_dict(state)`` ... ``set_epoch(epoch)`` continues mid-epoch);
         one pending for another epoch is dropped, with a warning.
         """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"set_epoch({epoch!r}): an epoch is an integer >= 0")
         epoch = int(epoch)
         pending = self._resume
         if self._finishing(epoch):
@@ -361,6 +363,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         change must still leave them out); ``report``: log what a changed plan makes the resume
         do (once, when it is applied)."""
         _rank, world = self.where()
+        state = upgraded(state, self.identity())
         steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
         try:
             ranges = resume_ranges(
@@ -379,6 +382,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         run. Another world size or worker count: every unseen sample exactly once.
         A state of another plan follows ``on_change`` (see the class docstring).
         """
+        state = upgraded(state, self.identity())
         epoch, ranges, steps, carried = self._resume_target(state)
         if ranges is None:  # on_change="next_epoch": the new plan, from the start of an epoch
             self.drop_resume()

@@ -16,9 +16,12 @@ import warnings
 from ..errors import PlanChangedError, ResumeError
 from .partition import remaining_ranges, unrepeated_remaining
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 #: States before the plan identity was recorded: resumed with a warning (nothing to check against).
 OLD_STATE_VERSIONS = (1,)
+#: States whose source fingerprints hashed only some of the keys (before 2026-12): their
+#: fingerprints are not compared (see :func:`upgraded`); everything else of the plan is.
+SAMPLED_FINGERPRINT_VERSIONS = (2,)
 
 
 def progress_state(
@@ -102,9 +105,21 @@ def plan_changes(saved: dict | None, current: dict | None) -> list[str]:
             differ = [k for k in differ if k != "quotas"]
         out += [f"mix {k}: {_show(mix_a.get(k))} -> {_show(mix_b.get(k))}" for k in differ]
     for k in sorted((set(saved) | set(current)) - {"sources", "mix"}):
-        if saved.get(k) != current.get(k):
-            out.append(f"{k}: {_show(saved.get(k))} -> {_show(current.get(k))}")
+        out += _differences(k, saved.get(k), current.get(k))
     return out
+
+
+def _differences(name: str, a, b) -> list[str]:
+    """``name: a -> b``, or for two settings (dicts) the fields that differ, each by its path.
+
+    >>> _differences("pack", {"tokens": 64, "balance": None}, {"tokens": 64, "balance": "tokens"})
+    ["pack.balance: none -> 'tokens'"]
+    """
+    if a == b:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [line for k in sorted(set(a) | set(b)) for line in _differences(f"{name}.{k}", a.get(k), b.get(k))]
+    return [f"{name}: {_show(a)} -> {_show(b)}"]
 
 
 def _show(value) -> str:
@@ -132,6 +147,38 @@ def _selection(selection: dict | None) -> str:
     return "(" + ", then ".join(parts) + ")" if parts else "none (all samples)"
 
 
+def upgraded(state: dict, plan: dict | None) -> dict:
+    """``state`` as this version checks it. A version-2 state's source fingerprints digested a
+    sample of the keys; today's digest every key, so they cannot match: each source of the same
+    name and size takes the current fingerprint (said once in a warning), and every other part of
+    the plan identity is still compared.
+
+    >>> old = {"version": 2, "plan": {"sources": [{"name": "a", "size": 3, "fingerprint": "old"}]}}
+    >>> import warnings; warnings.simplefilter("ignore")
+    >>> upgraded(old, {"sources": [{"name": "a", "size": 3, "fingerprint": "new"}]})["plan"]["sources"][0]["fingerprint"]
+    'new'
+    """
+    if not isinstance(state, dict) or state.get("version") not in SAMPLED_FINGERPRINT_VERSIONS:
+        return state
+    saved, now = state.get("plan"), {s["name"]: s for s in (plan or {}).get("sources", [])}
+    sources = []
+    for source in (saved or {}).get("sources", []):
+        current = now.get(source["name"])
+        if current is not None and current["size"] == source["size"]:
+            source = {**source, "fingerprint": current["fingerprint"]}
+            if source.get("subset") and current.get("subset"):
+                source["subset"] = {**source["subset"], "base": current["subset"].get("base")}
+        sources.append(source)
+    if saved:
+        warnings.warn(
+            "a stream state of version 2 (saved by an older mmloader, whose dataset fingerprints hashed only "
+            "some keys): resumed without checking that its sources hold the same samples (their names, sizes, "
+            "selections, the mix and every option are checked)",
+            stacklevel=3,
+        )
+    return {**state, "version": STATE_VERSION, **({"plan": {**saved, "sources": sources}} if saved else {})}
+
+
 def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
     """Raise unless ``state`` is a state of this plan: the version, the seed, then the plan
     identity (:class:`mmloader.errors.PlanChangedError` listing what changed).
@@ -152,6 +199,7 @@ def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
         )
     elif version != STATE_VERSION:
         raise ResumeError(f"unknown stream state version {version!r}")
+    _check_fields(state)
     if state["seed"] != seed and not state.get("plan"):  # (with a plan identity: one of its changes)
         raise ResumeError(f"state was saved with seed {state['seed']}, this stream has seed {seed}")
     unknown = [s["name"] for s in (plan or {}).get("sources", []) if s.get("fingerprint") is None]
@@ -175,6 +223,33 @@ def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
             ),
             changes,
         )
+
+
+def _check_fields(state: dict) -> None:
+    """Refuse a state whose numbers cannot be a loader's (hand-edited, or of another tool),
+    naming the field: a resume from it would deliver a wrong share of the epoch."""
+
+    def whole(name: str, low: int = 0) -> int:
+        value = state.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ResumeError(f"stream state field {name!r} is {value!r}: expected an integer >= {low}")
+        return value
+
+    whole("epoch")
+    whole("world", 1)
+    plan_len = whole("plan_len")
+    per_rank = whole("samples_per_rank")
+    consumed = whole("consumed")
+    if consumed > per_rank:
+        raise ResumeError(
+            f"stream state field 'consumed' is {consumed}, more than its 'samples_per_rank' ({per_rank}): "
+            "not a state a loader saved"
+        )
+    ranges = state.get("ranges")
+    if not isinstance(ranges, list) or any(
+        not isinstance(r, (list, tuple)) or len(r) != 2 or not 0 <= int(r[0]) <= int(r[1]) <= plan_len for r in ranges
+    ):
+        raise ResumeError(f"stream state field 'ranges' is {ranges!r}: expected [start, stop] pairs within the plan's {plan_len} positions")
 
 
 def resume_ranges(

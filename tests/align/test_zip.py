@@ -59,18 +59,29 @@ def test_zip_inner_keeps_intersection_and_reports(lmdb_ds, tmp_path):
     assert ds.report == {"image": 11, "caption": 1}
 
 
-def test_zip_position_mismatch_detected_per_sample(tmp_path):
-    # Same count and same fingerprint sample points, different key in between.
+def test_zip_key_mismatch_anywhere_is_found_at_once(tmp_path):
+    """The key fingerprint digests every key: a difference at any position (here one the old
+    64-point sample never read) is found when the readers are zipped, naming the keys."""
     n = 200
     a = _captions(tmp_path / "a.lmdb", [f"k{i:04d}" for i in range(n)])
     keys = [f"k{i:04d}" for i in range(n)]
-    keys[102] = "zzzz"  # position 102 is not among the fingerprint's evenly spaced samples
+    keys[102] = "zzzz"
     b = _captions(tmp_path / "b.lmdb", keys)
-    ds = mmloader.zip(x=mmloader.TextReader(a), y=mmloader.TextReader(b))
-    assert not ds.by_key
-    assert ds[101]["y"] == "text of k0101"
     with pytest.raises(AlignmentError, match="zzzz"):
-        ds[102]
+        mmloader.zip(x=mmloader.TextReader(a), y=mmloader.TextReader(b))
+    inner = mmloader.zip(x=mmloader.TextReader(a), y=mmloader.TextReader(b), align="inner")
+    assert len(inner) == n - 1 and "k0102" not in inner.keys
+
+
+@pytest.mark.parametrize("n, at", [(10, 9), (30, 25), (64, 40), (65, 33)])
+def test_small_stores_differing_late_are_not_taken_for_the_same(tmp_path, n, at):
+    """The issue's defect 5: under 64 keys the fingerprint read only the first positions."""
+    keys = [f"k{i:04d}" for i in range(n)]
+    a = _captions(tmp_path / "a.lmdb", keys)
+    b = _captions(tmp_path / "b", keys[:at] + ["other"] + keys[at + 1 :], fmt="tar")
+    inner = mmloader.zip(x=mmloader.TextReader(a), y=mmloader.TextReader(b), align="inner")
+    assert len(inner) == n - 1  # (it said n, then raised mid-stream)
+    assert [s["x"] for s in inner] == [f"text of {k}" for k in keys if k != keys[at]]
 
 
 def test_only_zipped_fields_are_read(any_ds, monkeypatch):

@@ -7,7 +7,7 @@ less padding), the other by filling rows to a token budget; a stream takes one o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
@@ -58,7 +58,11 @@ class Bucketing:
     """Batches of samples of similar length, sorted within windows of ``window`` batches.
 
     ``by``: a modality name (its stored byte size is the length), or a callable
-    ``index -> length`` (for a mix ``(source position, index) -> length``).
+    ``index -> length`` (for a mix ``(source position, index) -> length``). A callable is
+    part of the plan identity by its code, closure, defaults and ``functools.partial``
+    arguments (:func:`mmloader.align.identity.callable_identity`); one that holds anything
+    else, or reads globals that change between runs, needs ``identity=``: a name you change
+    whenever what it computes changes.
 
     >>> Bucketing("caption", window=0)
     Traceback (most recent call last):
@@ -68,6 +72,13 @@ class Bucketing:
 
     by: str | Callable[..., int]
     window: int = 64
+    identity_: str | None = field(default=None, kw_only=True)  # (``identity=``: see __init__)
+
+    def __init__(self, by: str | Callable[..., int], window: int = 64, *, identity: str | None = None):
+        object.__setattr__(self, "by", by)
+        object.__setattr__(self, "window", window)
+        object.__setattr__(self, "identity_", identity)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.by, str) or callable(self.by)):
@@ -82,15 +93,17 @@ class Bucketing:
             raise ValueError(f"Bucketing(by={self.by!r}): not a modality of the dataset ({names})")
 
     def identity(self, stream: Stream) -> dict[str, Any]:
-        from ...align.identity import callable_name
+        from ...align.identity import callable_identity
 
         if isinstance(self.by, str):  # a modality: which fields give its lengths
             fields = {
                 ";".join(ds.readers[self.by].fields) for ds in stream.datasets if self.by in getattr(ds, "readers", {})
             }
             bucket: dict = {"modality": self.by, "fields": sorted(fields)}
+        elif self.identity_ is not None:
+            bucket = {"callable": str(self.identity_)}
         else:
-            bucket = {"callable": callable_name(self.by)}
+            bucket = {"callable": callable_identity(self.by, "Bucketing(by=...)")}
         return {"bucket_by": bucket, "bucket_window": int(self.window), "pack": None}
 
     def order_options(self, stream: Stream) -> dict[str, Any]:

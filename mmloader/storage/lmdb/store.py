@@ -22,7 +22,7 @@ import lmdb
 import numpy as np
 
 from ...errors import DuplicateKeyError, FormatError, SampleError
-from ..base import Store
+from ..base import Store, key_hasher
 from ..encoding import split_sample
 from ..keys import INDEX_KEY, validate_field, validate_key
 from ..meta import LMDB_FORMAT, FieldStats, make_metadata
@@ -252,6 +252,14 @@ class LMDBStore(Store):
         if raw is None:
             raise SampleError(f"index {i} has no key record", where=self.path)
         return raw.decode("utf-8")
+
+    def key_digest(self) -> str:
+        """:meth:`KeysView.fingerprint`, read with one cursor over the key records (index order)."""
+        h = key_hasher(len(self))
+        with self._handles().cursor(db=self._db(KEYS_DB)) as cur:
+            for _k, v in _gated(cur):
+                h.update(b"\0" + bytes(v))
+        return h.hexdigest()
 
     def index_of(self, key: str) -> int | None:
         with FORK_GATE.hold():

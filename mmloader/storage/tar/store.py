@@ -15,7 +15,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from ...errors import FormatError, RandomAccessError, SampleError
-from ..base import Store
+from ..base import Store, key_hasher
 from ..keys import split_member_name
 from ..meta import TAR_FORMATS
 from .index import MANIFEST
@@ -154,6 +154,15 @@ class TarStore(Store):
 
     def key(self, index: int) -> str:
         return bytes(self._key_arrays()[0][self._check_index(index)]).decode("utf-8")
+
+    def key_digest(self) -> str:
+        """:meth:`KeysView.fingerprint`, read from the mapped key table in chunks."""
+        keys, _order = self._key_arrays()
+        h = key_hasher(len(keys))
+        for start in range(0, len(keys), 65536):
+            for k in keys[start : start + 65536].tolist():
+                h.update(b"\0" + k)
+        return h.hexdigest()
 
     def _keys_at(self, idx: np.ndarray) -> list[str]:
         """The keys of samples ``idx`` (checked indices), in order."""
