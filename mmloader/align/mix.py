@@ -167,6 +167,15 @@ class Mix:
         for r, w in zip(rows, self.weights):
             if w > 0 and r["per_epoch"] == 0:
                 warnings.append(f"source {r['name']!r} has weight {w} but delivers 0 samples per epoch")
+        if self.schedule is not None:  # every later point too: a weight its quotas round to nothing
+            for at, point in zip(self.schedule.at[1:].tolist(), self.schedule.weights[1:]):
+                got = quotas(self.sizes, point.tolist(), mode=self.mode, epoch_size=self.epoch_size)
+                for name, w, k in zip(self.names, point.tolist(), got.tolist()):
+                    if w > 0 and k == 0:
+                        warnings.append(
+                            f"source {name!r} has weight {w:g} at schedule point {at:g} but delivers 0 samples "
+                            "per epoch there; raise epoch_size or its weight"
+                        )
         if batch_size and total < batch_size:
             warnings.append(f"the epoch holds {total} samples, fewer than one batch of {batch_size}")
         data = sum(size for size, w in zip(self.sizes, self.weights) if w > 0)

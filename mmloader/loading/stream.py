@@ -23,7 +23,7 @@ from ..errors import PlanChangedError
 from ..planning import RangeList, worker_batches
 from ..planning.balance import balanced_batches
 from ..planning.partition import batches_per_rank, planned_batches, unrepeated_positions, unrepeated_share
-from ..planning.resume import progress_state, resume_ranges, upgraded
+from ..planning.resume import check_fields, progress_state, resume_ranges, upgraded
 from ..readers.seeding import batch_seed, enter_batch
 from .building import BatchBuilder
 from .control import Controlled, SharedControl
@@ -364,6 +364,8 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         do (once, when it is applied)."""
         _rank, world = self.where()
         state = upgraded(state, self.identity())
+        if isinstance(state, dict) and "version" in state:
+            check_fields(state)  # (before its epoch's plan is laid out)
         steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
         try:
             ranges = resume_ranges(

@@ -199,7 +199,7 @@ def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
         )
     elif version != STATE_VERSION:
         raise ResumeError(f"unknown stream state version {version!r}")
-    _check_fields(state)
+    check_fields(state)
     if state["seed"] != seed and not state.get("plan"):  # (with a plan identity: one of its changes)
         raise ResumeError(f"state was saved with seed {state['seed']}, this stream has seed {seed}")
     unknown = [s["name"] for s in (plan or {}).get("sources", []) if s.get("fingerprint") is None]
@@ -225,7 +225,7 @@ def check_state(state: dict, *, seed: int, plan: dict | None = None) -> None:
         )
 
 
-def _check_fields(state: dict) -> None:
+def check_fields(state: dict) -> None:
     """Refuse a state whose numbers cannot be a loader's (hand-edited, or of another tool),
     naming the field: a resume from it would deliver a wrong share of the epoch."""
 
