@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MM := $(VENV)/bin/mmloader
 OUT ?= demo-out
 
-.PHONY: demo test test-fast lint docs bench clean
+.PHONY: demo test test-fast soak lint docs bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,12 @@ test: $(VENV)/.installed $(TOOLS)/.installed
 
 # The change loop: the unit tests (no process, no network; tests/kinds.py keeps them so), not the slow ones.
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q $(XDIST) -m "unit and not slow"
+	MMLOADER_CONTRACT=fast $(PY) -m pytest -q $(XDIST) -m "unit and not slow"
+
+# The contract's property test, deep: thousands of random plans and operation sequences per
+# executor (tests/loading/test_contract.py), randomised, its failures kept in .hypothesis/.
+soak: $(VENV)/.installed
+	MMLOADER_CONTRACT=deep $(PY) -m pytest -q tests/loading/test_contract.py --hypothesis-show-statistics
 
 # ruff (lint and format) and mypy, as configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -124,9 +124,7 @@ def _qualified(fn: Any) -> str:
 def _code_parts(code: Any) -> list:
     """A code object's bytecode, names and constants, nested code objects digested in turn
     (their repr holds a memory address)."""
-    consts = [
-        f"code:{digest(*_code_parts(c))}" if hasattr(c, "co_code") else repr(c) for c in code.co_consts
-    ]
+    consts = [f"code:{digest(*_code_parts(c))}" if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
     return [code.co_code, repr(consts), repr(code.co_names)]
 
 
@@ -172,14 +170,11 @@ def _value_parts(value: Any, seen: set) -> list:
         )
     if isinstance(value, types.BuiltinFunctionType):
         return [f"builtin:{getattr(value, '__module__', '?')}.{value.__qualname__}"]
-    try:
-        import torch
+    import torch
 
-        if isinstance(value, torch.Tensor):
-            return [f"tensor:{value.dtype}:{tuple(value.shape)}", value.detach().cpu().contiguous().numpy().tobytes()]
-    except ImportError:  # pragma: no cover (torch is a dependency)
-        pass
-    call = getattr(type(value), "__call__", None)
-    if call is not None and hasattr(call, "__code__") and hasattr(value, "__dict__"):
-        return [f"object:{_qualified(type(value))}", *_code_parts(call.__code__)] + _value_parts(vars(value), seen)
+    if isinstance(value, torch.Tensor):
+        return [f"tensor:{value.dtype}:{tuple(value.shape)}", value.detach().cpu().contiguous().numpy().tobytes()]
+    code = getattr(type(value).__dict__.get("__call__"), "__code__", None)  # an object with a __call__ of its own
+    if code is not None and hasattr(value, "__dict__"):
+        return [f"object:{_qualified(type(value))}", *_code_parts(code)] + _value_parts(vars(value), seen)
     raise UnidentifiableError(f"a {type(value).__qualname__}")

@@ -35,7 +35,7 @@ from .replan import changed_plan_target
 from .resumable import warn_if_a_framework_cuts_the_epoch
 from .stages import Batching, Bucketing, Errors, Order, Packing
 from .stages.options import shortcut_stages, unknown_options
-from .stages.values import choice
+from .stages.values import choice, whole
 
 log = logging.getLogger("mmloader")
 
@@ -139,9 +139,6 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         self.group = data_parallel_group(group)
         self.pass_flags = PassFlags()
         self._steps_before = 0  # batches (samples unbatched) this rank delivered of the resumed epoch before
-        # of those, the steps a framework counted on from the epoch before (Stream.resume): not
-        # the epoch's own, so the ledger numbers its steps without them
-        self._step_offset = 0
         self._len_read: int | None = None  # what len() last said with no resume pending (a framework's epoch)
         self.builder = BatchBuilder(
             self.datasets,
@@ -167,8 +164,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         ``load_state_dict(state)`` ... ``set_epoch(epoch)`` continues mid-epoch);
         one pending for another epoch is dropped, with a warning.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"set_epoch({epoch!r}): an epoch is an integer >= 0")
+        whole("set_epoch(epoch)", epoch, 0)
         epoch = int(epoch)
         pending = self._resume
         if self._finishing(epoch):
@@ -177,7 +173,6 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
             # nothing of it is left, so this pass is empty and the next one is the saved epoch.
             self._resume = {"epoch": epoch, "ranges": []}
             self.control.epoch, self.pass_flags.epoch_chosen, self._steps_before = epoch, True, 0
-            self._step_offset = 0
             return
         if self.control.resuming and (pending is None or pending["epoch"] != epoch):
             if pending is not None and self.pass_flags.resume_fresh:
@@ -207,7 +202,6 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         if self._resume is not None and self.pass_flags.resume_fresh:  # never delivered
             self.resumed_epochs.pop(self._resume["epoch"], None)
         self._resume, self.pass_flags.resume_fresh, self._steps_before = None, False, 0
-        self._step_offset = 0
 
     def identity(self) -> dict:
         """What identifies this stream's plan in a state (plain data): each source's name, size
@@ -342,10 +336,8 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         if epoch_done:  # what a framework restored from this checkpoint counts of the epoch that ended
             state["ended_after_steps"] = self._steps_before + batches_seen
         elif self.control.resuming and self._resume is not None and self._resume["epoch"] == epoch:
-            if self._step_offset:  # steps counted from the epoch before (see resume)
-                state["step_offset"] = self._step_offset
-            if self._resume.get("carried"):  # delivered under an earlier plan of the epoch (on_change="continue")
-                state["carried"] = self._resume["carried"]
+            # steps counted from the epoch before (see resume); delivered under an earlier plan (replan)
+            state.update({k: self._resume[k] for k in ("step_offset", "carried") if self._resume.get(k)})
         return state
 
     def check_resume(self, state: dict) -> list[tuple[int, int]]:
@@ -358,14 +350,10 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
     def _resume_target(
         self, state: dict, report: bool = True
     ) -> tuple[int, list[tuple[int, int]] | None, int, list[dict]]:
-        """(epoch, plan ranges to visit or None for the epoch from its start, steps done before,
-        samples delivered in the epoch under earlier plans that this plan does not hold: a later
-        change must still leave them out); ``report``: log what a changed plan makes the resume
-        do (once, when it is applied)."""
+        """(epoch, ranges to visit or None: from its start, steps before, samples carried: :mod:`.replan`)."""
         _rank, world = self.where()
         state = upgraded(state, self.identity())
-        if isinstance(state, dict) and "version" in state:
-            check_fields(state)  # (before its epoch's plan is laid out)
+        check_fields(state) if isinstance(state, dict) and "version" in state else None  # before planning
         steps = int(state.get("steps", state.get("consumed", 0) // (state.get("batch_size") or 1)))
         try:
             ranges = resume_ranges(
@@ -392,23 +380,22 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
             self.pass_flags.epoch_chosen = True
             return
         self.control.epoch = epoch
-        self._resume = {"epoch": epoch, "ranges": ranges, "carried": carried}
+        offset = min(int(state.get("step_offset", 0)), steps)  # steps a framework counted on from the epoch before
+        self._resume = {"epoch": epoch, "ranges": ranges, "carried": carried, "step_offset": offset}
         self.control.resuming = True
         self.pass_flags.resume_fresh = True
         self._steps_before = steps
-        self._step_offset = min(int(state.get("step_offset", 0)), steps)
-        whole = [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]
-        if not whole or steps > self._step_offset:  # mid-epoch: what the ledger answers from (a changed
-            # plan may visit its whole epoch after steps were taken; the ledger numbers the epoch's own
-            # steps: a framework's offset is not one of them)
-            self.resumed_epochs[epoch] = {"ranges": ranges, "steps": steps - self._step_offset, "state": state}
+        entire = [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]
+        if not entire or steps > offset:  # mid-epoch (a changed plan may visit all of it): what
+            # the ledger answers from, numbering the epoch's own steps (a framework's offset is none of them)
+            self.resumed_epochs[epoch] = {"ranges": ranges, "steps": steps - offset, "state": state}
         ended_after = int(state.get("ended_after_steps", 0))
-        if not steps and ended_after and whole:
+        if not steps and ended_after and entire:
             # Taken at the end of an epoch of `ended_after` steps, shorter than an epoch here (another
             # world, or a resumed epoch): Lightning keeps counting from there instead of starting the
             # next epoch at 0, so the next epoch's steps are counted on top, to let it finish.
             if ended_after < self.epoch_length():
-                self._steps_before = self._step_offset = ended_after
+                self._steps_before = self._resume["step_offset"] = ended_after
         warn_if_a_framework_cuts_the_epoch(self, state)
 
     def python_work(self) -> list[str]:

@@ -249,7 +249,9 @@ def check_fields(state: dict) -> None:
     if not isinstance(ranges, list) or any(
         not isinstance(r, (list, tuple)) or len(r) != 2 or not 0 <= int(r[0]) <= int(r[1]) <= plan_len for r in ranges
     ):
-        raise ResumeError(f"stream state field 'ranges' is {ranges!r}: expected [start, stop] pairs within the plan's {plan_len} positions")
+        raise ResumeError(
+            f"stream state field 'ranges' is {ranges!r}: expected [start, stop] pairs within the plan's {plan_len} positions"
+        )
 
 
 def resume_ranges(

@@ -246,7 +246,10 @@ class Pass:
                 valid = o < share
                 out.append((self.visit[start + o] if valid else self.visit[start if share else 0], valid))
             return out
-        return [(self.visit[v % n], True) for v in range(rank * per + j * b, min(rank * per + (j + 1) * b, (rank + 1) * per))]
+        return [
+            (self.visit[v % n], True)
+            for v in range(rank * per + j * b, min(rank * per + (j + 1) * b, (rank + 1) * per))
+        ]
 
     def consumed(self) -> int:
         return min(self.taken * self.cfg.batch_size, self.per_rank())
@@ -262,7 +265,9 @@ class Pass:
             return out
         per = self.per_rank()
         if same_world:  # (a tail drop_last left out stays at the end: dropped again here, kept for others)
-            return [self.visit[v % n] for r in range(w) for v in range(r * per + c, (r + 1) * per)] + self.visit[w * per :]
+            return [self.visit[v % n] for r in range(w) for v in range(r * per + c, (r + 1) * per)] + self.visit[
+                w * per :
+            ]
         delivered = {self.visit[v % n] for r in range(w) for v in range(r * per, r * per + c)}
         out: list[int] = []
         for p in self.visit:  # each position once (a visit may hold padding repeats), in plan order

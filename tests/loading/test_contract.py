@@ -16,13 +16,17 @@ import warnings
 
 import pytest
 from contract import FILTERS, WEIGHTS, Config, Run, Stores
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mmloader.errors import AlignmentError
 
 PROFILE = os.environ.get("MMLOADER_CONTRACT", "ci")
-EXAMPLES = {"fast": {"thread": 40, "process": 4}, "ci": {"thread": 120, "process": 10}, "deep": {"thread": 3000, "process": 300}}
+EXAMPLES = {
+    "fast": {"thread": 40, "process": 4},
+    "ci": {"thread": 120, "process": 10},
+    "deep": {"thread": 3000, "process": 300},
+}
 for _name, _counts in EXAMPLES.items():
     settings.register_profile(
         f"contract-{_name}",

@@ -171,7 +171,9 @@ def test_a_later_schedule_point_that_rounds_a_source_to_nothing_warns(tmp_path):
     a, b = _write(tmp_path / "a.lmdb", "a", 30), _write(tmp_path / "b.lmdb", "b", 30)
     schedule = {"points": [{"at": 0, "weights": [0.5, 0.5]}, {"at": 2, "weights": [0.999, 0.001]}]}
     with pytest.warns(UserWarning, match="'b'.*0 samples"):
-        mmloader.Stream(mmloader.mix([_ds(a), _ds(b)], names=["a", "b"], epoch_size=40, schedule=schedule), batch_size=4)
+        mmloader.Stream(
+            mmloader.mix([_ds(a), _ds(b)], names=["a", "b"], epoch_size=40, schedule=schedule), batch_size=4
+        )
 
 
 def test_a_negative_epoch_and_hand_edited_states_are_refused_by_name(tmp_path):
@@ -209,7 +211,11 @@ def _walk(stores: Stores, cfg: Config, steps) -> None:
 def test_found_a_dropped_tail_kept_through_a_same_world_resume(stores):
     """8 samples, batch 4, drop_last, 3 ranks (no batch at all), resumed on 3, then on 1 rank."""
     cfg = Config(sizes=(8,), batch_size=4, drop_last=True, shuffle=False, world=3)
-    _walk(stores, cfg, [("take", None), ("take", None), ("restart", cfg), ("restart", Config(**{**cfg.__dict__, "world": 1}))])
+    _walk(
+        stores,
+        cfg,
+        [("take", None), ("take", None), ("restart", cfg), ("restart", Config(**{**cfg.__dict__, "world": 1}))],
+    )
 
 
 def test_found_padding_is_not_taken_for_samples_after_a_same_world_resume(stores):
