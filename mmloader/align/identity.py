@@ -124,8 +124,20 @@ def _qualified(fn: Any) -> str:
 def _code_parts(code: Any) -> list:
     """A code object's bytecode, names and constants, nested code objects digested in turn
     (their repr holds a memory address)."""
-    consts = [f"code:{digest(*_code_parts(c))}" if hasattr(c, "co_code") else repr(c) for c in code.co_consts]
-    return [code.co_code, repr(consts), repr(code.co_names)]
+    return [code.co_code, repr([_constant(c) for c in code.co_consts]), repr(code.co_names)]
+
+
+def _constant(c: Any) -> str:
+    """A code constant as text that is the same in every process: a nested code object by its own
+    digest (its repr holds an address), a frozenset (a set literal) sorted (its order follows
+    the process's string hashing)."""
+    if hasattr(c, "co_code"):
+        return f"code:{digest(*_code_parts(c))}"
+    if isinstance(c, frozenset):
+        return "frozenset({" + ", ".join(sorted(_constant(x) for x in c)) + "})"
+    if isinstance(c, tuple) and any(isinstance(x, (frozenset, tuple)) or hasattr(x, "co_code") for x in c):
+        return "(" + ", ".join(_constant(x) for x in c) + ("," if len(c) == 1 else "") + ")"
+    return repr(c)  # (as before: the digests of functions without set constants are unchanged)
 
 
 def _value_parts(value: Any, seen: set) -> list:
@@ -138,6 +150,8 @@ def _value_parts(value: Any, seen: set) -> list:
         return [f"{type(value).__name__}:{value!r}"]
     if isinstance(value, np.generic):
         return [f"np:{value.dtype}:{value!r}"]
+    if isinstance(value, np.ndarray) and value.dtype.hasobject:  # (its bytes are pointers)
+        return [f"ndarray:object:{value.shape}", *_value_parts(value.tolist(), seen)]
     if isinstance(value, np.ndarray):
         return [f"ndarray:{value.dtype}:{value.shape}", np.ascontiguousarray(value).tobytes()]
     seen = seen | {id(value)}

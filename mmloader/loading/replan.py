@@ -14,8 +14,11 @@ selection of the same dataset (rebuilt from the selection the state records). Wh
 * every sample of the new plan's epoch that was not yet delivered is delivered once, so the
   epoch's length is what was delivered plus what is left; with single-source batches
   (``batch_composition="source"``) a batch that was partly delivered is left out whole;
-* samples of a removed source, or of a dataset that changed (rewritten, grown), are another
-  source's: those delivered before may come again; a new source joins for the rest of the epoch.
+* samples of a dataset that changed (rewritten, grown) are another source's: those delivered
+  before may come again; a new source joins for the rest of the epoch;
+* what was delivered and the new plan does not hold (a source removed for now, samples a filter
+  leaves out) is carried in the state, so a later plan of the epoch that holds it again leaves it
+  out too.
 """
 
 from __future__ import annotations
@@ -67,18 +70,20 @@ def continue_ranges(stream: Any, state: dict) -> tuple[list[tuple[int, int]], li
         raise ResumeError(f"the state does not fit its own plan ({len(old_plan)} positions)")
     positions = delivered_positions(len(old_plan), left)
     src, idx = old_plan.lookup(positions)
-    slots, rows = [], []
+    slots, rows, away = [], [], []
     for s in np.unique(src).tolist():
         j = match.get(s)
-        if j is None:
-            continue  # a source removed: its samples are not in the new plan
-        r = _old_rows(stream.datasets[j], now["sources"][j], old["sources"][s], idx[src == s])
-        if r is not None:  # None: another dataset under that name
-            slots.append(np.full(len(r), j, dtype=np.int64))
-            rows.append(r)
+        r = None if j is None else _old_rows(stream.datasets[j], now["sources"][j], old["sources"][s], idx[src == s])
+        if r is None:  # a source removed, or another dataset under its name: not in this plan, carried on
+            away.append({"name": old["sources"][s]["name"], "fingerprint": old["sources"][s]["fingerprint"]})
+            away[-1]["indices"] = idx[src == s].tolist()  # (a later plan with this very source takes them out)
+            continue
+        slots.append(np.full(len(r), j, dtype=np.int64))
+        rows.append(r)
     delivered = sample_ids(np.concatenate(slots), np.concatenate(rows)) if slots else np.empty(0, np.int64)
     # what earlier plans of the epoch delivered and the saved one did not hold
-    delivered = np.concatenate([delivered, _carried_ids(state.get("carried") or [], now["sources"])])
+    earlier, unplaced = _carried_ids(stream, state.get("carried") or [], now["sources"])
+    delivered = np.concatenate([delivered, earlier])
     new_plan = stream.plan(epoch)
     nsrc, nidx = new_plan.lookup(np.arange(len(new_plan), dtype=np.int64))
     nrows = np.empty_like(nidx)
@@ -87,13 +92,14 @@ def continue_ranges(stream: Any, state: dict) -> tuple[list[tuple[int, int]], li
         nrows[sel] = _rows(stream.datasets[j], nidx[sel])
     ids = sample_ids(nsrc, nrows)
     ranges = whole_units(kept_ranges(ids, delivered), len(new_plan), new_plan.unit)
-    return ranges, carried_samples(carried_over(ids, delivered), now["sources"])
+    return ranges, carried_samples(carried_over(ids, delivered), now["sources"]) + unplaced + away
 
 
 def carried_samples(ids: np.ndarray, sources: list[dict]) -> list[dict]:
     """Sample ids (:func:`~mmloader.planning.replan.sample_ids` of this plan's source slots) as
     plain data a state keeps: per source, its name, the fingerprint of the dataset it selects
-    from and the rows (a row delivered twice listed twice)."""
+    from and the rows (a row delivered twice listed twice). Samples of a source this plan does
+    not have are kept by the source's own fingerprint and their indices in it."""
     out = []
     slots, rows = np.divmod(np.asarray(ids, dtype=np.int64), 1 << 40)
     for j in np.unique(slots).tolist():
@@ -101,15 +107,25 @@ def carried_samples(ids: np.ndarray, sources: list[dict]) -> list[dict]:
     return out
 
 
-def _carried_ids(carried: list[dict], sources: list[dict]) -> np.ndarray:
-    """The ids in this plan of samples a state carries (those of a source that is gone, or whose
-    dataset changed, are another source's now: dropped, as the samples of a removed source)."""
-    parts = [np.empty(0, np.int64)]
+def _carried_ids(stream: Any, carried: list[dict], sources: list[dict]) -> tuple[np.ndarray, list[dict]]:
+    """The ids in this plan of samples a state carries, and the entries no source here holds
+    (a source that is gone, or whose dataset changed: carried on, in case it comes back)."""
+    parts, unplaced = [np.empty(0, np.int64)], []
     for entry in carried:
         for j, source in enumerate(sources):
-            if source["name"] == entry["name"] and _base(source) == entry["base"]:
-                parts.append(sample_ids(np.full(len(entry["rows"]), j), np.asarray(entry["rows"], dtype=np.int64)))
-    return np.concatenate(parts)
+            if source["name"] != entry.get("name"):
+                continue
+            if "rows" in entry and _base(source) == entry.get("base"):
+                rows = np.asarray(entry["rows"], dtype=np.int64)
+            elif "indices" in entry and source["fingerprint"] == entry.get("fingerprint"):
+                rows = _rows(stream.datasets[j], np.asarray(entry["indices"], dtype=np.int64))
+            else:
+                continue
+            parts.append(sample_ids(np.full(len(rows), j), rows))
+            break
+        else:
+            unplaced.append(entry)
+    return np.concatenate(parts), unplaced
 
 
 def changed_plan_target(

@@ -12,6 +12,7 @@ unseen sample once. A state of another plan is never resumed silently
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from ..errors import PlanChangedError, ResumeError
 from .partition import remaining_ranges, unrepeated_remaining
@@ -164,10 +165,15 @@ def upgraded(state: dict, plan: dict | None) -> dict:
     sources = []
     for source in (saved or {}).get("sources", []):
         current = now.get(source["name"])
-        if current is not None and current["size"] == source["size"]:
-            source = {**source, "fingerprint": current["fingerprint"]}
-            if source.get("subset") and current.get("subset"):
-                source["subset"] = {**source["subset"], "base": current["subset"].get("base")}
+        if current is not None:  # the same name: taken for the same dataset (said in the warning)
+            base = (current.get("subset") or {}).get("base") or current["fingerprint"]
+            if source.get("subset"):
+                source = {**source, "subset": {**source["subset"], "base": base}}
+            same_selection = _steps(source.get("subset")) == _steps(current.get("subset"))
+            if same_selection and current["size"] == source["size"]:
+                source = {**source, "fingerprint": current["fingerprint"]}
+            elif not source.get("subset"):
+                source = {**source, "fingerprint": base}  # the whole dataset, another selection now
         sources.append(source)
     if saved:
         warnings.warn(
@@ -229,29 +235,41 @@ def check_fields(state: dict) -> None:
     """Refuse a state whose numbers cannot be a loader's (hand-edited, or of another tool),
     naming the field: a resume from it would deliver a wrong share of the epoch."""
 
-    def whole(name: str, low: int = 0) -> int:
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def whole(name: str, low: int = 0, optional: bool = False) -> int:
         value = state.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if optional and value is None:
+            return 0
+        if not integer(value) or value < low:
             raise ResumeError(f"stream state field {name!r} is {value!r}: expected an integer >= {low}")
         return value
 
     whole("epoch")
     whole("world", 1)
     plan_len = whole("plan_len")
-    per_rank = whole("samples_per_rank")
-    consumed = whole("consumed")
-    if consumed > per_rank:
-        raise ResumeError(
-            f"stream state field 'consumed' is {consumed}, more than its 'samples_per_rank' ({per_rank}): "
-            "not a state a loader saved"
-        )
+    per_rank, consumed = whole("samples_per_rank"), whole("consumed")
+    for name in ("steps", "step_offset", "ended_after_steps"):
+        whole(name, optional=True)
     ranges = state.get("ranges")
     if not isinstance(ranges, list) or any(
-        not isinstance(r, (list, tuple)) or len(r) != 2 or not 0 <= int(r[0]) <= int(r[1]) <= plan_len for r in ranges
+        not isinstance(r, (list, tuple)) or len(r) != 2 or not all(map(integer, r)) or not 0 <= r[0] <= r[1] <= plan_len
+        for r in ranges
     ):
         raise ResumeError(
-            f"stream state field 'ranges' is {ranges!r}: expected [start, stop] pairs within the plan's {plan_len} positions"
+            f"stream state field 'ranges' is {ranges!r}: expected [start, stop] integer pairs within the "
+            f"plan's {plan_len} positions"
         )
+    visit = sum(b - a for a, b in ranges)
+    if consumed > per_rank or per_rank > visit:
+        raise ResumeError(
+            f"stream state fields 'consumed' ({consumed}), 'samples_per_rank' ({per_rank}) and 'ranges' "
+            f"({visit} positions) do not fit together: not a state a loader saved"
+        )
+    carried = state.get("carried", [])
+    if not isinstance(carried, list) or not all(isinstance(c, dict) and "name" in c for c in carried):
+        raise ResumeError(f"stream state field 'carried' is {carried!r}: expected a list of samples per source")
 
 
 def resume_ranges(

@@ -140,6 +140,10 @@ def run_contract(data, stores: Stores, backend: str, max_size: int) -> None:
         run.close()
 
 
+DEEP = pytest.mark.timeout(0 if PROFILE == "deep" else 300)  # (the deep profile runs as long as it needs)
+
+
+@DEEP
 @settings(settings.get_profile(f"contract-{PROFILE}"), max_examples=EXAMPLES[PROFILE]["thread"])
 @given(data=st.data())
 def test_contract_on_threads(data, stores):
@@ -147,6 +151,7 @@ def test_contract_on_threads(data, stores):
 
 
 @pytest.mark.process
+@DEEP
 @settings(settings.get_profile(f"contract-{PROFILE}"), max_examples=EXAMPLES[PROFILE]["process"])
 @given(data=st.data())
 def test_contract_on_worker_processes(data, stores):
