@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -162,6 +163,12 @@ def make_stream(stores: Stores, cfg: Config, rank: int) -> mmloader.Stream:
     )
     stream.set_world(rank, cfg.world)
     return stream
+
+
+def make_loader(stream: mmloader.Stream, cfg: Config, rank: int) -> Any:
+    if cfg.backend == "ray":  # builders on the test module's Ray cluster, one pool per rank
+        return mmloader.loader(stream, backend="ray", actors=1, job=f"contract-{os.getpid()}-{rank}")
+    return mmloader.loader(stream, backend=cfg.backend, num_workers=cfg.workers)
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -309,8 +316,7 @@ class Run:
     def __init__(self, stores: Stores, cfg: Config, log: list):
         self.stores, self.cfg, self.log = stores, cfg, log
         self.streams = [make_stream(stores, cfg, r) for r in range(cfg.world)]
-        kwargs: dict = {"backend": cfg.backend, "num_workers": cfg.workers}
-        self.loaders = [mmloader.loader(s, **kwargs) for s in self.streams]
+        self.loaders = [make_loader(s, cfg, r) for r, s in enumerate(self.streams)]
         self.iters: list | None = None
         self.plans: dict[int, Plan] = {}
         self.model = Pass(0, cfg, self.plan(0), list(range(len(self.plan(0).items))), 0)
@@ -422,7 +428,7 @@ class Run:
         new = Run.__new__(Run)
         new.stores, new.cfg, new.log, new.plans = self.stores, cfg, self.log, {}
         new.streams = [make_stream(self.stores, cfg, r) for r in range(cfg.world)]
-        new.loaders = [mmloader.loader(s, backend=cfg.backend, num_workers=cfg.workers) for s in new.streams]
+        new.loaders = [make_loader(s, cfg, r) for r, s in enumerate(new.streams)]
         new.iters, new.ended, new.left = None, False, False
         m = self.model
         with warnings.catch_warnings():

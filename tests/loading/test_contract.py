@@ -23,9 +23,9 @@ from mmloader.errors import AlignmentError
 
 PROFILE = os.environ.get("MMLOADER_CONTRACT", "ci")
 EXAMPLES = {
-    "fast": {"thread": 40, "process": 4},
-    "ci": {"thread": 120, "process": 10},
-    "deep": {"thread": 3000, "process": 300},
+    "fast": {"thread": 40, "process": 4, "ray": 3},
+    "ci": {"thread": 120, "process": 10, "ray": 6},
+    "deep": {"thread": 3000, "process": 300, "ray": 60},
 }
 for _name, _counts in EXAMPLES.items():
     settings.register_profile(
@@ -67,7 +67,7 @@ def configs(draw, backend: str, max_size: int) -> Config:
         lengths=lengths,
         window=draw(st.integers(1, 3)),
         pack_tokens=draw(st.integers(13, 40)),
-        world=draw(st.integers(1, 3)),
+        world=draw(st.integers(1, 3)) if backend != "ray" else 1,  # (ray: one rank's pool on 3 CPUs)
         workers=draw(st.integers(0, 2)),
         backend=backend,
         on_change=draw(st.sampled_from(["error", "next_epoch", "continue"])),
@@ -78,7 +78,7 @@ def changed(draw, cfg: Config) -> Config:
     """Another run of ``cfg``: the same plan on another world or worker count, or a changed plan."""
     what = draw(st.sampled_from(["same", "same", "weights", "where", "where", "batch", "edit", "seed"]))
     new = {
-        "world": draw(st.integers(1, 3)),
+        "world": draw(st.integers(1, 3)) if cfg.backend != "ray" else 1,
         "workers": draw(st.integers(0, 2)),
         "on_change": draw(st.sampled_from([cfg.on_change, "error", "next_epoch", "continue", "continue"])),
     }

@@ -21,7 +21,10 @@ import mmloader
 from mmloader.errors import SampleError
 
 ray = pytest.importorskip("ray")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
+from test_contract import DEEP, EXAMPLES, PROFILE, run_contract  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 N = 40
@@ -364,3 +367,21 @@ def test_a_batch_crosses_as_arrays_and_arrives_as_the_same_tensors():
     assert back["x"].dtype == torch.bfloat16 and back["x"].equal(batch["x"])
     assert back["m"]["a"].equal(batch["m"]["a"]) and back["m"]["b"][0].equal(torch.arange(3))
     assert back["m"]["b"][1] == "text" and back["t"][1] == 5 and back["t"][0].dtype == torch.int64
+
+
+@pytest.fixture(scope="module")
+def contract_stores(tmp_path_factory):
+    from contract import Stores
+
+    return Stores(tmp_path_factory.mktemp("contract-ray"))
+
+
+@DEEP
+@settings(settings.get_profile(f"contract-{PROFILE}"), max_examples=EXAMPLES[PROFILE]["ray"])
+@given(data=st.data())
+def test_contract_on_ray(data, cluster, contract_stores):
+    """The contract's property test (tests/loading/test_contract.py) on this cluster's builders."""
+    import contract
+
+    ray.cloudpickle.register_pickle_by_value(contract)  # (its length functions, for the builders)
+    run_contract(data, contract_stores, "ray", 120 if PROFILE == "deep" else 40)
