@@ -97,8 +97,10 @@ def callable_identity(fn: Any, option: str) -> str:
     class's code and attributes. Globals it reads are not part of it.
 
     Values are plain data (numbers, strings, bytes, None, containers of them, NumPy arrays,
-    tensors, functions, modules, classes); anything else raises :class:`UnidentifiableError`
-    naming ``option`` and the remedy: an explicit ``identity=``.
+    tensors), functions (a library's own, as ``len`` or ``np.sum``, by name), modules, classes
+    and objects by their class and attributes (the ``self`` of a bound method); anything else
+    (a lock, a file, an open store) raises :class:`UnidentifiableError` naming ``option`` and
+    the remedy: an explicit ``identity=``.
 
     >>> def by_table(table):
     ...     return lambda i: table[i]
@@ -182,13 +184,26 @@ def _value_parts(value: Any, seen: set) -> list:
         return [f"function:{_qualified(value)}", *_code_parts(value.__code__)] + _value_parts(
             (cells, value.__defaults__, value.__kwdefaults__), seen
         )
-    if isinstance(value, types.BuiltinFunctionType):
-        return [f"builtin:{getattr(value, '__module__', '?')}.{value.__qualname__}"]
+    if isinstance(value, (types.BuiltinFunctionType, np.ufunc)) or (
+        callable(value) and getattr(value, "__module__", None) in _NAMED_BY_MODULE
+    ):  # a library's own function (len, np.sum, np.log, math.sqrt): its name says what it computes
+        return [f"builtin:{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"]
+    if type(value).__module__ == "operator" or isinstance(value, range):  # itemgetter(1), range(3): repr is all
+        return [f"{type(value).__qualname__}:{value!r}"]
+    if hasattr(value, "__wrapped__") and isinstance(value, functools._lru_cache_wrapper):
+        return ["lru_cache", *_value_parts(value.__wrapped__, seen)]
     import torch
 
     if isinstance(value, torch.Tensor):
         return [f"tensor:{value.dtype}:{tuple(value.shape)}", value.detach().cpu().contiguous().numpy().tobytes()]
-    code = getattr(type(value).__dict__.get("__call__"), "__code__", None)  # an object with a __call__ of its own
-    if code is not None and hasattr(value, "__dict__"):
-        return [f"object:{_qualified(type(value))}", *_code_parts(code)] + _value_parts(vars(value), seen)
+    if hasattr(value, "__dict__") and not isinstance(value, types.ModuleType):
+        # an object (its own __call__, or the self of a bound method): its class's code and its attributes
+        code = getattr(type(value).__dict__.get("__call__"), "__code__", None)
+        head = [f"object:{_qualified(type(value))}", *(_code_parts(code) if code is not None else [])]
+        return head + _value_parts(vars(value), seen)
     raise UnidentifiableError(f"a {type(value).__qualname__}")
+
+
+#: Modules whose functions are identified by name (a release that changes what one computes is
+#: beyond a plan identity, as the interpreter's own builtins are).
+_NAMED_BY_MODULE = frozenset({"builtins", "math", "operator", "numpy", "torch", "_operator"})

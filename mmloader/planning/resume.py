@@ -242,7 +242,7 @@ def check_fields(state: dict) -> None:
         value = state.get(name)
         if optional and value is None:
             return 0
-        if not integer(value) or value < low:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ResumeError(f"stream state field {name!r} is {value!r}: expected an integer >= {low}")
         return value
 
