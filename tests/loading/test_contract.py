@@ -24,7 +24,7 @@ from mmloader.errors import AlignmentError
 PROFILE = os.environ.get("MMLOADER_CONTRACT", "ci")
 EXAMPLES = {
     "fast": {"thread": 40, "process": 4, "ray": 3},
-    "ci": {"thread": 120, "process": 10, "ray": 6},
+    "ci": {"thread": 300, "process": 25, "ray": 6},
     "deep": {"thread": 3000, "process": 300, "ray": 60},
 }
 for _name, _counts in EXAMPLES.items():
