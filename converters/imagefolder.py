@@ -9,6 +9,11 @@ extensions as torchvision (jpg jpeg png ppm bmp pgm tif tiff webp, any case), an
 field names the format, not the spelling: ``.jpg``, ``.jpeg`` and ``.JPEG`` files all
 give field ``jpg``. A folder that cannot be read is a bad sample; a class folder
 without images is kept (indices do not shift) and noted in the summary.
+
+Symbolic links to folders are followed, as torchvision does, but each file is read once, at
+its own place: a link back into its own path (a loop) is not followed, a link to a folder
+inside ROOT is not followed (its files are read, with their own class, where they are), and a
+real folder reached twice is read once; the summary says each in a line.
 """
 
 from __future__ import annotations

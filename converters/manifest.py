@@ -17,6 +17,10 @@ are names too, as written, and the summary says so. An empty or absent label is 
 label, never a class: a bad sample. A non-integral number (``1.5``) or a text that looks
 like a number and is not one (``"²"``) is a bad sample with its reason.
 
+Texts: a JSON string is stored as it is; a number or ``true``/``false`` as its JSON spelling
+(``3`` -> ``"3"``), counted in the summary; a list or object (several captions?) is a bad sample
+with its reason (``--keep-columns`` keeps it in the ``json`` field).
+
 Rows: a JSONL line that is not a JSON object, a CSV row with more or fewer cells than the
 header, or text that is not UTF-8 is a bad sample named by file and line. A UTF-8
 byte-order mark (as Excel writes) is ignored.
@@ -206,6 +210,7 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
     base = path.parent
     width = max(len(str(len(rows))), 9)
     items = []
+    numbers: dict[str, int] = {}  # texts that were JSON numbers or booleans, by type
     for n, row in enumerate(rows):
         values = row.values
         key = f"{n:0{width}d}"
@@ -242,7 +247,17 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         if item.error:
             continue
         if args.text_column and values.get(args.text_column) is not None:
-            item.values["txt"] = str(values[args.text_column])
+            text = values[args.text_column]
+            if isinstance(text, (list, dict)):  # several captions, or a structure: not one text
+                item.error = (
+                    f"column {args.text_column!r} holds a JSON {'list' if isinstance(text, list) else 'object'}, "
+                    "not a text (keep it with --keep-columns, in the json field)"
+                )
+                continue
+            if not isinstance(text, str):  # a number or true/false: its JSON spelling, said in the summary
+                numbers[type(text).__name__] = numbers.get(type(text).__name__, 0) + 1
+                text = json.dumps(text)
+            item.values["txt"] = text
         if args.label_column:
             label = labels[n]
             if isinstance(label, str):
@@ -252,6 +267,9 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         rest = {k: v for k, v in values.items() if k not in used and (keep is None or k in keep)}
         if rest:
             item.values["json"] = rest
+    if numbers:
+        said = ", ".join(f"{count} {kind}" for kind, count in sorted(numbers.items()))
+        notes.append(f"column {args.text_column!r}: {said} value(s) stored as their JSON text (e.g. 3 -> '3')")
     meta: dict = {"layout": "manifest"}
     if classes:
         meta["classes"] = classes

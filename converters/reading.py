@@ -165,6 +165,9 @@ def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple
     return data, field_name
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def check_field(field_name: str, data: bytes, path: str) -> bytes:
     """Check a non-image file's bytes by its field's type; returns the bytes to store."""
     ext = field_name.rsplit(".", 1)[-1].lower()
@@ -173,6 +176,7 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ItemError(f"text is not UTF-8 ({e.reason} at byte {e.start})", path) from None
+        return data.removeprefix(UTF8_BOM)  # (a byte-order mark, as Notepad writes, is not text)
     elif ext == "cls":
         try:
             kind, value = label_kind(data.decode("utf-8"))

@@ -105,6 +105,10 @@ class SourceWalker:
         self.dst_inside = False
         self.symlinks: list[str] = []
         self.unreadable: list[tuple[str, str]] = []  # (folder, reason)
+        # following links: each real folder is read once; a link back into its own path is a loop
+        self.visited: set[str] = set()
+        self.loops: list[tuple[str, str]] = []  # (link, the folder it leads back to)
+        self.again: list[tuple[str, str]] = []  # (folder, the real folder already read)
 
     def _onerror(self, e: OSError) -> None:
         if os.path.realpath(e.filename or "") == os.path.realpath(self.root):
@@ -128,12 +132,35 @@ class SourceWalker:
             return True
         return False
 
+    def _read_before(self, dirpath: str, name: str) -> bool:
+        """Following links: whether folder NAME in DIRPATH leads back into its own path (a loop),
+        into the source (read at its own place) or to a real folder already read: each file is
+        read once, at its own path (noted)."""
+        full = os.path.join(dirpath, name)
+        real, here, root = os.path.realpath(full), os.path.realpath(dirpath), os.path.realpath(self.root)
+        if here == real or here.startswith(real + os.sep):
+            self.loops.append((full, real))
+            return True
+        if real in self.visited or (os.path.islink(full) and real.startswith(root + os.sep)):
+            # a link into the source: its files are read at their own place (their own class)
+            self.again.append((full, real))
+            return True
+        self.visited.add(real)
+        return False
+
     def walk(self, top: str | None = None) -> Iterator[tuple[str, list[str]]]:
         """(dirpath, sorted file names) per folder, folders in sorted order."""
         top = self.root if top is None else top
         dst_name = os.path.basename(self.dst)
+        if self.followlinks:
+            if os.path.realpath(top) in self.visited:  # (a class folder that links to another's)
+                self.again.append((top, os.path.realpath(top)))
+                return
+            self.visited.add(os.path.realpath(top))
         for dirpath, dirnames, filenames in os.walk(top, onerror=self._onerror, followlinks=self.followlinks):
             dirnames[:] = sorted(d for d in dirnames if not self.excluded_dir(dirpath, d))
+            if self.followlinks:
+                dirnames[:] = [d for d in dirnames if not self._read_before(dirpath, d)]
             reports = {f"{os.path.basename(d)}.skipped.tsv" for d in self.datasets if os.path.dirname(d) == dirpath}
             dst_here = (dst_name in filenames or f"{dst_name}.skipped.tsv" in filenames) and os.path.realpath(
                 dirpath
@@ -170,6 +197,14 @@ class SourceWalker:
             out.append(f"not input: {len(self.hidden)} hidden file(s)/folder(s), e.g. {self.hidden[0]}")
         if self.symlinks:
             out.append(f"not followed: {len(self.symlinks)} symlinked folder(s), e.g. {self.symlinks[0]}")
+        if self.loops:
+            link, real = self.loops[0]
+            out.append(f"not followed: {len(self.loops)} symbolic link(s) in a loop, e.g. {link} -> {real}")
+        if self.again:
+            link, real = self.again[0]
+            out.append(
+                f"read once, at its own place: {len(self.again)} folder(s) a link leads to, e.g. {link} -> {real}"
+            )
         return out
 
 

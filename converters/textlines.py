@@ -147,6 +147,8 @@ def _load_range(job) -> list[tuple]:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
+    if start == 0:
+        data = data.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark starts the file, not line 0's text
     return _with_ids([_check(l, blank) for l in _split(data)], tokenize)
 
 

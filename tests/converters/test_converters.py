@@ -575,6 +575,37 @@ def test_duplicate_keys_in_manifest(tmp_path):
     assert "duplicate key 'a'" in (tmp_path / "o.skipped.tsv").read_text()
 
 
+def test_manifest_texts_that_are_not_strings(tmp_path, capsys):
+    """A list caption was stored as its Python repr, a number as str() with no word (issue 60)."""
+    man = tmp_path / "m.jsonl"
+    rows = [{"t": "a caption"}, {"t": ["a", "b"]}, {"t": 3}, {"t": True}, {"t": {"en": "x"}}]
+    man.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--on-error", "skip") == 0
+    texts = {s["__key__"]: bytes(s["txt"]).decode() for s in mmloader.open(tmp_path / "o")}
+    assert sorted(texts.values()) == ["3", "a caption", "true"]
+    skipped = (tmp_path / "o.skipped.tsv").read_text()
+    assert "holds a JSON list, not a text" in skipped and "holds a JSON object" in skipped
+    assert "1 bool, 1 int value(s) stored as their JSON text" in capsys.readouterr().out
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """Notepad's UTF-8 BOM stayed in a pairs caption and in line 0 of a textlines file (issue 60)."""
+    src = tmp_path / "raw"
+    src.mkdir()
+    (src / "x.txt").write_bytes(b"\xef\xbb\xbfa caption")
+    (src / "y.txt").write_bytes("\ufeff inside stays".encode()[3:] + b"\xef\xbb\xbf")
+    assert run("pairs", src, tmp_path / "p.lmdb", "-q") == 0
+    got = {s["__key__"]: bytes(s["txt"]) for s in mmloader.open(tmp_path / "p.lmdb")}
+    assert got == {"x": b"a caption", "y": b" inside stays\xef\xbb\xbf"}
+    lines = tmp_path / "lines.txt"
+    lines.write_bytes(b"\xef\xbb\xbffirst\nsecond\n")
+    for extra in ([], ["--workers", "2"]):
+        out = tmp_path / f"t{len(extra)}.lmdb"
+        assert run("textlines", lines, out, "-q", *extra) == 0
+        assert [bytes(s["txt"]) for s in mmloader.open(out)] == [b"first", b"second"]
+    assert mmloader.zip(t=mmloader.TextReader(str(lines)))[0]["t"] == "first"  # read in place, too
+
+
 def test_path_errors(pairs_dir, tmp_path, capsys):
     assert run("pairs", tmp_path / "missing", tmp_path / "o") != 0
     assert "does not exist" in capsys.readouterr().err
@@ -1240,3 +1271,24 @@ def test_inspect_shows_the_source_of_datasets_made_before_unchanged(tmp_path, ca
         w.write({"__key__": "0001", "txt": "a caption"})
     assert cli(["inspect", str(tmp_path / "old.lmdb"), "-n", "0"]) == 0
     assert 'metadata: {"layout": "pairs", "source": "/home/alice/raw-clips"}' in capsys.readouterr().out
+
+
+def test_imagefolder_reads_each_file_once_through_links(tmp_path, capsys):
+    """`root/cat/deep/loop -> root/cat` gave 78 duplicates labelled cat (issue 60)."""
+    root = tmp_path / "root"
+    (root / "cat" / "deep").mkdir(parents=True)
+    (root / "dog").mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for i in range(2):
+        (root / "cat" / f"c{i}.jpg").write_bytes(jpeg_bytes(i))
+        (root / "dog" / f"d{i}.jpg").write_bytes(jpeg_bytes(i + 5))
+    (outside / "e.jpg").write_bytes(jpeg_bytes(9))
+    os.symlink(root / "cat", root / "cat" / "deep" / "loop")
+    os.symlink(root / "dog", root / "cat" / "dogs")  # another class's folder: read there, as dog
+    os.symlink(outside, root / "cat" / "more")  # outside the source: followed, as torchvision
+    assert run("imagefolder", root, tmp_path / "o.lmdb") == 0
+    got = sorted((s["__key__"], int(bytes(s["cls"]))) for s in mmloader.open(tmp_path / "o.lmdb"))
+    assert got == [("cat/c0", 0), ("cat/c1", 0), ("cat/more/e", 0), ("dog/d0", 1), ("dog/d1", 1)]
+    out = capsys.readouterr().out
+    assert f"1 symbolic link(s) in a loop, e.g. {root / 'cat' / 'deep' / 'loop'} -> {root / 'cat'}" in out

@@ -163,6 +163,8 @@ class TextLinesStore(Store):
         """The line's bytes without its line end (``\n`` or ``\r\n``)."""
         assert self._fd is not None  # opened by _offsets, which _spans calls first
         data = os.pread(self._fd, end - start, start)
+        if start == 0:
+            data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark is not line 0's text
         if data.endswith(b"\n"):
             data = data[:-1]
         if data.endswith(b"\r"):
