@@ -38,6 +38,7 @@ class _CachedShards(_RemoteIndex):
         self._cache_state: dict[int, float] = {}  # shard -> when to look for it in the cache again
         self._cached: dict[int, str] = {}
         self._downloads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._verified: set[int] = set()  # shards whose cached copy this process hashed
 
     @property
     def _cache(self) -> ShardCache | None:
@@ -78,14 +79,46 @@ class _CachedShards(_RemoteIndex):
                 except FileNotFoundError:  # evicted between the lookup and the open
                     self._cache_state[s] = now + 0.5
                     return None
-                self._fds[s] = fd
+                if not self._cached_copy_is_whole(s, fd, path):
+                    os.close(fd)
+                    fd = None
+                else:
+                    self._fds[s] = fd
                 while len(self._fds) > 64:
                     _old, old_fd = self._fds.popitem(last=False)
                     if self._closing is not None:
                         os.close(self._closing)
                     self._closing = old_fd
+        if fd is None:  # a changed copy, removed: fetched again, reads go to the object store meanwhile
+            self._cache_state[s] = now + 0.5
+            self._schedule(s)
+            return None
         cache.touch(shard["file"], every=0)
         return fd
+
+    def _cached_copy_is_whole(self, s: int, fd: int, path) -> bool:
+        """Whether the cached copy of shard ``s`` holds the bytes the manifest names (its sha256),
+        checked the first time this process opens it: a copy changed on disk since it was
+        downloaded is removed (and said), never served. Shards another tool indexed have no
+        checksum: their size was checked by the lookup."""
+        want = self.shards[s].get("sha256")
+        if not want or s in self._verified:
+            return True
+        got = sha256_file(fd)
+        if got == want:
+            self._verified.add(s)
+            return True
+        log.warning(
+            "cache: the cached copy %s of %s does not hold the bytes the manifest names (sha256 %s..., "
+            "expected %s...): removed, fetched again",
+            path,
+            self.shard_path(s),
+            got[:12],
+            want[:12],
+        )
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return False
 
     def _schedule(self, s: int) -> None:
         if s in self._cached or self.shards[s]["compressed"]:

@@ -720,6 +720,28 @@ def test_cache_is_keyed_by_the_dataset_version_and_the_endpoint(data, s3, tmp_pa
     assert a != b
 
 
+def test_a_cached_shard_changed_on_disk_is_never_served(data, s3, tmp_path, caplog):
+    """One flipped payload byte in a cached shard came back as data, no error (issue 60)."""
+    url = _upload_tar(s3, data["local"]["tar"], "flipped")
+    cache = str(tmp_path / "cache")
+    first = mmloader.open(url, cache_dir=cache)
+    assert first.prefetch(progress=False) == len(first.shards)
+    want = [first[i]["txt"] for i in range(N)]
+    copy = Path(first._cache.path(first.shards[0]["file"]))
+    raw = bytearray(copy.read_bytes())
+    at = raw.index(b"caption number")
+    raw[at] ^= 0x20  # 'c' -> 'C': same size, the tar headers untouched
+    copy.write_bytes(bytes(raw))
+    again = mmloader.open(url, cache_dir=cache)  # (another process would open it the same way)
+    with caplog.at_level("WARNING", logger="mmloader"):
+        got = [again[i]["txt"] for i in range(N)]
+    assert got == want  # read from the object store while the copy is fetched again
+    assert f"cached copy {copy}" in caplog.text and "does not hold the bytes the manifest names" in caplog.text
+    again.wait_for_cache()
+    assert again.prefetch(progress=False) == len(again.shards)
+    assert copy.read_bytes() == (data["local"]["tar"] / first.shards[0]["file"]).read_bytes()
+
+
 # -- failures that no retry can cure are reported at once --------------------------------------------------
 class _NoRangeHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:
