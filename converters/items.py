@@ -73,3 +73,23 @@ class Options:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_seconds: float | None = None
     transcode: Any = None  # mmloader.media.mediainfo.Transcode
+
+
+def strict_json(value: Any) -> tuple[Any, int]:
+    """``value`` with every NaN and infinity (which ``json.dumps`` writes as ``NaN``, not JSON to a
+    strict parser) replaced by None (``null``: missing), and how many were replaced.
+
+    >>> strict_json({"a": float("nan"), "b": [1.5, float("inf")]})
+    ({'a': None, 'b': [1.5, None]}, 2)
+    """
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, 1
+    if isinstance(value, dict):
+        pairs = [(k, *strict_json(v)) for k, v in value.items()]
+        return {k: v for k, v, _n in pairs}, sum(n for _k, _v, n in pairs)
+    if isinstance(value, (list, tuple)):
+        parts = [strict_json(v) for v in value]
+        return [v for v, _n in parts], sum(n for _v, n in parts)
+    return value, 0

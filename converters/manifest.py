@@ -48,6 +48,7 @@ from .common import (
     label_kind,
     layout_parser,
 )
+from .items import strict_json
 
 EXAMPLES = (
     "mmloader convert manifest captions.jsonl out/ --image-column file --text-column caption",
@@ -266,7 +267,11 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
             item.values["cls"] = label
         rest = {k: v for k, v in values.items() if k not in used and (keep is None or k in keep)}
         if rest:
-            item.values["json"] = rest
+            item.values["json"], replaced = strict_json(rest)  # NaN is not JSON: null (missing)
+            numbers["NaN or infinite json"] = numbers.get("NaN or infinite json", 0) + replaced
+    nonfinite = numbers.pop("NaN or infinite json", 0)
+    if nonfinite:
+        notes.append(f"{nonfinite} NaN or infinite value(s) in the json field stored as null (missing)")
     if numbers:
         said = ", ".join(f"{count} {kind}" for kind, count in sorted(numbers.items()))
         notes.append(f"column {args.text_column!r}: {said} value(s) stored as their JSON text (e.g. 3 -> '3')")

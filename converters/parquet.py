@@ -53,6 +53,7 @@ from .common import (
     shard_alignment,
     write_samples,
 )
+from .items import strict_json
 from .parquet_columns import Columns, _check_type, image_kind, json_columns, label_table, schema_problem
 from .parquet_tables import Table, _cells, list_tables, read_batches
 from .provenance import describe_input
@@ -70,6 +71,7 @@ LOOKED_FOR = "Parquet or Arrow IPC files (.parquet, .arrow, .feather, .ipc)"
 class Plan:
     def __init__(self, args: argparse.Namespace, notes: list[str]):
         self.args, self.notes = args, notes
+        self.nonfinite = 0  # NaN / infinite values of the json field, stored as null
         keep = [c for c in args.keep_columns.split(",") if c] if args.keep_columns is not None else None
         self.cols = Columns(args.image_column, args.text_column, args.label_column, args.key_column, keep)
         self.tables = list_tables(args, notes)
@@ -154,7 +156,10 @@ class Plan:
                 yield from self._file_items(t, base, lo, hi)
             base += rows
             if base >= stop:
-                return
+                break
+        if self.nonfinite:
+            self.notes.append(f"{self.nonfinite} NaN or infinite value(s) in the json field stored as null (missing)")
+            self.nonfinite = 0
 
     def _key(self, n: int) -> str:
         return f"{n:0{self.width}d}"
@@ -206,7 +211,11 @@ class Plan:
                     else:
                         item.values["cls"] = label
                 if rest is not None and rest[j]:
-                    item.values["json"] = json.dumps(rest[j], ensure_ascii=False, separators=(",", ":"), default=str)
+                    plain, replaced = strict_json(rest[j])  # NaN is not JSON: null (missing)
+                    self.nonfinite += replaced
+                    item.values["json"] = json.dumps(
+                        plain, ensure_ascii=False, separators=(",", ":"), default=str, allow_nan=False
+                    )
                 yield item
         yield from self._errors(t, base, errors)
 

@@ -69,13 +69,15 @@ def item_source(
 
 
 def items_digest(items: Sequence[Item], root: str) -> str:
-    """A digest of the input listing: keys, files (relative to ``root``), inline values."""
+    """A digest of the input listing: keys, files (relative to ``root``, with their sizes and
+    modification times: another folder with the same names, or a file edited between two part
+    runs, is another input), inline values."""
     import hashlib
 
     h = hashlib.sha256()
     root = os.path.abspath(root)
     for it in items:
-        files = sorted((f, os.path.relpath(os.path.abspath(p), root)) for f, p in it.files.items())
+        files = sorted((f, os.path.relpath(os.path.abspath(p), root), _stamp(p)) for f, p in it.files.items())
         h.update(
             json.dumps([it.key, files, it.values, it.error], sort_keys=True, default=str, ensure_ascii=False).encode(
                 "utf-8", "surrogateescape"
@@ -83,6 +85,15 @@ def items_digest(items: Sequence[Item], root: str) -> str:
             + b"\n"
         )
     return h.hexdigest()
+
+
+def _stamp(path: str) -> list[int] | str:
+    """A file's size and modification time (ns), or why there is none."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
+    return [st.st_size, st.st_mtime_ns]
 
 
 def shard_alignment(args: argparse.Namespace) -> int:

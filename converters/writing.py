@@ -95,6 +95,7 @@ def write_samples(
     ``unique_keys``: the keys are unique by construction (row numbers): no set of seen keys is
     kept (it would grow with the input)."""
     summary = Summary(notes=list(notes))
+    noted = len(notes)  # notes the samples' source adds while they are read are said too
     start = time.perf_counter()
     part = getattr(args, "_part_dataset", None) == dst
     fmt = format_for(args.dst, args.format)
@@ -151,6 +152,7 @@ def write_samples(
         bar.close()
         raise
     bar.close()
+    summary.notes += list(notes)[noted:]
     summary.dataset = str(dst)
     if report_path.exists():
         report_path.unlink()

@@ -55,6 +55,7 @@ OPTIONS = {  # given as storage_options
 BEARER = "options-BEARER-token-1357"
 WRONG_BEARER = "wr0ng-BEARER-token-2468"
 SECRETS = [
+    OPTIONS["access_key_id"],  # not a secret alone, but it names the account: never shown (issue 60)
     PASSWORD,
     WRONG_PASSWORD,
     *ENV.values(),

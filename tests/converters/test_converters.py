@@ -340,6 +340,29 @@ def test_parts_are_disjoint_and_merge_equals_whole(pairs_dir, tmp_path, fmt):
         assert _shas(merged) == _shas(tmp_path / "whole")  # byte-identical shards
 
 
+def test_parts_from_another_folder_or_an_edited_source_are_refused(pairs_dir, tmp_path, capsys):
+    """Part 0 of a folder with the same file names (one caption differs) merged silently (issue 60)."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(pairs_dir, other)
+    caption = sorted(other.rglob("*.txt"))[0]
+    caption.write_text("another caption")
+    dst = tmp_path / "merged.lmdb"
+    assert run("pairs", pairs_dir, dst, "--part", "1/2") == 0
+    capsys.readouterr()
+    assert run("pairs", other, dst, "--part", "0/2") != 0  # not "already converted", not a mix
+    assert "a part of another conversion: it was converted from another input" in capsys.readouterr().err
+    assert run("pairs", other, dst, "--part", "1/2") != 0  # the finished part is not taken for this one
+    edited = tmp_path / "edited"
+    shutil.copytree(pairs_dir, edited)
+    dst2 = tmp_path / "edited.lmdb"
+    assert run("pairs", edited, dst2, "--part", "0/2") == 0
+    (sorted(edited.rglob("*.txt"))[-1]).write_text("edited between the two part runs")
+    assert run("pairs", edited, dst2, "--part", "1/2") != 0
+    assert "another input" in capsys.readouterr().err
+
+
 def test_part_manifest_is_published_last_and_a_finished_part_is_not_converted_again(pairs_dir, tmp_path, capsys):
     dst = tmp_path / "out"
     assert run("pairs", pairs_dir, dst, "--part", "1/2", "--shard-size", "4") == 0

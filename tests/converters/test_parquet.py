@@ -245,6 +245,20 @@ def test_missing_image_file_named_by_a_path_column(tmp_path):
     assert f"{tmp_path / 'm.parquet'}:row 1\tcolumn 'path' (row group 0): unreadable" in report and "gone.jpg" in report
 
 
+def test_nan_is_stored_as_null_in_the_json_field(tmp_path, capsys):
+    """A Parquet NaN went into the json field as NaN, which strict JSON parsers refuse (issue 60)."""
+    table = pa.table({"t": ["a", "b", "c"], "score": [0.5, float("nan"), float("inf")], "n": [1, 2, 3]})
+    pq.write_table(table, tmp_path / "s.parquet")
+    assert run(tmp_path / "s.parquet", tmp_path / "out", "--text-column", "t") == 0
+    raw = [bytes(s["json"]).decode() for s in mmloader.open(tmp_path / "out")]
+    assert [json.loads(r, parse_constant=lambda c: pytest.fail(f"{c} in {r}")) for r in raw] == [
+        {"score": 0.5, "n": 1},
+        {"score": None, "n": 2},
+        {"score": None, "n": 3},
+    ]
+    assert "2 NaN or infinite value(s) in the json field stored as null" in capsys.readouterr().out
+
+
 def test_schema_that_differs_between_files(tmp_path, capsys):
     pq.write_table(pa.table(_rows(6)), tmp_path / "a.parquet")
     other = _rows(4, start=6)
