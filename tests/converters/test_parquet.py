@@ -251,7 +251,7 @@ def test_nan_is_stored_as_null_in_the_json_field(tmp_path, capsys):
     pq.write_table(table, tmp_path / "s.parquet")
     assert run(tmp_path / "s.parquet", tmp_path / "out", "--text-column", "t") == 0
     raw = [bytes(s["json"]).decode() for s in mmloader.open(tmp_path / "out")]
-    assert [json.loads(r, parse_constant=lambda c: pytest.fail(f"{c} in {r}")) for r in raw] == [
+    assert [json.loads(r, parse_constant=lambda c: pytest.fail(f"{c} is not JSON")) for r in raw] == [
         {"score": 0.5, "n": 1},
         {"score": None, "n": 2},
         {"score": None, "n": 3},
