@@ -5,8 +5,8 @@
 ...                   caption=mmloader.TextReader("pairs.lmdb"))          # doctest: +SKIP
 >>> loader = mmloader.loader(mmloader.Stream(ds, batch_size=64, seed=0))   # doctest: +SKIP
 
-Storage (writers, ``open``) imports without torch, so converters start fast; the
-torch-facing API (readers, zip, Stream, loader...) is imported on first use.
+Storage (writers, ``open``) imports without torch, so converters start fast; it and the
+torch-facing API (readers, zip, Stream, loader...) are imported on first use.
 """
 
 import importlib.abc
@@ -31,11 +31,16 @@ from .errors import (
     SizeLimitError,
     UnsafeFieldError,
 )
-from .storage import LMDBWriter, ShardWriter, Store, build_index, writer_for
-from .storage import open_store as open
-
-# name -> (module, attribute): the torch-facing API, imported on first use.
+# name -> (module, attribute), imported on first use: storage (writers, ``open``: no torch) and
+# the torch-facing API. ``import mmloader`` itself imports nothing heavy, so the command line is
+# up at once (and a Ctrl-C while it starts is the CLI's one line, not an import's traceback).
 _LAZY = {
+    "LMDBWriter": (".storage", "LMDBWriter"),
+    "ShardWriter": (".storage", "ShardWriter"),
+    "Store": (".storage", "Store"),
+    "build_index": (".storage", "build_index"),
+    "writer_for": (".storage", "writer_for"),
+    "open": (".storage", "open_store"),
     "SampleCache": (".readers.cache", "SampleCache"),
     "Reader": (".readers", "Reader"),
     "ImageReader": (".readers", "ImageReader"),
@@ -138,11 +143,6 @@ def __dir__() -> list[str]:
 # not replace the builtins of the same name in the importer's namespace.
 __all__ = [
     "__version__",
-    "LMDBWriter",
-    "ShardWriter",
-    "Store",
-    "build_index",
-    "writer_for",
     "MMLoaderError",
     "FormatError",
     "SampleError",
@@ -155,5 +155,5 @@ __all__ = [
     "ResumeError",
     "PlanChangedError",
     "LiveSourceError",
-    *(name for name in _LAZY if name not in ("zip", "readers")),
+    *(name for name in _LAZY if name not in ("zip", "open", "readers")),
 ]

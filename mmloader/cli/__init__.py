@@ -97,8 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # (a conversion publishes atomically: before it is written, nothing is)
+        print("interrupted: nothing written" if argv[:1] == ["convert"] else "interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # whatever failed (a client library's own error too): one line, redacted
         command = argv[0] if argv and not argv[0].startswith("-") else ""

@@ -264,3 +264,26 @@ def test_preview_draws_each_sample_image(tmp_path, capsys):
         x, y = (n % 2) * cell_w + 8 + THUMB // 2, (n // 2) * cell_h + 4 + THUMB // 2
         assert np.abs(sheet[y, x] - np.array(c)).max() <= 2, (n, sheet[y, x], c)
     assert (sheet[(THUMB // 2) - 45 : (THUMB // 2) - 38, 8 + THUMB // 2] == 255).all()  # above a 2:1 thumb: white
+
+
+@pytest.mark.process
+def test_the_command_line_starts_without_importing_storage_or_torch():
+    """A Ctrl-C while the CLI started (importing storage took ~0.3 s) printed an import's
+    KeyboardInterrupt traceback (issue 60): now the CLI's own handler is in place at once."""
+    code = "import sys, mmloader.cli; print(sorted(m for m in ('mmloader.storage', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv, said", [(["convert", "pairs", "a", "b"], "interrupted: nothing written"), (["inspect", "x"], "interrupted")]
+)
+def test_an_interrupt_is_one_line(monkeypatch, capsys, argv, said):
+    import mmloader.cli as cli_module
+
+    def interrupted(_argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "_run", interrupted)
+    assert cli_module.main(argv) == 130
+    assert capsys.readouterr().err == said + "\n"
