@@ -18,8 +18,8 @@ label, never a class: a bad sample. A non-integral number (``1.5``) or a text th
 like a number and is not one (``"²"``) is a bad sample with its reason.
 
 Texts: a JSON string is stored as it is; a number or ``true``/``false`` as its JSON spelling
-(``3`` -> ``"3"``), counted in the summary; a list or object (several captions?) is a bad sample
-with its reason (``--keep-columns`` keeps it in the ``json`` field).
+(``3`` -> ``"3"``), counted in the summary; NaN or infinity is no text (as ``null``); a list
+or object (several captions?) is a bad sample with its reason.
 
 Rows: a JSONL line that is not a JSON object, a CSV row with more or fewer cells than the
 header, or text that is not UTF-8 is a bad sample named by file and line. A UTF-8
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -252,13 +253,17 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
             if isinstance(text, (list, dict)):  # several captions, or a structure: not one text
                 item.error = (
                     f"column {args.text_column!r} holds a JSON {'list' if isinstance(text, list) else 'object'}, "
-                    "not a text (keep it with --keep-columns, in the json field)"
+                    "not a text (one caption per row, as a string; a column that is not --text-column is "
+                    "kept in the json field)"
                 )
                 continue
-            if not isinstance(text, str):  # a number or true/false: its JSON spelling, said in the summary
-                numbers[type(text).__name__] = numbers.get(type(text).__name__, 0) + 1
-                text = json.dumps(text)
-            item.values["txt"] = text
+            if isinstance(text, float) and not math.isfinite(text):  # NaN: no text, as null (counted)
+                numbers["NaN or infinite text (left out)"] = numbers.get("NaN or infinite text (left out)", 0) + 1
+            else:
+                if not isinstance(text, str):  # a number or true/false: its JSON spelling, said in the summary
+                    numbers[type(text).__name__] = numbers.get(type(text).__name__, 0) + 1
+                    text = json.dumps(text)
+                item.values["txt"] = text
         if args.label_column:
             label = labels[n]
             if isinstance(label, str):
@@ -272,6 +277,9 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
     nonfinite = numbers.pop("NaN or infinite json", 0)
     if nonfinite:
         notes.append(f"{nonfinite} NaN or infinite value(s) in the json field stored as null (missing)")
+    no_text = numbers.pop("NaN or infinite text (left out)", 0)
+    if no_text:
+        notes.append(f"column {args.text_column!r}: {no_text} NaN or infinite value(s): no text, as for null")
     if numbers:
         said = ", ".join(f"{count} {kind}" for kind, count in sorted(numbers.items()))
         notes.append(f"column {args.text_column!r}: {said} value(s) stored as their JSON text (e.g. 3 -> '3')")

@@ -53,9 +53,8 @@ def item_source(
             left_out = f"; {'; '.join(notes)}" if notes else ""
             raise ConversionError(f"no samples found in {args.src}: looked for {looked_for}{left_out}")
         check_required_fields(args.require, items)
-        digest = items_digest(items, args.src)
         found = {"samples": len(items), "files": sum(len(it.files) for it in items)}
-        metadata = describe_input(metadata, args, digest, found)
+        metadata = describe_input(metadata, args, items_digest(items, args.src), found)
 
         def convert(part: tuple[int, int] | None, dst: str) -> Summary:
             chosen = select(items, args.shuffle_seed, part, align=shard_alignment(args))
@@ -63,21 +62,26 @@ def item_source(
             loaded = ordered_map(_load_safe, ((it, opts) for it in chosen), args.workers)
             return write_samples(loaded, dst, args, metadata, total=len(chosen), notes=notes)
 
-        return digest, convert
+        return items_digest(items, args.src, stamps=True), convert  # (what parts are matched by)
 
     return prepare
 
 
-def items_digest(items: Sequence[Item], root: str) -> str:
-    """A digest of the input listing: keys, files (relative to ``root``, with their sizes and
-    modification times: another folder with the same names, or a file edited between two part
-    runs, is another input), inline values."""
+def items_digest(items: Sequence[Item], root: str, stamps: bool = False) -> str:
+    """A digest of the input listing: keys, files (relative to ``root``), inline values: the
+    same for the same listing on any machine, from any folder (the one a dataset records).
+    ``stamps``: each file's size and modification time too, what the parts of one conversion
+    are matched by: another folder with the same names, or a file edited between two part runs,
+    is another input (a copy that keeps modification times, ``cp -a`` or ``rsync -t``, is not)."""
     import hashlib
 
     h = hashlib.sha256()
     root = os.path.abspath(root)
     for it in items:
-        files = sorted((f, os.path.relpath(os.path.abspath(p), root), _stamp(p)) for f, p in it.files.items())
+        files = sorted(
+            (f, os.path.relpath(os.path.abspath(p), root), *([_stamp(p)] if stamps else []))
+            for f, p in it.files.items()
+        )
         h.update(
             json.dumps([it.key, files, it.values, it.error], sort_keys=True, default=str, ensure_ascii=False).encode(
                 "utf-8", "surrogateescape"

@@ -176,7 +176,9 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ItemError(f"text is not UTF-8 ({e.reason} at byte {e.start})", path) from None
-        return data.removeprefix(UTF8_BOM)  # (a byte-order mark, as Notepad writes, is not text)
+        if data == UTF8_BOM:  # (a byte-order mark, as Notepad writes, is not text)
+            raise ItemError("empty file (a byte-order mark alone)", path)
+        return data.removeprefix(UTF8_BOM)
     elif ext == "cls":
         try:
             kind, value = label_kind(data.decode("utf-8"))

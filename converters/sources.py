@@ -137,26 +137,38 @@ class SourceWalker:
         into the source (read at its own place) or to a real folder already read: each file is
         read once, at its own path (noted)."""
         full = os.path.join(dirpath, name)
-        real, here, root = os.path.realpath(full), os.path.realpath(dirpath), os.path.realpath(self.root)
+        real, here = os.path.realpath(full), os.path.realpath(dirpath)
         if here == real or here.startswith(real + os.sep):
             self.loops.append((full, real))
             return True
-        if real in self.visited or (os.path.islink(full) and real.startswith(root + os.sep)):
+        if real in self.visited or (os.path.islink(full) and self._read_in_place(real)):
             # a link into the source: its files are read at their own place (their own class)
             self.again.append((full, real))
             return True
         self.visited.add(real)
         return False
 
+    def _read_in_place(self, real: str) -> bool:
+        """Whether real folder ``real`` lies in the source where the walk reads it: not a link's
+        business then (a hidden folder, or a dataset, is read only through a link to it)."""
+        root = os.path.realpath(self.root)
+        if not real.startswith(root + os.sep):
+            return False
+        parts = os.path.relpath(real, root).split(os.sep)
+        return not any(p.startswith(".") for p in parts) and not any(
+            is_dataset_dir(os.path.join(root, *parts[: i + 1])) for i in range(len(parts))
+        )
+
     def walk(self, top: str | None = None) -> Iterator[tuple[str, list[str]]]:
         """(dirpath, sorted file names) per folder, folders in sorted order."""
         top = self.root if top is None else top
         dst_name = os.path.basename(self.dst)
         if self.followlinks:
-            if os.path.realpath(top) in self.visited:  # (a class folder that links to another's)
-                self.again.append((top, os.path.realpath(top)))
+            real = os.path.realpath(top)
+            if real in self.visited or (os.path.islink(top) and self._read_in_place(real)):
+                self.again.append((top, real))  # (a class folder that links to another's: read there)
                 return
-            self.visited.add(os.path.realpath(top))
+            self.visited.add(real)
         for dirpath, dirnames, filenames in os.walk(top, onerror=self._onerror, followlinks=self.followlinks):
             dirnames[:] = sorted(d for d in dirnames if not self.excluded_dir(dirpath, d))
             if self.followlinks:

@@ -203,7 +203,7 @@ def prepare(args: argparse.Namespace, notes: list[str]):
         raise UsageError("--no-special-tokens applies with --tokenizer")
     tokenize = (load_tokenizer(args.tokenizer), not args.no_special_tokens) if args.tokenizer else None
     size = path.stat().st_size
-    if size == 0:
+    if size == 0 or (size == 3 and path.read_bytes() == b"\xef\xbb\xbf"):  # (a byte-order mark is no text)
         raise ConversionError(f"no samples found in {path}: the file is empty (looked for lines of text)")
 
     source_digest = file_digest(path)

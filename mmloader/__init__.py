@@ -31,6 +31,7 @@ from .errors import (
     SizeLimitError,
     UnsafeFieldError,
 )
+
 # name -> (module, attribute), imported on first use: storage (writers, ``open``: no torch) and
 # the torch-facing API. ``import mmloader`` itself imports nothing heavy, so the command line is
 # up at once (and a Ctrl-C while it starts is the CLI's one line, not an import's traceback).

@@ -601,11 +601,11 @@ def test_duplicate_keys_in_manifest(tmp_path):
 def test_manifest_texts_that_are_not_strings(tmp_path, capsys):
     """A list caption was stored as its Python repr, a number as str() with no word (issue 60)."""
     man = tmp_path / "m.jsonl"
-    rows = [{"t": "a caption"}, {"t": ["a", "b"]}, {"t": 3}, {"t": True}, {"t": {"en": "x"}}]
+    rows = [{"t": "a caption"}, {"t": ["a", "b"]}, {"t": 3}, {"t": True}, {"t": {"en": "x"}}, {"t": float("nan")}]
     man.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert run("manifest", man, tmp_path / "o", "--text-column", "t", "--on-error", "skip") == 0
-    texts = {s["__key__"]: bytes(s["txt"]).decode() for s in mmloader.open(tmp_path / "o")}
-    assert sorted(texts.values()) == ["3", "a caption", "true"]
+    texts = {s["__key__"]: bytes(s["txt"]).decode() for s in mmloader.open(tmp_path / "o") if "txt" in s}
+    assert sorted(texts.values()) == ["3", "a caption", "true"]  # NaN: no text, as null
     skipped = (tmp_path / "o.skipped.tsv").read_text()
     assert "holds a JSON list, not a text" in skipped and "holds a JSON object" in skipped
     assert "1 bool, 1 int value(s) stored as their JSON text" in capsys.readouterr().out
@@ -1315,3 +1315,37 @@ def test_imagefolder_reads_each_file_once_through_links(tmp_path, capsys):
     assert got == [("cat/c0", 0), ("cat/c1", 0), ("cat/more/e", 0), ("dog/d0", 1), ("dog/d1", 1)]
     out = capsys.readouterr().out
     assert f"1 symbolic link(s) in a loop, e.g. {root / 'cat' / 'deep' / 'loop'} -> {root / 'cat'}" in out
+
+
+def test_imagefolder_class_folders_that_link_to_others_and_links_into_hidden_folders(tmp_path):
+    """A class folder linking to a sibling took the sibling's images; a link into a hidden folder
+    lost its files (a reviewer's attack)."""
+    root = tmp_path / "src"
+    for name, seed in (("dog", 1), ("zebra", 2), (".hid", 3), ("lion", 4)):
+        (root / name).mkdir(parents=True)
+        (root / name / f"{name.strip('.')[0]}1.jpg").write_bytes(jpeg_bytes(seed))
+    os.symlink("dog", root / "cat")  # sorts before dog
+    os.symlink("zebra", root / "ape")
+    os.symlink("../.hid", root / "lion" / "tohid")
+    assert run("imagefolder", root, tmp_path / "o.lmdb") == 0
+    got = sorted((s["__key__"], int(bytes(s["cls"]))) for s in mmloader.open(tmp_path / "o.lmdb"))
+    assert got == [
+        ("dog/d1", 2),
+        ("lion/l1", 3),
+        ("lion/tohid/h1", 3),
+        ("zebra/z1", 4),
+    ]  # classes: ape cat dog lion zebra
+
+
+def test_a_byte_order_mark_alone_is_an_empty_file(tmp_path, capsys):
+    src = tmp_path / "raw"
+    src.mkdir()
+    (src / "x.txt").write_bytes(b"\xef\xbb\xbf")
+    (src / "y.txt").write_bytes(b"text")
+    assert run("pairs", src, tmp_path / "p.lmdb", "--on-error", "skip") == 0
+    assert "empty file (a byte-order mark alone)" in (tmp_path / "p.lmdb.skipped.tsv").read_text()
+    lines = tmp_path / "bom.txt"
+    lines.write_bytes(b"\xef\xbb\xbf")
+    capsys.readouterr()
+    assert run("textlines", lines, tmp_path / "t.lmdb") == 1
+    assert "the file is empty" in capsys.readouterr().err

@@ -114,9 +114,11 @@ _AZURE_SCHEMES = {"az", "azure", "abfs", "abfss"}
 _AUTH_HEADER = re.compile(r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)(?:([\w-]+)\s+)?([^\s\"',;()<>\[\]{}]+)")
 _BEARER = re.compile(r"\bBearer\s+[A-Za-z0-9._~+/-]+=*")
 _SIGNATURE = re.compile(r"\b(Signature=)[0-9a-fA-F]{16,}")
-_CREDENTIAL = re.compile(r"\b(Credential=)[^\s,;\"'<>]+")  # a SigV4 scope: the access key ID first
+_CREDENTIAL = re.compile(r"(?i)\b(Credential\s*=\s*)[^\s,;\"'<>]+")  # a SigV4 scope: the access key ID first
 _S3_ECHO = re.compile(
-    r"<(StringToSign|StringToSignBytes|CanonicalRequest|CanonicalRequestBytes|SignatureProvided)>.*?</\1>", re.S
+    r"<(StringToSign|StringToSignBytes|CanonicalRequest|CanonicalRequestBytes|SignatureProvided|AWSAccessKeyId)>"
+    r".*?</\1>",
+    re.S,
 )
 
 
@@ -250,6 +252,8 @@ def redact_text(text: str) -> str:
     'failed on http://alice:***@host/ds: boom'
     >>> redact_text("403: <Auth>AWS4-HMAC-SHA256 Credential=AKIA0EXAMPLE/20261207/us-east-1/s3/aws4_request, x</Auth>")
     '403: <Auth>AWS4-HMAC-SHA256 Credential=***, x</Auth>'
+    >>> redact_text("<Code>InvalidAccessKeyId</Code><AWSAccessKeyId>AKIA0EXAMPLE</AWSAccessKeyId>")
+    '<Code>InvalidAccessKeyId</Code><AWSAccessKeyId>***</AWSAccessKeyId>'
     """
     if "://" in text:
         text = _redact_urls(text)
@@ -259,7 +263,7 @@ def redact_text(text: str) -> str:
         text = _BEARER.sub(f"Bearer {REDACTED}", text)
     if "Signature=" in text:  # an AWS SigV4 header's signature
         text = _SIGNATURE.sub(lambda m: m.group(1) + REDACTED, text)
-    if "Credential=" in text:  # and its credential scope, which names the access key ID
+    if "redential" in text or "REDENTIAL" in text:  # and its credential scope, which names the access key ID
         text = _CREDENTIAL.sub(lambda m: m.group(1) + REDACTED, text)
     if "<" in text:
         text = _S3_ECHO.sub(lambda m: f"<{m.group(1)}>{REDACTED}</{m.group(1)}>", text)
