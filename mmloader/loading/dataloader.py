@@ -27,7 +27,7 @@ from .distributed import available_cpus, local_world_size
 from .protocol import StreamLike, check_stream
 from .resumable import Resumable
 from .ring import BatchRing
-from .threaded import ThreadLoader, _pin
+from .threaded import ThreadLoader, _pin, can_pin
 
 log = logging.getLogger("mmloader")
 BACKENDS = ("auto", "thread", "process", "ray")
@@ -104,8 +104,7 @@ class Loader(Resumable):
             persistent_workers = False
         if persistent_workers is None:
             persistent_workers = workers > 0
-        if pin_memory is None:
-            pin_memory = torch.cuda.is_available()
+        pin_memory = torch.cuda.is_available() if pin_memory is None else can_pin(pin_memory)
         if workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         # Batches cross from the workers through a ring of shared-memory slots (mmloader.loading.ring);

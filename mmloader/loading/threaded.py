@@ -15,6 +15,7 @@ import functools
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -55,7 +56,7 @@ class ThreadLoader(Resumable):
         self.stream = stream
         self.num_workers = max(1, num_workers)
         self.prefetch_factor = max(1, prefetch_factor)
-        self.pin_memory = pin_memory
+        self.pin_memory = can_pin(pin_memory)
         self.producers = producers
         self.batches_seen = 0
 
@@ -245,6 +246,18 @@ def _omp_set_num_threads() -> Callable[[int], Any] | None:
             except (OSError, AttributeError):
                 continue
     return None
+
+
+def can_pin(pin_memory: bool | None) -> bool:
+    """``pin_memory`` as it can be honoured here: pinned memory needs CUDA. Asked for without it,
+    batches are not pinned and a warning says so, as torch's DataLoader does (pinning would fail
+    with 'Found no NVIDIA driver')."""
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn(
+            "pin_memory=True, but no CUDA device is available: batches are not pinned", UserWarning, stacklevel=3
+        )
+        return False
+    return bool(pin_memory)
 
 
 def _pin(batch: Any) -> Any:

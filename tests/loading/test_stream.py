@@ -799,3 +799,16 @@ def test_raw_images_stay_packed_through_a_users_collate_on_every_path(tmp_path):
             )
         if isinstance(coll, mmloader.Collate):
             assert coll.pack == ()  # outside a stream's call: what the user gave
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinning works where there is CUDA")
+@pytest.mark.parametrize(
+    "backend, workers", [("thread", 1), ("process", 0), pytest.param("process", 1, marks=pytest.mark.process)]
+)
+def test_pin_memory_without_cuda_warns_and_delivers(lmdb_ds, backend, workers):
+    """pin_memory=True crashed without CUDA ('Found no NVIDIA driver'); torch's DataLoader warns
+    and delivers unpinned batches: so does every backend (issue 57)."""
+    stream = mmloader.Stream(mmloader.zip(caption=mmloader.TextReader(lmdb_ds)), batch_size=4)
+    with pytest.warns(UserWarning, match="pin_memory=True, but no CUDA device is available"):
+        loader = mmloader.loader(stream, backend=backend, num_workers=workers, pin_memory=True)
+    assert sum(len(b["__key__"]) for b in loader) == len(stream.datasets[0])
