@@ -29,10 +29,12 @@ byte-order mark (as Excel writes) is ignored.
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import json
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -69,9 +71,7 @@ class Row:
 
 
 def _decode(raw: bytes, first: bool) -> str:
-    if first and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    return raw.decode("utf-8")
+    return (raw.removeprefix(codecs.BOM_UTF8) if first else raw).decode("utf-8")
 
 
 def read_jsonl(path: Path) -> list[Row]:
@@ -212,7 +212,8 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
     base = path.parent
     width = max(len(str(len(rows))), 9)
     items = []
-    numbers: dict[str, int] = {}  # texts that were JSON numbers or booleans, by type
+    as_json: Counter = Counter()  # texts that were JSON numbers or booleans, by type
+    nonfinite = no_text = 0  # NaN and infinities: in the json field (stored as null), as texts (none)
     for n, row in enumerate(rows):
         values = row.values
         key = f"{n:0{width}d}"
@@ -258,10 +259,10 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
                 )
                 continue
             if isinstance(text, float) and not math.isfinite(text):  # NaN: no text, as null (counted)
-                numbers["NaN or infinite text (left out)"] = numbers.get("NaN or infinite text (left out)", 0) + 1
+                no_text += 1
             else:
                 if not isinstance(text, str):  # a number or true/false: its JSON spelling, said in the summary
-                    numbers[type(text).__name__] = numbers.get(type(text).__name__, 0) + 1
+                    as_json[type(text).__name__] += 1
                     text = json.dumps(text)
                 item.values["txt"] = text
         if args.label_column:
@@ -273,15 +274,13 @@ def build_items(args: argparse.Namespace, notes: list[str]) -> tuple[list[Item],
         rest = {k: v for k, v in values.items() if k not in used and (keep is None or k in keep)}
         if rest:
             item.values["json"], replaced = strict_json(rest)  # NaN is not JSON: null (missing)
-            numbers["NaN or infinite json"] = numbers.get("NaN or infinite json", 0) + replaced
-    nonfinite = numbers.pop("NaN or infinite json", 0)
+            nonfinite += replaced
     if nonfinite:
         notes.append(f"{nonfinite} NaN or infinite value(s) in the json field stored as null (missing)")
-    no_text = numbers.pop("NaN or infinite text (left out)", 0)
     if no_text:
         notes.append(f"column {args.text_column!r}: {no_text} NaN or infinite value(s): no text, as for null")
-    if numbers:
-        said = ", ".join(f"{count} {kind}" for kind, count in sorted(numbers.items()))
+    if as_json:
+        said = ", ".join(f"{count} {kind}" for kind, count in sorted(as_json.items()))
         notes.append(f"column {args.text_column!r}: {said} value(s) stored as their JSON text (e.g. 3 -> '3')")
     meta: dict = {"layout": "manifest"}
     if classes:

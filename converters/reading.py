@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import os
@@ -165,9 +166,6 @@ def media_bytes(data: bytes, field_name: str, path: str, opts: Options) -> tuple
     return data, field_name
 
 
-UTF8_BOM = b"\xef\xbb\xbf"
-
-
 def check_field(field_name: str, data: bytes, path: str) -> bytes:
     """Check a non-image file's bytes by its field's type; returns the bytes to store."""
     ext = field_name.rsplit(".", 1)[-1].lower()
@@ -176,9 +174,9 @@ def check_field(field_name: str, data: bytes, path: str) -> bytes:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ItemError(f"text is not UTF-8 ({e.reason} at byte {e.start})", path) from None
-        if data == UTF8_BOM:  # (a byte-order mark, as Notepad writes, is not text)
+        if data == codecs.BOM_UTF8:  # (a byte-order mark, as Notepad writes, is not text)
             raise ItemError("empty file (a byte-order mark alone)", path)
-        return data.removeprefix(UTF8_BOM)
+        return data.removeprefix(codecs.BOM_UTF8)
     elif ext == "cls":
         try:
             kind, value = label_kind(data.decode("utf-8"))

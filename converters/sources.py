@@ -141,9 +141,14 @@ class SourceWalker:
         if here == real or here.startswith(real + os.sep):
             self.loops.append((full, real))
             return True
-        if real in self.visited or (os.path.islink(full) and self._read_in_place(real)):
-            # a link into the source: its files are read at their own place (their own class)
-            self.again.append((full, real))
+        return self._read_elsewhere(full, real)
+
+    def _read_elsewhere(self, folder: str, real: str) -> bool:
+        """Whether ``folder`` (real path ``real``) is read elsewhere: a folder already read, or a
+        link into the source, whose files are read at their own place (their own class); noted.
+        Otherwise it is read here, and marked read."""
+        if real in self.visited or (os.path.islink(folder) and self._read_in_place(real)):
+            self.again.append((folder, real))
             return True
         self.visited.add(real)
         return False
@@ -163,12 +168,8 @@ class SourceWalker:
         """(dirpath, sorted file names) per folder, folders in sorted order."""
         top = self.root if top is None else top
         dst_name = os.path.basename(self.dst)
-        if self.followlinks:
-            real = os.path.realpath(top)
-            if real in self.visited or (os.path.islink(top) and self._read_in_place(real)):
-                self.again.append((top, real))  # (a class folder that links to another's: read there)
-                return
-            self.visited.add(real)
+        if self.followlinks and self._read_elsewhere(top, os.path.realpath(top)):
+            return  # (a class folder that links to another's: read there)
         for dirpath, dirnames, filenames in os.walk(top, onerror=self._onerror, followlinks=self.followlinks):
             dirnames[:] = sorted(d for d in dirnames if not self.excluded_dir(dirpath, d))
             if self.followlinks:

@@ -19,6 +19,7 @@ with ``encode_batch`` (Rust, without the GIL), with the tokenizer's special toke
 from __future__ import annotations
 
 import argparse
+import codecs
 import io
 import os
 import sys
@@ -148,7 +149,7 @@ def _load_range(job) -> list[tuple]:
         f.seek(start)
         data = f.read(end - start)
     if start == 0:
-        data = data.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark starts the file, not line 0's text
+        data = data.removeprefix(codecs.BOM_UTF8)  # a byte-order mark starts the file, not line 0's text
     return _with_ids([_check(l, blank) for l in _split(data)], tokenize)
 
 
@@ -203,7 +204,7 @@ def prepare(args: argparse.Namespace, notes: list[str]):
         raise UsageError("--no-special-tokens applies with --tokenizer")
     tokenize = (load_tokenizer(args.tokenizer), not args.no_special_tokens) if args.tokenizer else None
     size = path.stat().st_size
-    if size == 0 or (size == 3 and path.read_bytes() == b"\xef\xbb\xbf"):  # (a byte-order mark is no text)
+    if size == 0 or (size == 3 and path.read_bytes() == codecs.BOM_UTF8):  # (a byte-order mark is no text)
         raise ConversionError(f"no samples found in {path}: the file is empty (looked for lines of text)")
 
     source_digest = file_digest(path)

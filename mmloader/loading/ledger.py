@@ -244,21 +244,14 @@ def _batch(stream: Any, step: int, rank: int, epoch: int | None) -> tuple:
 def _pass(stream: Any, epoch: int | None, step: int) -> tuple[int, int, Any, RangeList, int]:
     """(epoch, world, plan, visit, steps before it) of the pass that delivered ``step``: the
     epoch whole, else (an epoch resumed mid-way) the resumed part of it, else (a step before the
-    resume) the pass the saved state was taken in, as the saved world planned it."""
+    resume) the pass the saved state was taken in, as the saved world planned it (:func:`_passes`)."""
     e = _epoch(stream, epoch)
-    world = stream.where()[1]
     plan = stream.plan(e)
-    record = stream.resumed_epochs.get(e)
-    if record is None:
-        return e, world, plan, RangeList([(0, len(plan))]), 0
-    if step >= record["steps"]:
-        return e, world, plan, RangeList(record["ranges"]), record["steps"]
-    saved = record["state"]
-    bs = stream.batch_size or 1
-    first = record["steps"] - -(-int(saved["consumed"]) // bs)  # (a last short batch counts)
-    if step < first or saved.get("plan") != stream.identity():
-        raise ValueError(
-            f"step {step} of epoch {e} was delivered before the state this stream resumed from "
-            "was taken (by an earlier pass, or under another plan): ask the stream that delivered it"
-        )
-    return e, int(saved["world"]), plan, RangeList(saved["ranges"]), first
+    whole = e not in stream.resumed_epochs
+    for world, visit, first, _taken in _passes(stream, e, plan):  # its own pass first
+        if whole or step >= first:
+            return e, world, plan, visit, first
+    raise ValueError(
+        f"step {step} of epoch {e} was delivered before the state this stream resumed from "
+        "was taken (by an earlier pass, or under another plan): ask the stream that delivered it"
+    )

@@ -8,6 +8,7 @@ rebuilt when they change.
 
 from __future__ import annotations
 
+import codecs
 import os
 import struct
 from pathlib import Path
@@ -164,7 +165,7 @@ class TextLinesStore(Store):
         assert self._fd is not None  # opened by _offsets, which _spans calls first
         data = os.pread(self._fd, end - start, start)
         if start == 0:
-            data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark is not line 0's text
+            data = data.removeprefix(codecs.BOM_UTF8)  # a UTF-8 byte-order mark is not line 0's text
         if data.endswith(b"\n"):
             data = data[:-1]
         if data.endswith(b"\r"):
