@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import math
 from collections import Counter
@@ -17,6 +18,7 @@ from conftest import jpeg_bytes
 import mmloader
 
 WORLD = 2
+HANG_DUMP_S = 200  # under pytest's 300 s: the stacks reach the failure report
 
 
 def _text_dataset(path: Path, n: int, shards: int) -> Path:
@@ -37,11 +39,16 @@ def _keys(loader):
 
 
 def _rank_main(rank: int, init: str, cases: list, out: str) -> None:
+    # A hang (one CI run in many) prints every thread's stack in the failure, not a bare timeout.
+    faulthandler.dump_traceback_later(HANG_DUMP_S, exit=True)  # (never armed in a forked worker: it hangs there)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     results = {}
     for name, path, batch in cases:
         loader = mmloader.loader(
-            _stream(path, batch), num_workers=2, persistent_workers=False, multiprocessing_context="fork"
+            _stream(path, batch),
+            num_workers=2,
+            persistent_workers=False,
+            multiprocessing_context="fork",
         )  # spawn would re-import torch per worker
         got = _keys(loader)
         counts = torch.tensor([len(got)])
