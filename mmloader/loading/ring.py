@@ -5,9 +5,12 @@ new segment, its descriptor is passed over a Unix socket, and both processes fau
 its pages in. For raw bytes that per-batch cost is most of the work. Here each worker
 allocates a few slots once; a batch is written into a free slot (images are decoded
 straight into it) and only a small descriptor crosses the queue. The training process
-builds tensors as views of the slot — no copy — and hands the slot back when no view
-of it is left (it counts the references to the slot's storage), so a batch the caller
-still holds is never overwritten. When every slot is held, or a batch does not fit,
+wraps each tensor's bytes in the slot in a storage of its own — no copy — and hands the
+slot back when none of them is left (each holds a reference to the slot's buffer), so a
+batch the caller still holds is never overwritten. A storage of its own, not a view of
+the slot: a batch saves, pickles and deep-copies as ordinary tensors at their own size
+(a view would drag the whole slot along, and ``torch.save`` refuses one storage seen as
+several dtypes). When every slot is held, or a batch does not fit,
 that batch goes the ordinary way: slower, never wrong.
 
 Segments are created and unlinked at once (torch's file-descriptor sharing), so
@@ -19,6 +22,7 @@ nothing is left in ``/dev/shm`` after a normal exit, Ctrl-C or a killed worker.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, NamedTuple
@@ -52,8 +56,10 @@ class RingBatch(NamedTuple):
     new_slots: list | None  # the worker's slot tensors, sent once (their memory is shared by fd)
 
 
-def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+def _batch_out(entry: tuple[torch.Tensor, Any]) -> bool:
+    """Whether a tensor of the slot ``(slot, buffer)`` is still out: each holds a reference to the
+    buffer (``torch.frombuffer``); with none out, only the entry and this call's argument do."""
+    return sys.getrefcount(entry[1]) > 2
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -129,9 +135,11 @@ class BatchRing:
         self._announced = False
         self._cursor = 0
         # training-process side
-        self._cache: dict[tuple[int, int], tuple[torch.Tensor, int]] = {}  # (incarnation, slot) -> (slot, base count)
+        # (incarnation, slot) -> (slot, its bytes as a numpy buffer, referenced by nothing else
+        # but the tensors out: see _batch_out)
+        self._cache: dict[tuple[int, int], tuple[torch.Tensor, Any]] = {}
         self._latest: dict[int, int] = {}  # worker -> newest incarnation seen
-        self._held: list[tuple[int, int, int]] = []  # (incarnation, worker, slot) with views out
+        self._held: list[tuple[int, int, int]] = []  # (incarnation, worker, slot) with tensors out
         self._lock = threading.Lock()
 
     # -- worker side ----------------------------------------------------------------------------
@@ -183,15 +191,14 @@ class BatchRing:
 
     # -- training-process side ------------------------------------------------------------------
     def receive(self, item: Any) -> Any:
-        """The batch a worker sent: tensors as views of its slot (or the item itself)."""
+        """The batch a worker sent: its tensors over their bytes in the slot (or the item itself)."""
         self.release()
         if not isinstance(item, RingBatch):
             return item
         inc, worker, slot = item.incarnation, item.worker, item.slot
         if item.new_slots is not None:
             self._adopt(worker, inc, item.new_slots)
-        slot_tensor = self._cache[(inc, slot)][0]
-        batch = _unpack(item.structure, slot_tensor)
+        batch = _unpack(item.structure, self._cache[(inc, slot)][1])
         with self._lock:
             self._held.append((inc, worker, slot))
         return batch
@@ -206,15 +213,14 @@ class BatchRing:
             for key in [k for k in self._cache if k[0] == old and k not in held]:
                 del self._cache[key]
             for s, t in enumerate(slots):
-                self._cache[(inc, s)] = (t, _use_count(t))  # references with no batch out
+                self._cache[(inc, s)] = (t, t.numpy())
 
     def release(self) -> None:
         """Hand back every slot whose batch nobody references any more."""
         with self._lock:
             keep = []
             for inc, worker, slot in self._held:
-                t, base = self._cache[(inc, slot)]
-                if _use_count(t) > base:
+                if _batch_out(self._cache[(inc, slot)]):
                     keep.append((inc, worker, slot))
                     continue
                 if int(self._flag[worker, slot]) == inc:
@@ -266,11 +272,14 @@ def _pack(obj: Any, space: _Arena) -> Any:
     return obj
 
 
-def _unpack(obj: Any, slot: torch.Tensor) -> Any:
+def _unpack(obj: Any, slot: Any) -> Any:
+    """``obj`` with each tensor spec replaced by a tensor over its bytes in ``slot`` (a numpy
+    buffer), in a storage of its own that references the buffer until it is freed."""
     if isinstance(obj, SlotTensor):
-        itemsize = obj.dtype.itemsize
         extent = 1 + sum((n - 1) * st for n, st in zip(obj.shape, obj.stride)) if all(obj.shape) else 0
-        flat = slot[obj.offset : obj.offset + extent * itemsize].view(obj.dtype)
+        if not extent:
+            return torch.empty(obj.shape, dtype=obj.dtype)
+        flat = torch.frombuffer(slot, dtype=obj.dtype, count=extent, offset=obj.offset)
         return torch.as_strided(flat, obj.shape, obj.stride)
     if isinstance(obj, dict):
         return {k: _unpack(v, slot) for k, v in obj.items()}
