@@ -63,28 +63,29 @@ def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
 
 
 def _connect(address: str | None):
-    try:
-        import ray
-    except ImportError:
-        raise ConversionError("--engine ray needs Ray: pip install 'mmloader[ray]'") from None
-    if ray.is_initialized():  # a caller (a notebook, a test) already connected: use that cluster
-        return ray, False
+    """Ray, and whether this call connected it (then the conversion shuts it down): the cluster a
+    caller (a notebook, a test) already joined, else ``address``, within a deadline."""
     import logging
 
+    from mmloader.cluster.ray_cluster import ClusterUnreachable, connect, import_ray
+    from mmloader.errors import MMLoaderError
+
     try:
-        ray.init(
-            address=address,
+        ray = import_ray()
+    except ImportError:
+        raise ConversionError("--engine ray needs Ray: pip install 'mmloader[ray]'") from None
+    already = ray.is_initialized()  # (then an address naming another cluster is refused)
+    try:
+        connect(
+            address,
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
             configure_logging=True,
         )
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        raise ConversionError(
-            f"cannot reach the Ray cluster {address or os.environ.get('RAY_ADDRESS') or ''}: "
-            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        ) from None
-    return ray, True
+    except (ClusterUnreachable, MMLoaderError) as e:
+        raise ConversionError(str(e)) from None
+    return ray, not already
 
 
 def convert_on_ray(layout: str, args: argparse.Namespace) -> Summary:

@@ -18,6 +18,10 @@ from mmloader.planning.partition import rank_positions, samples_per_rank
 # on two cores, each with an OpenMP team of two spinning against the other, cost 7% of the
 # suite's CPU (14.5 -> 13.5 CPU-minutes). Set before anything imports torch (nothing above does); children inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Nothing the suite starts listens beyond loopback. Ray binds its processes to the machine's network
+# address (and rewrites 127.0.0.1 into it) unless this is 0; every cluster and driver the tests
+# start inherits it. Set before anything imports Ray. (tests/listeners.py watches the rest.)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 pytest_plugins = ["kinds"]
 
@@ -123,6 +127,17 @@ def train_tokenizer(lines: list[str], path: Path) -> None:
     )
     tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
     tok.save(str(path))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loopback_only():
+    """Every listening socket this test process and the processes below it open is on loopback:
+    looked at each second through the session (tests/listeners.py), said at its end."""
+    from listeners import Watch
+
+    with Watch() as watch:
+        yield watch
+    assert not watch.seen, f"the tests started listeners beyond loopback: {watch.seen}"
 
 
 @pytest.fixture(scope="session")

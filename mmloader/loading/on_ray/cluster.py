@@ -3,66 +3,43 @@
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from typing import Any
 
+from ...cluster.ray_cluster import CONNECT_S, ClusterUnreachable, import_ray
+from ...cluster.ray_cluster import connect as reach
 from ...errors import MMLoaderError
+
+__all__ = ["ClusterUnreachable", "connect", "decode_nodes", "job_name"]
 
 NAMESPACE = "mmloader"  # the builders' named actors live here, whatever namespace the job uses
 
 
-class ClusterUnreachable(MMLoaderError):
-    """The Ray cluster named by ``address=`` or ``RAY_ADDRESS`` does not answer."""
-
-
-def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError("backend='ray' needs Ray: pip install 'mmloader[ray]'") from None
-    return ray
-
-
-def connect(address: str | None = None, timeout_s: float = 5.0, world: int = 1) -> Any:
-    """Ray, connected: to ``address`` (else ``RAY_ADDRESS``; else, as ``ray.init()`` does, the
-    cluster ``ray start`` runs on this machine or a local Ray started here; ``"local"``: always a
-    new local Ray), or to the cluster this process already joined. A ``host:port`` that does not accept a connection
-    within ``timeout_s`` raises :class:`ClusterUnreachable` at once (Ray itself would retry for a
-    minute before failing). Several ranks with no cluster named would each start a Ray of their
-    own, every one using all of the node's CPUs: that is refused, naming the remedy."""
+def connect(address: str | None = None, world: int = 1, deadline_s: float = CONNECT_S) -> Any:
+    """Ray, connected (:func:`mmloader.cluster.ray_cluster.connect`: within its deadline, or
+    :class:`ClusterUnreachable` naming why). Several ranks with no cluster named would each start
+    a Ray of their own, every one using all of the node's CPUs: that is refused, naming the remedy."""
     ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address is None and world > 1:
+    if not ray.is_initialized() and world > 1 and not (address or os.environ.get("RAY_ADDRESS")):
         raise MMLoaderError(
             f"backend='ray' on {world} ranks needs one Ray cluster they share, and none is named: start "
             "one (`ray start --head`, then `ray start --address=HEAD:6379` on each decode node) and pass "
             "address='HEAD:6379' or set RAY_ADDRESS"
         )
-    if address and address not in ("auto", "local") and "://" not in address:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-        except (OSError, ValueError) as e:
-            raise ClusterUnreachable(
-                f"cannot reach the Ray cluster at {address!r} ({e}): start one there "
-                "(`ray start --head`), or fix address= / RAY_ADDRESS"
-            ) from None
-    ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, configure_logging=False)
-    return ray
+    return reach(address, deadline_s=deadline_s, namespace=NAMESPACE, log_to_driver=True, configure_logging=False)
 
 
 _PROCESS_JOB = f"process-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this process's loaders share one pool
 
 
-def job_name() -> str:
+def job_name(world: int = 1) -> str:
     """A name every rank of one training job computes alike, and no other job does, so that the
     job's ranks (and the loaders of one process) share its builders: torchrun's run id; else,
     once ``torch.distributed`` is initialised, a name the first rank to ask writes into the
     job's rendezvous store (Lightning's and accelerate's launchers have no run id, and two jobs
-    may use the same ``MASTER_ADDR:MASTER_PORT``); else this process's own."""
+    may use the same ``MASTER_ADDR:MASTER_PORT``); else, for one rank, this process's own.
+    Ranks of a ``world`` of several with none of these (launched with ``RANK`` / ``WORLD_SIZE``
+    only) cannot find each other: that is said at once, naming the remedies."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id and run_id != "none":
         return f"run-{run_id}"
@@ -76,6 +53,13 @@ def job_name() -> str:
             return bytes(store.compare_set("mmloader/ray-job", "", mine)).decode()
         except (AttributeError, RuntimeError, NotImplementedError):  # a store that cannot
             pass
+    if world > 1:
+        raise MMLoaderError(
+            f"backend='ray' on {world} ranks: the ranks cannot find their shared builders (no torchrun "
+            "run id, torch.distributed not initialised), so each would start a pool of its own: pass "
+            "job='NAME', the same on every rank (e.g. your launcher's job id), or call "
+            "torch.distributed.init_process_group() before the first pass, or launch with torchrun"
+        )
     return _PROCESS_JOB
 
 

@@ -6,14 +6,15 @@ import math
 import uuid
 from typing import Any, Iterator
 
+from ...errors import MMLoaderError
 from ..protocol import check_stream
 from ..resumable import Resumable
 from .builders import BuilderPool, builder_pool
-from .cluster import connect, job_name
+from .cluster import CONNECT_S, connect, job_name
 from .window import BuildWindow
 
 #: What ``mmloader.loader(stream, backend="ray", ...)`` takes besides ``num_workers`` (= ``actors``).
-RAY_OPTIONS = ("address", "actors", "in_flight", "job", "on_trainer_nodes", "timeout_s")
+RAY_OPTIONS = ("address", "actors", "in_flight", "job", "on_trainer_nodes", "timeout_s", "connect_timeout_s")
 
 
 class RayLoader(Resumable):
@@ -42,6 +43,9 @@ class RayLoader(Resumable):
         on_trainer_nodes: put builders on the training nodes too (default: only when the
             cluster has no other node).
         timeout_s: how long one batch may take before the loader says so and stops.
+        connect_timeout_s: how long connecting to the cluster may take before
+            :class:`~mmloader.cluster.ray_cluster.ClusterUnreachable` says why (Ray's own
+            client may retry for good).
 
     >>> loader = mmloader.loader(stream, backend="ray", address="head:6379")   # doctest: +SKIP
     """
@@ -56,6 +60,7 @@ class RayLoader(Resumable):
         job: str | None = None,
         on_trainer_nodes: bool | None = None,
         timeout_s: float = 600.0,
+        connect_timeout_s: float = CONNECT_S,
     ):
         check_stream(stream)
         if not hasattr(stream, "build_planned"):
@@ -70,6 +75,7 @@ class RayLoader(Resumable):
         self.address, self.actors, self.in_flight = address, actors, in_flight
         self.job = job  # (default: named on first use, once torch.distributed is set up)
         self.on_trainer_nodes, self.timeout_s = on_trainer_nodes, timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.batches_seen = 0
         self.rebuilt = 0  # batches built again after their builder or node was lost
         self._ray: Any = None
@@ -80,9 +86,16 @@ class RayLoader(Resumable):
 
     def pool(self) -> BuilderPool:
         """The job's builders (started, or found, on first use)."""
+        if self._pool is not None and not self._ray.is_initialized():
+            raise MMLoaderError(
+                "backend='ray': Ray was shut down (ray.shutdown()) after this loader's builders started, "
+                "and they went with that connection: make a new loader (with a job= of its own) once "
+                "Ray is connected again, or keep Ray connected between passes"
+            )
         if self._pool is None:
-            self._ray = connect(self.address, world=self.stream.where()[1])
-            self.job = self.job or job_name()
+            world = self.stream.where()[1]
+            self._ray = connect(self.address, world=world, deadline_s=self.connect_timeout_s)
+            self.job = self.job or job_name(world)
             self._pool = builder_pool(self._ray, self.job, self.actors, self.on_trainer_nodes)
         return self._pool
 
