@@ -37,7 +37,7 @@ def import_ray(extra: str = "ray") -> Any:
     return ray
 
 
-_abandoned: str | None = None  # the address of a connect given up at its deadline (still running)
+_abandoned: tuple[str, threading.Thread] | None = None  # a connect given up (address, its thread)
 _lock = threading.Lock()
 
 
@@ -57,9 +57,9 @@ def connect(address: str | None = None, *, deadline_s: float = CONNECT_S, **init
             if address:  # (RAY_ADDRESS is how the cluster was found: it names the same one)
                 _check_same_cluster(ray, address)
             return ray
-        if _abandoned is not None:
+        if _abandoned is not None and _abandoned[1].is_alive():
             raise ClusterUnreachable(
-                f"an earlier connect to the Ray cluster at {_abandoned!r} did not finish and cannot be "
+                f"an earlier connect to the Ray cluster at {_abandoned[0]!r} did not finish and cannot be "
                 "taken back in this process: restart it (with a cluster that answers, or another address)"
             )
         if named and named not in ("auto", "local") and "://" not in named:
@@ -95,11 +95,16 @@ def _init_within(ray: Any, address: str | None, deadline_s: float, options: dict
     started = time.monotonic()
     thread = threading.Thread(target=init, name="mmloader-ray-connect", daemon=True)
     thread.start()
-    thread.join(deadline_s)
-    worker_log.removeFilter(quiet)
+    try:
+        thread.join(deadline_s)
+    finally:  # (a Ctrl-C here too: the connect goes on, and no second one may start beside it)
+        worker_log.removeFilter(quiet)
+        if thread.is_alive():
+            _abandoned = (address or "(ray.init's default)", thread)
     if not outcome:
-        _abandoned = address or "(ray.init's default)"
-        raise ClusterUnreachable(f"no Ray cluster answered at {_abandoned} within {deadline_s:.0f} s. {_why(address)}")
+        raise ClusterUnreachable(
+            f"no Ray cluster answered at {address or '(ray.init default)'} within {deadline_s:.0f} s. {_why(address)}"
+        )
     error = outcome[0]
     if error is not None:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -464,5 +464,7 @@ def test_ray_shutdown_between_two_passes_is_said_and_a_new_loader_works(cluster,
     with pytest.raises(mmloader.MMLoaderError, match=r"Ray was shut down \(ray.shutdown\(\)\).*make a new loader"):
         _keys(loader)
     ray.init(address=cluster[0].address, log_to_driver=False)
+    with pytest.raises(mmloader.MMLoaderError, match=r"Ray was shut down"):  # connected again: still not its builders
+        _keys(loader)
     again = mmloader.loader(_stream(path), backend="ray", actors=2, job=f"tests-{os.getpid()}-again")
     assert _keys(again) == first

@@ -80,13 +80,14 @@ class RayLoader(Resumable):
         self.rebuilt = 0  # batches built again after their builder or node was lost
         self._ray: Any = None
         self._pool: BuilderPool | None = None
+        self._connection: tuple = ()  # the Ray connection its pool belongs to
 
     def __len__(self) -> int:
         return len(self.stream)
 
     def pool(self) -> BuilderPool:
         """The job's builders (started, or found, on first use)."""
-        if self._pool is not None and not self._ray.is_initialized():
+        if self._pool is not None and (not self._ray.is_initialized() or _connection(self._ray) != self._connection):
             raise MMLoaderError(
                 "backend='ray': Ray was shut down (ray.shutdown()) after this loader's builders started, "
                 "and they went with that connection: make a new loader (with a job= of its own) once "
@@ -97,6 +98,7 @@ class RayLoader(Resumable):
             self._ray = connect(self.address, world=world, deadline_s=self.connect_timeout_s)
             self.job = self.job or job_name(world)
             self._pool = builder_pool(self._ray, self.job, self.actors, self.on_trainer_nodes)
+            self._connection = _connection(self._ray)
         return self._pool
 
     def _window_size(self) -> int:
@@ -140,3 +142,9 @@ class RayLoader(Resumable):
         figures["builders"] = len(self._pool.actors) if self._pool is not None else 0
         figures["rebuilt"] = self.rebuilt
         return figures
+
+
+def _connection(ray: Any) -> tuple:
+    """Which connection to Ray this process holds: a pool's actors belong to one."""
+    context = ray.get_runtime_context()
+    return context.gcs_address, context.get_job_id()
