@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -37,8 +38,33 @@ def import_ray(extra: str = "ray") -> Any:
     return ray
 
 
-_abandoned: tuple[str, threading.Thread] | None = None  # a connect given up (address, its thread)
+_abandoned: tuple[str, threading.Event] | None = None  # a connect given up (address, set when it ends)
 _lock = threading.Lock()
+_connects: queue.SimpleQueue = queue.SimpleQueue()
+_owner: threading.Thread | None = None
+
+
+def _owner_loop() -> None:
+    while True:
+        init, done = _connects.get()
+        try:
+            init()
+        finally:
+            done.set()
+
+
+def _on_owner(init: Any) -> threading.Event:
+    """Run ``init`` on the one thread that makes every connect of this process, and stays: Ray
+    ties the processes a local start spawns (gcs_server, raylet) to the *thread* that spawned
+    them (``PR_SET_PDEATHSIG``), so a thread that ended took the local cluster with it, and
+    Ray then ended this process."""
+    global _owner
+    if _owner is None or not _owner.is_alive():
+        _owner = threading.Thread(target=_owner_loop, name="mmloader-ray-connect", daemon=True)
+        _owner.start()
+    done = threading.Event()
+    _connects.put((init, done))
+    return done
 
 
 def connect(address: str | None = None, *, deadline_s: float = CONNECT_S, **init_options: Any) -> Any:
@@ -57,7 +83,7 @@ def connect(address: str | None = None, *, deadline_s: float = CONNECT_S, **init
             if address:  # (RAY_ADDRESS is how the cluster was found: it names the same one)
                 _check_same_cluster(ray, address)
             return ray
-        if _abandoned is not None and _abandoned[1].is_alive():
+        if _abandoned is not None and not _abandoned[1].is_set():
             raise ClusterUnreachable(
                 f"an earlier connect to the Ray cluster at {_abandoned[0]!r} did not finish and cannot be "
                 "taken back in this process: restart it (with a cluster that answers, or another address)"
@@ -93,14 +119,13 @@ def _init_within(ray: Any, address: str | None, deadline_s: float, options: dict
     quiet = _NotMainThreadNote()
     worker_log.addFilter(quiet)  # Ray says it cannot set its SIGTERM handler outside the main thread
     started = time.monotonic()
-    thread = threading.Thread(target=init, name="mmloader-ray-connect", daemon=True)
-    thread.start()
+    done = _on_owner(init)
     try:
-        thread.join(deadline_s)
+        done.wait(deadline_s)
     finally:  # (a Ctrl-C here too: the connect goes on, and no second one may start beside it)
         worker_log.removeFilter(quiet)
-        if thread.is_alive():
-            _abandoned = (address or "(ray.init's default)", thread)
+        if not done.is_set():
+            _abandoned = (address or "(ray.init's default)", done)
     if not outcome:
         raise ClusterUnreachable(
             f"no Ray cluster answered at {address or '(ray.init default)'} within {deadline_s:.0f} s. {_why(address)}"

@@ -468,3 +468,29 @@ def test_ray_shutdown_between_two_passes_is_said_and_a_new_loader_works(cluster,
         _keys(loader)
     again = mmloader.loader(_stream(path), backend="ray", actors=2, job=f"tests-{os.getpid()}-again")
     assert _keys(again) == first
+
+
+LOCAL_RAY = (
+    "import time\n"
+    "from mmloader.cluster.ray_cluster import connect\n"
+    "ray = connect('local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+    "one = ray.remote(lambda: 1)\n"
+    "time.sleep(2)  # the connect's thread would have ended by now\n"
+    "print('after connect', ray.get(one.remote(), timeout=60), flush=True)\n"
+    "ray.shutdown()\n"
+    "ray = connect('local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+    "print('connected again', ray.get(one.remote(), timeout=60), flush=True)\n"
+    "ray.shutdown()\n"
+)
+
+
+@pytest.mark.process
+def test_a_local_ray_started_by_connect_outlives_the_connect():
+    """Ray ties the processes of a local start to the thread that started them: started on a
+    thread that then ended, the local cluster died and Ray ended the process with it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run([sys.executable, "-c", LOCAL_RAY], capture_output=True, text=True, timeout=180, env=env)
+    assert run.returncode == 0 and "after connect 1" in run.stdout and "connected again 1" in run.stdout, (
+        run.stdout + run.stderr[-2000:]
+    )
