@@ -191,7 +191,7 @@ SIZES = [(256, 256), (320, 240), (200, 300), (640, 480), (1024, 700), (2400, 180
 @pytest.mark.slow
 def test_fused_pixels_equal_torchvision_for_the_same_box(aug):
     """At full decode scale the pixels are torchvision's exactly (floats to rounding); a crop
-    decoded at a reduced DCT scale (twice the output or more) is within a few levels."""
+    decoded at a reduced DCT scale (2 x DCT_MARGIN times the output or more) is within a few levels."""
     datas = [photo_jpeg(i, w, h) for i, (w, h) in enumerate(SIZES * 4)]
     batch = augment_column(datas, aug, "RGB", None, np.random.default_rng(1))
     got = batch.tensor if hasattr(batch, "tensor") else torch.stack(batch)
@@ -219,7 +219,7 @@ def test_fused_pixels_equal_torchvision_for_the_same_box(aug):
         else:  # decoded at 1/2, 1/4 or 1/8 scale, still at least DCT_MARGIN x the output
             reduced += 1
             assert float(diff.mean()) < 3.0, f"image {i} ({w}x{h}): mean diff {float(diff.mean())} levels"
-    if aug.resize == 256 or (aug.crop and aug.crop.kind == "random" and aug.crop.size[0] < 100):
+    if aug.crop and aug.crop.kind == "random" and aug.crop.size[0] < 100:  # (a 256 resize needs 2048 px)
         assert reduced, "no image took the reduced-scale path"
 
 
@@ -236,6 +236,8 @@ def noise_jpeg(seed: int, width: int, height: int, feature: int = 8) -> bytes:
 #: The distance from a full decode that docs/augment.md states for crops decoded at a reduced
 #: DCT scale: the largest mean |difference| of one image, in levels, by kind of image.
 REDUCED_SCALE_BOUND = {"photo": 2.0, "noise": 7.0}
+#: ... and on real photographs (docs/augment.md states these; measured: p99 2.67, max 3.96)
+REAL_PHOTO_BOUND = {"p99": 3.0, "max": 4.5}
 
 
 def reduced_scale_distances(
@@ -284,10 +286,94 @@ def test_reduced_scale_crops_stay_within_the_documented_distance_of_a_full_decod
         lambda width, height: width,
     )
     means, scales = [m for m, _ in found], {e for _, e in found}
-    assert len(means) >= 30 and len(scales) >= 3, (len(means), scales)
+    assert len(means) >= 20 and len(scales) >= 3, (len(means), scales)
     figures = f"{kind}: {len(means)} crops, median {np.median(means):.2f}, max {max(means):.2f} levels"
     assert max(means) < REDUCED_SCALE_BOUND[kind], figures
     print(figures)  # the figure docs/augment.md states (pytest -s shows it)
+
+
+#: scikit-image's and scikit-learn's sample photographs: camera JPEGs (china, flower, rocket,
+#: hubble_deep_field, retina) and lossless photos (astronaut, chelsea, coffee, motorcycle...).
+REAL_PHOTOS = {
+    "skimage": (
+        "astronaut.png",
+        "chelsea.png",
+        "coffee.png",
+        "motorcycle_left.png",
+        "rocket.jpg",
+        "hubble_deep_field.jpg",
+        "retina.jpg",
+        "brick.png",
+        "grass.png",
+        "gravel.png",
+    ),
+    "sklearn": ("china.jpg", "flower.jpg"),
+}
+
+
+def real_photo_jpegs() -> list[tuple[str, bytes, tuple[int, int]]]:
+    """(name, JPEG bytes, (width, height)) of each sample photograph as its own JPEG (where it is
+    one) and encoded by Pillow (q75 and q90 4:2:0, q95 4:4:4, progressive) and torchvision."""
+    import os
+
+    import skimage
+    import sklearn.datasets
+    from torchvision.io import encode_jpeg
+
+    folders = {
+        "skimage": os.path.join(os.path.dirname(skimage.__file__), "data"),
+        "sklearn": os.path.join(os.path.dirname(sklearn.datasets.__file__), "images"),
+    }
+    out = []
+    for package, names in REAL_PHOTOS.items():
+        for name in names:
+            raw = open(os.path.join(folders[package], name), "rb").read()
+            image = Image.open(io.BytesIO(raw)).convert("RGB")
+            encoded = [("own", raw)] if name.endswith(".jpg") else []
+            for label, options in (
+                ("q75", {"quality": 75, "subsampling": 2}),
+                ("q90", {"quality": 90, "subsampling": 2}),
+                ("q95-444", {"quality": 95, "subsampling": 0}),
+                ("progressive", {"quality": 85, "progressive": True}),
+            ):
+                buf = io.BytesIO()
+                image.save(buf, "JPEG", **options)
+                encoded.append((f"pil-{label}", buf.getvalue()))
+            chw = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()
+            encoded.append(("torchvision-q90", encode_jpeg(chw, quality=90).numpy().tobytes()))
+            out += [(f"{name}/{label}", data, image.size) for label, data in encoded]
+    return out
+
+
+def _constant(value, *_):
+    return value
+
+
+def real_photo_distances() -> list[float]:
+    """:func:`reduced_scale_distances` over :func:`real_photo_jpegs`: random crops to 16-64 px and
+    two Resize + CenterCrop, six draws each (benchmarks/reduced_scale.py --real reuses it)."""
+    augs = [Augment(crop=Crop.random(out)) for out in (16, 24, 32, 48, 64)]
+    augs += [Augment(resize=r, crop=Crop.center(c)) for r, c in ((64, 56), (96, 80))]
+    means = []
+    for name, data, size in real_photo_jpegs():
+        draws = functools.partial(_constant, sum(map(ord, name)))
+        found = reduced_scale_distances(functools.partial(_constant, data), [size], augs, range(6), draws)
+        means += [m for m, _eighths in found]
+    return means
+
+
+@pytest.mark.slow
+def test_reduced_scale_crops_of_real_photographs_stay_within_the_documented_distance():
+    """The stated bound on real photographs (the issue: sklearn's china.jpg through
+    RandomResizedCrop(32) was 3.57 levels off where the docs said 2.3 at most)."""
+    means = real_photo_distances()
+    figures = (
+        f"real photographs: {len(means)} crops, median {np.median(means):.2f}, "
+        f"p99 {np.percentile(means, 99):.2f}, max {max(means):.2f} levels"
+    )
+    assert len(means) >= 500, figures
+    assert np.percentile(means, 99) < REAL_PHOTO_BOUND["p99"] and max(means) < REAL_PHOTO_BOUND["max"], figures
+    print(figures)  # the figures docs/augment.md states (pytest -s shows them)
 
 
 def test_a_box_on_the_reduced_grid_moves_each_edge_by_at_most_half_a_reduced_pixel():

@@ -3,9 +3,9 @@ buffer, then convert the dtype and normalise the whole batch at once.
 
 Every step is C (libjpeg-turbo through simplejpeg, torch's uint8 resampling kernels,
 one ``addcmul`` per batch) and releases the GIL, so threads build batches in parallel
-and no per-sample Python transform runs. A random crop that is at least twice the
+and no per-sample Python transform runs. A JPEG crop at least eight times the
 output size is decoded at a reduced DCT scale (far less work, a few levels of
-difference). Crops are resized by torchvision's own ``resize`` on the cropped pixels,
+difference: see ``DCT_MARGIN``). Crops are resized by torchvision's own ``resize`` on the cropped pixels,
 so an image decoded at full scale gets exactly torchvision's pixels for the same box.
 """
 
@@ -141,12 +141,14 @@ def draw(aug: Augment, sizes: Sequence[tuple[int, int]], generator: np.random.Ge
 #: A JPEG is decoded at a reduced DCT scale (libjpeg's M/8: far less work) only while the
 #: decoded region stays at least this many times the output in each side, so that the final
 #: antialiased resize still does most of the filtering. What remains is mostly the crop box's
-#: edges moving to the reduced grid (under 1/6 of an output pixel); the DCT's own filtering
-#: adds about 1 level at most. Against a full decode of the drawn box, the mean difference per
-#: image over 293 reduced crops (500-3000 px images, 16-224 px outputs): photo-like images
-#: median 0.6, max 2.3 levels; bicubic noise with 8-px detail median 2.0, max 9.3
-#: (docs/augment.md). A margin of 4 barely helps the noise; ``math.inf`` turns it off.
-DCT_MARGIN = 3
+#: edges moving to the reduced grid (under 1/8 of an output pixel) and the DCT's own filtering.
+#: Chosen on real photographs (benchmarks/reduced_scale.py --real: 12 sample photographs of
+#: scikit-image and scikit-learn, each as its camera's JPEG or encoded by Pillow at q75-q95,
+#: 4:2:0 and 4:4:4, progressive, and by torchvision; 16-64 px crops and Resize + CenterCrop):
+#: the mean difference per image from a full decode of the drawn box, median / p99 / max, was
+#: 0.88 / 3.34 / 4.42 levels with a margin of 3 and 0.60 / 2.52 / 4.07 with 4 (docs/augment.md;
+#: a wider sweep of draws reached 6.6 at most with 3). ``math.inf`` turns it off.
+DCT_MARGIN = 4
 
 
 def dct_eighths(full: tuple[int, int], decoded: tuple[int, int]) -> int:
