@@ -119,12 +119,13 @@ def _init_within(ray: Any, address: str | None, deadline_s: float, options: dict
     quiet = _NotMainThreadNote()
     worker_log.addFilter(quiet)  # Ray says it cannot set its SIGTERM handler outside the main thread
     started = time.monotonic()
-    done = _on_owner(init)
+    done: threading.Event | None = None
     try:
+        done = _on_owner(init)
         done.wait(deadline_s)
     finally:  # (a Ctrl-C here too: the connect goes on, and no second one may start beside it)
         worker_log.removeFilter(quiet)
-        if not done.is_set():
+        if done is not None and not done.is_set():
             _abandoned = (address or "(ray.init's default)", done)
     if not outcome:
         raise ClusterUnreachable(

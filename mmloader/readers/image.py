@@ -178,8 +178,14 @@ class ImageReader(Reader):
     @property
     def _decode_size(self) -> int | tuple[int, int] | None:
         """The size a sample decodes at on its own (a cache keeps that): the fused augmentation's
-        resize, which it then finds done (a random crop needs the whole image)."""
-        return self.augment.resize if self.augment is not None else self.size
+        resize, which it then finds done (a random crop needs the whole image). Only an
+        antialiased bilinear resize is the decoder's own: any other (nearest, bicubic, no
+        antialiasing) decodes whole and is resized by the augmentation as the user asked."""
+        if self.augment is None:
+            return self.size
+        if self.augment.interpolation == "bilinear" and self.augment.antialias:
+            return self.augment.resize
+        return None
 
     @property
     def releases_gil(self) -> bool:  # type: ignore[override]
