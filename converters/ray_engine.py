@@ -67,7 +67,7 @@ def _connect(address: str | None):
     caller (a notebook, a test) already joined, else ``address``, within a deadline."""
     import logging
 
-    from mmloader.cluster.ray_cluster import ClusterUnreachable, connect, import_ray
+    from mmloader.cluster.ray_cluster import connect, import_ray
     from mmloader.errors import MMLoaderError
 
     try:
@@ -83,7 +83,7 @@ def _connect(address: str | None):
             logging_level=logging.ERROR,
             configure_logging=True,
         )
-    except (ClusterUnreachable, MMLoaderError) as e:
+    except MMLoaderError as e:  # (ClusterUnreachable, or an address naming another cluster)
         raise ConversionError(str(e)) from None
     return ray, not already
 

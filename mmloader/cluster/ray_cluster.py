@@ -3,9 +3,10 @@
 ``ray.init`` can wait for good: an address whose port answers but is not Ray, a cluster whose
 nodes listen on loopback only (Ray rewrites ``127.0.0.1`` into this machine's network address
 and retries that), a local cluster that is shutting down. Its waits are in C++ and cannot be
-interrupted, so the connect runs in a thread of its own that is abandoned at the deadline: the
-caller gets :class:`ClusterUnreachable` with the reason and the remedy, and this process refuses
-later connects (the abandoned one may still complete) rather than join a cluster half-way.
+interrupted, so the connect runs on a thread of its own (one per process: see ``_on_owner``),
+abandoned at the deadline: the caller gets :class:`ClusterUnreachable` with the reason and the
+remedy, and this process refuses later connects while the abandoned one still runs (it may yet
+complete) rather than join a cluster half-way.
 
 The loaders' Ray backend and ``mmloader convert --engine ray`` both connect here.
 """
@@ -30,11 +31,11 @@ class ClusterUnreachable(MMLoaderError):
     """The Ray cluster named by ``address=`` or ``RAY_ADDRESS`` does not answer."""
 
 
-def import_ray(extra: str = "ray") -> Any:
+def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ImportError(f"Ray is not installed: pip install 'mmloader[{extra}]'") from None
+        raise ImportError("Ray is not installed: pip install 'mmloader[ray]'") from None
     return ray
 
 
@@ -165,7 +166,7 @@ def _why(address: str | None) -> str:
 
 
 def _check_same_cluster(ray: Any, address: str) -> None:
-    if address in ("auto",) or "://" in address:
+    if address == "auto" or "://" in address:
         return
     current = ray.get_runtime_context().gcs_address
     if address == "local" or not _same_endpoint(address, current):

@@ -56,10 +56,10 @@ class RingBatch(NamedTuple):
     new_slots: list | None  # the worker's slot tensors, sent once (their memory is shared by fd)
 
 
-def _batch_out(entry: tuple[torch.Tensor, Any]) -> bool:
-    """Whether a tensor of the slot ``(slot, buffer)`` is still out: each holds a reference to the
-    buffer (``torch.frombuffer``); with none out, only the entry and this call's argument do."""
-    return sys.getrefcount(entry[1]) > 2
+def _batch_out(buffers: dict, key: tuple[int, int]) -> bool:
+    """Whether a tensor over the slot buffer ``buffers[key]`` is still out: each holds a reference
+    to it (``torch.frombuffer``); with none out, only the dict and this call's argument do."""
+    return sys.getrefcount(buffers[key]) > 2
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -135,9 +135,9 @@ class BatchRing:
         self._announced = False
         self._cursor = 0
         # training-process side
-        # (incarnation, slot) -> (slot, its bytes as a numpy buffer, referenced by nothing else
-        # but the tensors out: see _batch_out)
-        self._cache: dict[tuple[int, int], tuple[torch.Tensor, Any]] = {}
+        # (incarnation, slot) -> the slot's bytes as a numpy buffer (which keeps the slot's shared
+        # memory alive), referenced by nothing else but the tensors out: see _batch_out
+        self._cache: dict[tuple[int, int], Any] = {}
         self._latest: dict[int, int] = {}  # worker -> newest incarnation seen
         self._held: list[tuple[int, int, int]] = []  # (incarnation, worker, slot) with tensors out
         self._lock = threading.Lock()
@@ -198,7 +198,7 @@ class BatchRing:
         inc, worker, slot = item.incarnation, item.worker, item.slot
         if item.new_slots is not None:
             self._adopt(worker, inc, item.new_slots)
-        batch = _unpack(item.structure, self._cache[(inc, slot)][1])
+        batch = _unpack(item.structure, self._cache[(inc, slot)])
         with self._lock:
             self._held.append((inc, worker, slot))
         return batch
@@ -213,14 +213,14 @@ class BatchRing:
             for key in [k for k in self._cache if k[0] == old and k not in held]:
                 del self._cache[key]
             for s, t in enumerate(slots):
-                self._cache[(inc, s)] = (t, t.numpy())
+                self._cache[(inc, s)] = t.numpy()
 
     def release(self) -> None:
         """Hand back every slot whose batch nobody references any more."""
         with self._lock:
             keep = []
             for inc, worker, slot in self._held:
-                if _batch_out(self._cache[(inc, slot)]):
+                if _batch_out(self._cache, (inc, slot)):
                     keep.append((inc, worker, slot))
                     continue
                 if int(self._flag[worker, slot]) == inc:
