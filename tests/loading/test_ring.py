@@ -17,6 +17,7 @@ import torch
 from conftest import ROOT, TESTS, write_dataset
 
 import mmloader
+from mmloader.loading.device_stage import _tensors  # every tensor of a batch
 from mmloader.loading.ring import RingBatch, SlotTensor, _Arena, _pack, _unpack
 
 
@@ -266,17 +267,6 @@ def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
         if name.startswith("torch_") and name.split("_")[1] in {str(pid) for pid in pids}
     ]
     assert left == [], left
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
 
 
 @pytest.mark.process
