@@ -84,8 +84,8 @@ def _torch_store(pid: int, address: str) -> bool:
         return False
     try:
         return "libtorch" in (PROC / str(pid) / "maps").read_text()
-    except OSError:
-        return False
+    except OSError:  # ended between the two reads: what it loaded cannot be told, so not counted
+        return True
 
 
 def beyond_loopback(root: int, ignored: frozenset[int] | set[int] = frozenset()) -> list[str]:
