@@ -185,7 +185,13 @@ def _built_on(loader) -> list[str]:
 
 def test_a_builder_killed_mid_epoch_loses_and_repeats_nothing(cluster, path):
     want = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
-    loader = _ray(_stream(path), in_flight=6)
+
+    def slow(text):  # builds that take a while (nested: sent by value): fast ones could all be
+        time.sleep(0.1)  # finished when the kill comes, and nothing would be built again
+        return text
+
+    ds = mmloader.zip(image=mmloader.ImageReader(path), caption=mmloader.TextReader(path, transform=slow))
+    loader = _ray(mmloader.Stream(ds, batch_size=4, seed=5), in_flight=6)
     it = iter(loader)
     got = [list(next(it)["__key__"]) for _ in range(2)]
     ray.kill(loader.pool().actors[0], no_restart=False)  # Ray restarts it; its batches go elsewhere
