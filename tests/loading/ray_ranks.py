@@ -26,7 +26,6 @@ def main(path: str, out: str) -> None:
     builders, job = loader.stats()["builders"], loader.job
     result = {"rank": rank, "world": world, "epochs": epochs, "first": first, "state": state, "builders": builders}
     result["job"] = job
-    dist.barrier()  # neither rank leaves (ending its builders' owner) while the other reads
     dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 

@@ -200,6 +200,22 @@ def test_a_builder_killed_mid_epoch_loses_and_repeats_nothing(cluster, path):
     _built_on(loader)  # the restarted builder is back for the next tests
 
 
+def test_builders_released_under_a_paused_rank_are_made_anew_and_delivery_goes_on(cluster, path):
+    """A rank paused past the lease (a debugger, SIGSTOP) while no other rank renewed it: the
+    lease released the builders. Here the release is done by hand, mid-epoch, as the lease does it."""
+    want = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
+    loader = _ray(_stream(path), in_flight=4)
+    it = iter(loader)
+    got = [list(next(it)["__key__"]) for _ in range(2)]
+    pool = loader.pool()
+    for actor in pool.actors:
+        ray.kill(actor, no_restart=True)
+    ray.kill(pool.lease, no_restart=True)
+    got += [list(b["__key__"]) for b in it]
+    assert got == want and pool.joins == 2
+    assert _held(loader.job) == sorted([f"{loader.job}-builder-0", f"{loader.job}-builder-1", f"{loader.job}-lease"])
+
+
 def test_a_decode_node_lost_mid_epoch_loses_and_repeats_nothing(cluster, path):
     c, nodes = cluster
     want = _keys(mmloader.loader(_stream(path), 1, backend="thread"))
@@ -291,6 +307,63 @@ def test_the_loaders_of_one_process_share_its_builders(cluster, path):
     val = mmloader.loader(_stream(path), backend="ray", actors=2, timeout_s=60)
     assert _keys(train) == want and _keys(val) == want
     assert train.job == val.job and train.pool() is val.pool()
+
+
+def _rank(cluster, path, job: str, lease_s: float) -> subprocess.Popen:
+    """A rank of ``job`` (tests/loading/ray_job_rank.py) that has read its first batch."""
+    env = {**os.environ, "RAY_ADDRESS": cluster[0].address, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    script = [sys.executable, str(TESTS / "loading" / "ray_job_rank.py"), str(path), job, str(lease_s)]
+    rank = subprocess.Popen(
+        script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    if rank.stdout.readline().strip() != "ready":  # ('' once it has ended)
+        rank.kill()
+        pytest.fail(f"the rank of {job} did not start: {rank.communicate(timeout=60)[1][-3000:]}")
+    return rank
+
+
+def _held(job: str) -> list[str]:
+    """The job's actors (its builders and lease) alive on the cluster."""
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{job}-"))
+
+
+def _gone_within(job: str, seconds: float) -> float:
+    start = time.monotonic()
+    while _held(job):
+        assert time.monotonic() - start < seconds, f"{job}'s actors still there after {seconds} s: {_held(job)}"
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+@pytest.mark.process
+def test_the_builders_outlive_the_rank_that_made_them_and_go_with_the_jobs_last_rank(cluster, path):
+    """The rank that made the builders owned them: when it ended, the other ranks' next builds
+    failed at once (4 tries in 0.0 s), and which rank that was depended on a race."""
+    job = f"tests-{os.getpid()}-outlive"
+    maker = _rank(cluster, path, job, 8)  # makes the builder and the job's lease (8 s)
+    reader = _rank(cluster, path, job, 8)  # finds them
+    assert _held(job) == [f"{job}-builder-0", f"{job}-lease"]
+    maker.kill()  # (SIGKILL: it leaves nothing behind, its lease lapses)
+    maker.wait(timeout=30)
+    reader.stdin.write("read 10\n")  # reads on past the maker's lapsed lease: its own renewals hold
+    reader.stdin.flush()
+    out, err = reader.communicate(timeout=180)
+    assert reader.returncode == 0, err[-3000:]
+    got = json.loads(out.splitlines()[-1])
+    thread = mmloader.loader(_stream(path), 1, backend="thread")
+    assert got["keys"] == _keys(thread) + _keys(thread) and got["joins"] == 1  # two epochs, never re-made
+    # the reader left at its exit, the job's last rank: its builders went then (a lapse: 6-8 s later)
+    _gone_within(job, 5)
+
+
+@pytest.mark.process
+def test_the_builders_of_a_job_whose_ranks_were_all_killed_go_after_its_lease(cluster, path):
+    job = f"tests-{os.getpid()}-killed"
+    rank = _rank(cluster, path, job, 3)
+    rank.kill()
+    rank.wait(timeout=30)
+    assert _held(job)  # nothing left it: it lapses
+    _gone_within(job, 20)
 
 
 def test_the_cluster_its_builders_and_this_driver_listen_on_loopback_only(cluster, path):
@@ -461,19 +534,20 @@ def test_ranks_with_rank_and_world_size_only_are_told_to_name_their_job(cluster,
     assert _keys(mmloader.loader(_stream(path, 1, 2), backend="ray", actors=2, job=f"tests-{os.getpid()}"))
 
 
-def test_ray_shutdown_between_two_passes_is_said_and_a_new_loader_works(cluster, path):
+def test_ray_shutdown_between_two_passes_connects_again_to_the_jobs_builders(cluster, path):
     """(Last in the module: it replaces the module's connection.) The old handles raised Ray's
-    "Can't find actor ... from a different cluster"."""
+    "Can't find actor ... from a different cluster"; then the loader said so. The builders are
+    the job's, not the connection's: the next pass joins them again."""
+    thread = mmloader.loader(_stream(path), 1, backend="thread")
     loader = _ray(_stream(path))
-    first = _keys(loader)
+    assert _keys(loader) == _keys(thread)
+    builders = [a._actor_id for a in loader.pool().actors]
     ray.shutdown()
-    with pytest.raises(mmloader.MMLoaderError, match=r"Ray was shut down \(ray.shutdown\(\)\).*make a new loader"):
-        _keys(loader)
-    ray.init(address=cluster[0].address, log_to_driver=False)
-    with pytest.raises(mmloader.MMLoaderError, match=r"Ray was shut down"):  # connected again: still not its builders
-        _keys(loader)
-    again = mmloader.loader(_stream(path), backend="ray", actors=2, job=f"tests-{os.getpid()}-again")
-    assert _keys(again) == first
+    assert _keys(loader) == _keys(thread)  # connected again through RAY_ADDRESS, as the first pass was
+    ray.shutdown()
+    ray.init(address=cluster[0].address, log_to_driver=False)  # connected again by the user
+    assert _keys(loader) == _keys(thread)
+    assert [a._actor_id for a in loader.pool().actors] == builders and loader.pool().joins == 1
 
 
 LOCAL_RAY = (

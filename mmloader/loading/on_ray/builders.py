@@ -5,9 +5,11 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import time
 from typing import Any
 
 from ...errors import MMLoaderError
+from . import lease
 from .cluster import NAMESPACE, decode_nodes
 from .wire import to_wire
 
@@ -58,40 +60,80 @@ class BatchBuilder:
 
 
 class BuilderPool:
-    """The builders of one job: named actors that every rank of the job finds (the first rank to
-    ask creates them). Each is placed on a decode node, one per CPU by default; a builder lost
-    with its process or node is restarted by Ray (on another node when its own is gone).
+    """The builders of one job: detached named actors that every rank of the job finds (the first
+    rank to ask creates them, and its ``actors`` sets how many), kept by the job's lease
+    (:mod:`.lease`): they outlive the rank that made them and go once the job's last rank has
+    left. Each is placed on a decode node, one per CPU by default; a builder lost with its
+    process or node is restarted by Ray (on another node when its own is gone).
 
-    A process keeps its pools (:func:`builder_pool`) until it exits: Ray ends an actor once no
-    handle to it is left, and loaders come and go (one per epoch in some frameworks).
+    A process keeps its pools (:func:`builder_pool`) until it exits: loaders come and go (one
+    per epoch in some frameworks) and the job's builders stay.
     """
 
     def __init__(self, ray: Any, job: str, actors: int | None, on_trainer_nodes: bool | None):
+        self.ray, self.job, self.on_trainer_nodes, self._wanted = ray, job, on_trainer_nodes, actors
+        self.actors: list[Any] = []
+        self.lease: Any = None
+        self.joins = 0  # 1, and one more each time the lease had lapsed and the job's builders were made anew
+        self._turn = itertools.count()
+        self.join()
+
+    def join(self) -> None:
+        """Join the job's lease and find (or make) its builders; return once they have started."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        slots = builder_slots(decode_nodes(ray, on_trainer_nodes))
-        count = actors or len(slots)
+        ray, job = self.ray, self.job
+        slots = builder_slots(decode_nodes(ray, self.on_trainer_nodes))
+        count = self._wanted or len(slots)
         cpus = sum(int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
         if count > cpus:  # could never all start: say so now rather than wait
             raise MMLoaderError(
                 f"backend='ray': actors={count} builders of one CPU each, on a cluster of {cpus} CPUs: "
                 "pass actors= fewer, or add decode nodes"
             )
+        names = [f"{job}-builder-{i}" for i in range(count)]
+        self.lease, count = lease.join(ray, job, names, NAMESPACE)  # (the first rank's count)
         remote = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(BatchBuilder)
-        self.actors = [
-            remote.options(
+
+        def builder(i: int) -> Any:
+            return remote.options(
                 name=f"{job}-builder-{i}",
                 namespace=NAMESPACE,
                 get_if_exists=True,
+                lifetime="detached",  # (the lease ends them: not the rank that happened to make them)
                 # A node whose CPUs are taken (by another job's builders) spills its builder to
                 # one that has a CPU free, rather than keep it waiting there.
                 scheduling_strategy=NodeAffinitySchedulingStrategy(
                     slots[i % len(slots)], soft=True, _spill_on_unavailable=True
                 ),
             ).remote()
-            for i in range(count)
-        ]
-        self._turn = itertools.count()
+
+        self.actors = [builder(i) for i in range(count)]
+        self.joins += 1
+        deadline = time.monotonic() + START_S
+        waiting = {a.built.remote(): i for i, a in enumerate(self.actors)}
+        while waiting and time.monotonic() < deadline:
+            ready, _pending = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                i = waiting.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:  # one a released lease was still removing: its name is
+                    time.sleep(0.2)  # about to be free, and then a new one is made under it
+                    self.actors[i] = builder(i)
+                    waiting[self.actors[i].built.remote()] = i
+        if waiting:
+            free = ray.available_resources().get("CPU", 0)
+            raise MMLoaderError(
+                f"backend='ray': {len(waiting)} of {len(self.actors)} builders did not start within {START_S:.0f} s; "
+                f"each needs a CPU and the cluster has {free:g} free (other loaders' or jobs' builders hold the "
+                "rest): pass actors= fewer, or add decode nodes"
+            )
+
+    def held(self) -> bool:
+        """Whether the job's lease still holds its builders (False: it lapsed, as when this
+        process was paused past the lease with no other rank renewing; :meth:`join` again)."""
+        return lease.renewed(self.ray, self.lease)
 
     def pick(self, avoid: int | None = None) -> int:
         """The next builder in turn (not ``avoid``, the one that just failed, when there are others)."""
@@ -118,22 +160,10 @@ START_S = 120.0  # builders that have not started by then are said not to fit on
 
 
 def builder_pool(ray: Any, job: str, actors: int | None, on_trainer_nodes: bool | None) -> BuilderPool:
-    """This process's pool of ``job``'s builders (made, or found on the cluster, on first use;
-    the first loader of a job sets how many), started before it is handed out."""
-    context = ray.get_runtime_context()
-    key = (context.gcs_address, context.get_job_id(), job, on_trainer_nodes)  # (a reconnect: a new pool)
+    """This process's pool of ``job``'s builders on its current Ray connection (joined, made or
+    found on the cluster, on first use), started before it is handed out."""
+    key = (*lease.connection(ray), job, on_trainer_nodes)  # (a reconnect: joined again)
     pool = _POOLS.get(key)
     if pool is None:
-        pool = BuilderPool(ray, job, actors, on_trainer_nodes)
-        started, pending = ray.wait(
-            [a.built.remote() for a in pool.actors], num_returns=len(pool.actors), timeout=START_S
-        )
-        if pending:
-            free = ray.available_resources().get("CPU", 0)
-            raise MMLoaderError(
-                f"backend='ray': {len(pending)} of {len(pool.actors)} builders did not start within {START_S:.0f} s; "
-                f"each needs a CPU and the cluster has {free:g} free (other loaders' or jobs' builders hold the "
-                "rest): pass actors= fewer, or add decode nodes"
-            )
-        _POOLS[key] = pool
+        pool = _POOLS[key] = BuilderPool(ray, job, actors, on_trainer_nodes)
     return pool

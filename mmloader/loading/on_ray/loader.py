@@ -6,11 +6,11 @@ import math
 import uuid
 from typing import Any, Iterator
 
-from ...errors import MMLoaderError
 from ..protocol import check_stream
 from ..resumable import Resumable
 from .builders import BuilderPool, builder_pool
 from .cluster import CONNECT_S, connect, job_name
+from .lease import connection
 from .window import BuildWindow
 
 #: What ``mmloader.loader(stream, backend="ray", ...)`` takes besides ``num_workers`` (= ``actors``).
@@ -86,19 +86,16 @@ class RayLoader(Resumable):
         return len(self.stream)
 
     def pool(self) -> BuilderPool:
-        """The job's builders (started, or found, on first use)."""
-        if self._pool is not None and (not self._ray.is_initialized() or _connection(self._ray) != self._connection):
-            raise MMLoaderError(
-                "backend='ray': Ray was shut down (ray.shutdown()) after this loader's builders started, "
-                "and they went with that connection: make a new loader (with a job= of its own) once "
-                "Ray is connected again, or keep Ray connected between passes"
-            )
+        """The job's builders (joined, started or found, on first use; joined again on a new
+        connection after ``ray.shutdown()``: the builders are the job's, not the connection's)."""
+        if self._pool is not None and (not self._ray.is_initialized() or connection(self._ray) != self._connection):
+            self._pool = None
         if self._pool is None:
             world = self.stream.where()[1]
             self._ray = connect(self.address, world=world, deadline_s=self.connect_timeout_s)
             self.job = self.job or job_name(world)
             self._pool = builder_pool(self._ray, self.job, self.actors, self.on_trainer_nodes)
-            self._connection = _connection(self._ray)
+            self._connection = connection(self._ray)
         return self._pool
 
     def _window_size(self) -> int:
@@ -142,9 +139,3 @@ class RayLoader(Resumable):
         figures["builders"] = len(self._pool.actors) if self._pool is not None else 0
         figures["rebuilt"] = self.rebuilt
         return figures
-
-
-def _connection(ray: Any) -> tuple:
-    """Which connection to Ray this process holds: a pool's actors belong to one."""
-    context = ray.get_runtime_context()
-    return context.gcs_address, context.get_job_id()

@@ -80,7 +80,13 @@ class BuildWindow:
                     "(timeout_s=); are the cluster's builders alive (`ray status`)?"
                 ) from None
             except (exceptions.RayActorError, exceptions.ObjectLostError) as e:
-                self._rebuild_lost(head.actor, e)
+                if self.pool.held():
+                    self._rebuild_lost(head.actor, e)
+                else:  # the lease lapsed (this process paused past it, alone): the job's builders anew
+                    self.pool.join()
+                    for build in self.queue:
+                        self._submit(build)
+                        build.tries -= 1  # (not this batch's loss)
                 continue
             self.queue.popleft()
             return from_wire(batch), skipped
