@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from .items import ConversionError, UsageError
-from .parts import check_engine_options, convert_parsed
+from .running import check_engine_options, convert_parsed
 from .writing import Summary
 
 #: The raw layouts, one module each.

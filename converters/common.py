@@ -1,7 +1,8 @@
 """What every converter shares, re-exported from the modules that hold it: items (the data and
 errors of a conversion), options (the command line), sources (paths, walking, labels), reading
-(loading items in order, in parallel), writing (the samples, the skip report, the summary) and
-parts (--part I/N, --engine ray, running a converter)."""
+(loading items in order, in parallel), writing (the samples, the skip report, the summary),
+parts (--part I/N and its fingerprints) and running (a converter's command line, its engine,
+its summary or error)."""
 
 from __future__ import annotations
 
@@ -20,24 +21,19 @@ from .items import (
     Skipped,
     UsageError,
 )
-from .options import add_common_arguments, layout_parser, options_from, parse_part, require_list
+from .options import RUN_OPTIONS, add_common_arguments, layout_parser, options_from, parse_part, require_list
 from .parts import (
-    RUN_OPTIONS,
-    check_engine_options,
     convert_part,
-    execute,
     fingerprint,
     item_source,
     items_digest,
-    layout_of,
     options_digest,
     part_bounds,
-    report_errors,
-    run,
     select,
     shard_alignment,
 )
 from .reading import check_field, load_item, media_bytes, media_kind, ordered_map, read_file
+from .running import check_engine_options, execute, layout_of, report_errors, run
 from .sources import SourceWalker, check_paths, is_dataset_dir, label_kind
 from .writing import Summary, check_required_fields, report_path_for, write_samples
 

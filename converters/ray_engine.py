@@ -27,7 +27,10 @@ import time
 
 from tqdm import tqdm
 
-from .common import ConversionError, Summary, UsageError, check_paths
+from .items import ConversionError, UsageError
+from .parts import convert_part
+from .sources import check_paths
+from .writing import Summary
 
 
 def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
@@ -36,8 +39,6 @@ def part_task(layout: str, args: argparse.Namespace, i: int, n: int) -> dict:
     import lmdb
 
     from mmloader.errors import MMLoaderError
-
-    from .common import convert_part
 
     args = copy.copy(args)
     args.part, args.engine, args.quiet, args.parts, args.ray_address = f"{i}/{n}", "local", True, None, None

@@ -9,12 +9,13 @@ Storage (writers, ``open``) imports without torch, so converters start fast; it 
 torch-facing API (readers, zip, Stream, loader...) are imported on first use.
 """
 
-import importlib.abc
-import importlib.util
-import sys
-from importlib import import_module
-from pathlib import Path
-from typing import Any
+# (private names: dir(mmloader) shows the API and the layer packages, nothing imported for its own use)
+import sys as _sys
+from importlib import abc as _abc
+from importlib import import_module as _import_module
+from importlib import util as _util
+from pathlib import Path as _Path
+from typing import Any as _Any
 
 from ._version import __version__
 from .errors import (
@@ -89,27 +90,27 @@ _LAZY = {
 
 #: The converters live at the top of the repository (``converters/``); a wheel installs them as
 #: ``mmloader.converters``. In a source checkout that name is found here, next to the package.
-_CONVERTERS_SOURCE = Path(__file__).resolve().parent.parent / "converters"
+_CONVERTERS_SOURCE = _Path(__file__).resolve().parent.parent / "converters"
 
 
-class _ConvertersInCheckout(importlib.abc.MetaPathFinder):
+class _ConvertersInCheckout(_abc.MetaPathFinder):
     """Finds ``mmloader.converters`` in a source checkout (an installed wheel has it in the package)."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: _Any = None, target: _Any = None) -> _Any:
         if fullname != f"{__name__}.converters" or not (_CONVERTERS_SOURCE / "__init__.py").is_file():
             return None
-        return importlib.util.spec_from_file_location(
+        return _util.spec_from_file_location(
             fullname, _CONVERTERS_SOURCE / "__init__.py", submodule_search_locations=[str(_CONVERTERS_SOURCE)]
         )
 
 
-def _submodules_on_access(package: str) -> Any:
+def _submodules_on_access(package: str) -> _Any:
     """A module ``__getattr__`` for a layer package: ``mmloader.media.mediainfo`` after a plain
     ``import mmloader``, as for any attribute path, without importing every module up front."""
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> _Any:
         try:
-            return import_module(f"{package}.{name}")
+            return _import_module(f"{package}.{name}")
         except ModuleNotFoundError as e:
             if e.name != f"{package}.{name}":
                 raise
@@ -118,19 +119,19 @@ def _submodules_on_access(package: str) -> Any:
     return __getattr__
 
 
-if not any(isinstance(f, _ConvertersInCheckout) for f in sys.meta_path):
-    sys.meta_path.append(_ConvertersInCheckout())
+if not any(isinstance(f, _ConvertersInCheckout) for f in _sys.meta_path):
+    _sys.meta_path.append(_ConvertersInCheckout())
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     entry = _LAZY.get(name)
     if entry is None:
         try:  # a submodule, e.g. mmloader.loading.config.is_config_path after a plain `import mmloader`
-            return import_module(f".{name}", __name__)
+            return _import_module(f".{name}", __name__)
         except ModuleNotFoundError:
             raise AttributeError(f"module 'mmloader' has no attribute {name!r}") from None
     module, attr = entry
-    mod = import_module(module, __name__)
+    mod = _import_module(module, __name__)
     value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
     return value

@@ -81,6 +81,25 @@ def test_the_top_of_the_package_is_its_layers():
     }
 
 
+def test_dir_of_the_package_shows_its_api_and_layers_only():
+    """What a user's ``dir(mmloader)`` or tab completion lists: the API and the layer packages,
+    never a name the package imported for its own use (``sys``, ``Path``, ``Any``...)."""
+    import types
+
+    import mmloader
+
+    def is_layer(name: str) -> bool:
+        value = getattr(mmloader, name)
+        return isinstance(value, types.ModuleType) and value.__name__ == f"mmloader.{name}"
+
+    public = [n for n in dir(mmloader) if not n.startswith("_")]
+    leaked = [
+        n for n in public if n not in mmloader.__all__ and n not in ("open", "zip", "readers") and not is_layer(n)
+    ]
+    assert not leaked, leaked
+    assert {"Stream", "loader", "open", "zip", "MMLoaderError"} <= set(public)
+
+
 def test_no_module_imports_a_layer_above_its_own():
     problems = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -210,24 +229,43 @@ def test_modules_have_one_path_each():
     assert importlib.import_module("mmloader.converters").__name__ == "mmloader.converters"
 
 
-def test_no_two_modules_import_each_other():
-    """Module-to-module cycles (lazy imports included); a package's __init__ re-exporting its
-    modules does not count."""
+@pytest.mark.parametrize("root", [PACKAGE, PACKAGE.parent / "converters"], ids=["mmloader", "converters"])
+def test_no_modules_import_each_other_round_a_circle(root):
+    """Module import cycles of any length (lazy imports included), in the library and in the
+    converters; a package's __init__ re-exporting its modules does not count."""
     graph: dict[str, set[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         if path.name == "__init__.py":
             continue
-        rel = path.relative_to(PACKAGE).with_suffix("")
+        rel = path.relative_to(root).with_suffix("")
         me = ".".join(rel.parts)
         pkg = list(rel.parts[:-1])
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level and node.module:
                 base = pkg[: len(pkg) - (node.level - 1)]
                 graph.setdefault(me, set()).add(".".join(base + node.module.split(".")))
-    cycles = sorted(
-        f"{a} <-> {b}" for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, set())
-    )
-    assert not cycles, cycles
+
+    def circle_from(start: str) -> list[str] | None:
+        path, on_path, done = [start], {start}, set()
+
+        def walk(node: str) -> list[str] | None:
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    return [*path, start]
+                if nxt not in on_path and nxt not in done:
+                    path.append(nxt)
+                    on_path.add(nxt)
+                    found = walk(nxt)
+                    if found:
+                        return found
+                    on_path.discard(path.pop())
+                    done.add(nxt)
+            return None
+
+        return walk(start)
+
+    circles = sorted({" -> ".join(c) for m in graph if (c := circle_from(m)) and min(c) == m})
+    assert not circles, circles
 
 
 @pytest.mark.process
