@@ -111,6 +111,19 @@ class BuilderPool:
         self.actors = [builder(i) for i in range(count)]
         self.joins += 1
         deadline = time.monotonic() + START_S
+        waiting = self._started(builder, deadline)
+        if waiting:
+            lease.leave(ray, job, self.lease)  # (alone, its pending builders go: a retry starts afresh)
+            free = ray.available_resources().get("CPU", 0)
+            raise MMLoaderError(
+                f"backend='ray': {len(waiting)} of {len(self.actors)} builders did not start within {START_S:.0f} s; "
+                f"each needs a CPU and the cluster has {free:g} free (other loaders' or jobs' builders hold the "
+                "rest): pass actors= fewer, or add decode nodes"
+            )
+
+    def _started(self, builder: Any, deadline: float) -> dict:
+        """Wait for every builder to answer; those that did not by ``deadline``."""
+        ray = self.ray
         waiting = {a.built.remote(): i for i, a in enumerate(self.actors)}
         while waiting and time.monotonic() < deadline:
             ready, _pending = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
@@ -122,13 +135,7 @@ class BuilderPool:
                     time.sleep(0.2)  # about to be free, and then a new one is made under it
                     self.actors[i] = builder(i)
                     waiting[self.actors[i].built.remote()] = i
-        if waiting:
-            free = ray.available_resources().get("CPU", 0)
-            raise MMLoaderError(
-                f"backend='ray': {len(waiting)} of {len(self.actors)} builders did not start within {START_S:.0f} s; "
-                f"each needs a CPU and the cluster has {free:g} free (other loaders' or jobs' builders hold the "
-                "rest): pass actors= fewer, or add decode nodes"
-            )
+        return waiting
 
     def held(self) -> bool:
         """Whether the job's lease still holds its builders (False: it lapsed, as when this
@@ -162,7 +169,7 @@ START_S = 120.0  # builders that have not started by then are said not to fit on
 def builder_pool(ray: Any, job: str, actors: int | None, on_trainer_nodes: bool | None) -> BuilderPool:
     """This process's pool of ``job``'s builders on its current Ray connection (joined, made or
     found on the cluster, on first use), started before it is handed out."""
-    key = (*lease.connection(ray), job, on_trainer_nodes)  # (a reconnect: joined again)
+    key = (*lease.connection(ray), job, on_trainer_nodes)
     pool = _POOLS.get(key)
     if pool is None:
         pool = _POOLS[key] = BuilderPool(ray, job, actors, on_trainer_nodes)

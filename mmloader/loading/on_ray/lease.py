@@ -37,6 +37,7 @@ class PoolLease:
         self._closed = False
         self._born = time.monotonic()
         self._joined = False  # (a new or restarted lease waits one lease for its ranks to join or renew)
+        self._wake = threading.Event()
         threading.Thread(target=self._watch, name="mmloader-lease", daemon=True).start()
 
     def join(self, member: str) -> tuple[int, float] | None:
@@ -52,26 +53,35 @@ class PoolLease:
             return not self._closed
 
     def leave(self, member: str) -> None:
+        """``member`` is done; the last one to leave releases the builders now (a rank joining
+        meanwhile waits for the release and makes the job anew)."""
         with self._lock:
             self._members.pop(member, None)
+            if not self._members and self._joined:  # (a restarted lease waits for the others' renewals)
+                self._closed = True
+        self._wake.set()
 
     def members(self) -> list[str]:
         with self._lock:
             return sorted(self._members)
 
     def _watch(self) -> None:
-        while True:
-            time.sleep(min(1.0, self._lease_s / 4))
-            with self._lock:
+        while not self._closing():
+            self._wake.wait(min(1.0, self._lease_s / 4))
+        self._release()
+
+    def _closing(self) -> bool:
+        """Whether to release: members not renewed within the lease dropped, none left (a new or
+        restarted lease waits one lease for its ranks to join or renew)."""
+        with self._lock:
+            if not self._closed:
                 now = time.monotonic()
                 for member, renewed in list(self._members.items()):
                     if now - renewed > self._lease_s:
                         del self._members[member]
-                if self._members or (not self._joined and now - self._born < self._lease_s):
-                    continue
-                self._closed = True
-            break
-        self._release()
+                if not self._members and (self._joined or now - self._born >= self._lease_s):
+                    self._closed = True
+            return self._closed
 
     def _release(self) -> None:
         """The builders, then this lease: each name freed before the next rank may reuse it."""
@@ -122,11 +132,26 @@ def join(ray: Any, job: str, builder_names: list[str], namespace: str) -> tuple[
 
 
 def renewed(ray: Any, lease: Any) -> bool:
-    """Whether ``lease`` still holds (False: released, its builders gone; join again)."""
+    """Whether ``lease`` still holds: False only once it is known released (it said so, or it
+    ended as it does after removing the builders; join again). A lease that does not answer,
+    as when the cluster's head is gone, counts as held: the builders' loss is then counted as
+    any other, and said once it repeats, before Ray gives up on the cluster (a join would wait
+    on the head with no deadline)."""
     try:
         return bool(ray.get(lease.renew.remote(MEMBER), timeout=10))
-    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+    except ray.exceptions.ActorDiedError:
         return False
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return True
+
+
+def leave(ray: Any, job: str, lease: Any) -> None:
+    """This process leaves ``job``'s lease now (its builders go if no other rank holds them)."""
+    _RENEWER.drop(job)
+    try:
+        ray.get(lease.leave.remote(MEMBER), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        pass  # gone or unreachable: it lapses without this process's renewals
 
 
 class _Renewer:
@@ -146,6 +171,10 @@ class _Renewer:
                 self._thread = threading.Thread(target=self._run, args=(ray,), name="mmloader-renew", daemon=True)
                 self._thread.start()
                 atexit.register(self._leave_all, ray)  # (after Ray's own: runs before its shutdown)
+
+    def drop(self, job: str) -> None:
+        with self._lock:
+            self._held.pop(job, None)
 
     def _current(self, ray: Any) -> list[Any]:
         with self._lock:

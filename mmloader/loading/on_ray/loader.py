@@ -6,6 +6,7 @@ import math
 import uuid
 from typing import Any, Iterator
 
+from ...errors import MMLoaderError
 from ..protocol import check_stream
 from ..resumable import Resumable
 from .builders import BuilderPool, builder_pool
@@ -86,10 +87,17 @@ class RayLoader(Resumable):
         return len(self.stream)
 
     def pool(self) -> BuilderPool:
-        """The job's builders (joined, started or found, on first use; joined again on a new
-        connection after ``ray.shutdown()``: the builders are the job's, not the connection's)."""
+        """The job's builders (joined, started or found, on first use)."""
         if self._pool is not None and (not self._ray.is_initialized() or connection(self._ray) != self._connection):
-            self._pool = None
+            # Measured (Ray 2.60): after ray.shutdown() and ray.init() again in one process,
+            # ray.put can hand out object ids that still name the old connection's job, and the
+            # builders then fail to fetch them (OwnerDiedError), in some runs and not others.
+            raise MMLoaderError(
+                "backend='ray': Ray was shut down (ray.shutdown()) after this loader's builders started; "
+                "Ray does not hand a process reliable object references after it connects again, so "
+                "this process cannot feed them: keep Ray connected between passes (the job's builders "
+                "stay for its other ranks, and a new process of the job joins them)"
+            )
         if self._pool is None:
             world = self.stream.where()[1]
             self._ray = connect(self.address, world=world, deadline_s=self.connect_timeout_s)
@@ -114,6 +122,7 @@ class RayLoader(Resumable):
         planned = stream.planned(0, 1)
         try:
             while True:
+                window.check_connected()
                 while not window.full():
                     item = next(planned, None)
                     if item is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,15 @@ class BuildWindow:
         self.rebuilt = 0  # batches built again after their builder or node was lost
         self._asked = 0
 
+    def check_connected(self) -> None:
+        """Before the pass's next Ray call: after ``ray.shutdown()`` that call would connect Ray
+        anew (Ray starts or joins a cluster on first use) or end the process, saying nothing."""
+        if not self.ray.is_initialized():
+            raise MMLoaderError(
+                "backend='ray': Ray was shut down (ray.shutdown()) during this pass, and its batches in "
+                "flight went with the connection: keep Ray connected until the pass ends"
+            )
+
     def full(self) -> bool:
         return len(self.queue) >= self.limit
 
@@ -84,7 +94,8 @@ class BuildWindow:
                     self._rebuild_lost(head.actor, e)
                 else:  # the lease lapsed (this process paused past it, alone): the job's builders anew
                     self.pool.join()
-                    for build in self.queue:
+                    for build in self.queue:  # (the job may have fewer builders now: a later rank made them)
+                        build.actor = self.pool.pick()
                         self._submit(build)
                         build.tries -= 1  # (not this batch's loss)
                 continue
@@ -111,6 +122,8 @@ class BuildWindow:
         result nobody took, as if it were a second error)."""
         refs = [build.ref for build in self.queue]
         self.queue.clear()
+        if sys.is_finalizing() or not self.ray.is_initialized():
+            return  # at exit, or after ray.shutdown(): the builds went with the connection
         for ref in refs:
             self.ray.cancel(ref)
         done, _pending = self.ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
