@@ -83,9 +83,10 @@ def _torch_store(pid: int, address: str) -> bool:
     if address != "::":
         return False
     try:
-        return "libtorch" in (PROC / str(pid) / "maps").read_text()
+        maps = (PROC / str(pid) / "maps").read_text()
     except OSError:  # ended between the two reads: what it loaded cannot be told, so not counted
         return True
+    return not maps or "libtorch" in maps  # (empty: it is exiting, a zombie has no maps; CI saw one)
 
 
 def beyond_loopback(root: int, ignored: frozenset[int] | set[int] = frozenset()) -> list[str]:
@@ -96,6 +97,8 @@ def beyond_loopback(root: int, ignored: frozenset[int] | set[int] = frozenset())
         if pid in ignored:
             continue
         wide = [(a, p) for a, p in listening(pid) if not is_loopback(a) and not _torch_store(pid, a)]
+        if wide:  # still there once its maps were read (not a process that ended meanwhile)
+            wide = [listener for listener in wide if listener in listening(pid)]
         for address, port in wide:
             try:
                 name = (PROC / str(pid) / "comm").read_text().strip()

@@ -258,6 +258,29 @@ def test_builders_that_did_not_start_are_let_go_so_a_retry_with_fewer_starts(clu
     _gone_within(job, 10)
 
 
+LEFT_EARLY = (
+    "import sys, mmloader\n"
+    "ds = mmloader.zip(image=mmloader.ImageReader(sys.argv[1]), caption=mmloader.TextReader(sys.argv[1]))\n"
+    "loader = mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=5), backend='ray', actors=1, job=sys.argv[2])\n"
+    "it = iter(loader)\n"
+    "print(len(next(it)['__key__']), flush=True)\n"  # the pass left early, still open at exit
+)
+
+
+@pytest.mark.process
+def test_a_process_that_exits_with_a_pass_open_says_nothing_and_leaves_the_job(cluster, path):
+    """Its generator was closed while the interpreter tore Ray down: "Exception ignored in
+    <generator RayLoader._batches> ... TypeError: 'NoneType' object is not callable"."""
+    env = {**os.environ, "RAY_ADDRESS": cluster[0].address, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    job = f"tests-{os.getpid()}-left-early"
+    run = subprocess.run(
+        [sys.executable, "-c", LEFT_EARLY, str(path), job], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "4", run.stderr[-3000:]
+    assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+    _gone_within(job, 10)  # it left the job's lease at exit
+
+
 @pytest.mark.process
 def test_a_lost_head_is_said_within_the_timeout_before_ray_ends_the_process(path):
     """The whole cluster gone mid-epoch: the rank took the lease's silence for a release and
