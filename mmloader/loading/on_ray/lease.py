@@ -61,10 +61,6 @@ class PoolLease:
                 self._closed = True
         self._wake.set()
 
-    def members(self) -> list[str]:
-        with self._lock:
-            return sorted(self._members)
-
     def _watch(self) -> None:
         while not self._closing():
             self._wake.wait(min(1.0, self._lease_s / 4))
@@ -114,10 +110,8 @@ def join(ray: Any, job: str, builder_names: list[str], namespace: str) -> tuple[
         ).remote(builder_names, namespace, LEASE_S)
         try:
             joined = ray.get(lease.join.remote(MEMBER), timeout=max(1.0, deadline - time.monotonic()))
-        except ray.exceptions.RayActorError:  # released as we asked: its name is about to be free
-            joined = None
-        except ray.exceptions.GetTimeoutError:
-            joined = None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):  # released as we asked
+            joined = None  # (its name is about to be free), or still releasing
         if joined is not None:
             count, lease_s = joined
             _RENEWER.hold(ray, job, lease, lease_s)
@@ -156,8 +150,8 @@ def leave(ray: Any, job: str, lease: Any) -> None:
 
 class _Renewer:
     """This process's leases, renewed by one daemon thread (each within a quarter of its lease)
-    and left at exit. Leases of an earlier Ray connection are dropped: they lapse unless this
-    process joins them again."""
+    and left at exit. Leases of an earlier Ray connection are dropped, to lapse: a process that
+    connected again does not feed its builders (:meth:`RayLoader.pool` says why)."""
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[Any, float, tuple]] = {}  # job -> (lease, lease_s, connection)
