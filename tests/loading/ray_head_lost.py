@@ -30,7 +30,8 @@ def main(path: str) -> None:
     c.head_node.kill_all_processes(check_alive=False, allow_graceful=False)  # (remove_node refuses the driver's own)
     start = time.monotonic()
     try:
-        next(it)
+        for _ in it:  # (batches already built before the kill may still come)
+            pass
         error = None
     except Exception as e:  # noqa: BLE001 - reported whatever it is
         error = f"{type(e).__name__}: {e}"
