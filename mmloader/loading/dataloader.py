@@ -48,6 +48,13 @@ _DATALOADER_SETTINGS = frozenset(
 )
 
 
+def _read_object_storage() -> bool:
+    """Whether this process has started obstore's runtime (read object storage)."""
+    from ..storage.remote.runtime import obstore_started_here
+
+    return obstore_started_here()
+
+
 def default_num_workers() -> int:
     """CPUs available to this process divided by the ranks on this node (never more than CPUs)."""
     return max(1, available_cpus() // max(local_world_size(), 1))
@@ -118,6 +125,10 @@ class Loader(Resumable):
         # collate's tuples into lists, so the two backends would differ).
         kwargs.setdefault("collate_fn", _as_is)
         dataset: Any = _RingStream(stream, self.ring) if self.ring is not None else stream  # an IterableDataset
+        if workers > 0 and kwargs.get("multiprocessing_context") is None and _read_object_storage():
+            # obstore's runtime, started here to open the dataset, does not survive fork(): a
+            # forked worker's first read would hang (storage.remote refuses it instead)
+            kwargs["multiprocessing_context"] = "forkserver"
         self.dataloader = torch.utils.data.DataLoader(
             dataset,
             batch_size=None,

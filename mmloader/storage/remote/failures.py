@@ -14,6 +14,13 @@ from urllib.parse import urlsplit
 
 from .errors import ConnectFailed, HostNotFound, LongBody, ObjectChangedError, ShortBody
 
+def _next(e: BaseException) -> BaseException | None:
+    """The error ``e`` was raised from: its cause, its context, or the error it wraps as its
+    argument (httpcore's ``ConnectError(ConnectionRefusedError(...))``, raised from nothing)."""
+    inner = e.args[0] if e.args and isinstance(e.args[0], BaseException) else None
+    return e.__cause__ or (None if e.__suppress_context__ else e.__context__) or inner
+
+
 _STATUS = re.compile(r"status(?: code)?:? *(\d{3})", re.I)
 
 
@@ -148,7 +155,7 @@ def unresolved_host(e: BaseException, url: str = "") -> str | None:
                 return None
             host = getattr(cur, "host", None)
             return str(host) if host else _host_in(str(cur), url)
-        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+        cur = _next(cur)
     text = str(e)
     if "Temporary failure in name resolution" in text or not _DNS_FAILURE.search(text):
         return None
@@ -178,9 +185,15 @@ def untrusted_certificate(e: BaseException) -> str | None:
     >>> untrusted_certificate(ValueError("x")) is None
     True
     """
-    for cur in (e, getattr(e, "reason", None), e.__cause__):
-        if isinstance(cur, ssl.SSLCertVerificationError):
-            return getattr(cur, "verify_message", None) or str(cur)  # aiohttp's has none
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(seen) < 8 and all(cur is not s for s in seen):  # httpx wraps it twice
+        seen.append(cur)
+        reason = getattr(cur, "reason", None)
+        for found in (cur, reason):
+            if isinstance(found, ssl.SSLCertVerificationError):
+                return getattr(found, "verify_message", None) or str(found)
+        cur = _next(cur)
     m = re.search(r"InvalidCertificate\(([^)]*)", str(e)) if type(e).__module__.startswith("obstore") else None
     if m is None:
         return None
@@ -293,7 +306,7 @@ def connect_failure(e: BaseException) -> tuple[str, str | None] | None:
             if re.search(r"NetworkUnreachable|HostUnreachable|[Nn]o route to host|[Nn]etwork is unreachable", text):
                 return "unreachable", where
             return "connect", where
-        cur = cur.__cause__ or (None if cur.__suppress_context__ else cur.__context__)
+        cur = _next(cur)
     return None
 
 

@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from ...errors import MMLoaderError
-from .client import _CLIENT_OPTION_KEYS, Client
 from .errors import ObjectChangedError, RemoteError
-from .failures import short_message
-from .fsspec_client import _FsspecClient
-from .hub import HUB_OPTION_KEYS, list_files, open_hub
-from .hub_repo import HubRepo
-from .obstore_client import _OBSTORE_CONFIG_KEYS, _ObstoreClient
+from .failures import _auth_error, short_message
+from .hub import HUB_OPTION_KEYS, HubRepo, check_repo, list_files, open_hub
+from .obstore_client import _CLIENT_OPTION_KEYS, _OBSTORE_CONFIG_KEYS, _ObstoreClient
 from .redaction import redact, redact_url, remember_secrets
 from .retry import Policy
-from .runtime import fsspec_usable, obstore_inherited, obstore_started_here, obstore_usable
+from .runtime import check_not_inherited
 from .servers import answered, location_server, mark_answered
-from .simple_client import _SimpleClient
 from .urls import check_endpoint, check_url, endpoint_of, join, lower_scheme, scheme_of, split_userinfo
+
+T = TypeVar("T")
+Client = _ObstoreClient
 
 #: Environment variables whose change means "build the client again" (rotated credentials).
 CREDENTIAL_ENV = (
@@ -267,53 +267,32 @@ class Location:
             self._clients.clear()
 
     def client(self, purpose: str = "data") -> Client:
-        """This process's client. ``purpose="meta"`` (small reads while opening a dataset) prefers
-        the fork-safe client while this process has not started obstore itself."""
-        simple = _SimpleClient.usable(self)
-        forced = os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower()
-        if self.hub is not None:
-            # the Hub's resolve endpoint redirects to its CDN: the standard-library client follows
-            # that without the token, keeps where it was sent, and waits a 429's Retry-After
-            kind = "simple"
-        elif forced in ("fsspec", "simple"):  # for testing the fallbacks, or working around a client bug
-            kind = "simple" if forced == "simple" and simple else "fsspec"
-        elif obstore_usable() and (purpose != "meta" or obstore_started_here() or not simple):
-            kind = "obstore"
-        else:
-            kind = "simple" if simple else "fsspec"
-        if kind == "fsspec" and not fsspec_usable():
-            if obstore_inherited():
-                raise RemoteError(
-                    f"{self.url}: this process was forked from one that used obstore, whose runtime does not "
-                    "survive fork(); install fsspec (pip install 'mmloader[remote]') or start worker "
-                    "processes with multiprocessing_context='spawn'"
-                )
-            raise RemoteError(
-                f"{self.url}: reading object storage needs obstore or fsspec: pip install 'mmloader[remote]'"
-            )
+        """This process's client (built again when the credential variables change). ``purpose``
+        is kept for callers that name what they read; every read goes through obstore."""
+        check_not_inherited(self.url)
         pid, env = os.getpid(), self._env_key()
-        hit = self._clients.get(kind)
+        hit = self._clients.get("obstore")
         if hit is None or hit[0] != pid or hit[1] != env:
             with self._lock:
-                hit = self._clients.get(kind)
+                hit = self._clients.get("obstore")
                 if hit is None or hit[0] != pid or hit[1] != env:
                     if hit is None or hit[1] != env:
                         self._check_endpoint()  # AWS_ENDPOINT_URL may have changed since
-                    hit = self._clients[kind] = (pid, env, self._build(kind))
+                    hit = self._clients["obstore"] = (pid, env, self._build())
         return hit[2]
 
-    def _build(self, kind: str) -> Client:
-        """A new client of ``kind``. A client that cannot be built (obstore refusing a credential
-        file, an option of the wrong type) is an error naming the URL, redacted, raised outside
-        the ``except`` block: the library's error, which may quote the credential, is chained to
-        nothing."""
-        kinds: dict[str, Callable[[Location], Client]] = {
-            "obstore": _ObstoreClient,
-            "simple": _SimpleClient,
-            "fsspec": _FsspecClient,
-        }
+    def _build(self) -> Client:
+        """A new client. One that cannot be built (obstore refusing a credential file, an option
+        of the wrong type) is an error naming the URL, redacted, raised outside the ``except``
+        block: the library's error, which may quote the credential, is chained to nothing."""
         try:
-            return kinds[kind](self)
+            import obstore  # noqa: F401
+        except ImportError:
+            raise RemoteError(
+                f"{self.url}: reading object storage needs obstore: pip install 'mmloader[remote]'"
+            ) from None
+        try:
+            return _ObstoreClient(self)
         except MMLoaderError:
             raise
         except Exception as e:
@@ -322,19 +301,32 @@ class Location:
                 short_message(e),
             )
         cls, detail = failed
-        raise cls(redact(f"{self.url}: cannot set up the {kind} client: {detail}", self.storage_options))
+        raise cls(redact(f"{self.url}: cannot set up the client: {detail}", self.storage_options))
+
+    def _said(self, request: Callable[[], T]) -> T:
+        """``request()``; on a Hub location, a read refused or not found is said as the Hub's
+        API says it (the repository gone, access lost), the files' client seeing a bare status."""
+        if self.hub is None:
+            return request()
+        try:
+            return request()
+        except (FileNotFoundError, RemoteError) as e:
+            failed = e
+        refused = _auth_error(failed) or bool(re.search(r"Unauthenticated|PermissionDenied|\b40[13]\b", str(failed)))
+        check_repo(self.hub, self.policy, refused)  # raises what is wrong with the repository, if anything
+        raise failed
 
     # -- requests (each retried under the policy) --------------------------------------------------
     def get(self, name: str, purpose: str = "data") -> bytes:
         """The whole object ``name`` (relative to this folder)."""
-        return self.client(purpose).get(name)
+        return self._said(lambda: self.client(purpose).get(name))
 
     def get_ranges(self, requests: Sequence[tuple[str, int, int]], purpose: str = "data") -> list:
         """``[(name, start, end), ...]`` -> the bytes of each range, fetched concurrently. Each
         answer is checked to have exactly ``end - start`` bytes (a short body is retried)."""
         if not requests:
             return []
-        return self.client(purpose).get_ranges(list(requests))
+        return self._said(lambda: self.client(purpose).get_ranges(list(requests)))
 
     def start_ranges(self, requests: Sequence[tuple[str, int, int]], purpose: str = "data"):
         """:meth:`get_ranges` started in the background: a ``concurrent.futures.Future`` of the list."""
@@ -347,15 +339,15 @@ class Location:
 
     def get_many(self, names: Sequence[str], purpose: str = "data") -> list[bytes]:
         """Several whole objects, concurrently."""
-        return self.client(purpose).get_many(list(names))
+        return self._said(lambda: self.client(purpose).get_many(list(names)))
 
     def size(self, name: str, purpose: str = "data") -> int | None:
         """The object's size in bytes, or None if there is no such object."""
-        return self.client(purpose).head(name)[0]
+        return self.head(name, purpose)[0]
 
     def head(self, name: str, purpose: str = "data") -> tuple[int | None, str | None]:
         """(size, etag) of the object, (None, None) if there is none."""
-        return self.client(purpose).head(name)
+        return self._said(lambda: self.client(purpose).head(name))
 
     def exists(self, name: str, purpose: str = "data") -> bool:
         return self.head(name, purpose)[0] is not None

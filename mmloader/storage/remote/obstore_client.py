@@ -1,25 +1,43 @@
-"""The obstore client (Rust: S3/GCS/Azure/HTTP, requests without the GIL), the default for
-data reads in a process that did not inherit obstore's runtime through fork()."""
+"""The client: obstore (Rust: S3/GCS/Azure/HTTP in one package, requests without the GIL, proxies
+from the environment or ``proxy_url``). Its runtime does not survive ``fork()``: a process forked
+from one that started it is refused (:func:`~.runtime.check_not_inherited`), never left to hang."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
 import os
-from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import urlsplit
+import time
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .client import _CLIENT_OPTION_KEYS, LocationLike, _Client
-from .proxy import obstore_options
 from .ranges import _check_length
+from .redaction import remember_secrets
 from .retry import _Deadline
 from .runtime import _mark_obstore, event_loop, run
-from .sigv4 import profile_credentials
+from .servers import Server, location_server
 from .urls import endpoint_of
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
+#: Client settings (obstore's ``client_options``) accepted in ``storage_options``.
+_CLIENT_OPTION_KEYS = {
+    "allow_http",
+    "allow_invalid_certificates",
+    "timeout",
+    "connect_timeout",
+    "user_agent",
+    "pool_idle_timeout",
+    "pool_max_idle_per_host",
+    "http1_only",
+    "http2_only",
+    "proxy_url",
+    "proxy_excludes",
+    "proxy_ca_certificate",
+    "default_headers",
+    "read_timeout",
+}
+#: obstore's settings per scheme, accepted in ``storage_options``.
 _OBSTORE_CONFIG_KEYS = {
     "s3": {
         "endpoint",
@@ -59,8 +77,62 @@ _OBSTORE_CONFIG_KEYS = {
 }
 
 
-class _ObstoreClient(_Client):
-    """obstore: requests on a shared event loop thread, ``max_in_flight`` at once, GIL-free."""
+class LocationLike(Protocol):
+    """What the client uses of its :class:`~.location.Location` (declared here, not imported, so
+    that the client and the location that builds it do not import each other)."""
+
+    url: str
+    scheme: str
+    storage_options: dict
+    policy: Any
+    pins: dict[str, str]
+
+    def name_url(self, name: str) -> str: ...
+
+    def rebuild(self) -> None: ...
+
+    def _checked_etag(self, name: str, etag: str | None) -> None: ...
+
+
+class _ObstoreClient:
+    """The requests of one process to one location: on a shared event loop thread,
+    ``max_in_flight`` at once, GIL-free. Names are relative to the location's folder; every
+    request is retried under the location's policy (:class:`~.retry._Deadline`), and a pinned
+    name (``location.pins``) is read only as its pinned version (``If-Match``)."""
+
+    _contact: Server | None = None
+
+    def url(self, name: str) -> str:
+        """The full URL of ``name``, as error messages name it."""
+        return self.location.name_url(name)
+
+    @property
+    def _server(self) -> Server:
+        """Where the requests go: whether it has answered decides how long a failure to connect
+        is retried (:mod:`.servers`)."""
+        if self._contact is None:
+            self._contact = location_server(self.location)
+        return self._contact
+
+    def _retry(self, what: str, name: str, fn):
+        """``fn()`` (blocking), retried under the location's policy."""
+        deadline = _Deadline(self.location.policy, self.url(name), what, self._server)
+        while True:
+            try:
+                result = fn()
+            except Exception as e:
+                failed = e
+            else:
+                deadline.answered()
+                return result
+            # outside the except block: what next_delay raises would have the client's error,
+            # which may hold the request's headers, as its __context__
+            rebuilt = deadline.rebuilt
+            delay = deadline.next_delay(failed, self.location)
+            del failed
+            if deadline.rebuilt and not rebuilt:
+                self._rebuild()
+            time.sleep(delay)
 
     def __init__(self, location: LocationLike):
         import obstore
@@ -85,6 +157,7 @@ class _ObstoreClient(_Client):
             if isinstance(client_options.get(k), (int, float)):
                 client_options[k] = f"{client_options[k]}s"
         url = location.url
+        provider = None
         if location.scheme == "s3":
             endpoint, _where = endpoint_of("s3", opts)
             if endpoint and endpoint.lower().startswith("http://"):
@@ -93,19 +166,17 @@ class _ObstoreClient(_Client):
                 opts["virtual_hosted_style_request"] = False
             if not (opts.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
                 opts["region"] = "us-east-1"
-            # obstore reads no AWS profile: credentials botocore finds there are given to it
-            opts.update(profile_credentials(opts))
+            provider = _profile_provider(opts)
         elif location.scheme == "http":
             if url.lower().startswith("http://"):
                 client_options.setdefault("allow_http", True)
-            # the route the other clients take (proxy.proxy_for), not obstore's own reading of
-            # the variables
-            parts = urlsplit(url)
-            client_options.update(
-                obstore_options(
-                    parts.scheme == "https", parts.netloc.rpartition("@")[2], client_options.get("proxy_url")
-                )
-            )
+            hub = getattr(location, "hub", None)
+            token = hub.bearer() if hub is not None else None
+            if token:  # looked up in this process: a token from the environment never travels
+                client_options["default_headers"] = {
+                    **client_options.get("default_headers", {}),
+                    "Authorization": f"Bearer {token}",
+                }
         retry: RetryConfig = {"max_retries": 0}  # mmloader retries (backoff + deadline) around every request
         if location.scheme == "http":
             self.store = from_url(url, client_options=cast("ClientConfig", client_options), retry_config=retry)
@@ -119,8 +190,9 @@ class _ObstoreClient(_Client):
             # opts are the user's storage_options, checked against the scheme's keys above: obstore
             # types config per scheme (S3Config, GCSConfig, AzureConfig), which a dict cannot name
             config = cast(Any, opts or None)
+            extra: dict[str, Any] = {"credential_provider": provider} if location.scheme == "s3" and provider else {}
             self.store = from_url(
-                url, config=config, client_options=cast("ClientConfig", client_options), retry_config=retry
+                url, config=config, client_options=cast("ClientConfig", client_options), retry_config=retry, **extra
             )
 
     def _semaphore(self) -> asyncio.Semaphore:
@@ -258,3 +330,42 @@ class _ObstoreClient(_Client):
                 pass
 
         run(self._retrying("DELETE", name, once))
+
+
+#: How botocore finds credentials that obstore finds by itself (the environment, an instance's or
+#: a container's role, web identity); from anywhere else (a profile in the shared files, SSO, a
+#: credential process, an assumed role) obstore asks botocore (:func:`_profile_provider`).
+OBSTORE_RESOLVES = frozenset({"env", "iam-role", "container-role", "assume-role-with-web-identity"})
+
+
+def _profile_provider(opts: dict):
+    """obstore's ``Boto3CredentialProvider`` where botocore finds S3 credentials that obstore
+    does not read (an AWS profile, SSO, a credential process); None where ``opts`` or the
+    environment give them, requests are unsigned, or botocore is not installed. What it hands
+    obstore is scrubbed from every message."""
+    if str(opts.get("skip_signature", os.environ.get("AWS_SKIP_SIGNATURE", ""))).lower() in ("true", "1"):
+        return None
+    if opts.get("access_key_id") or opts.get("secret_access_key") or os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    session = boto3.Session()
+    try:
+        found = session.get_credentials()
+    except Exception:  # a broken profile: obstore's own chain says what it finds
+        return None
+    if found is None or str(getattr(found, "method", "")) in OBSTORE_RESOLVES:
+        return None
+
+    class _Scrubbed(Boto3CredentialProvider):
+        def __call__(self):
+            creds = super().__call__()
+            remember_secrets(creds.get("access_key_id"), creds.get("secret_access_key"), creds.get("token"))
+            return creds
+
+    frozen = found.get_frozen_credentials()
+    remember_secrets(frozen.access_key, frozen.secret_key, frozen.token)
+    return _Scrubbed(session)

@@ -1,30 +1,16 @@
-"""The HTTP proxy a request of the standard-library client goes through, by the rules curl,
-requests and urllib follow: ``storage_options["proxy_url"]``, else ``HTTPS_PROXY`` (for
-``https://``) or ``HTTP_PROXY`` (for ``http://``), else ``ALL_PROXY``, unless ``NO_PROXY`` names
-the host. HTTPS goes through a ``CONNECT`` tunnel (the proxy sees only the host name); plain HTTP
-asks the proxy for the absolute URL."""
+"""Which HTTP proxy a request goes through, for messages that name it (obstore and
+``huggingface_hub`` route the requests themselves, by the same rules curl follows):
+``storage_options["proxy_url"]``, else ``HTTPS_PROXY`` (for ``https://``) or ``HTTP_PROXY`` (for
+``http://``), else ``ALL_PROXY``, unless ``NO_PROXY`` names the host."""
 
 from __future__ import annotations
 
-import base64
-import http.client
 import ipaddress
 import os
-import re
-import socket
-import ssl
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from .errors import RemoteError, _HTTPStatus
 from .redaction import redact_url, remember_secrets
-
-
-class ProxyRefused(RemoteError):
-    """The proxy refused the request itself (HTTP 407: its credentials; 403: its rules); no
-    retry cures it (``final``)."""
-
-    final = True
 
 
 @dataclass(frozen=True)
@@ -37,13 +23,6 @@ class Proxy:
     #: (user, password) from its URL, or None
     credentials: tuple[str, str] | None = field(default=None, repr=False)
     url: str = field(default="", repr=False)
-
-    @property
-    def authorization(self) -> str | None:
-        """The ``Proxy-Authorization`` header its credentials make (Basic), or None."""
-        if self.credentials is None:
-            return None
-        return "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
 
 
 def parse_proxy(url: str) -> Proxy:
@@ -164,160 +143,3 @@ def proxy_for(secure: bool, host: str, proxy_url: str | None = None) -> Proxy | 
     if not chosen or bypassed(host, proxies.get("no", ""), secure):
         return None
     return parse_proxy(chosen)
-
-
-def obstore_options(secure: bool, host: str, proxy_url: str | None = None) -> dict[str, str]:
-    """obstore's ``proxy_url``/``proxy_excludes`` client options that make it take the route
-    :func:`proxy_for` chooses (left alone, its HTTP library reads the variables by rules of its
-    own: no ``*`` or ``:PORT`` in ``NO_PROXY``, the uppercase variable first).
-
-    Args:
-        secure: whether the requests are HTTPS.
-        host: the server, as ``host[:port]``.
-        proxy_url: ``storage_options["proxy_url"]``.
-    """
-    proxy = proxy_for(secure, host, proxy_url)
-    if proxy is not None:
-        return {"proxy_url": proxy.url}
-    proxies = environment_proxies()
-    environment = _for_scheme(proxies, secure)
-    if not any(k in proxies for k in ("https", "http", "all")):
-        return {}  # no proxy anywhere: obstore finds none either
-    # Direct to this host, though the environment names a proxy: giving obstore a proxy that
-    # excludes the host is the one way its options say so (another host, reached by a
-    # redirect, goes through the environment's proxy, as it would have).
-    try:
-        fallback = parse_proxy(environment).url if environment else "http://127.0.0.1:9"
-    except ValueError:
-        fallback = "http://127.0.0.1:9"  # unusable (SOCKS, ...): never used for this host anyway
-    return {"proxy_url": fallback, "proxy_excludes": urlsplit("//" + host).hostname or host}
-
-
-class _ConnectTimeout:
-    """A connection whose connect (TCP, a proxy's ``CONNECT``, TLS) may take ``connect_timeout``
-    seconds, and each read afterwards ``timeout``: a host that does not accept connections is
-    given up on as soon as obstore gives up on it, a slow answer is waited for."""
-
-    timeout: float | None
-    sock: socket.socket | None
-
-    def __init__(self, *args, connect_timeout: float | None = None, **kwargs):
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]  # http.client's connection
-        self.connect_timeout = connect_timeout
-
-    def connect(self) -> None:
-        full = self.timeout
-        if self.connect_timeout is not None:
-            self.timeout = self.connect_timeout if full is None else min(full, self.connect_timeout)
-        try:
-            super().connect()  # type: ignore[misc]  # http.client's connection
-        finally:
-            self.timeout = full
-        if self.sock is not None:
-            self.sock.settimeout(full)
-
-
-class TimedHTTPConnection(_ConnectTimeout, http.client.HTTPConnection):
-    """``http.client.HTTPConnection`` with a connect timeout of its own (``connect_timeout=``)."""
-
-
-class TimedHTTPSConnection(_ConnectTimeout, http.client.HTTPSConnection):
-    """``http.client.HTTPSConnection`` with a connect timeout of its own (``connect_timeout=``)."""
-
-
-def connection(
-    secure: bool,
-    host: str,
-    timeout: float,
-    proxy: Proxy | None,
-    verify: bool = True,
-    connect_timeout: float | None = None,
-) -> http.client.HTTPConnection:
-    """A connection for requests to ``host``: direct, tunnelled through ``proxy`` (HTTPS), or
-    to ``proxy`` itself (plain HTTP: the request names the absolute URL, see :func:`target`).
-
-    Args:
-        secure: whether the requests are HTTPS.
-        host: the server, as ``host[:port]``.
-        timeout: seconds a read (and, without ``connect_timeout``, the connect) may take.
-        proxy: the proxy, or None.
-        verify: whether an HTTPS server's certificate is verified (``allow_invalid_certificates``
-            turns it off).
-        connect_timeout: seconds the connect may take (TCP, a proxy's tunnel, TLS).
-    """
-    conn: http.client.HTTPConnection
-    address = host if proxy is None else proxy.address
-    if secure:
-        context = ssl.create_default_context() if verify else ssl._create_unverified_context()
-        conn = TimedHTTPSConnection(address, timeout=timeout, context=context, connect_timeout=connect_timeout)
-    else:
-        conn = TimedHTTPConnection(address, timeout=timeout, connect_timeout=connect_timeout)
-    if proxy is None:
-        return conn
-    if secure:
-        conn.set_tunnel(host, headers={"Proxy-Authorization": proxy.authorization} if proxy.authorization else None)
-    return conn
-
-
-def target(
-    secure: bool, host: str, path: str, proxy: Proxy | None, headers: dict[str, str]
-) -> tuple[str, dict[str, str]]:
-    """The request target and headers for ``path`` on ``host``: unchanged, except for plain HTTP
-    through a proxy (the absolute URL, and the proxy's credentials).
-
-    Args:
-        secure: whether the request is HTTPS.
-        host: the server, as ``host[:port]``.
-        path: the origin-form target (``/path?query``).
-        proxy: the proxy, or None.
-        headers: the request's headers.
-    """
-    if proxy is None or secure:
-        return path, headers
-    if proxy.authorization:
-        headers = {**headers, "Proxy-Authorization": proxy.authorization}
-    return f"http://{host}{path}", headers
-
-
-_TUNNEL_STATUS = re.compile(r"Tunnel connection failed: (\d{3})")
-
-
-def tunnel_failure(e: BaseException, proxy: Proxy | None, url: str) -> Exception | None:
-    """What to raise for a ``CONNECT`` the proxy refused (``e`` from ``http.client``): a
-    :class:`ProxyRefused` for 407/403, an ``_HTTPStatus`` (retried when 5xx) for another status;
-    None when ``e`` is no tunnel failure.
-
-    Args:
-        e: the error of the request.
-        proxy: the proxy the request went through.
-        url: the URL asked for, for messages.
-    """
-    m = _TUNNEL_STATUS.search(str(e)) if proxy is not None and isinstance(e, OSError) else None
-    if m is None or proxy is None:
-        return None
-    status = int(m.group(1))
-    return refusal(status, proxy, url, tunnel=True) or _HTTPStatus(status, f"{url} (through the proxy {proxy.shown})")
-
-
-def refusal(status: int, proxy: Proxy | None, url: str, tunnel: bool = False) -> ProxyRefused | None:
-    """A :class:`ProxyRefused` when a request through ``proxy`` got 407 (or 403 to a ``CONNECT``,
-    which only the proxy answers); else None.
-
-    Args:
-        status: the HTTP status.
-        proxy: the proxy, or None.
-        url: the URL asked for.
-        tunnel: whether the status answered a ``CONNECT``.
-    """
-    if proxy is None:
-        return None
-    if status == 407:
-        said = (
-            "refused the credentials in its URL"
-            if proxy.authorization
-            else "asks for credentials (http://USER:PASSWORD@host:port)"
-        )
-        return ProxyRefused(f"{url}: the proxy {proxy.shown} {said} (HTTP 407)")
-    if status == 403 and tunnel:
-        return ProxyRefused(f"{url}: the proxy {proxy.shown} refuses to connect to this host (HTTP 403)")
-    return None

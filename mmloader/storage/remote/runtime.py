@@ -1,6 +1,5 @@
-"""Per-process machinery of the clients: which client a process may use (obstore, unless this
-process was forked from one that started obstore's runtime; fsspec), the event loop thread that
-runs obstore's requests, and a thread pool for the blocking clients' background requests."""
+"""Per-process machinery of the client: whether this process may use obstore (not when it was
+forked from one that started obstore's runtime), and the event loop thread that runs its requests."""
 
 from __future__ import annotations
 
@@ -8,24 +7,9 @@ import asyncio
 import atexit
 import os
 import threading
-from typing import Any
 
 _OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
 _OBSTORE_LOCK = threading.Lock()
-
-
-def obstore_usable() -> bool:
-    """obstore works in this process: installed, not disabled (``MMLOADER_REMOTE_CLIENT=fsspec``),
-    and its runtime was not started by a process this one was forked from."""
-    if os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower() == "fsspec":
-        return False
-    if obstore_inherited():
-        return False
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def obstore_inherited() -> bool:
@@ -45,12 +29,19 @@ def _mark_obstore() -> None:
             _OBSTORE_PID = os.getpid()
 
 
-def fsspec_usable() -> bool:
-    try:
-        import fsspec  # noqa: F401
-    except ImportError:
-        return False
-    return os.environ.get("MMLOADER_REMOTE_CLIENT", "").lower() != "obstore"
+def check_not_inherited(url: str) -> None:
+    """Refuse a request from a process forked from one that had started obstore: its runtime
+    does not survive ``fork()``, and the request would hang. The remedy is the start method:
+    ``mmloader.loader`` starts its worker processes with ``forkserver`` once obstore has run."""
+    if obstore_inherited():
+        from .errors import RemoteError
+        from .redaction import redact_url
+
+        raise RemoteError(
+            f"{redact_url(url)}: this process was forked from one that had read object storage, and obstore's "
+            "runtime does not survive fork(): start worker processes with multiprocessing_context='forkserver' "
+            "or 'spawn' (mmloader.loader does this itself), or read with backend='thread'"
+        )
 
 
 # An event loop thread per process for obstore's async API: many requests in flight from any
@@ -109,16 +100,3 @@ _EXIT_GRACE = 0.2
 def run(coro, timeout: float | None = None):
     """Run a coroutine on this process's request loop and wait for its result."""
     return asyncio.run_coroutine_threadsafe(coro, event_loop()).result(timeout)
-
-
-_POOL: tuple[int, Any] | None = None
-
-
-def _background():
-    """A small per-process thread pool for background requests of the fsspec client."""
-    global _POOL
-    if _POOL is None or _POOL[0] != os.getpid():
-        import concurrent.futures
-
-        _POOL = (os.getpid(), concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="mmloader-fetch"))
-    return _POOL[1]

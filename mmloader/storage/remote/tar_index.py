@@ -121,10 +121,11 @@ class _RemoteIndex(TarStore):
         names = [sh["file"] for sh in self._meta["shards"]]
         if not names or len(names) > self.MAX_HEAD_PINS:
             return
-        from .runtime import _background
+        from concurrent.futures import ThreadPoolExecutor
 
         try:
-            answers = list(_background().map(lambda n: self.location.head(n, purpose="meta"), names))
+            with ThreadPoolExecutor(16, thread_name_prefix="mmloader-head") as pool:
+                answers = list(pool.map(lambda n: self.location.head(n, purpose="meta"), names))
         except (RemoteError, OSError) as e:
             log.debug("%s: versions not pinned at open (%s)", self.url, e)
             return

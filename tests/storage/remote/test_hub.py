@@ -18,9 +18,7 @@ from remote_servers import RangeServer, make_certificate, own_cache  # noqa: F40
 import mmloader
 from mmloader.storage import open_store
 from mmloader.storage.remote import Location, Policy, RemoteError, RemoteUnavailableError
-from mmloader.storage.remote.hub import forget_revisions
-from mmloader.storage.remote.hub_api import HubError, retry_after
-from mmloader.storage.remote.hub_repo import hub_token, parse_hub_url
+from mmloader.storage.remote.hub import HubError, forget_revisions, hub_token, parse_hub_url, retry_after
 
 sys.path.insert(0, str(ROOT / "samples"))
 from local_hub import HubServer  # noqa: E402
