@@ -48,11 +48,13 @@ class HubServer:
     ``cdn_requests`` those to the CDN.
     """
 
-    def __init__(self, retry_after: float = 0.2):
+    def __init__(self, retry_after: float = 0.2, lfs_threshold: int = LFS_THRESHOLD):
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []
         self.cdn_requests: list[tuple[str, str, str | None]] = []
         self.retry_after = retry_after
+        #: files at least this large are served through the CDN (a redirect to another host)
+        self.lfs_threshold = lfs_threshold
         self._throttle = 0
         #: repo id -> a URL its requests are redirected to (307, the path kept): a moved repository
         self.moved: dict[str, str] = {}
@@ -243,7 +245,7 @@ class HubServer:
                 return
             oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
             head = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes", "ETag": f'"{oid}"'}
-            if len(data) >= LFS_THRESHOLD:
+            if len(data) >= self.lfs_threshold:
                 digest = hashlib.sha256(data).hexdigest()
                 location = f"{self.cdn_url}/blobs/{digest}?sig={hashlib.md5(digest.encode()).hexdigest()}"
                 self._send(
@@ -261,8 +263,7 @@ class HubServer:
     def _is_dir(path: str, tree: dict) -> bool:
         return any(p.startswith(path.rstrip("/") + "/") for p in tree)
 
-    @staticmethod
-    def _entry(path: str, tree: dict) -> dict:
+    def _entry(self, path: str, tree: dict) -> dict:
         data = tree[path]
         entry = {
             "type": "file",
@@ -270,7 +271,7 @@ class HubServer:
             "size": len(data),
             "path": path,
         }
-        if len(data) >= LFS_THRESHOLD:
+        if len(data) >= self.lfs_threshold:
             entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
         return entry
 

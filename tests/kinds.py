@@ -45,7 +45,7 @@ MODULE_KINDS = {
     "test_hub": "network",
     "test_proxy": "network",
     "test_remote": "network",
-    "test_remote_clients": "network",
+    "test_obstore_client": "network",
     "test_remote_integrity": "network",
     "test_packaging": "process",
     "test_docs": "process",

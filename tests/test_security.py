@@ -113,7 +113,6 @@ def secret_env(monkeypatch, s3):
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDENVIRONMENT")
-    monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", "")  # the default client
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +319,7 @@ def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, caplog, mo
         (f"s3://AKIDINURL:{OPTIONS['secret_access_key']}@b/ds", {}, ValueError, "cannot hold credentials"),
         (f"https://host/ds?sig={BEARER}", {}, ValueError, "cannot hold '?'"),
     ]
-    for client in ("", "simple", "fsspec"):
-        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
+    for client in ("obstore",):
         for url, options, error, message in cases:
             started = time.monotonic()
             with pytest.raises(error, match=message) as e:
@@ -329,9 +327,8 @@ def test_the_api_fails_at_once_naming_the_url_and_no_credential(site, caplog, mo
             assert time.monotonic() - started < 10, (client, redact_url(url))
             assert_clean(shown(e.value), f"the error opening {redact_url(url)} ({client or 'default'} client)")
     assert_clean(caplog.text, "the log")
-    # the right token works through every client
-    for client in ("", "simple", "fsspec"):
-        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
+    # the right token works
+    for _ in range(1):
         store = mmloader.open(
             site["bearer"], storage_options={"default_headers": {"Authorization": f"Bearer {BEARER}"}}
         )
@@ -346,11 +343,9 @@ def test_storage_options_secrets_stay_out_of_errors_and_logs_of_an_echoing_serve
     caplog.set_level(logging.DEBUG, logger="mmloader")
     options = {**OPTIONS, "endpoint": proxy.url}
     proxy.refuse(status, echo=True)
-    for client in ("", "simple"):
-        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
-        with pytest.raises(RemoteError, match="secure-ds/index.json: GET" if status == 403 else "secure-ds: LIST") as e:
-            mmloader.open(site["s3"], storage_options=options, retry_deadline=1)
-        assert_clean(shown(e.value), f"the error of a {status} ({client or 'default'} client)")
+    with pytest.raises(RemoteError, match="secure-ds/index.json: GET" if status == 403 else "secure-ds: LIST") as e:
+        mmloader.open(site["s3"], storage_options=options, retry_deadline=1)
+    assert_clean(shown(e.value), f"the error of a {status}")
     if status == 500:
         assert "retrying for up to" in caplog.text
     assert_clean(caplog.text, "the log")
@@ -483,14 +478,11 @@ def test_a_url_with_one_slash_is_named_redacted_and_told_apart_from_a_url(tmp_pa
 def test_no_client_chains_an_error_that_keeps_the_request_or_a_credential(site, status):
     """An error of ours was chained to the client library's (``__cause__``), or kept it as its
     suppressed ``__context__``: aiohttp's ``request_info`` holds the request's Authorization
-    header, and obstore's and our errors quote a server's answer echoing it. Every client,
+    header, and obstore's and our errors quote a server's answer echoing it. The client,
     against a server whose error answers echo the credentials they were sent."""
     from mmloader.storage.remote import Policy
-    from mmloader.storage.remote.fsspec_client import _FsspecClient
     from mmloader.storage.remote.obstore_client import _ObstoreClient
-    from mmloader.storage.remote.simple_client import _SimpleClient
 
-    pytest.importorskip("aiohttp")
     proxy = FaultProxy(f"127.0.0.1:{site['server'].port}")
     proxy.refuse(status, echo=True)
     try:
@@ -500,7 +492,7 @@ def test_no_client_chains_an_error_that_keeps_the_request_or_a_credential(site, 
             (f"{proxy.url}/ds", {"default_headers": {"Authorization": f"Bearer {BEARER}"}}),
         ]
         for url, options in locations:
-            for cls in (_ObstoreClient, _SimpleClient, _FsspecClient):
+            for cls in (_ObstoreClient,):
                 client = cls(remote.Location(url, options, Policy(retry_deadline=0.3)))
                 with pytest.raises((RemoteError, FileNotFoundError)) as e:
                     client.get("index.json")
@@ -535,12 +527,11 @@ def test_credentials_of_an_aws_profile_read_through_obstore_and_are_never_shown(
     the session token had it printed in the error, the log and the CLI's line."""
     pytest.importorskip("botocore")
     from mmloader.storage.remote.obstore_client import _ObstoreClient
-    from mmloader.storage.remote.simple_client import _SimpleClient
 
     caplog.set_level(logging.DEBUG, logger="mmloader")
     creds = _profile(tmp_path, monkeypatch)
     manifest = (site["local"] / "index.json").read_bytes()
-    for cls in (_ObstoreClient, _SimpleClient):
+    for cls in (_ObstoreClient,):
         assert cls(remote.Location(site["s3"])).get("index.json") == manifest, cls.__name__
     store = mmloader.open(site["s3"])
     assert store[3] == mmloader.open(site["local"])[3]
@@ -548,7 +539,7 @@ def test_credentials_of_an_aws_profile_read_through_obstore_and_are_never_shown(
     assert set(secrets) <= secret_values()
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     proxy.refuse(403, echo=True)
-    for cls in (_ObstoreClient, _SimpleClient):
+    for cls in (_ObstoreClient,):
         with pytest.raises(RemoteError, match="access denied") as e:
             cls(remote.Location(site["s3"])).get("index.json")
         assert not [x for x in secrets if x in shown(e.value)], shown(e.value)

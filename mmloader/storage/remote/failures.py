@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from .errors import ConnectFailed, HostNotFound, LongBody, ObjectChangedError, ShortBody
 
+
 def _next(e: BaseException) -> BaseException | None:
     """The error ``e`` was raised from: its cause, its context, or the error it wraps as its
     argument (httpcore's ``ConnectError(ConnectionRefusedError(...))``, raised from nothing)."""

@@ -18,7 +18,7 @@ redirect to the CDN is followed without the token).
 ``$HF_TOKEN``, else the token ``hf auth login`` saved (``$HF_TOKEN_PATH``, else
 ``$HF_HOME/token``). A token read from the environment or that file is read again in each
 process and never travels in a pickle. **Proxy**: the environment's (``HTTPS_PROXY``...), which
-``huggingface_hub`` and obstore both read.
+``huggingface_hub`` (when its session starts) and obstore both read.
 """
 
 from __future__ import annotations
@@ -282,6 +282,11 @@ def hub_call(repo: HubRepo, policy: Policy, what: str, call: Callable[[Any, floa
             )
             if refusal:
                 raise HubError(redact(refusal)) from None
+            if status == 407:
+                raise RemoteError(
+                    f"{repo.where.url}: {what} failed: the proxy asks for credentials or refused them (HTTP 407): "
+                    "put the user name and password in the proxy's URL (HTTPS_PROXY, HTTP_PROXY)"
+                ) from None
             if status == 404:
                 raise FileNotFoundError(f"{repo.shown}: no such file or folder ({what})") from None
             if status is None or not (status == 429 or status >= 500):

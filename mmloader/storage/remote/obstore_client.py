@@ -9,7 +9,9 @@ import builtins
 import os
 import time
 from typing import TYPE_CHECKING, Any, Protocol, cast
+from urllib.parse import urlsplit
 
+from .proxy import obstore_options
 from .ranges import _check_length
 from .redaction import remember_secrets
 from .retry import _Deadline
@@ -170,6 +172,12 @@ class _ObstoreClient:
         elif location.scheme == "http":
             if url.lower().startswith("http://"):
                 client_options.setdefault("allow_http", True)
+            parts = urlsplit(url)  # the route proxy.proxy_for takes (obstore's own reading differs)
+            client_options.update(
+                obstore_options(
+                    parts.scheme == "https", parts.netloc.rpartition("@")[2], client_options.get("proxy_url")
+                )
+            )
             hub = getattr(location, "hub", None)
             token = hub.bearer() if hub is not None else None
             if token:  # looked up in this process: a token from the environment never travels

@@ -1,5 +1,6 @@
-"""Which HTTP proxy a request goes through, for messages that name it (obstore and
-``huggingface_hub`` route the requests themselves, by the same rules curl follows):
+"""Which HTTP proxy a request goes through: for messages that name it, and for obstore, whose HTTP
+library reads the variables by rules of its own (:func:`obstore_options`; ``huggingface_hub``
+routes its API calls itself), by the rules curl follows:
 ``storage_options["proxy_url"]``, else ``HTTPS_PROXY`` (for ``https://``) or ``HTTP_PROXY`` (for
 ``http://``), else ``ALL_PROXY``, unless ``NO_PROXY`` names the host."""
 
@@ -143,3 +144,30 @@ def proxy_for(secure: bool, host: str, proxy_url: str | None = None) -> Proxy | 
     if not chosen or bypassed(host, proxies.get("no", ""), secure):
         return None
     return parse_proxy(chosen)
+
+
+def obstore_options(secure: bool, host: str, proxy_url: str | None = None) -> dict[str, str]:
+    """obstore's ``proxy_url``/``proxy_excludes`` client options that make it take the route
+    :func:`proxy_for` chooses (left alone, its HTTP library reads the variables by rules of its
+    own: no ``*`` or ``:PORT`` in ``NO_PROXY``, the uppercase variable first).
+
+    Args:
+        secure: whether the requests are HTTPS.
+        host: the server, as ``host[:port]``.
+        proxy_url: ``storage_options["proxy_url"]``.
+    """
+    proxy = proxy_for(secure, host, proxy_url)
+    if proxy is not None:
+        return {"proxy_url": proxy.url}
+    proxies = environment_proxies()
+    environment = _for_scheme(proxies, secure)
+    if not any(k in proxies for k in ("https", "http", "all")):
+        return {}  # no proxy anywhere: obstore finds none either
+    # Direct to this host, though the environment names a proxy: giving obstore a proxy that
+    # excludes the host is the one way its options say so (another host, reached by a
+    # redirect, goes through the environment's proxy, as it would have).
+    try:
+        fallback = parse_proxy(environment).url if environment else "http://127.0.0.1:9"
+    except ValueError:
+        fallback = "http://127.0.0.1:9"  # unusable (SOCKS, ...): never used for this host anyway
+    return {"proxy_url": fallback, "proxy_excludes": urlsplit("//" + host).hostname or host}

@@ -34,7 +34,6 @@ from mmloader.storage.remote import (
     redaction,
     servers,
     shard_cache,
-    sigv4,
     urls,
 )
 from mmloader.storage.remote.tar import RemoteTarStore
@@ -108,29 +107,37 @@ def test_readers_zip_stream_loader_and_configs_over_s3(data, tmp_path):
     assert [(b["__key__"], b["caption"], b["image"].sum().item()) for b in loader] == want
 
 
-@pytest.mark.parametrize("client", ["simple", "fsspec"])
-def test_the_fallback_clients_read_the_same_bytes(data, client, monkeypatch):
-    """The stdlib client (opening datasets; processes forked after obstore started) and fsspec
-    (GCS/Azure there, credentials only botocore can resolve) against the same server."""
-    if client == "fsspec":
-        pytest.importorskip("s3fs")
-    monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
-    store = mmloader.open(data["s3"]["tar"])
-    assert type(store.location.client()).__name__.lower().startswith(f"_{client}")
-    assert _all(store) == _all(mmloader.open(data["local"]["tar"]))
+def test_workers_after_the_parent_used_obstore_read_correctly_and_a_fork_is_refused_not_hung(data):
+    """obstore's runtime does not survive fork(): the process backend starts its workers with
+    forkserver once this process has read object storage, and a process forked anyway is told
+    what to do at its first read instead of hanging."""
+    import multiprocessing
 
-
-def test_forked_workers_after_the_parent_used_obstore_read_correctly(data):
-    """obstore's runtime does not survive fork(): workers forked from a process that used it
-    read through the fork-safe client instead, and never hang."""
     url = data["s3"]["tar"]
     store = mmloader.open(url, readahead=False)
     store.read_many([0, 1], ["txt"])  # data reads: this process has started obstore
     assert remote.obstore_started_here()
     ds = mmloader.zip(caption=mmloader.TextReader(store, "txt", transform=str.upper))  # -> process backend
-    loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2, multiprocessing_context="fork")
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2)
+    assert loader.dataloader.multiprocessing_context.get_start_method() == "forkserver"
     got = sorted(k for b in loader for k in b["__key__"])
     assert got == sorted(mmloader.open(data["local"]["tar"]).keys)
+
+    def child(queue):
+        try:
+            store.location.rebuild()
+            store.read_many([2], ["txt"])
+            queue.put("read")
+        except Exception as e:  # what it says is the check
+            queue.put(f"{type(e).__name__}: {e}")
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    forked = ctx.Process(target=child, args=(queue,))
+    forked.start()
+    said = queue.get(timeout=60)
+    forked.join(30)
+    assert "does not survive fork(): start worker processes with multiprocessing_context='forkserver'" in said, said
 
 
 # -- DDP: 2 ranks x 2 worker processes over S3 ----------------------------------------------------------
@@ -144,14 +151,11 @@ def _rank_main(rank: int, init: str, url: str, out: str) -> None:
         mmloader.Stream(ds, batch_size=4, order=mmloader.Order(seed=5, block_size=4, window_blocks=2)),
         num_workers=2,
         backend="process",
-        multiprocessing_context="fork",
     )
     got = [list(b["__key__"]) for b in loader]
     counts = torch.tensor([len(got)])
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-    Path(out, f"rank{rank}.json").write_text(
-        json.dumps({"batches": got, "max": int(counts), "client": remote.obstore_usable()})
-    )
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"batches": got, "max": int(counts)}))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -344,8 +348,8 @@ def test_converting_to_s3_then_reading_back_equals_the_local_conversion(s3, tmp_
 
 def test_a_missing_bucket_is_named_at_once_not_taken_for_a_missing_object(s3, tmp_path, capsys, monkeypatch):
     """The server's NoSuchBucket is named (it was "data-000000.tar: no such object", while
-    uploading): when converting (before any shard is written), writing and opening, with obstore
-    and with the stdlib client, and at once (no retries)."""
+    uploading): when converting (before any shard is written), writing and opening, and at once
+    (no retries)."""
     from mmloader.converters import pairs
 
     raw = write_pairs_folder(tmp_path / "raw", 3, 16)
@@ -354,12 +358,10 @@ def test_a_missing_bucket_is_named_at_once_not_taken_for_a_missing_object(s3, tm
     assert pairs.main([str(raw), url, "-q"]) != 0
     err = capsys.readouterr().err
     assert "no such bucket 'no-such-bucket-mm' (the server says NoSuchBucket" in err and "data-0000" not in err, err
-    for client in ("", "simple"):
-        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", client)
-        with pytest.raises(RemoteError, match=r"s3://no-such-bucket-mm/x/index.json: LIST failed: no such bucket"):
-            mmloader.writer_for(url)
-        with pytest.raises(RemoteError, match=r"s3://no-such-bucket-mm/x/index.json: GET failed: no such bucket"):
-            mmloader.open(url, retry_deadline=60)
+    with pytest.raises(RemoteError, match=r"s3://no-such-bucket-mm/x/index.json: LIST failed: no such bucket"):
+        mmloader.writer_for(url)
+    with pytest.raises(RemoteError, match=r"s3://no-such-bucket-mm/x/index.json: GET failed: no such bucket"):
+        mmloader.open(url, retry_deadline=60)
     assert time.monotonic() - started < 10
 
 
@@ -631,7 +633,7 @@ def test_wrong_bytes_are_never_passed_on_and_missing_objects_fail_at_once(data, 
 
 
 def test_url_helpers_and_cache_limits_docstrings():
-    for module in (urls, location, sigv4, ranges, shard_cache, redaction, failures, servers):
+    for module in (urls, location, ranges, shard_cache, redaction, failures, servers):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0
 
@@ -650,10 +652,8 @@ def _rewritten_shard(local_tar: Path, name: str) -> bytes:
     return changed
 
 
-@pytest.mark.parametrize("client", ["obstore", "simple"])
-def test_a_shard_replaced_while_reading_is_an_error_never_a_mixture(data, s3, tmp_path, client, monkeypatch):
-    if client == "simple":
-        monkeypatch.setenv("MMLOADER_REMOTE_CLIENT", "simple")
+def test_a_shard_replaced_while_reading_is_an_error_never_a_mixture(data, s3, tmp_path):
+    client = "obstore"
     url = _upload_tar(s3, data["local"]["tar"], f"replaced-{client}")
     store = mmloader.open(url, readahead=False)
     worker_copy = pickle.loads(pickle.dumps(store))  # what a DataLoader worker gets

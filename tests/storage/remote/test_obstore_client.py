@@ -1,16 +1,12 @@
-"""The client protocol (mmloader.storage.remote.client.Client): every client implements all of it
-with the same signatures, and each client that can run here does the same real round trip
-against the local servers (moto's S3, a Range-honouring HTTP server on 127.0.0.1)."""
+"""The client (obstore) against the local servers (moto's S3, a Range-honouring HTTP server on
+127.0.0.1): a real round trip, headers, certificates, first contacts, and a clean exit."""
 
 from __future__ import annotations
 
-import ast
-import inspect
 import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 
@@ -19,77 +15,18 @@ from conftest import TESTS
 from remote_servers import RangeServer, own_cache, s3  # noqa: F401  (fixtures)
 
 from mmloader.storage.remote import Location, ObjectChangedError
-from mmloader.storage.remote.client import Client, LocationLike, _Client
-from mmloader.storage.remote.fsspec_client import _FsspecClient
 from mmloader.storage.remote.obstore_client import _ObstoreClient
-from mmloader.storage.remote.simple_client import _SimpleClient
 
-CLIENTS = {"obstore": _ObstoreClient, "simple": _SimpleClient, "fsspec": _FsspecClient}
-#: What each client needs installed to run here (the simple client needs only the standard library).
-NEEDS = {"obstore": "obstore", "simple": None, "fsspec": "s3fs"}
+pytest.importorskip("obstore")
 
 
-def _protocol_methods() -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in vars(Client).items()
-        if callable(member) and not name.startswith("_")
-    }
+def _client(url: str, **options) -> _ObstoreClient:
+    return _ObstoreClient(Location(url, options))
 
 
-def test_the_protocol_declares_what_location_calls_on_a_client():
-    """Location's requests reach a client only through the protocol's methods."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(Location)))
-    called = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            on = node.func.value  # self.client(purpose).X(...) or client.X(...)
-            if (isinstance(on, ast.Name) and on.id == "client") or (
-                isinstance(on, ast.Call) and getattr(on.func, "attr", None) == "client"
-            ):
-                called.add(node.func.attr)
-    assert {
-        "get",
-        "get_many",
-        "get_ranges",
-        "start_range",
-        "start_ranges",
-        "head",
-        "list",
-        "versions",
-        "put_file",
-        "put_bytes",
-        "delete",
-    } == set(_protocol_methods()) - {"url"}
-    assert called == set(_protocol_methods()) - {"url"}, sorted(called)
-    assert isinstance(Location("s3://b/ds"), LocationLike)  # what the clients declare they use of it
-
-
-@pytest.mark.parametrize("kind", sorted(CLIENTS))
-def test_every_client_implements_the_whole_protocol_with_the_same_signatures(kind):
-    cls = CLIENTS[kind]
-    assert issubclass(cls, _Client)
-    for name, want in _protocol_methods().items():
-        impl = getattr(cls, name, None)
-        assert callable(impl), f"{cls.__name__} lacks {name}()"
-        got = inspect.signature(impl)
-        assert list(got.parameters) == list(want.parameters), f"{cls.__name__}.{name}{got} is not {name}{want}"
-        for p, q in zip(got.parameters.values(), want.parameters.values()):
-            assert p.kind == q.kind and p.default == q.default, f"{cls.__name__}.{name}: {p} vs {q}"
-
-
-def _client(kind: str, url: str, **options) -> Client:
-    if NEEDS[kind]:
-        pytest.importorskip(NEEDS[kind])
-    client = CLIENTS[kind](Location(url, options))
-    assert isinstance(client, Client)  # the runtime-checkable protocol
-    return client
-
-
-@pytest.mark.parametrize("kind", sorted(CLIENTS))
-def test_a_round_trip_through_each_client_on_s3(kind, s3, tmp_path):
-    url = f"s3://{s3.bucket}/clients-{kind}-{uuid.uuid4().hex[:6]}"
-    client = _client(kind, url)
+def test_a_round_trip_on_s3(s3, tmp_path):
+    url = f"s3://{s3.bucket}/clients-{uuid.uuid4().hex[:6]}"
+    client = _client(url)
     payload = os.urandom(100_000)
     (tmp_path / "b.bin").write_bytes(payload[::-1])
     client.put_bytes("a.bin", payload)
@@ -108,29 +45,26 @@ def test_a_round_trip_through_each_client_on_s3(kind, s3, tmp_path):
     assert sorted(client.list("")) == [("a.bin", len(payload)), ("sub/b.bin", len(payload))]
     assert [n for n, _ in client.list("sub")] == ["sub/b.bin"]
     versions = client.versions()
-    if kind != "fsspec":  # fsspec's listings say no ETags the same way across backends: no pins
-        assert versions["a.bin"] == etag and set(versions) == {"a.bin", "sub/b.bin"}
+    assert versions["a.bin"] == etag and set(versions) == {"a.bin", "sub/b.bin"}
 
     with pytest.raises(FileNotFoundError, match="missing.bin"):
         client.get("missing.bin")
-    if kind != "fsspec":  # fsspec reads are not pinned (see versions)
-        pinned = _client(kind, url)
-        pinned.location.pin("sub/b.bin", '"not-its-etag"')  # as if opened on another version
-        with pytest.raises(ObjectChangedError, match="sub/b.bin"):
-            pinned.get_ranges([("sub/b.bin", 0, 10)])
+    pinned = _client(url)
+    pinned.location.pin("sub/b.bin", '"not-its-etag"')  # as if opened on another version
+    with pytest.raises(ObjectChangedError, match="sub/b.bin"):
+        pinned.get_ranges([("sub/b.bin", 0, 10)])
     client.delete("a.bin")
     client.delete("a.bin")  # a missing object is not an error
     assert client.head("a.bin") == (None, None)
 
 
-@pytest.mark.parametrize("kind", ["obstore", "simple"])
-def test_reads_through_each_client_over_plain_http(kind, tmp_path):
+def test_reads_over_plain_http(tmp_path):
     payload = os.urandom(50_000)
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "x.bin").write_bytes(payload)
     server = RangeServer(tmp_path)
     try:
-        client = _client(kind, f"{server.url}/ds")
+        client = _client(f"{server.url}/ds")
         assert client.head("x.bin")[0] == len(payload)
         assert client.get("x.bin") == payload
         assert [bytes(b) for b in client.get_ranges([("x.bin", 1, 5), ("x.bin", 40_000, 50_000)])] == [
@@ -146,18 +80,15 @@ def test_reads_through_each_client_over_plain_http(kind, tmp_path):
         server.stop()
 
 
-@pytest.mark.parametrize("kind", sorted(CLIENTS))
-def test_every_client_sends_the_headers_option_and_unknown_options_are_refused(kind, tmp_path):
-    """``storage_options={"headers": ...}`` (fsspec's spelling) was sent only by fsspec, and a
-    key no client reads was ignored without a word by obstore and the standard-library client."""
-    if kind == "fsspec":
-        pytest.importorskip("aiohttp")
+def test_the_headers_option_is_sent_and_unknown_options_are_refused(tmp_path):
+    """``storage_options={"headers": ...}`` (fsspec's spelling) is sent, and a key the client does
+    not read is refused naming it (it was ignored without a word)."""
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "x.bin").write_bytes(b"payload")
     server = RangeServer(tmp_path, authorization="Bearer the-right-token")
     try:
         url = f"{server.url}/ds"
-        client = CLIENTS[kind](Location(url, {"headers": {"Authorization": "Bearer the-right-token"}}))
+        client = _ObstoreClient(Location(url, {"headers": {"Authorization": "Bearer the-right-token"}}))
         assert client.get("x.bin") == b"payload" and server.seen[-1] == "Bearer the-right-token"
     finally:
         server.stop()
@@ -194,12 +125,10 @@ def test_a_process_that_read_through_obstore_exits_cleanly(tmp_path):
     assert codes == [0] * 12, codes
 
 
-@pytest.mark.parametrize("kind", sorted(CLIENTS))
-def test_certificates(kind, tmp_path):
-    """A certificate that does not verify fails at once, saying so, with every client; one a
-    private CA made is trusted through SSL_CERT_FILE, and ``allow_invalid_certificates`` reads
-    from a server without checking it, with every client too."""
-    pytest.importorskip(NEEDS[kind]) if NEEDS[kind] else None
+def test_certificates(tmp_path):
+    """A certificate that does not verify fails at once, saying so; one a private CA made is
+    trusted through SSL_CERT_FILE, and ``allow_invalid_certificates`` reads from a server without
+    checking it."""
     from remote_servers import make_certificate
 
     from mmloader.storage.remote import Policy, RemoteError
@@ -211,14 +140,14 @@ def test_certificates(kind, tmp_path):
     try:
         t = time.monotonic()
         with pytest.raises(RemoteError, match="TLS certificate does not verify"):
-            CLIENTS[kind](Location(url, policy=Policy(retry_deadline=60))).get("x.bin")
+            _ObstoreClient(Location(url, policy=Policy(retry_deadline=60))).get("x.bin")
         assert time.monotonic() - t < 10  # not retried for the minute the deadline allows
         unchecked = Location(url, {"allow_invalid_certificates": True})
-        assert CLIENTS[kind](unchecked).get("x.bin") == b"payload"
+        assert _ObstoreClient(unchecked).get("x.bin") == b"payload"
         # SSL_CERT_FILE set when the process starts, as a user sets it (aiohttp reads it at import)
         code = (
-            f"from test_remote_clients import CLIENTS, Location; "
-            f"assert CLIENTS[{kind!r}](Location({url!r})).get('x.bin') == b'payload'"
+            f"from test_obstore_client import _ObstoreClient, Location; "
+            f"assert _ObstoreClient(Location({url!r})).get('x.bin') == b'payload'"
         )
         env = {**os.environ, "SSL_CERT_FILE": str(tmp_path / "cert.pem"), "PYTHONPATH": str(TESTS)}
         done = subprocess.run([sys.executable, "-c", code], env=env, cwd=os.path.dirname(__file__), capture_output=True)
@@ -254,8 +183,7 @@ def first_contacts(monkeypatch):
 
 
 @pytest.mark.timeout(120)  # before: 120 s per request (the whole retry_deadline), each retry logged
-@pytest.mark.parametrize("kind", sorted(CLIENTS))
-def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind, first_contacts):
+def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(first_contacts):
     """Connection refused (plain HTTP, and S3 at an endpoint), a host name that does not resolve,
     and a connect that times out: each fails within seconds, though ``retry_deadline`` is
     120 s, with an error naming the host, the reason and what to check."""
@@ -263,8 +191,6 @@ def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind,
 
     from mmloader.storage.remote import HostUnreachable, Policy, RemoteError
 
-    if NEEDS[kind]:
-        pytest.importorskip(NEEDS[kind])
     port = _closed_port()
     s3 = {"endpoint": f"http://127.0.0.1:{port}", "access_key_id": "AKID", "secret_access_key": "testing1"}
     for url, options, said, limit in (
@@ -275,7 +201,7 @@ def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind,
             first_contacts.setenv("MMLOADER_FIRST_CONTACT_DEADLINE", limit)
         t = time.monotonic()
         with pytest.raises(HostUnreachable) as e:
-            CLIENTS[kind](Location(url, dict(options))).get("index.json")
+            _ObstoreClient(Location(url, dict(options))).get("index.json")
         elapsed = time.monotonic() - t
         assert elapsed < 20, (url, elapsed)
         message = str(e.value)
@@ -288,7 +214,7 @@ def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind,
 
     t = time.monotonic()  # a name that does not resolve: at once
     with pytest.raises(RemoteError, match="the host name 'no-such-host.invalid' does not resolve"):
-        CLIENTS[kind](Location("http://no-such-host.invalid/ds")).get("index.json")
+        _ObstoreClient(Location("http://no-such-host.invalid/ds")).get("index.json")
     assert time.monotonic() - t < 20
 
     # a connect that times out: a listening socket that never accepts, its queue full
@@ -308,7 +234,7 @@ def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind,
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/ds"
         t = time.monotonic()
         with pytest.raises(HostUnreachable, match=r"the connect timed out \(connect_timeout=1 s\)"):
-            CLIENTS[kind](Location(url, policy=Policy(connect_timeout=1, first_contact_deadline=1))).get("index.json")
+            _ObstoreClient(Location(url, policy=Policy(connect_timeout=1, first_contact_deadline=1))).get("index.json")
         assert time.monotonic() - t < 20
     finally:
         for sock in (*queued, listener):
@@ -316,8 +242,7 @@ def test_a_host_that_never_answered_fails_within_seconds_naming_the_reason(kind,
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", sorted(CLIENTS))
-def test_a_server_that_answered_once_is_waited_for_when_it_restarts(kind, first_contacts, tmp_path):
+def test_a_server_that_answered_once_is_waited_for_when_it_restarts(first_contacts, tmp_path):
     """A server that answered, then refuses connections for 2.5 s (restarting): the read waits
     for it and succeeds, though the first-contact deadline is 0.5 s; a host never heard from
     fails after those 0.5 s."""
@@ -328,8 +253,6 @@ def test_a_server_that_answered_once_is_waited_for_when_it_restarts(kind, first_
 
     from mmloader.storage.remote import HostUnreachable, Policy, answered, forget_answers, location_server
 
-    if kind == "fsspec":
-        pytest.importorskip("aiohttp")
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "x.bin").write_bytes(b"payload" * 100)
     server = RangeServer(tmp_path)
@@ -337,7 +260,7 @@ def test_a_server_that_answered_once_is_waited_for_when_it_restarts(kind, first_
     policy = Policy(retry_deadline=60, first_contact_deadline=0.5)
     try:
         location = Location(f"{front.url}/ds", policy=policy)
-        client = CLIENTS[kind](location)
+        client = _ObstoreClient(location)
         assert client.get("x.bin") == b"payload" * 100
         assert answered(location_server(location))
         front.stop()
@@ -351,7 +274,7 @@ def test_a_server_that_answered_once_is_waited_for_when_it_restarts(kind, first_
         assert answered(location_server(pickle.loads(blob)))  # a worker is told that it answered
         t = time.monotonic()
         with pytest.raises(HostUnreachable, match="first_contact_deadline=0.5 s"):
-            CLIENTS[kind](Location(f"http://127.0.0.1:{_closed_port()}/ds", policy=policy)).get("x.bin")
+            _ObstoreClient(Location(f"http://127.0.0.1:{_closed_port()}/ds", policy=policy)).get("x.bin")
         assert time.monotonic() - t < 10
     finally:
         front.stop()
