@@ -37,15 +37,12 @@ reason and what to check (:mod:`.retry`, :mod:`.failures`, :mod:`.servers`).
 from __future__ import annotations
 
 from .errors import (
-    ConnectFailed,
-    HostNotFound,
     HostUnreachable,
     LongBody,
     ObjectChangedError,
     RemoteError,
     RemoteUnavailableError,
     ShortBody,
-    _HTTPStatus,
 )
 from .failures import (
     _OBSTORE_PERMANENT,
@@ -89,7 +86,6 @@ from .urls import (
 __all__ = [
     "CREDENTIAL_ENV",
     "Client",
-    "HostNotFound",
     "HostUnreachable",
     "Location",
     "LongBody",

@@ -33,36 +33,3 @@ class LongBody(OSError):
 
 class ShortBody(OSError):
     """A response had fewer bytes than asked for (a body cut short in transit)."""
-
-
-class HostNotFound(OSError):
-    """The host name of a request does not resolve (DNS answered that there is no such host):
-    the URL or endpoint is wrong, and no retry cures it. ``host`` names it."""
-
-    def __init__(self, host: str, detail: str = ""):
-        super().__init__(f"the host name {host!r} does not resolve" + (f" ({detail})" if detail else ""))
-        self.host, self.detail = host, detail
-
-
-class ConnectFailed(OSError):
-    """The standard library's client could not connect: ``kind`` is ``"refused"``, ``"timeout"``,
-    ``"dns"`` (a resolver that did not answer), ``"unreachable"`` or ``"connect"``; ``address``
-    is the ``host:port`` it connected to (a proxy's, when one is used). Raised before any byte
-    of the request was sent; retried (:mod:`.retry` bounds how long while the host has never
-    answered)."""
-
-    def __init__(self, kind: str, address: str, detail: str = ""):
-        super().__init__(f"cannot connect to {address} ({kind})" + (f": {detail}" if detail else ""))
-        self.kind, self.address, self.detail = kind, address, detail
-
-
-class _HTTPStatus(OSError):
-    """A non-success HTTP answer of the standard-library client; ``body`` (its first 4 KiB) is
-    kept so that :func:`~.failures.server_refusal` can read the S3 error code in it."""
-
-    def __init__(self, status: int, url: str, body: bytes = b"", retry_after: float | None = None):
-        said = body[:200].decode("utf-8", "replace").strip()
-        super().__init__(f"{url}: HTTP status {status}" + (f": {said}" if said else ""))
-        self.status, self.body = status, body[:4096]
-        #: seconds the server asked to wait before trying again (``Retry-After``), if it said
-        self.retry_after = retry_after

@@ -12,7 +12,7 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
-from .errors import ConnectFailed, HostNotFound, LongBody, ObjectChangedError, ShortBody
+from .errors import LongBody, ObjectChangedError, ShortBody
 
 
 def _next(e: BaseException) -> BaseException | None:
@@ -146,16 +146,8 @@ def unresolved_host(e: BaseException, url: str = "") -> str | None:
     cur: BaseException | None = e
     while cur is not None and len(seen) < 8 and cur not in seen:
         seen.append(cur)
-        if isinstance(cur, HostNotFound):
-            return cur.host
         if isinstance(cur, socket.gaierror):
             return _host_in(str(e), url) if cur.errno != _EAI_AGAIN else None
-        os_error = getattr(cur, "os_error", None)  # aiohttp's ClientConnectorError keeps the gaierror there
-        if isinstance(os_error, socket.gaierror):
-            if os_error.errno == _EAI_AGAIN:
-                return None
-            host = getattr(cur, "host", None)
-            return str(host) if host else _host_in(str(cur), url)
         cur = _next(cur)
     text = str(e)
     if "Temporary failure in name resolution" in text or not _DNS_FAILURE.search(text):
@@ -254,44 +246,21 @@ def connect_failure(e: BaseException) -> tuple[str, str | None] | None:
     Args:
         e: a failed request's error.
 
-    >>> connect_failure(ConnectFailed("refused", "127.0.0.1:9"))
-    ('refused', '127.0.0.1:9')
+    >>> connect_failure(OSError("no connection")) is None
+    True
     >>> connect_failure(TimeoutError("timed out")) is None  # a connect's, or an answer's?
     True
     """
-    import urllib.error
-
     seen: list[BaseException] = []
     cur: BaseException | None = e
     while cur is not None and len(seen) < 8 and all(cur is not s for s in seen):
         seen.append(cur)
         module, name = type(cur).__module__, type(cur).__name__
-        if isinstance(cur, ConnectFailed):
-            return cur.kind, cur.address
-        if isinstance(cur, urllib.error.URLError) and not isinstance(cur, urllib.error.HTTPError):
-            # urllib wraps only what failed before the request was sent: the connect
-            reason = cur.reason
-            if isinstance(reason, BaseException):
-                kind = _os_kind(reason)
-                if kind is not None:
-                    return kind, None
-        elif isinstance(cur, ConnectionRefusedError):  # raised by a connect only
+        if isinstance(cur, ConnectionRefusedError):  # raised by a connect only
             return "refused", None
-        elif module.startswith("aiohttp"):
-            if name == "ConnectionTimeoutError":  # ClientTimeout's sock_connect
-                return "timeout", None
-            os_error = getattr(cur, "os_error", None)  # ClientConnectorError and its kinds
-            if isinstance(os_error, OSError):
-                host, port = getattr(cur, "host", None), getattr(cur, "port", None)
-                return _os_kind(os_error) or "connect", (f"{host}:{port}" if host and port else None)
-        elif module.startswith("botocore"):
-            if name in ("ConnectTimeoutError",):
-                return "timeout", None
-            if name in ("EndpointConnectionError", "ProxyConnectionError"):
-                inner = (getattr(cur, "kwargs", None) or {}).get("error")
-                found = connect_failure(inner) if isinstance(inner, BaseException) else None
-                return found or ("connect", None)
-        elif module.startswith("obstore"):
+        if module.startswith("httpx") and name in ("ConnectTimeout", "ProxyError"):  # the Hub's API calls
+            return ("timeout" if name == "ConnectTimeout" else "connect"), None
+        if module.startswith("obstore"):
             text = str(cur)
             m = _OBSTORE_CONNECT.search(text)
             if m is None:
@@ -329,10 +298,6 @@ def _auth_error(e: BaseException) -> bool:
 
 def short_message(e: BaseException) -> str:
     """The error's type and the first line of its text (an HTTP status as ``HTTP 503``)."""
-    status = getattr(e, "status", None)
-    if type(e).__name__ == "_HTTPStatus" and isinstance(status, int):  # the URL is said already
-        said = bytes(getattr(e, "body", b"") or b"").decode("utf-8", "replace").strip().splitlines()
-        return f"HTTP {status}" + (f": {said[0][:300]}" if said else "")
     text = str(e).strip().splitlines()
     first = text[0] if text else type(e).__name__
     return f"{type(e).__name__}: {first[:300]}"

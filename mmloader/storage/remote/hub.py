@@ -264,8 +264,11 @@ def hub_call(repo: HubRepo, policy: Policy, what: str, call: Callable[[Any, floa
     ``policy``: 429 and 5xx wait at least the server's ``Retry-After``, connection failures back
     off (a Hub never heard from: ``first_contact_deadline``); a refusal is :class:`HubError` at
     once naming what to do, a missing path :class:`FileNotFoundError`."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError:
+        raise RemoteError(f"{repo.where.url}: hf:// URLs need huggingface_hub: pip install 'mmloader[hub]'") from None
 
     token, source = repo.bearer_and_source()
     api = HfApi(endpoint=repo.endpoint, token=token or False, library_name="mmloader")

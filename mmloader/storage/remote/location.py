@@ -301,7 +301,7 @@ class Location:
                 short_message(e),
             )
         cls, detail = failed
-        raise cls(redact(f"{self.url}: cannot set up the client: {detail}", self.storage_options))
+        raise cls(redact(f"{self.url}: cannot set up the obstore client: {detail}", self.storage_options))
 
     def _said(self, request: Callable[[], T]) -> T:
         """``request()``; on a Hub location, a read refused or not found is said as the Hub's

@@ -14,8 +14,6 @@ from typing import Any, Mapping, Protocol
 from urllib.parse import urlsplit
 
 from .errors import (
-    ConnectFailed,
-    HostNotFound,
     HostUnreachable,
     ObjectChangedError,
     RemoteError,
@@ -210,7 +208,7 @@ class _Deadline:
         else:
             check += ", the network, and a proxy if one is needed"
         check += " (HTTPS_PROXY, HTTP_PROXY or storage_options['proxy_url'])"
-        detail = e.detail if isinstance(e, ConnectFailed) and e.detail else short_message(e)
+        detail = short_message(e)
         return (
             f"{self.what} failed: cannot connect to {whom}: {why}; no answer from it yet in this process "
             f"({self.attempt + 1} attempts in {elapsed:.1f} s, first_contact_deadline={deadline:g} s): "
@@ -233,6 +231,16 @@ class _Deadline:
         refusal = server_refusal(e)
         if refusal is not None:  # a missing bucket is not a missing object, and no retry cures it
             raise self._fail(RemoteError, f"{self.what} failed: {refusal}", None, location)
+        if location is not None and _auth_error(e):  # refused again after the client was rebuilt
+            status = _status(e)
+            raise self._fail(
+                RemoteError,
+                f"{self.what} failed: access denied"
+                + (f" (HTTP {status})" if status else "")
+                + f": check the credentials ({short_message(e)})",
+                None,
+                location,
+            )
         untrusted = untrusted_certificate(e)
         if untrusted is not None:
             raise self._fail(
@@ -253,8 +261,8 @@ class _Deadline:
             )
         host = unresolved_host(e, self.url)
         if host is not None:  # a wrong URL or endpoint: waiting does not make the name exist
-            detail = e.detail if isinstance(e, HostNotFound) else short_message(e)
-            proxy = None if isinstance(e, HostNotFound) else self._proxy(location)
+            detail = short_message(e)
+            proxy = self._proxy(location)
             whose = repr(host)
             if proxy is not None:  # the client's text does not say whose name it looked up
                 whose += f" (or the proxy's, {urlsplit('//' + proxy.address).hostname!r})"
