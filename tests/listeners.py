@@ -89,6 +89,17 @@ def _torch_store(pid: int, address: str) -> bool:
     return not maps or "libtorch" in maps  # (empty: it is exiting, a zombie has no maps; CI saw one)
 
 
+def _loopback_only_namespace(pid: int) -> bool:
+    """Whether ``pid`` runs in a network namespace whose only interface is loopback (``unshare -n``):
+    whatever it binds (torchft's managers bind ``::``), it cannot be reached from beyond it."""
+    try:
+        lines = (PROC / str(pid) / "net" / "dev").read_text().splitlines()[2:]
+    except OSError:
+        return False
+    names = {line.split(":", 1)[0].strip() for line in lines if ":" in line}
+    return names == {"lo"}
+
+
 def beyond_loopback(root: int, ignored: frozenset[int] | set[int] = frozenset()) -> list[str]:
     """Each socket ``root`` or a process below it (but ``ignored``) listens on beyond loopback, as
     ``"name (pid): address:port"`` (torch's rendezvous store excepted: see :func:`_torch_store`)."""
@@ -97,6 +108,8 @@ def beyond_loopback(root: int, ignored: frozenset[int] | set[int] = frozenset())
         if pid in ignored:
             continue
         wide = [(a, p) for a, p in listening(pid) if not is_loopback(a) and not _torch_store(pid, a)]
+        if wide and _loopback_only_namespace(pid):
+            wide = []
         if wide:  # still there once its maps were read (not a process that ended meanwhile)
             wide = [listener for listener in wide if listener in listening(pid)]
         for address, port in wide:

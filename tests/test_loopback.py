@@ -40,6 +40,24 @@ def test_the_watch_sees_a_listener_on_every_interface_and_not_one_on_loopback(lo
         assert bool([s for s in watch.seen if f":{port}" in s]) == wide, (address, watch.seen)
 
 
+@pytest.mark.process
+def test_a_listener_on_every_interface_of_a_loopback_only_namespace_is_loopback(loopback_only):
+    """torchft's managers bind ``::`` and take no other address: the torchft tests run them in a
+    network namespace whose only interface is loopback (``unshare -n``), where that is loopback."""
+    cmd = ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" -c "$0" ::', LISTEN]
+    with Watch(period_s=0.1) as watch:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        loopback_only.ignored.add(child.pid)  # (the session's watch: the check is this one's)
+        try:
+            port = int(child.stdout.readline())
+            time.sleep(0.3)
+            assert ("::", port) in listening(child.pid)
+        finally:
+            child.kill()
+            child.wait()
+    assert not [s for s in watch.seen if f":{port}" in s], watch.seen
+
+
 def test_loopback_addresses():
     assert all(is_loopback(a) for a in ("127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1"))
     assert not any(is_loopback(a) for a in ("0.0.0.0", "::", "192.0.2.2", "::ffff:10.0.0.1"))

@@ -332,6 +332,10 @@ class Zipped(torch.utils.data.Dataset):
         """Modalities whose values are encoded bytes packed into one buffer per batch."""
         return [name for name, r in self.readers.items() if r.packs_bytes and name not in self.transforms]
 
+    def reads_object_storage(self) -> bool:
+        """Whether a reader's store reads object storage where samples are read."""
+        return any(getattr(r.store, "reads_object_storage", lambda: False)() for r in self.readers.values())
+
     def python_work(self) -> list[str]:
         """User Python run per sample: transforms, ``decode=`` callables, reader subclasses."""
         from ..readers.registry import BUILTIN_READERS

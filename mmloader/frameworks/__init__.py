@@ -5,6 +5,9 @@
 * :mod:`mmloader.frameworks.hf_trainer`: ``use_loader(trainer, loader)`` for
   ``transformers.Trainer``, with the loader's state in its checkpoints
   (``pip install mmloader[transformers]``).
+* :mod:`mmloader.frameworks.torchft`: ``QuorumLoader``, each step's batches dealt to the
+  quorum of a fault-tolerant (torchft) job, every sample once in the committed steps
+  (``pip install mmloader[torchft]``).
 
 accelerate needs no module: ``Accelerator.prepare`` leaves mmloader's loaders as they
 are (they are not ``DataLoader`` instances, so it does not re-shard them), and

@@ -48,11 +48,13 @@ _DATALOADER_SETTINGS = frozenset(
 )
 
 
-def _read_object_storage() -> bool:
-    """Whether this process has started obstore's runtime (read object storage)."""
+def _reads_object_storage(stream: StreamLike) -> bool:
+    """Whether ``stream``'s workers would read object storage after this process started obstore
+    (it does not survive fork(): a forked worker would be refused at its first read)."""
     from ..storage.remote.runtime import obstore_started_here
 
-    return obstore_started_here()
+    reads = any(getattr(ds, "reads_object_storage", lambda: False)() for ds in getattr(stream, "datasets", ()))
+    return reads and obstore_started_here()
 
 
 def default_num_workers() -> int:
@@ -125,10 +127,10 @@ class Loader(Resumable):
         # collate's tuples into lists, so the two backends would differ).
         kwargs.setdefault("collate_fn", _as_is)
         dataset: Any = _RingStream(stream, self.ring) if self.ring is not None else stream  # an IterableDataset
-        if workers > 0 and kwargs.get("multiprocessing_context") is None and _read_object_storage():
+        if workers > 0 and kwargs.get("multiprocessing_context") is None and _reads_object_storage(stream):
             # obstore's runtime, started here to open the dataset, does not survive fork(): a
             # forked worker's first read would hang (storage.remote refuses it instead)
-            kwargs["multiprocessing_context"] = "forkserver"
+            kwargs["multiprocessing_context"] = "spawn"
         self.dataloader = torch.utils.data.DataLoader(
             dataset,
             batch_size=None,
@@ -315,11 +317,11 @@ def loader(
 
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
-    check_stream(stream)
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
     thread_options = {"pin_memory", "prefetch_factor", "producers"}
     if backend == "auto":
+        check_stream(stream)  # asked of it below; each backend's loader checks it otherwise
         process_only = sorted(set(kwargs) - thread_options)
         if process_only:
             backend, why = "process", f"process-only options {process_only} were given"

@@ -162,5 +162,10 @@ class Store:
             return [self._check_index(i) for i in idx]  # negative ones wrap; the first bad one raises
         return idx
 
+    def reads_object_storage(self) -> bool:
+        """Whether this store reads object storage where its samples are read (obstore, whose
+        runtime does not survive ``fork()``: worker processes are then started, not forked)."""
+        return False
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"

@@ -39,7 +39,7 @@ class ArrowTable(Store):
         **remote,
     ):
         self.path = str(path)
-        self.location = None
+        self.location: Any = None
         self.sizes: list[int] = []
         if is_url(self.path):  # Parquet on object storage or the Hub: column chunks by ranged GETs
             self.location, names = _remote_files(self.path, storage_options, remote)
@@ -113,6 +113,9 @@ class ArrowTable(Store):
             self._check_keys()
 
     # -- per-process handles ---------------------------------------------------------------------------
+    def reads_object_storage(self) -> bool:
+        return self.location is not None
+
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.Lock()

@@ -9,7 +9,7 @@ process that makes the request.
 one package, requests without the GIL, proxies from ``HTTPS_PROXY``/``NO_PROXY`` or
 ``proxy_url``). Its runtime does not survive ``fork()``: a process forked from one that started
 it is refused with the remedy, never left to hang, and ``mmloader.loader`` starts worker
-processes with ``forkserver`` once this process has read object storage. The Hub's API
+processes with ``spawn`` when they read object storage this process has read. The Hub's API
 (``hf://``: the revision, the file tree) is asked through ``huggingface_hub``
 (:mod:`.hub`); its files are read by obstore like any HTTPS folder.
 

@@ -32,15 +32,15 @@ def _mark_obstore() -> None:
 def check_not_inherited(url: str) -> None:
     """Refuse a request from a process forked from one that had started obstore: its runtime
     does not survive ``fork()``, and the request would hang. The remedy is the start method:
-    ``mmloader.loader`` starts its worker processes with ``forkserver`` once obstore has run."""
+    ``mmloader.loader`` starts worker processes that read object storage with ``spawn``."""
     if obstore_inherited():
         from .errors import RemoteError
         from .redaction import redact_url
 
         raise RemoteError(
             f"{redact_url(url)}: this process was forked from one that had read object storage, and obstore's "
-            "runtime does not survive fork(): start worker processes with multiprocessing_context='forkserver' "
-            "or 'spawn' (mmloader.loader does this itself), or read with backend='thread'"
+            "runtime does not survive fork(): start worker processes with multiprocessing_context='spawn' "
+            "(mmloader.loader does this itself), or read with backend='thread'"
         )
 
 

@@ -110,6 +110,9 @@ class RemoteTarStore(_CachedShards):
         self._keys = self._order = None
         self._reset_remote()
 
+    def reads_object_storage(self) -> bool:
+        return True
+
     def _reset_remote(self) -> None:
         """Per-process state: descriptors of cached shards, read-ahead, background downloads.
         Index tables are plain memory and survive fork."""

@@ -109,7 +109,7 @@ def test_readers_zip_stream_loader_and_configs_over_s3(data, tmp_path):
 
 def test_workers_after_the_parent_used_obstore_read_correctly_and_a_fork_is_refused_not_hung(data):
     """obstore's runtime does not survive fork(): the process backend starts its workers with
-    forkserver once this process has read object storage, and a process forked anyway is told
+    spawn when the stream reads object storage this process has read, and a process forked anyway is told
     what to do at its first read instead of hanging."""
     import multiprocessing
 
@@ -119,7 +119,7 @@ def test_workers_after_the_parent_used_obstore_read_correctly_and_a_fork_is_refu
     assert remote.obstore_started_here()
     ds = mmloader.zip(caption=mmloader.TextReader(store, "txt", transform=str.upper))  # -> process backend
     loader = mmloader.loader(mmloader.Stream(ds, batch_size=6, seed=1), num_workers=2)
-    assert loader.dataloader.multiprocessing_context.get_start_method() == "forkserver"
+    assert loader.dataloader.multiprocessing_context.get_start_method() == "spawn"
     got = sorted(k for b in loader for k in b["__key__"])
     assert got == sorted(mmloader.open(data["local"]["tar"]).keys)
 
@@ -137,7 +137,7 @@ def test_workers_after_the_parent_used_obstore_read_correctly_and_a_fork_is_refu
     forked.start()
     said = queue.get(timeout=60)
     forked.join(30)
-    assert "does not survive fork(): start worker processes with multiprocessing_context='forkserver'" in said, said
+    assert "does not survive fork(): start worker processes with multiprocessing_context='spawn'" in said, said
 
 
 # -- DDP: 2 ranks x 2 worker processes over S3 ----------------------------------------------------------

@@ -1,0 +1,290 @@
+"""Training that does not stop for a lost replica group (torchft), every sample exactly once.
+
+With torchft, replica groups join a quorum at each step; a group that fails is replaced and
+rejoins a few steps later, receiving its state from a healthy peer. :class:`QuorumLoader` deals
+each step's batches to the groups of that step's quorum and moves on only when the step
+commits, so every sample of an epoch lands in exactly one committed step, whatever happens to
+the quorum::
+
+    manager = torchft.Manager(pg=..., load_state_dict=..., state_dict=..., ...)
+    loader = QuorumLoader(stream, manager)        # its state travels with the manager's
+    batches = iter(loader)
+    while ...:
+        optimizer.zero_grad()                      # (torchft's OptimizerWrapper) starts the quorum
+        batch = next(batches)                      # this quorum's share of the step
+        loss(model(batch)).backward()
+        optimizer.step()                           # commits, or not: the loader sees which
+
+The rule, step by step (:mod:`mmloader.planning.quorum`): a step starting at ``base`` (the
+epoch's positions committed so far) gives participant ``p`` of ``P`` (``participating_rank()``,
+``num_participants()``), rank ``g`` of its group, the positions ``base + (p * G + g) * b``
+onwards. When the step commits (the manager's step advances) ``base`` moves past the whole step;
+when it does not, the next quorum is dealt the same positions again. A group that heals receives
+the loader's state from its peer with the rest of the manager's state (``register_state_dict_fn``)
+and deals the next step as they do; while it heals it does not participate, and its batch is
+flagged all not valid (``__valid__``). The epoch's last step pads with repeats flagged not valid.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+try:
+    import torchft  # noqa: F401  (the manager this module reads)
+except ImportError as e:
+    raise ImportError("mmloader.frameworks.torchft needs torchft: pip install torchft") from e
+
+from ..errors import PlanChangedError, ResumeError
+from ..loading.ledger import _keys
+from ..planning.quorum import deal, step_width
+from ..readers.seeding import batch_seed
+
+log = logging.getLogger("mmloader")
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Deal:
+    """A step dealt and not yet settled: the manager's step it ran at, where it started, how wide."""
+
+    step: int
+    base: int
+    width: int
+    participants: int
+
+
+class QuorumLoader:
+    """Batches of a stored :class:`mmloader.Stream`, dealt step by step to a torchft quorum.
+
+    Args:
+        stream: the stream (its ``batch_size`` is each rank's; its own rank split is not used:
+            the quorum's is).
+        manager: this rank's ``torchft.Manager``; the loader registers its state with it under
+            ``key``, so a healing group receives it from a peer.
+        group_rank: this rank in its replica group (default: ``$RANK``, as torchft reads it).
+        group_world_size: ranks per replica group (default: ``$WORLD_SIZE``).
+        key: the name of the loader's state among the manager's.
+        prefetch: build the next step's batch ahead, guessing it commits in the same quorum (a
+            wrong guess is dropped and the batch built when asked).
+    """
+
+    def __init__(
+        self,
+        stream: Any,
+        manager: Any,
+        *,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        key: str = "mmloader",
+        prefetch: bool = True,
+    ):
+        if not hasattr(stream, "build_planned") or not getattr(stream, "batch_size", None):
+            raise TypeError(
+                f"QuorumLoader deals the batches of a stored mmloader.Stream with a batch_size; got "
+                f"{type(stream).__name__}"
+            )
+        self.stream, self.manager = stream, manager
+        self.group_rank = int(os.environ.get("RANK", 0)) if group_rank is None else int(group_rank)
+        self.group_world = int(os.environ.get("WORLD_SIZE", 1)) if group_world_size is None else int(group_world_size)
+        if not 0 <= self.group_rank < self.group_world:
+            raise ValueError(f"group_rank={self.group_rank} outside a replica group of {self.group_world} ranks")
+        self._lock = threading.Lock()
+        self.epoch = int(stream.epoch)
+        self._consumed = 0  # positions of the epoch committed
+        self._ledger: list[tuple[int, int, int]] = []  # (step, base, participants) of each committed step
+        self._finished: tuple[int, list[tuple[int, int, int]]] | None = None  # the last epoch ended: its ledger
+        self._deal: _Deal | None = None
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mmloader-quorum") if prefetch else None
+        )
+        self._ahead: tuple[tuple, concurrent.futures.Future] | None = None
+        manager.register_state_dict_fn(key, self.load_state_dict, self.state_dict)
+
+    # -- the epoch ---------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning (between epochs; a state loaded later wins)."""
+        with self._lock:
+            if self._consumed and epoch != self.epoch:
+                raise ResumeError(
+                    f"set_epoch({epoch}) in the middle of epoch {self.epoch} ({self._consumed} samples committed): "
+                    "call it between epochs"
+                )
+            self.epoch, self._consumed, self._ledger, self._deal = int(epoch), 0, [], None
+
+    def _total(self) -> int:
+        return len(self.stream.plan(self.epoch))
+
+    def __len__(self) -> int:
+        """Steps left in the epoch if every step commits in the current quorum's size."""
+        participants = max(self.manager.num_participants(), 1)
+        width = step_width(participants, self.group_world, self.stream.batch_size)
+        left = self._total() - self._consumed
+        return left // width if self.stream.drop_last else -(-left // width)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The rest of the current epoch, one batch per step; the state then points at the next."""
+        while True:
+            batch = self._next()
+            if batch is None:
+                return
+            yield batch
+
+    # -- one step ----------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Account for the step last dealt: committed (the manager's step advanced) moves the
+        epoch on past it; not committed leaves it to be dealt again. Under the lock."""
+        d = self._deal
+        if d is None:
+            return
+        if self.manager.current_step() > d.step:
+            self._ledger.append((d.step, d.base, d.participants))
+            self._consumed = min(d.base + d.width, self._total())
+        self._deal = None
+
+    def _next(self) -> Any | None:
+        # the quorum first, without the lock: a peer's state is read under it by torchft's quorum thread
+        participants = self.manager.num_participants()
+        # None for a group healing from a peer behind the quorum's step (its gradients do not count);
+        # at step 0 with init_sync=True, groups syncing their weights are counted in the quorum and
+        # dealt their slot, though torchft zeroes their gradients of that step (docs: torchft)
+        participant = self.manager.participating_rank()
+        step = self.manager.current_step()
+        if participants == 0:
+            raise ResumeError(
+                "the quorum has no participants: start the step's quorum (optimizer.zero_grad() of torchft's "
+                "OptimizerWrapper, or manager.start_quorum()) before taking its batch"
+            )
+        with self._lock:
+            self._settle()
+            total = self._total()
+            width = step_width(participants, self.group_world, self.stream.batch_size)
+            left = total - self._consumed
+            if left <= 0 or (self.stream.drop_last and left < width):
+                log.info(
+                    "epoch %d: %d samples committed in %d steps",
+                    self.epoch,
+                    min(total, self._consumed),
+                    len(self._ledger),
+                )
+                self._finished = (self.epoch, self._ledger)
+                self.epoch, self._consumed, self._ledger = self.epoch + 1, 0, []
+                return None
+            base, epoch = self._consumed, self.epoch
+            self._deal = _Deal(step, base, width, participants)
+        spec = self._spec(epoch, base, participants, participant)
+        batch = self._built(spec)
+        if self._pool is not None and participant is not None and base + width < total:
+            self._start_ahead(self._spec(epoch, base + width, participants, participant))
+        return batch
+
+    def _spec(self, epoch: int, base: int, participants: int, participant: int | None) -> tuple:
+        positions, valid = deal(
+            base, self._total(), participants, participant, self.group_world, self.group_rank, self.stream.batch_size
+        )
+        flagged = participant is None or self.stream.padding == "mask"
+        return epoch, positions, (valid if flagged else None)
+
+    def _build(self, spec: tuple) -> Any:
+        epoch, positions, valid = spec
+        plan = self.stream.plan(epoch)
+        sources, indices = plan.lookup(positions)
+        # seeded by position, not by who builds it: a step dealt again is the same batch
+        seed = batch_seed(self.stream.seed, epoch, 0, int(positions[0]))
+        return self.stream.build_planned(plan, (positions, sources, indices, seed, valid))
+
+    @staticmethod
+    def _spec_key(spec: tuple) -> tuple:
+        epoch, positions, valid = spec
+        return epoch, positions.tobytes(), None if valid is None else valid.tobytes()
+
+    def _start_ahead(self, spec: tuple) -> None:
+        assert self._pool is not None
+        self._ahead = (self._spec_key(spec), self._pool.submit(self._build, spec))
+
+    def _built(self, spec: tuple) -> Any:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == self._spec_key(spec):
+            return ahead[1].result()
+        return self._build(spec)
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the epoch stands after the steps this group committed (plain data): the epoch,
+        the positions committed, the manager's step, the committed steps (the ledger) and the
+        plan's identity. torchft hands it to a healing group; a checkpoint of the whole job
+        holds it too."""
+        with self._lock:
+            self._settle()
+            return {
+                "version": STATE_VERSION,
+                "epoch": self.epoch,
+                "consumed": self._consumed,
+                "step": self.manager.current_step(),
+                "ledger": [list(x) for x in self._ledger],
+                "plan": self.stream.identity(),
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where ``state`` stands: from a peer (torchft's healing) or a checkpoint. A
+        state of another plan is refused (:class:`~mmloader.errors.PlanChangedError`)."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ResumeError(f"not a QuorumLoader state (version {STATE_VERSION}): {str(state)[:200]}")
+        if state["plan"] != self.stream.identity():
+            raise PlanChangedError(
+                "the QuorumLoader state belongs to another plan (the sources, mix or stage options changed): "
+                "resume with the stream it was saved from"
+            )
+        with self._lock:
+            self.epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
+            self._ledger = [tuple(x) for x in state["ledger"]]  # type: ignore[misc]
+            # a step dealt here at the step the state was taken at (this group healing in it) is settled
+            # as its peers settle it; one dealt at another step is not this state's
+            # (dealt from where the state stands: the peers dealt that step from there)
+            if self._deal is not None and self._deal.step != int(state["step"]):
+                self._deal = None
+            elif self._deal is not None:
+                self._deal = replace(self._deal, base=self._consumed)
+            self._ahead = None
+
+    # -- the ledger --------------------------------------------------------------------------
+    def committed_steps(self, epoch: int | None = None) -> list[tuple[int, int, int]]:
+        """``(step, base, participants)`` of each committed step of ``epoch`` (the current one, or
+        the one that ended last): the manager's step, the epoch's positions committed before it,
+        the groups in its quorum."""
+        with self._lock:
+            self._settle()
+            if epoch is None or epoch == self.epoch:
+                return list(self._ledger)
+            if self._finished is not None and self._finished[0] == epoch:
+                return list(self._finished[1])
+        raise KeyError(f"epoch {epoch}: the loader keeps the ledger of the current epoch and the last one ended")
+
+    def keys_at(self, step: int, participant: int, group_rank: int = 0, epoch: int | None = None) -> list:
+        """The ``__key__`` of each valid row rank ``group_rank`` of ``participant`` trained at the
+        committed ``step`` (the manager's step number) of ``epoch`` (see :meth:`committed_steps`)."""
+        e = self.epoch if epoch is None else epoch
+        for s, base, participants in self.committed_steps(e):
+            if s == step:
+                plan = self.stream.plan(e)
+                positions, valid = deal(
+                    base, len(plan), participants, participant, self.group_world, group_rank, self.stream.batch_size
+                )
+                kept = positions[valid]
+                if not len(kept):
+                    return []
+                sources, indices = plan.lookup(kept)
+                return list(_keys(self.stream, plan, kept, sources, indices))
+        raise KeyError(f"step {step} is not a committed step of epoch {e}")
+
+    def close(self) -> None:
+        """Stop the prefetch thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["QuorumLoader"]

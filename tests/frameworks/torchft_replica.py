@@ -1,0 +1,150 @@
+"""One rank of a torchft replica group training a small model on an mmloader QuorumLoader (or,
+with ``--sampler``, on torchft's own DistributedSampler), logging each step's keys and commit.
+
+Run by torchft_scenario.py; a JSON line per event goes to ``--log``: ``deal`` (the step, the
+quorum's size, this group's place in it, the valid keys of this rank's batch) before the step's
+forward pass, ``commit`` (the step and should_commit's answer) after it. ``--die STEP:PHASE``
+SIGKILLs this process at that step, before its forward pass (``forward``) or just before
+should_commit (``commit``: its gradients are already in the step's allreduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from datetime import timedelta
+
+import torch
+from torchft import DistributedDataParallel, Manager, OptimizerWrapper, ProcessGroupGloo
+
+import mmloader
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--group", type=int, required=True)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--group-world", type=int, default=1)
+    ap.add_argument("--store-port", type=int, required=True)
+    ap.add_argument("--lighthouse", required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--die", default="")
+    ap.add_argument("--sampler", action="store_true", help="torchft.data.DistributedSampler instead")
+    ap.add_argument("--groups", type=int, default=3, help="the sampler's num_replica_groups")
+    ap.add_argument("--delay", type=float, default=0.0, help="seconds of 'work' per step")
+    args = ap.parse_args()
+    die_step, _, die_phase = args.die.partition(":")
+    log = open(args.log, "a", buffering=1)
+
+    def say(**record) -> None:
+        log.write(json.dumps({"group": args.group, "rank": args.rank, "pid": os.getpid(), **record}) + "\n")
+        log.flush()
+        os.fsync(log.fileno())
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"group{args.group}",
+        store_addr="127.0.0.1",
+        store_port=args.store_port,
+        rank=args.rank,
+        world_size=args.group_world,
+        lighthouse_addr=args.lighthouse,
+        hostname="127.0.0.1",
+        timeout=timedelta(seconds=10),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=10),
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = OptimizerWrapper(manager, inner)
+    reader = mmloader.zip(label=mmloader.LabelReader(args.data, "cls"))
+    stream = mmloader.Stream(reader, batch_size=args.batch, seed=3)
+    if args.sampler:
+        from torchft.data import DistributedSampler
+
+        keys = [reader.key(i) for i in range(len(reader))]
+        sampler = DistributedSampler(
+            range(len(keys)), replica_rank=args.group, num_replica_groups=args.groups,
+            group_rank=args.rank, num_replicas=args.group_world, shuffle=True, seed=3,
+        )  # fmt: skip
+        loader = torch.utils.data.DataLoader(range(len(keys)), batch_size=args.batch, sampler=sampler)
+        batches = (([keys[int(i)] for i in b], torch.tensor([float(i) for i in b])) for b in loader)
+    else:
+        # --8<-- [start:loader]
+        from mmloader.frameworks.torchft import QuorumLoader
+
+        quorum = QuorumLoader(stream, manager, group_rank=args.rank, group_world_size=args.group_world)
+        epoch_batches = iter(quorum)
+        # --8<-- [end:loader]
+
+        def ours():
+            while True:
+                batch = next(epoch_batches, None)
+                if batch is None:
+                    return
+                valid = batch.get("__valid__", torch.ones(len(batch["__key__"]), dtype=torch.bool))
+                yield [k for k, v in zip(batch["__key__"], valid.tolist()) if v], batch["label"].float()
+
+        batches = ours()
+    while True:
+        # --8<-- [start:step]
+        optimizer.zero_grad()  # starts the step's quorum (torchft's OptimizerWrapper)
+        got = next(batches, None)  # then this quorum's share of the step
+        if got is None:  # the epoch is committed
+            break
+        # --8<-- [end:step]
+        keys, labels = got
+        step = manager.current_step()
+        say(
+            event="deal", step=step, participants=manager.num_participants(),
+            participant=manager.participating_rank(), keys=keys,
+        )  # fmt: skip
+        if die_step and int(die_step) == step and die_phase == "forward":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.delay:
+            import time
+
+            time.sleep(args.delay)
+        loss = ((ddp(labels[:, None]) - 1.0) ** 2).mean()
+        loss.backward()
+        if die_step and int(die_step) == step and die_phase == "commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        committed = optimizer.step()
+        committed = manager.current_step() > step if committed is None else bool(committed)
+        say(event="commit", step=step, committed=committed)
+    ledger = []
+    if not args.sampler:  # the loader's ledger of the epoch that ended: every slot of each committed step
+        epoch = quorum.epoch - 1
+        for step, _base, size in quorum.committed_steps(epoch):
+            slots = {
+                f"{p},{g}": quorum.keys_at(step, p, g, epoch=epoch)
+                for p in range(size)
+                for g in range(args.group_world)
+            }
+            ledger.append([step, slots])
+        quorum.close()
+    say(event="done", step=manager.current_step(), ledger=ledger)
+    manager.shutdown(wait=False)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
