@@ -38,6 +38,7 @@ MODULE_KINDS = {
     "test_hf_trainer": "framework",
     "test_accelerate": "framework",
     "test_device_mesh": "framework",
+    "test_torchft": "framework",
     "test_energon": "framework",
     "test_img2dataset": "framework",
     "test_ray": "distributed",

@@ -60,24 +60,30 @@ def committed(
     group lived to commit: its gradients were in the step's allreduce). ``strict``: a slot dealt
     twice in a step got the same keys, and every slot of the quorum was dealt (a loader that is not
     dealt by the quorum, the sampler, is only counted)."""
-    commits = [r for r in records if r["event"] == "commit" and r["committed"]]
+    last_deal: dict[int, dict] = {}  # each process's deal the next commit answers
+    quorums: dict[int, set] = collections.defaultdict(set)  # a committed step -> its quorum's size
+    for r in records:
+        if r["event"] == "deal":
+            last_deal[r["pid"]] = r
+        elif r["event"] == "commit" and r["committed"]:
+            assert last_deal[r["pid"]]["step"] == r["step"], r
+            quorums[r["step"]].add(last_deal[r["pid"]]["participants"])
     steps: dict[int, dict] = {}
-    for step in sorted({r["step"] for r in commits}):
+    for step in sorted(quorums):
         deals_by = [r for r in records if r["event"] == "deal" and r["step"] == step]
-        committers = {(r["pid"]) for r in commits if r["step"] == step}
-        quorum = {r["participants"] for r in deals_by if r["pid"] in committers}
-        assert len(quorum) == 1, (step, quorum)  # the committing groups were dealt by one quorum
-        size = quorum.pop()
-        slots: dict[tuple[int, int], list] = {}
+        if strict:  # the committing groups were dealt by one quorum
+            assert len(quorums[step]) == 1, (step, quorums[step])
+        slots: dict[tuple, list] = {}
         for r in deals_by:
-            if r["participant"] is None or r["participants"] != size:
+            if r["participant"] is None or r["participants"] not in quorums[step]:
                 continue  # healing, or an attempt of this step in another quorum
-            slot = (r["participant"], r["rank"])
+            slot = (r["participant"], r["rank"]) if strict else (r["participant"], r["rank"], r["participants"])
             if strict:
                 assert slots.setdefault(slot, r["keys"]) == r["keys"], (step, slot)  # a step dealt again is the same
             else:
                 slots[slot] = r["keys"]  # the last attempt's
         if strict:
+            size = next(iter(quorums[step]))
             assert sorted(slots) == [(p, g) for p in range(size) for g in range(group_world)], (step, sorted(slots))
         steps[step] = slots
     seen = collections.Counter(k for slots in steps.values() for keys in slots.values() for k in keys)
@@ -107,7 +113,8 @@ def test_groups_lost_mid_epoch_during_commit_and_for_good_every_sample_once(tmp_
     records = run(tmp_path, data, events=events)
     steps = check_exactly_once(records)
     sizes = {s: len(slots) for s, slots in steps.items()}
-    assert 3 in sizes.values() and 2 in sizes.values() and 1 in sizes.values(), sizes  # quorums of 3, 2, 1
+    # quorums of 3, then 2 while group 2 is down, 3 again once it healed, and 2 after group 1 is lost
+    assert set(sizes.values()) == {3, 2} and sizes[max(sizes)] == 2 and sizes[min(sizes)] == 3, sizes
     # the loader's ledger (every surviving rank's, at the end) names what was delivered
     for done in (r for r in records if r["event"] == "done"):
         ledger = {step: {tuple(map(int, k.split(","))): v for k, v in slots.items()} for step, slots in done["ledger"]}
@@ -115,9 +122,10 @@ def test_groups_lost_mid_epoch_during_commit_and_for_good_every_sample_once(tmp_
 
 
 def test_two_ranks_per_group(tmp_path, data):
-    records = run(
-        tmp_path, data, groups=2, group_world=2, events=[{"group": 1, "die": "3:forward", "restart_after": 2}]
-    )
+    """Two groups of two ranks, one lost and started again: a majority of 2 would stop the job, so
+    a quorum of one group may go on (started together at step 0, no second quorum forms)."""
+    events = [{"group": 1, "die": "3:forward", "restart_after": 2}]
+    records = run(tmp_path, data, groups=2, group_world=2, min_replicas=1, events=events)
     check_exactly_once(records, group_world=2)
 
 
@@ -127,7 +135,7 @@ def test_torchfts_own_sampler_loses_and_repeats_samples_in_the_same_job(tmp_path
         {"group": 2, "die": "4:forward", "restart_after": 3},
         {"group": 1, "die": "12:commit", "restart_after": None},
     ]
-    records = run(tmp_path, data, events=events, sampler=True)
+    records = run(tmp_path, data, events=events, sampler=True, min_replicas=1)  # (its groups end apart)
     _steps, seen = committed(records, strict=False)
     lost, repeated = N - len(seen), sum(v - 1 for v in seen.values() if v > 1)
     assert lost > 0 and repeated > 0, (lost, repeated)

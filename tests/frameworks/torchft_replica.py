@@ -18,7 +18,8 @@ import sys
 from datetime import timedelta
 
 import torch
-from torchft import DistributedDataParallel, Manager, OptimizerWrapper, ProcessGroupGloo
+from torchft import Manager, ProcessGroupGloo
+from torchft.optim import OptimizerWrapper
 
 import mmloader
 
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--sampler", action="store_true", help="torchft.data.DistributedSampler instead")
     ap.add_argument("--groups", type=int, default=3, help="the sampler's num_replica_groups")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds of 'work' per step")
+    ap.add_argument("--hold", action="append", default=[], help="STEP:FILE: wait at STEP until FILE exists")
     args = ap.parse_args()
     die_step, _, die_phase = args.die.partition(":")
     log = open(args.log, "a", buffering=1)
@@ -73,20 +75,20 @@ def main() -> None:
         quorum_timeout=timedelta(seconds=30),
         connect_timeout=timedelta(seconds=10),
     )
-    ddp = DistributedDataParallel(manager, model)
     optimizer = OptimizerWrapper(manager, inner)
     reader = mmloader.zip(label=mmloader.LabelReader(args.data, "cls"))
-    stream = mmloader.Stream(reader, batch_size=args.batch, seed=3)
+    # padding="mask": the last step's repeats are flagged
+    stream = mmloader.Stream(reader, batching=mmloader.Batching(args.batch, padding="mask"), seed=3)
     if args.sampler:
         from torchft.data import DistributedSampler
 
-        keys = [reader.key(i) for i in range(len(reader))]
+        all_keys = [reader.key(i) for i in range(len(reader))]
         sampler = DistributedSampler(
-            range(len(keys)), replica_rank=args.group, num_replica_groups=args.groups,
+            range(len(all_keys)), replica_rank=args.group, num_replica_groups=args.groups,
             group_rank=args.rank, num_replicas=args.group_world, shuffle=True, seed=3,
         )  # fmt: skip
-        loader = torch.utils.data.DataLoader(range(len(keys)), batch_size=args.batch, sampler=sampler)
-        batches = (([keys[int(i)] for i in b], torch.tensor([float(i) for i in b])) for b in loader)
+        loader = torch.utils.data.DataLoader(range(len(all_keys)), batch_size=args.batch, sampler=sampler)
+        batches = (([all_keys[int(i)] for i in b], torch.tensor([float(i) for i in b])) for b in loader)
     else:
         # --8<-- [start:loader]
         from mmloader.frameworks.torchft import QuorumLoader
@@ -104,7 +106,15 @@ def main() -> None:
                 yield [k for k, v in zip(batch["__key__"], valid.tolist()) if v], batch["label"].float()
 
         batches = ours()
+    say(event="ready")
+    holds = {int(h.split(":", 1)[0]): h.split(":", 1)[1] for h in args.hold}
     while True:
+        if manager.current_step() in holds:  # a group started again joins while steps are left
+            import time
+
+            flag, deadline = holds.pop(manager.current_step()), time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.05)
         # --8<-- [start:step]
         optimizer.zero_grad()  # starts the step's quorum (torchft's OptimizerWrapper)
         got = next(batches, None)  # then this quorum's share of the step
@@ -123,8 +133,10 @@ def main() -> None:
             import time
 
             time.sleep(args.delay)
-        loss = ((ddp(labels[:, None]) - 1.0) ** 2).mean()
+        loss = ((model(labels[:, None]) - 1.0) ** 2).mean()
         loss.backward()
+        for p in model.parameters():  # averaged over the quorum (an error: the step does not commit)
+            manager.allreduce(p.grad).wait()
         if die_step and int(die_step) == step and die_phase == "commit":
             os.kill(os.getpid(), signal.SIGKILL)
         committed = optimizer.step()

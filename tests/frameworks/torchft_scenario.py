@@ -40,13 +40,40 @@ def committed_steps(log: Path) -> int:
     return best
 
 
+def ready_pids(log: Path) -> set[int]:
+    found = set()
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("event") == "ready":
+            found.add(r["pid"])
+    return found
+
+
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     log = Path(spec["log"])
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000)
+    # a majority: two quorums of disjoint groups cannot both go on (torchft's split brain)
+    majority = spec.get("min_replicas", spec["groups"] // 2 + 1)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=majority, join_timeout_ms=1000)
     stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(spec["groups"])]
     events = {e["group"]: e for e in spec.get("events", [])}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+
+    flags = {g: log.parent / f"ready-{g}" for g in events}
+    start_flag = log.parent / "start"
+    holds = {  # all wait at step 0 until all are ready (one first quorum, not one per group as each
+        # comes up), and at the step a group is started again until it is ready
+        g: [f"0:{start_flag}"]
+        + [
+            f"{int(e['die'].split(':')[0]) + e['restart_after']}:{flags[o]}"
+            for o, e in events.items()
+            if o != g and e.get("restart_after") is not None
+        ]
+        for g in range(spec["groups"])
+    }
 
     def start(group: int, die: str = "") -> list[subprocess.Popen]:
         procs = []
@@ -59,12 +86,15 @@ def main() -> int:
             ]  # fmt: skip
             if die:
                 cmd += ["--die", die]
+            for hold in holds[group]:
+                cmd += ["--hold", hold]
             if spec.get("sampler"):
                 cmd.append("--sampler")
             procs.append(subprocess.Popen(cmd, env=env))
         return procs
 
     running = {g: start(g, events.get(g, {}).get("die", "")) for g in range(spec["groups"])}
+    first = {p.pid for procs in running.values() for p in procs}
     restarted: set[int] = set()
     deadline = time.monotonic() + spec.get("deadline_s", 150)
     status = 0
@@ -77,8 +107,16 @@ def main() -> int:
                     if committed_steps(log) >= int(event["die"].split(":")[0]) + after:
                         for p in running[g]:
                             p.wait()
+                        # a store of its own, as a replaced group gets: the old one names the dead manager
+                        stores[g] = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
                         running[g] = start(g)
                         restarted.add(g)
+            if not start_flag.exists() and first <= ready_pids(log):
+                start_flag.touch()
+            for g in restarted:  # started again and ready: the others go on
+                pids = {p.pid for p in running[g]}
+                if not flags[g].exists() and len(ready_pids(log) & pids) == len(pids):
+                    flags[g].touch()
             alive = [p for procs in running.values() for p in procs if p.poll() is None]
             if not alive:
                 break
