@@ -42,6 +42,7 @@ except ImportError as e:
 from ..errors import PlanChangedError, ResumeError
 from ..loading.ledger import _keys
 from ..planning.quorum import deal, step_width
+from ..planning.resume import plan_changes
 from ..readers.seeding import batch_seed
 
 log = logging.getLogger("mmloader")
@@ -99,6 +100,7 @@ class QuorumLoader:
         self._ledger: list[tuple[int, int, int]] = []  # (step, base, participants) of each committed step
         self._finished: tuple[int, list[tuple[int, int, int]]] | None = None  # the last epoch ended: its ledger
         self._deal: _Deal | None = None
+        self._plans: tuple[int, Any] = (-1, None)
         self._pool = (
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mmloader-quorum") if prefetch else None
         )
@@ -116,8 +118,14 @@ class QuorumLoader:
                 )
             self.epoch, self._consumed, self._ledger, self._deal = int(epoch), 0, [], None
 
+    def _plan(self, epoch: int) -> Any:
+        """The epoch's plan (kept for the epoch: asked at every step)."""
+        if self._plans[0] != epoch:
+            self._plans = (epoch, self.stream.plan(epoch))
+        return self._plans[1]
+
     def _total(self) -> int:
-        return len(self.stream.plan(self.epoch))
+        return len(self._plan(self.epoch))
 
     def __len__(self) -> int:
         """Steps left in the epoch if every step commits in the current quorum's size."""
@@ -191,7 +199,7 @@ class QuorumLoader:
 
     def _build(self, spec: tuple) -> Any:
         epoch, positions, valid = spec
-        plan = self.stream.plan(epoch)
+        plan = self._plan(epoch)
         sources, indices = plan.lookup(positions)
         # seeded by position, not by who builds it: a step dealt again is the same batch
         seed = batch_seed(self.stream.seed, epoch, 0, int(positions[0]))
@@ -234,10 +242,13 @@ class QuorumLoader:
         state of another plan is refused (:class:`~mmloader.errors.PlanChangedError`)."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ResumeError(f"not a QuorumLoader state (version {STATE_VERSION}): {str(state)[:200]}")
-        if state["plan"] != self.stream.identity():
+        changes = plan_changes(state.get("plan"), self.stream.identity())
+        if changes:
             raise PlanChangedError(
-                "the QuorumLoader state belongs to another plan (the sources, mix or stage options changed): "
-                "resume with the stream it was saved from"
+                "the QuorumLoader state belongs to another plan: "
+                + "; ".join(changes)
+                + ": resume with the stream it was saved from",
+                changes,
             )
         with self._lock:
             self.epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
@@ -270,7 +281,7 @@ class QuorumLoader:
         e = self.epoch if epoch is None else epoch
         for s, base, participants in self.committed_steps(e):
             if s == step:
-                plan = self.stream.plan(e)
+                plan = self._plan(e)
                 positions, valid = deal(
                     base, len(plan), participants, participant, self.group_world, group_rank, self.stream.batch_size
                 )
