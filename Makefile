@@ -56,7 +56,7 @@ test-fast: $(VENV)/.installed
 # The contract's property test, deep: thousands of random plans and operation sequences per
 # executor (tests/loading/test_contract.py), randomised, its failures kept in .hypothesis/.
 soak: $(VENV)/.installed
-	MMLOADER_CONTRACT=deep $(PY) -m pytest -q tests/loading/test_contract.py --hypothesis-show-statistics
+	MMLOADER_CONTRACT=deep $(PY) -m pytest -q tests/loading/test_contract.py tests/frameworks/test_quorum_loader.py --hypothesis-show-statistics
 
 # ruff (lint and format) and mypy, as configured in pyproject.toml
 lint: $(VENV)/.installed

@@ -9,7 +9,7 @@ the quorum::
     manager = torchft.Manager(pg=..., load_state_dict=..., state_dict=..., ...)
     loader = QuorumLoader(stream, manager)        # its state travels with the manager's
     batches = iter(loader)
-    while ...:
+    while loader.epoch < num_epochs:               # the same answer in every group
         optimizer.zero_grad()                      # (torchft's OptimizerWrapper) starts the quorum
         batch = next(batches)                      # this quorum's share of the step
         loss(model(batch)).backward()
@@ -19,10 +19,12 @@ The rule, step by step (:mod:`mmloader.planning.quorum`): a step starting at ``b
 epoch's positions committed so far) gives participant ``p`` of ``P`` (``participating_rank()``,
 ``num_participants()``), rank ``g`` of its group, the positions ``base + (p * G + g) * b``
 onwards. When the step commits (the manager's step advances) ``base`` moves past the whole step;
-when it does not, the next quorum is dealt the same positions again. A group that heals receives
-the loader's state from its peer with the rest of the manager's state (``register_state_dict_fn``)
-and deals the next step as they do; while it heals it does not participate, and its batch is
-flagged all not valid (``__valid__``). The epoch's last step pads with repeats flagged not valid.
+when it does not, the next quorum is dealt the same positions again. The loader goes from one
+epoch to the next by itself, at the step the epoch's last samples commit (never between a
+quorum and its commit, where a healing group's state would be lost). A group that heals receives
+the loader's state from its peer with the rest of the manager's state (``register_state_dict_fn``);
+while it heals it does not participate, and its batch is all not valid. Every batch carries
+``__valid__``: the rows that count (the epoch's last step pads with repeats, not valid).
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any
 
 try:
     import torchft  # noqa: F401  (the manager this module reads)
 except ImportError as e:
-    raise ImportError("mmloader.frameworks.torchft needs torchft: pip install torchft") from e
+    raise ImportError("mmloader.frameworks.torchft needs torchft: pip install 'mmloader[torchft]'") from e
 
 from ..errors import PlanChangedError, ResumeError
 from ..loading.ledger import _keys
@@ -89,13 +91,18 @@ class QuorumLoader:
                 f"QuorumLoader deals the batches of a stored mmloader.Stream with a batch_size; got "
                 f"{type(stream).__name__}"
             )
+        if stream.drop_last:
+            raise ValueError(
+                "QuorumLoader pads the epoch's last step (its repeats are flagged not valid in __valid__): "
+                "drop_last=True has no fixed meaning when the quorum's size changes from step to step"
+            )
         self.stream, self.manager = stream, manager
         self.group_rank = int(os.environ.get("RANK", 0)) if group_rank is None else int(group_rank)
         self.group_world = int(os.environ.get("WORLD_SIZE", 1)) if group_world_size is None else int(group_world_size)
         if not 0 <= self.group_rank < self.group_world:
             raise ValueError(f"group_rank={self.group_rank} outside a replica group of {self.group_world} ranks")
         self._lock = threading.Lock()
-        self.epoch = int(stream.epoch)
+        self._epoch = int(stream.epoch)
         self._consumed = 0  # positions of the epoch committed
         self._ledger: list[tuple[int, int, int]] = []  # (step, base, participants) of each committed step
         self._finished: tuple[int, list[tuple[int, int, int]]] | None = None  # the last epoch ended: its ledger
@@ -105,84 +112,102 @@ class QuorumLoader:
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mmloader-quorum") if prefetch else None
         )
         self._ahead: tuple[tuple, concurrent.futures.Future] | None = None
-        manager.register_state_dict_fn(key, self.load_state_dict, self.state_dict)
+        self._quorum: Any = None  # the quorum the last step was dealt in (torchft's future of it)
+        try:
+            manager.register_state_dict_fn(key, self.load_state_dict, self.state_dict)
+        except AssertionError:
+            raise ValueError(
+                f"the manager already holds a state named {key!r}: give each QuorumLoader of a manager its own key="
+            ) from None
 
     # -- the epoch ---------------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its beginning (between epochs; a state loaded later wins)."""
+    @property
+    def epoch(self) -> int:
+        """The epoch the next step deals from, once the step before is settled: the same in every
+        group between a step's commit and the next quorum (a loop's test: ``while loader.epoch < n``)."""
         with self._lock:
-            if self._consumed and epoch != self.epoch:
+            self._settle()
+            return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the first epoch, before the first step. The loader then goes from epoch to epoch
+        by itself (a loaded state says where it stands)."""
+        with self._lock:
+            if self._ledger or self._deal is not None or self._consumed:
                 raise ResumeError(
-                    f"set_epoch({epoch}) in the middle of epoch {self.epoch} ({self._consumed} samples committed): "
-                    "call it between epochs"
+                    f"set_epoch({epoch}): the QuorumLoader goes from epoch to epoch by itself, at the step an "
+                    f"epoch's last samples commit (now: epoch {self._epoch}, {self._consumed} samples committed); "
+                    "choose the first epoch before the first step"
                 )
-            self.epoch, self._consumed, self._ledger, self._deal = int(epoch), 0, [], None
+            self._epoch = int(epoch)
 
     def _plan(self, epoch: int) -> Any:
         """The epoch's plan (kept for the epoch: asked at every step)."""
-        if self._plans[0] != epoch:
-            self._plans = (epoch, self.stream.plan(epoch))
-        return self._plans[1]
+        plans = self._plans  # (one read: the prefetch thread may replace it)
+        if plans[0] != epoch:
+            plans = self._plans = (epoch, self.stream.plan(epoch))
+        return plans[1]
 
     def _total(self) -> int:
-        return len(self._plan(self.epoch))
+        return len(self._plan(self._epoch))
 
     def __len__(self) -> int:
         """Steps left in the epoch if every step commits in the current quorum's size."""
         participants = max(self.manager.num_participants(), 1)
         width = step_width(participants, self.group_world, self.stream.batch_size)
-        left = self._total() - self._consumed
-        return left // width if self.stream.drop_last else -(-left // width)
+        with self._lock:
+            self._settle()
+            return -(-(self._total() - self._consumed) // width)
 
-    def __iter__(self) -> Iterator[Any]:
-        """The rest of the current epoch, one batch per step; the state then points at the next."""
-        while True:
-            batch = self._next()
-            if batch is None:
-                return
-            yield batch
+    def __iter__(self) -> QuorumLoader:
+        """Steps, epoch after epoch: the loop decides when to stop (``loader.epoch``)."""
+        return self
+
+    def __next__(self) -> Any:
+        return self._next()
 
     # -- one step ----------------------------------------------------------------------------
     def _settle(self) -> None:
-        """Account for the step last dealt: committed (the manager's step advanced) moves the
-        epoch on past it; not committed leaves it to be dealt again. Under the lock."""
+        """Account for the step last dealt once it committed (the manager's step advanced): the
+        epoch moves on past it, to the next epoch after its last samples. A deal not (yet)
+        committed stays (the next step deals it again). Not in a new quorum this group heals in
+        before its step is dealt: its step count is its peer's then, and its state arrives with
+        the peer's (``_next`` drops that deal). Under the lock."""
         d = self._deal
-        if d is None:
+        if d is None or self.manager.current_step() <= d.step:
             return
-        if self.manager.current_step() > d.step:
-            self._ledger.append((d.step, d.base, d.participants))
-            self._consumed = min(d.base + d.width, self._total())
+        if not self.manager.is_participating() and getattr(self.manager, "_quorum_future", None) is not self._quorum:
+            return  # a quorum this group heals in, not dealt yet: its step count is already its peer's
+        total = self._total()
+        self._ledger.append((d.step, d.base, d.participants))
+        self._consumed = min(d.base + d.width, total)
         self._deal = None
+        if self._consumed >= total:
+            log.info("epoch %d: %d samples committed in %d steps", self._epoch, total, len(self._ledger))
+            self._finished = (self._epoch, self._ledger)
+            self._epoch, self._consumed, self._ledger = self._epoch + 1, 0, []
 
-    def _next(self) -> Any | None:
+    def _next(self) -> Any:
         # the quorum first, without the lock: a peer's state is read under it by torchft's quorum thread
         participants = self.manager.num_participants()
-        # None for a group healing from a peer behind the quorum's step (its gradients do not count);
-        # at step 0 with init_sync=True, groups syncing their weights are counted in the quorum and
-        # dealt their slot, though torchft zeroes their gradients of that step (docs: torchft)
-        participant = self.manager.participating_rank()
+        participant = self.manager.participating_rank()  # None: healing from a peer this step
         step = self.manager.current_step()
-        if participants == 0:
+        quorum = getattr(self.manager, "_quorum_future", None)  # which quorum this step runs in
+        if participants == 0 or (quorum is not None and quorum is self._quorum):
             raise ResumeError(
-                "the quorum has no participants: start the step's quorum (optimizer.zero_grad() of torchft's "
-                "OptimizerWrapper, or manager.start_quorum()) before taking its batch"
+                "a step's batch is taken after its quorum started, once: call optimizer.zero_grad() (torchft's "
+                "OptimizerWrapper) or manager.start_quorum() before next(loader), and take one batch per step"
             )
+        self._quorum = quorum
         with self._lock:
-            self._settle()
+            if participant is None:
+                self._deal = None  # behind its peers: its last deal is settled by the state they send
+            else:
+                self._settle()
+                self._deal = None  # dealt in a step that did not commit: dealt again below
             total = self._total()
             width = step_width(participants, self.group_world, self.stream.batch_size)
-            left = total - self._consumed
-            if left <= 0 or (self.stream.drop_last and left < width):
-                log.info(
-                    "epoch %d: %d samples committed in %d steps",
-                    self.epoch,
-                    min(total, self._consumed),
-                    len(self._ledger),
-                )
-                self._finished = (self.epoch, self._ledger)
-                self.epoch, self._consumed, self._ledger = self.epoch + 1, 0, []
-                return None
-            base, epoch = self._consumed, self.epoch
+            base, epoch = self._consumed, self._epoch
             self._deal = _Deal(step, base, width, participants)
         spec = self._spec(epoch, base, participants, participant)
         batch = self._built(spec)
@@ -192,10 +217,15 @@ class QuorumLoader:
 
     def _spec(self, epoch: int, base: int, participants: int, participant: int | None) -> tuple:
         positions, valid = deal(
-            base, self._total(), participants, participant, self.group_world, self.group_rank, self.stream.batch_size
+            base,
+            len(self._plan(epoch)),
+            participants,
+            participant,
+            self.group_world,
+            self.group_rank,
+            self.stream.batch_size,
         )
-        flagged = participant is None or self.stream.padding == "mask"
-        return epoch, positions, (valid if flagged else None)
+        return epoch, positions, valid
 
     def _build(self, spec: tuple) -> Any:
         epoch, positions, valid = spec
@@ -208,7 +238,7 @@ class QuorumLoader:
     @staticmethod
     def _spec_key(spec: tuple) -> tuple:
         epoch, positions, valid = spec
-        return epoch, positions.tobytes(), None if valid is None else valid.tobytes()
+        return epoch, positions.tobytes(), valid.tobytes()
 
     def _start_ahead(self, spec: tuple) -> None:
         assert self._pool is not None
@@ -230,7 +260,7 @@ class QuorumLoader:
             self._settle()
             return {
                 "version": STATE_VERSION,
-                "epoch": self.epoch,
+                "epoch": self._epoch,
                 "consumed": self._consumed,
                 "step": self.manager.current_step(),
                 "ledger": [list(x) for x in self._ledger],
@@ -251,7 +281,7 @@ class QuorumLoader:
                 changes,
             )
         with self._lock:
-            self.epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
+            self._epoch, self._consumed = int(state["epoch"]), int(state["consumed"])
             self._ledger = [tuple(x) for x in state["ledger"]]  # type: ignore[misc]
             # a step dealt here at the step the state was taken at (this group healing in it) is settled
             # as its peers settle it; one dealt at another step is not this state's
@@ -269,7 +299,7 @@ class QuorumLoader:
         the groups in its quorum."""
         with self._lock:
             self._settle()
-            if epoch is None or epoch == self.epoch:
+            if epoch is None or epoch == self._epoch:
                 return list(self._ledger)
             if self._finished is not None and self._finished[0] == epoch:
                 return list(self._finished[1])

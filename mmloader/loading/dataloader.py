@@ -49,12 +49,9 @@ _DATALOADER_SETTINGS = frozenset(
 
 
 def _reads_object_storage(stream: StreamLike) -> bool:
-    """Whether ``stream``'s workers would read object storage after this process started obstore
-    (it does not survive fork(): a forked worker would be refused at its first read)."""
-    from ..storage.remote.runtime import obstore_started_here
-
-    reads = any(getattr(ds, "reads_object_storage", lambda: False)() for ds in getattr(stream, "datasets", ()))
-    return reads and obstore_started_here()
+    """Whether ``stream``'s workers read object storage: obstore, which does not survive fork()
+    (a worker forked after this process read would be refused at its first read)."""
+    return any(getattr(ds, "reads_object_storage", lambda: False)() for ds in getattr(stream, "datasets", ()))
 
 
 def default_num_workers() -> int:
@@ -128,9 +125,13 @@ class Loader(Resumable):
         kwargs.setdefault("collate_fn", _as_is)
         dataset: Any = _RingStream(stream, self.ring) if self.ring is not None else stream  # an IterableDataset
         if workers > 0 and kwargs.get("multiprocessing_context") is None and _reads_object_storage(stream):
-            # obstore's runtime, started here to open the dataset, does not survive fork(): a
-            # forked worker's first read would hang (storage.remote refuses it instead)
+            # obstore's runtime, started here to open the dataset (or later), does not survive
+            # fork(): a forked worker's first read would hang (storage.remote refuses it instead)
             kwargs["multiprocessing_context"] = "spawn"
+            log.info(
+                "mmloader.loader: worker processes start with 'spawn' (the stream reads object storage, whose "
+                "client does not survive fork()); pass multiprocessing_context= to choose"
+            )
         self.dataloader = torch.utils.data.DataLoader(
             dataset,
             batch_size=None,

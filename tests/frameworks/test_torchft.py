@@ -129,6 +129,18 @@ def test_two_ranks_per_group(tmp_path, data):
     check_exactly_once(records, group_world=2)
 
 
+def test_the_whole_job_restarted_from_a_checkpoint_mid_epoch(tmp_path, data):
+    """Every group stops at step 10 (the loader's and the manager's state checkpointed) and the job
+    starts again from the checkpoint: new processes, new managers, the epoch goes on."""
+    records = run(tmp_path, data, stop_at=10)
+    assert {r["step"] for r in records if r["event"] == "stopped"} == {10}
+    steps = check_exactly_once(records)
+    assert min(steps) == 0 and 10 in steps  # before and after the restart
+    assert len({r["pid"] for r in records if r["event"] == "ready"}) == 6  # two jobs of 3 groups
+    for done in (r for r in records if r["event"] == "done"):  # the ledger goes on across the restart
+        assert sorted(step for step, _slots in done["ledger"]) == sorted(steps)
+
+
 def test_torchfts_own_sampler_loses_and_repeats_samples_in_the_same_job(tmp_path, data):
     """The negative control: the same job and checks over torchft.data.DistributedSampler."""
     events = [

@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=3, help="the sampler's num_replica_groups")
     ap.add_argument("--delay", type=float, default=0.0, help="seconds of 'work' per step")
     ap.add_argument("--hold", action="append", default=[], help="STEP:FILE: wait at STEP until FILE exists")
+    ap.add_argument("--stop-at", type=int, default=None, help="checkpoint when STEP is reached, and exit")
+    ap.add_argument("--checkpoint", default="", help="where --stop-at writes, and a restarted job reads")
     args = ap.parse_args()
     die_step, _, die_phase = args.die.partition(":")
     log = open(args.log, "a", buffering=1)
@@ -71,14 +73,14 @@ def main() -> None:
         world_size=args.group_world,
         lighthouse_addr=args.lighthouse,
         hostname="127.0.0.1",
+        init_sync=False,  # the model is seeded alike in every group: step 0 trains every group's batch
         timeout=timedelta(seconds=10),
         quorum_timeout=timedelta(seconds=30),
         connect_timeout=timedelta(seconds=10),
     )
     optimizer = OptimizerWrapper(manager, inner)
     reader = mmloader.zip(label=mmloader.LabelReader(args.data, "cls"))
-    # padding="mask": the last step's repeats are flagged
-    stream = mmloader.Stream(reader, batching=mmloader.Batching(args.batch, padding="mask"), seed=3)
+    stream = mmloader.Stream(reader, batch_size=args.batch, seed=3)
     if args.sampler:
         from torchft.data import DistributedSampler
 
@@ -94,33 +96,39 @@ def main() -> None:
         from mmloader.frameworks.torchft import QuorumLoader
 
         quorum = QuorumLoader(stream, manager, group_rank=args.rank, group_world_size=args.group_world)
-        epoch_batches = iter(quorum)
         # --8<-- [end:loader]
 
         def ours():
-            while True:
-                batch = next(epoch_batches, None)
-                if batch is None:
-                    return
-                valid = batch.get("__valid__", torch.ones(len(batch["__key__"]), dtype=torch.bool))
-                yield [k for k, v in zip(batch["__key__"], valid.tolist()) if v], batch["label"].float()
+            for batch in quorum:  # (__valid__: the rows that count)
+                keys = [k for k, v in zip(batch["__key__"], batch["__valid__"].tolist()) if v]
+                yield keys, batch["label"].float()
 
         batches = ours()
+    if args.checkpoint and os.path.exists(args.checkpoint) and args.stop_at is None:  # the whole job restarted
+        saved = json.loads(open(args.checkpoint).read())
+        manager.load_state_dict(saved["manager"])  # the step count goes on
+        if not args.sampler:
+            quorum.load_state_dict(saved["loader"])
     say(event="ready")
     holds = {int(h.split(":", 1)[0]): h.split(":", 1)[1] for h in args.hold}
+    first = True
     while True:
-        if manager.current_step() in holds:  # a group started again joins while steps are left
+        if not args.sampler and quorum.epoch >= 1:  # one epoch (in every group the same answer)
+            break
+        at = 0 if first else manager.current_step()  # 0: before this process's first step
+        first = False
+        if at in holds:  # all start together; a group started again joins while steps are left
             import time
 
-            flag, deadline = holds.pop(manager.current_step()), time.monotonic() + 60
+            flag, deadline = holds.pop(at), time.monotonic() + 60
             while not os.path.exists(flag) and time.monotonic() < deadline:
                 time.sleep(0.05)
         # --8<-- [start:step]
         optimizer.zero_grad()  # starts the step's quorum (torchft's OptimizerWrapper)
         got = next(batches, None)  # then this quorum's share of the step
-        if got is None:  # the epoch is committed
-            break
         # --8<-- [end:step]
+        if got is None:  # (the sampler's shard ended)
+            break
         keys, labels = got
         step = manager.current_step()
         say(
@@ -142,9 +150,18 @@ def main() -> None:
         committed = optimizer.step()
         committed = manager.current_step() > step if committed is None else bool(committed)
         say(event="commit", step=step, committed=committed)
+        if args.stop_at is not None and manager.current_step() >= args.stop_at:  # a checkpoint of the whole job
+            if args.group == 0 and args.rank == 0:
+                state = {"manager": manager.state_dict(), "loader": None if args.sampler else quorum.state_dict()}
+                with open(args.checkpoint + ".part", "w") as f:
+                    json.dump(state, f)
+                os.replace(args.checkpoint + ".part", args.checkpoint)
+            say(event="stopped", step=manager.current_step())
+            manager.shutdown(wait=False)
+            sys.exit(0)
     ledger = []
     if not args.sampler:  # the loader's ledger of the epoch that ended: every slot of each committed step
-        epoch = quorum.epoch - 1
+        epoch = 0
         for step, _base, size in quorum.committed_steps(epoch):
             slots = {
                 f"{p},{g}": quorum.keys_at(step, p, g, epoch=epoch)

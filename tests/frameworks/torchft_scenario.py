@@ -90,12 +90,17 @@ def main() -> int:
                 cmd += ["--hold", hold]
             if spec.get("sampler"):
                 cmd.append("--sampler")
+            if spec.get("stop_at") is not None:
+                cmd += ["--checkpoint", str(log.parent / "checkpoint.json")]
+                if not (log.parent / "checkpoint.json").exists():
+                    cmd += ["--stop-at", str(spec["stop_at"])]
             procs.append(subprocess.Popen(cmd, env=env))
         return procs
 
     running = {g: start(g, events.get(g, {}).get("die", "")) for g in range(spec["groups"])}
     first = {p.pid for procs in running.values() for p in procs}
     restarted: set[int] = set()
+    restarted_job = False
     deadline = time.monotonic() + spec.get("deadline_s", 150)
     status = 0
     try:
@@ -118,6 +123,17 @@ def main() -> int:
                 if not flags[g].exists() and len(ready_pids(log) & pids) == len(pids):
                     flags[g].touch()
             alive = [p for procs in running.values() for p in procs if p.poll() is None]
+            if not alive and spec.get("stop_at") is not None and not restarted_job:
+                # the whole job stopped at its checkpoint: start it again, every group, from there
+                restarted_job = True
+                for procs in running.values():
+                    for p in procs:
+                        p.wait()
+                stores[:] = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in stores]
+                start_flag.unlink()
+                running = {g: start(g) for g in range(spec["groups"])}
+                first = {p.pid for procs in running.values() for p in procs}
+                continue
             if not alive:
                 break
             time.sleep(0.1)

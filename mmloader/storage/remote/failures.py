@@ -59,9 +59,27 @@ def transient(e: BaseException) -> bool:
         return (status >= 500 and status not in (501, 505)) or status in (408, 429)
     if isinstance(e, PermissionError):
         return False
+    if type(e).__module__.startswith("httpx"):  # the Hub's API calls: the network's failures only
+        return type(e).__name__ in _HTTPX_TRANSIENT
     return isinstance(e, (OSError, asyncio.TimeoutError, TimeoutError, ConnectionError, EOFError)) or type(
         e
-    ).__module__.startswith(("obstore", "aiohttp", "botocore", "aiobotocore", "urllib3", "http"))
+    ).__module__.startswith(("obstore", "urllib3", "http"))
+
+
+#: httpx's errors (huggingface_hub's client) that a retry may cure: connects, reads, timeouts.
+_HTTPX_TRANSIENT = {
+    "ConnectError",
+    "ConnectTimeout",
+    "ReadError",
+    "ReadTimeout",
+    "WriteError",
+    "WriteTimeout",
+    "PoolTimeout",
+    "RemoteProtocolError",
+    "NetworkError",
+    "TimeoutException",
+    "ProxyError",
+}
 
 
 #: obstore errors that repeating the request cannot cure (a server without Range support, a
@@ -162,7 +180,7 @@ def proxy_auth_refused(e: BaseException) -> bool:
     Args:
         e: a failed request's error.
     """
-    if _status(e) == 407:
+    if _status(e) == 407 or (type(e).__name__ == "ProxyError" and "407" in str(e)):  # (httpx's: a tunnel refused)
         return True
     return type(e).__module__.startswith("obstore") and "ProxyAuthRequired" in str(e)
 

@@ -320,16 +320,22 @@ def list_files(repo: HubRepo, prefix: str, policy: Policy) -> list[tuple[str, in
     url = f"{repo.endpoint}/api/datasets/{repo.where.repo_id}/tree/{repo.sha}" + (f"/{quote(folder)}" if folder else "")
 
     def tree(api, timeout):
-        # huggingface_hub's pagination under a timeout (HfApi.list_repo_tree takes none)
-        from huggingface_hub.utils import build_hf_headers, paginate
+        # the tree API page by page (its Link header), each request under the policy's timeout:
+        # HfApi.list_repo_tree takes none and its session's default is none
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
         headers = build_hf_headers(token=api.token, library_name="mmloader")
-        entries = paginate(url, params={"recursive": True}, headers=headers, timeout=timeout)
-        return [
-            (e["path"], int((e.get("lfs") or {}).get("size", e.get("size", 0))))
-            for e in entries
-            if e.get("type") == "file"
-        ]
+        found, next_url, params = [], url, {"recursive": "true"}
+        while next_url:
+            answer = get_session().get(next_url, params=params, headers=headers, timeout=timeout)
+            hf_raise_for_status(answer)
+            found += [
+                (e["path"], int((e.get("lfs") or {}).get("size", e.get("size", 0))))
+                for e in answer.json()
+                if e.get("type") == "file"
+            ]
+            next_url, params = answer.links.get("next", {}).get("url"), None
+        return found
 
     try:
         files = hub_call(repo, policy, "list files", tree)

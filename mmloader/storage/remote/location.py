@@ -313,7 +313,8 @@ class Location:
         except (FileNotFoundError, RemoteError) as e:
             failed = e
         refused = _auth_error(failed) or bool(re.search(r"Unauthenticated|PermissionDenied|\b40[13]\b", str(failed)))
-        check_repo(self.hub, self.policy, refused)  # raises what is wrong with the repository, if anything
+        if isinstance(failed, FileNotFoundError) or refused:  # an answer: not an outage, a fork refusal...
+            check_repo(self.hub, self.policy, refused)  # raises what is wrong with the repository, if anything
         raise failed
 
     # -- requests (each retried under the policy) --------------------------------------------------
