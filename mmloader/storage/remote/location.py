@@ -135,11 +135,11 @@ class Location:
         self.storage_options["default_headers"] = headers
 
     def _check_options(self) -> None:
-        """``storage_options`` every client takes, or a ValueError listing them: obstore's
-        settings for the scheme (:data:`~.obstore_client._OBSTORE_CONFIG_KEYS`), the client
-        settings (:data:`~.client._CLIENT_OPTION_KEYS`), and ``headers`` (fsspec's spelling),
-        which joins ``default_headers``: every client sends those with every request. A key no
-        client reads (``heders``) would otherwise be ignored by some client, silently."""
+        """``storage_options`` the client takes, or a ValueError listing them: obstore's settings
+        for the scheme (:data:`~.obstore_client._OBSTORE_CONFIG_KEYS`), its client settings
+        (:data:`~.obstore_client._CLIENT_OPTION_KEYS`), and ``headers`` (fsspec's spelling), which
+        joins ``default_headers``, sent with every request. A key the client does not read
+        (``heders``) would otherwise be ignored, silently."""
         opts = self.storage_options
         accepted = _OBSTORE_CONFIG_KEYS[self.scheme] | _CLIENT_OPTION_KEYS | {"headers"}
         unknown = sorted(str(k) for k in opts if k not in accepted)

@@ -68,7 +68,7 @@ def location_server(location: Any) -> Server:
         bucket = url.split("://", 1)[-1].partition("/")[0]
         if endpoint:
             url = endpoint
-        elif scheme == "s3":  # the standard library's client's host (obstore's differs by region only)
+        elif scheme == "s3":  # AWS's host for the bucket (what a first contact is counted against)
             region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             url = f"https://{bucket}.s3.{region or 'us-east-1'}.amazonaws.com"
         elif scheme == "gs":

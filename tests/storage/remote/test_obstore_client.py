@@ -144,7 +144,7 @@ def test_certificates(tmp_path):
         assert time.monotonic() - t < 10  # not retried for the minute the deadline allows
         unchecked = Location(url, {"allow_invalid_certificates": True})
         assert _ObstoreClient(unchecked).get("x.bin") == b"payload"
-        # SSL_CERT_FILE set when the process starts, as a user sets it (aiohttp reads it at import)
+        # SSL_CERT_FILE set when the process starts, as a user sets it
         code = (
             f"from test_obstore_client import _ObstoreClient, Location; "
             f"assert _ObstoreClient(Location({url!r})).get('x.bin') == b'payload'"
