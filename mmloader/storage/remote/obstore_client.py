@@ -129,12 +129,18 @@ class _ObstoreClient:
                 return result
             # outside the except block: what next_delay raises would have the client's error,
             # which may hold the request's headers, as its __context__
-            rebuilt = deadline.rebuilt
-            delay = deadline.next_delay(failed, self.location)
+            delay = self._next_delay(deadline, failed)
             del failed
-            if deadline.rebuilt and not rebuilt:
-                self._rebuild()
             time.sleep(delay)
+
+    def _next_delay(self, deadline: _Deadline, failed: BaseException) -> float:
+        """The wait before trying again, or the error raised for good (:meth:`_Deadline.next_delay`);
+        the client is built again once after an authentication error."""
+        rebuilt = deadline.rebuilt
+        delay = deadline.next_delay(failed, self.location)
+        if deadline.rebuilt and not rebuilt:
+            self._rebuild()
+        return delay
 
     def __init__(self, location: LocationLike):
         import obstore
@@ -224,11 +230,8 @@ class _ObstoreClient:
                 return result
             # outside the except block: what next_delay raises has no __context__ (obstore's
             # error may quote a server's answer echoing the request's credentials)
-            rebuilt = deadline.rebuilt
-            delay = deadline.next_delay(failed, self.location)
+            delay = self._next_delay(deadline, failed)
             del failed
-            if deadline.rebuilt and not rebuilt:
-                self._rebuild()
             await asyncio.sleep(delay)
 
     def _options(self, name: str, **options) -> dict:
