@@ -86,11 +86,10 @@ class QuorumLoader:
         key: str = "mmloader",
         prefetch: bool = True,
     ):
-        if not hasattr(stream, "build_planned") or not getattr(stream, "batch_size", None):
-            raise TypeError(
-                f"QuorumLoader deals the batches of a stored mmloader.Stream with a batch_size; got "
-                f"{type(stream).__name__}"
-            )
+        if not hasattr(stream, "build_planned"):
+            raise TypeError(f"QuorumLoader deals the batches of a stored mmloader.Stream; got {type(stream).__name__}")
+        if not getattr(stream, "batch_size", None):
+            raise ValueError("QuorumLoader deals batches: give the Stream a batch_size (each rank's)")
         if stream.drop_last:
             raise ValueError(
                 "QuorumLoader pads the epoch's last step (its repeats are flagged not valid in __valid__): "
@@ -272,6 +271,18 @@ class QuorumLoader:
         state of another plan is refused (:class:`~mmloader.errors.PlanChangedError`)."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ResumeError(f"not a QuorumLoader state (version {STATE_VERSION}): {str(state)[:200]}")
+        for name in ("epoch", "consumed", "step"):
+            value = state.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ResumeError(f"QuorumLoader state: {name}={value!r}: expected an integer >= 0")
+        if not isinstance(state.get("ledger"), list):
+            raise ResumeError("QuorumLoader state: no ledger list: not a state QuorumLoader.state_dict() wrote")
+        total = len(self._plan(int(state["epoch"])))
+        if state["consumed"] > total:
+            raise ResumeError(
+                f"QuorumLoader state: consumed={state['consumed']} is past the end of epoch {state['epoch']} "
+                f"({total} samples): a state of another dataset?"
+            )
         changes = plan_changes(state.get("plan"), self.stream.identity())
         if changes:
             raise PlanChangedError(

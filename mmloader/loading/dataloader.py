@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, cast
 import torch
 import torch.utils.data
 
+from ..errors import MMLoaderError
 from .distributed import available_cpus, local_world_size
 from .protocol import StreamLike, check_stream
 from .resumable import Resumable
@@ -52,6 +53,32 @@ def _reads_object_storage(stream: StreamLike) -> bool:
     """Whether ``stream``'s workers read object storage: obstore, which does not survive fork()
     (a worker forked after this process read would be refused at its first read)."""
     return any(getattr(ds, "reads_object_storage", lambda: False)() for ds in getattr(stream, "datasets", ()))
+
+
+def _pickles(stream: StreamLike) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(stream)
+    except Exception:
+        return False
+    return True
+
+
+def _check_spawnable(stream: StreamLike) -> None:
+    """A stream that spawned workers cannot receive (a lambda or a local function as a transform),
+    said with the remedy before any worker starts (torch would say only that pickling failed)."""
+    import pickle
+
+    try:
+        pickle.dumps(stream)
+    except Exception as e:
+        raise MMLoaderError(
+            f"the stream reads object storage, so its worker processes start with 'spawn' (its client does not "
+            f"survive fork()), and spawned workers receive the stream pickled, which fails: {type(e).__name__}: "
+            f"{e}. Define transforms and decoders at module level (not lambdas or local functions), and guard "
+            'the script with `if __name__ == "__main__":`; or pass backend="thread"'
+        ) from None
 
 
 def default_num_workers() -> int:
@@ -132,6 +159,7 @@ class Loader(Resumable):
                 "mmloader.loader: worker processes start with 'spawn' (the stream reads object storage, whose "
                 "client does not survive fork()); pass multiprocessing_context= to choose"
             )
+            _check_spawnable(stream)
         self.dataloader = torch.utils.data.DataLoader(
             dataset,
             batch_size=None,
@@ -328,6 +356,9 @@ def loader(
             backend, why = "process", f"process-only options {process_only} were given"
         else:
             backend, why = choose_backend(stream)
+            if backend == "process" and _reads_object_storage(stream) and not _pickles(stream):
+                backend, why = "thread", why + ", but the stream reads object storage (its workers would start with "
+                why += "'spawn') and does not pickle (a lambda or a local function?)"
         log.info("mmloader.loader: backend=%s (%s); pass backend= to choose", backend, why)
     if backend == "ray":  # batches built on a Ray cluster: its own options
         from .on_ray import RAY_OPTIONS, RayLoader

@@ -90,7 +90,10 @@ def main() -> None:
             group_rank=args.rank, num_replicas=args.group_world, shuffle=True, seed=3,
         )  # fmt: skip
         loader = torch.utils.data.DataLoader(range(len(all_keys)), batch_size=args.batch, sampler=sampler)
-        batches = (([all_keys[int(i)] for i in b], torch.tensor([float(i) for i in b])) for b in loader)
+        batches = (
+            ([all_keys[int(i)] for i in b], torch.tensor([float(i) for i in b]), torch.ones(len(b), dtype=torch.bool))
+            for b in loader
+        )
     else:
         # --8<-- [start:loader]
         from mmloader.frameworks.torchft import QuorumLoader
@@ -101,7 +104,7 @@ def main() -> None:
         def ours():
             for batch in quorum:  # (__valid__: the rows that count)
                 keys = [k for k, v in zip(batch["__key__"], batch["__valid__"].tolist()) if v]
-                yield keys, batch["label"].float()
+                yield keys, batch["label"].float(), batch["__valid__"]
 
         batches = ours()
     if args.checkpoint and os.path.exists(args.checkpoint) and args.stop_at is None:  # the whole job restarted
@@ -129,7 +132,7 @@ def main() -> None:
         # --8<-- [end:step]
         if got is None:  # (the sampler's shard ended)
             break
-        keys, labels = got
+        keys, labels, valid = got
         step = manager.current_step()
         say(
             event="deal", step=step, participants=manager.num_participants(),
@@ -141,8 +144,11 @@ def main() -> None:
             import time
 
             time.sleep(args.delay)
-        loss = ((model(labels[:, None]) - 1.0) ** 2).mean()
+        # --8<-- [start:loss]
+        per_row = ((model(labels[:, None]) - 1.0) ** 2).squeeze(1)
+        loss = (per_row * valid).sum() / valid.sum().clamp(min=1)  # the rows that count (__valid__)
         loss.backward()
+        # --8<-- [end:loss]
         for p in model.parameters():  # averaged over the quorum (an error: the step does not commit)
             manager.allreduce(p.grad).wait()
         if die_step and int(die_step) == step and die_phase == "commit":

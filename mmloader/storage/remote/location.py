@@ -392,6 +392,14 @@ class Location:
         reads of ``chunk`` bytes (each retried on its own: a reset costs one chunk, not the file)."""
         parts = [(name, a, min(a + chunk, size)) for a in range(0, size, chunk)]
         client = self.client(purpose)
+        if len(parts) <= 1:  # one request: a whole GET, which a server without Range serves too
+            data = memoryview(client.get(name)) if size else memoryview(b"")
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], done)
+            if progress is not None:
+                progress(size)
+            return
         for i in range(0, len(parts), 8):  # at most 8 chunks (128 MiB) in memory at once
             group = parts[i : i + 8]
             for (_n, a, b), data in zip(group, client.get_ranges(group)):

@@ -290,7 +290,8 @@ class _Deadline:
         if type(e).__name__ == "NotSupportedError" and "range" in str(e).lower():
             raise self._fail(
                 RemoteError,
-                "the server does not support ranged reads (HTTP Range), which reading samples in place needs",
+                "the server does not support ranged reads (HTTP Range), which reading samples in place needs: "
+                "serve the folder with a server that does, or download it and open the local copy",
                 e,
                 location,
             )

@@ -913,3 +913,42 @@ def test_sigterm_is_an_interrupt_while_an_index_is_built(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "interrupted True", done.stderr
+
+
+def test_a_stream_that_cannot_be_spawned_is_said_or_read_with_threads(data):
+    """Workers reading object storage start with spawn, which pickles the stream: a lambda
+    transform fails there with torch's bare pickling error. backend="process" says why and what to
+    do; backend="auto" reads with threads instead."""
+    ds = mmloader.zip(caption=mmloader.TextReader(data["s3"]["tar"], "txt", transform=lambda b: b.upper()))
+    stream = mmloader.Stream(ds, batch_size=6, seed=1)
+    with pytest.raises(
+        mmloader.errors.MMLoaderError, match=r"start with 'spawn'.*Define transforms .* at module level"
+    ):
+        mmloader.loader(stream, num_workers=2, backend="process")
+    loader = mmloader.loader(stream, num_workers=2)  # auto: user Python per sample, yet threads
+    assert type(loader).__name__ == "ThreadLoader"
+    assert sorted(k for b in loader for k in b["__key__"]) == sorted(mmloader.open(data["local"]["tar"]).keys)
+
+
+def test_a_shard_cached_from_a_server_without_range_support(data, tmp_path):
+    """A plain HTTP server that ignores Range (python -m http.server) serves whole shards: the node
+    cache downloads a shard that fits one request with one whole GET (it failed, asking for a
+    range), so ``prefetch()`` then reads the dataset from the cache."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(data["local"]["tar"]))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(RemoteError, match="does not support ranged reads .*download it and open the local copy"):
+            mmloader.open(url, readahead=False)[3]  # in place: Range is needed
+        cached = mmloader.open(url, cache_dir=str(tmp_path / "cache"))
+        assert cached.prefetch(progress=False) == len(cached.shards)
+        assert _all(cached) == _all(mmloader.open(data["local"]["tar"]))
+    finally:
+        server.shutdown()
+        server.server_close()
