@@ -279,9 +279,9 @@ def test_two_processes_sharing_a_cache_download_each_shard_once(data, proxied, t
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and [o.split()[-1] for o in outs] == ["5", "5"]
-    for shard in local.shards:
+    for shard in local.shards:  # (a shard of one request's size comes in a whole GET, without Range)
         whole = f"bytes=0-{shard['bytes'] - 1}"
-        got = [r for path, r in proxy.ranges if path.endswith("/" + shard["file"]) and r == whole]
+        got = [r for path, r in proxy.ranges if path.endswith("/" + shard["file"]) and r in (None, whole)]
         assert len(got) == 1, (shard["file"], got)
     cached = mmloader.open(data["s3"]["tar"], cache_dir=str(tmp_path / "c"), storage_options=opts)
     assert _all(cached) == _all(local)
