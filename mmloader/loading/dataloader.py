@@ -55,30 +55,28 @@ def _reads_object_storage(stream: StreamLike) -> bool:
     return any(getattr(ds, "reads_object_storage", lambda: False)() for ds in getattr(stream, "datasets", ()))
 
 
-def _pickles(stream: StreamLike) -> bool:
-    import pickle
-
-    try:
-        pickle.dumps(stream)
-    except Exception:
-        return False
-    return True
-
-
-def _check_spawnable(stream: StreamLike) -> None:
-    """A stream that spawned workers cannot receive (a lambda or a local function as a transform),
-    said with the remedy before any worker starts (torch would say only that pickling failed)."""
+def _pickle_failure(stream: StreamLike) -> str | None:
+    """Why ``stream`` does not pickle (spawned workers receive it pickled), or None where it does."""
     import pickle
 
     try:
         pickle.dumps(stream)
     except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _check_spawnable(stream: StreamLike) -> None:
+    """A stream that spawned workers cannot receive (a lambda or a local function as a transform),
+    said with the remedy before any worker starts (torch would say only that pickling failed)."""
+    failure = _pickle_failure(stream)
+    if failure is not None:
         raise MMLoaderError(
             f"the stream reads object storage, so its worker processes start with 'spawn' (its client does not "
-            f"survive fork()), and spawned workers receive the stream pickled, which fails: {type(e).__name__}: "
-            f"{e}. Define transforms and decoders at module level (not lambdas or local functions), and guard "
-            'the script with `if __name__ == "__main__":`; or pass backend="thread"'
-        ) from None
+            f"survive fork()), and spawned workers receive the stream pickled, which fails: {failure}. Define "
+            "transforms and decoders at module level (not lambdas or local functions), and guard the script "
+            'with `if __name__ == "__main__":`; or pass backend="thread"'
+        )
 
 
 def default_num_workers() -> int:
@@ -356,7 +354,7 @@ def loader(
             backend, why = "process", f"process-only options {process_only} were given"
         else:
             backend, why = choose_backend(stream)
-            if backend == "process" and _reads_object_storage(stream) and not _pickles(stream):
+            if backend == "process" and _reads_object_storage(stream) and _pickle_failure(stream):
                 backend, why = "thread", why + ", but the stream reads object storage (its workers would start with "
                 why += "'spawn') and does not pickle (a lambda or a local function?)"
         log.info("mmloader.loader: backend=%s (%s); pass backend= to choose", backend, why)
