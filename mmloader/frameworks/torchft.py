@@ -199,11 +199,9 @@ class QuorumLoader:
             )
         self._quorum = quorum
         with self._lock:
-            if participant is None:
-                self._deal = None  # behind its peers: its last deal is settled by the state they send
-            else:
+            if participant is not None:  # (a group behind its peers has its last deal settled by the state they send)
                 self._settle()
-                self._deal = None  # dealt in a step that did not commit: dealt again below
+            # the new deal replaces one not committed (dealt again) or a healing group's stale one
             total = self._total()
             width = step_width(participants, self.group_world, self.stream.batch_size)
             base, epoch = self._consumed, self._epoch
