@@ -75,6 +75,11 @@ class PlanChangedError(ResumeError):
         self.changes = changes
 
 
+class WorkerStalledError(MMLoaderError, TimeoutError):
+    """DataLoader worker processes delivered no batch by the loader's deadline (``timeout=``); the
+    message holds where each one was."""
+
+
 class LiveSourceError(MMLoaderError):
     """A live source (:func:`mmloader.live`) failed: its iterable raised, it stalled past its
     timeout (``on_stall="raise"``), its producer process died, or another rank's source failed."""

@@ -22,6 +22,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # address (and rewrites 127.0.0.1 into it) unless this is 0; every cluster and driver the tests
 # start inherits it. Set before anything imports Ray. (tests/listeners.py watches the rest.)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# A worker process stuck for good raises WorkerStalledError with its stack (mmloader.loading.stalled)
+# before pytest-timeout (300 s) would stop the test knowing only that the training process waited.
+os.environ.setdefault("MMLOADER_WORKER_TIMEOUT", "120")
 
 pytest_plugins = ["kinds"]
 

@@ -29,7 +29,7 @@ LAYERS = {
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 SUBLAYERS = {
     "loading": {
-        0: ["__init__", "distributed", "control", "diagnosis"],
+        0: ["__init__", "distributed", "control", "diagnosis", "stalled"],
         1: ["building", "replan", "packing", "protocol", "resumable", "stages", "ledger", "identity"],
         2: ["stream"],
         3: ["ring"],

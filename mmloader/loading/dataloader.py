@@ -28,6 +28,7 @@ from .distributed import available_cpus, local_world_size
 from .protocol import StreamLike, check_stream
 from .resumable import Resumable
 from .ring import BatchRing
+from .stalled import StackDumps, stalled_error, worker_timeout
 from .threaded import ThreadLoader, _pin, can_pin
 
 log = logging.getLogger("mmloader")
@@ -109,6 +110,9 @@ class Loader(Resumable):
         persistent_workers: keep workers between passes (default: with workers).
         prefetch_factor: batches each worker builds ahead (default 2).
         ring: batches cross from workers through shared-memory slots (:mod:`mmloader.loading.ring`).
+        timeout: seconds to wait for the workers' next batch before raising
+            :class:`~mmloader.errors.WorkerStalledError` with where each worker is (default 600,
+            ``$MMLOADER_WORKER_TIMEOUT``; 0 waits forever): :mod:`mmloader.loading.stalled`.
         **kwargs: other :class:`torch.utils.data.DataLoader` options (e.g. ``multiprocessing_context``).
     """
 
@@ -121,10 +125,16 @@ class Loader(Resumable):
         persistent_workers: bool | None = None,
         prefetch_factor: int | None = None,
         ring: bool = True,
+        timeout: float | None = None,
         **kwargs: Any,
     ):
         check_stream(stream)
         workers = default_num_workers() if num_workers is None else num_workers
+        self.timeout = worker_timeout(timeout) if workers > 0 else 0.0
+        self._stacks: StackDumps | None = None
+        if workers > 0 and self.timeout:  # each worker leaves its stack when the deadline passes
+            self._stacks = StackDumps(self)
+            kwargs["worker_init_fn"] = self._stacks.arming(kwargs.get("worker_init_fn"))
         if stream.restarts_each_pass:
             # Each pass's readers start from the positions the training process delivered up to,
             # which workers started for an earlier pass would not know.
@@ -165,6 +175,7 @@ class Loader(Resumable):
             pin_memory=pin_memory and not self.pin_batches,
             persistent_workers=persistent_workers and workers > 0,
             prefetch_factor=prefetch_factor if workers > 0 else None,
+            timeout=self.timeout,
             **kwargs,
         )
         self.stream = stream
@@ -215,6 +226,16 @@ class Loader(Resumable):
                     f"sending a batch ({type(e).__name__}: {e})"
                 ) from e
             raise
+        except RuntimeError as e:
+            if self._stacks is None or not str(e).startswith("DataLoader timed out"):
+                self._shutdown(workers)
+                raise
+            stuck = [w for w in getattr(workers, "_workers", ()) if w.exitcode is None]
+            stalled = stalled_error(self.timeout, self._stacks.collect([w.pid for w in stuck]))  # before they stop
+            for w in stuck:  # stuck: they would not hear a polite stop (torch waits 5 s for each)
+                w.terminate()
+            self._shutdown(workers)
+            raise stalled from e
         except GeneratorExit:
             # The pass was left (a break, a framework dropping its iterator, interpreter exit after
             # an error raised in the loop's own code): stop its workers, unless a newer pass already
@@ -346,7 +367,7 @@ def loader(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
-    thread_options = {"pin_memory", "prefetch_factor", "producers"}
+    thread_options = {"pin_memory", "prefetch_factor", "producers", "timeout"}
     if backend == "auto":
         check_stream(stream)  # asked of it below; each backend's loader checks it otherwise
         process_only = sorted(set(kwargs) - thread_options)
@@ -381,6 +402,7 @@ def loader(
             kwargs.get("prefetch_factor") or 2,
             torch.cuda.is_available() if pin is None else pin,
             kwargs.get("producers"),
+            kwargs.get("timeout"),
         )
     if "producers" in kwargs:
         raise TypeError("producers= is an option of backend='thread'")

@@ -24,6 +24,7 @@ import torch
 from ..readers.columns import release_pool
 from .protocol import StreamLike, check_stream
 from .resumable import Resumable
+from .stalled import stalled_error, thread_stacks, worker_timeout
 
 
 class ThreadLoader(Resumable):
@@ -51,9 +52,11 @@ class ThreadLoader(Resumable):
         prefetch_factor: int = 2,
         pin_memory: bool = False,
         producers: int | None = None,
+        timeout: float | None = None,
     ):
         check_stream(stream)
         self.stream = stream
+        self.timeout = worker_timeout(timeout)  # then the producers' stacks are said (mmloader.loading.stalled)
         self.num_workers = max(1, num_workers)
         self.prefetch_factor = max(1, prefetch_factor)
         self.pin_memory = can_pin(pin_memory)
@@ -68,7 +71,7 @@ class ThreadLoader(Resumable):
         producers = self.producers or (self.num_workers if parallel else 1)
         self.builders = producers  # (Python work holds the GIL: one producer, whatever num_workers says)
         tasks = self.stream.batch_tasks(0, 1, readers=self.num_workers)  # a live source's slices, as with processes
-        run = _Run(tasks, producers, self.prefetch_factor * producers, self.pin_memory)
+        run = _Run(tasks, producers, self.prefetch_factor * producers, self.pin_memory, self.timeout)
         return run.batches()
 
 
@@ -80,8 +83,8 @@ class _Run:
     costs tens of microseconds, more on VMs.
     """
 
-    def __init__(self, tasks: Iterator[Callable[[], Any]], producers: int, ahead: int, pin: bool):
-        self.tasks, self.ahead, self.pin = tasks, ahead, pin
+    def __init__(self, tasks: Iterator[Callable[[], Any]], producers: int, ahead: int, pin: bool, timeout: float = 0):
+        self.tasks, self.ahead, self.pin, self.timeout = tasks, ahead, pin, timeout
         lock = threading.Lock()
         self.ready = threading.Condition(lock)  # the consumer waits here
         self.room = threading.Condition(lock)  # producers wait here for the window to move
@@ -154,14 +157,20 @@ class _Run:
         # module globals are already gone)
         for t in self.threads:
             t.start()
+        stuck = False
         try:
             j = 0
             while True:
                 with self.ready:
+                    deadline = time.monotonic() + self.timeout if self.timeout else None
                     while j not in self.results:
                         if self.exhausted and j >= self.claimed:
                             return
-                        self.ready.wait()
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:  # stuck: stop() below does not wait for them
+                            stuck = True
+                            raise stalled_error(self.timeout, thread_stacks(self.threads), processes=False)
+                        self.ready.wait(left)
                     error, batch = self.results.pop(j)
                     self.delivered = j + 1
                     self.room.notify()
@@ -170,7 +179,7 @@ class _Run:
                 yield _pin(batch) if self.pin else batch
                 j += 1
         finally:
-            self.stop()
+            self.stop(0.0 if stuck else 5.0)
             try:
                 _release()  # the pass's spare batch buffers: kept no longer than the pass
             except Exception:  # at interpreter exit the pool's module may be gone already

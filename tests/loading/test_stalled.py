@@ -1,0 +1,106 @@
+"""Worker processes that deliver nothing by the loader's deadline: the error says where each one is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from conftest import write_dataset
+
+import mmloader
+from mmloader.errors import WorkerStalledError
+from mmloader.loading.stalled import DEFAULT_TIMEOUT_S, StackDumps, stalled_error, worker_timeout
+
+
+def _caption_that_never_comes(text: str) -> str:
+    """Blocks for good in a worker (the training process reads the same reader normally)."""
+    if torch.utils.data.get_worker_info() is not None:
+        time.sleep(3600)
+    return text
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("context, deadline", [("fork", 3), ("spawn", 10)])  # (spawned: torch imported first)
+def test_a_worker_stuck_in_a_read_is_named_with_its_stack_after_the_deadline(tmp_path, context, deadline):
+    path = write_dataset(tmp_path / "p.lmdb", 8, "lmdb")
+    ds = mmloader.zip(caption=mmloader.TextReader(path, transform=_caption_that_never_comes))
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=2),
+        num_workers=2,
+        backend="process",
+        timeout=deadline,
+        multiprocessing_context=context,
+    )
+    started = time.monotonic()
+    with pytest.raises(WorkerStalledError) as caught:
+        next(iter(loader))
+    message = str(caught.value)
+    assert time.monotonic() - started < 60  # the deadline, the stacks, the shutdown: not the sleep
+    assert f"no batch from the DataLoader worker processes in {deadline} s" in message
+    assert message.count("worker pid") == 2 and message.count("in _caption_that_never_comes") == 2
+    assert "timeout=" in message and "multiprocessing_context='spawn'" in message
+    workers = loader.dataloader._iterator
+    assert workers is None  # shut down: nothing left sleeping for an hour
+
+
+class _Owner:
+    """What a StackDumps folder lives as long as (a Loader)."""
+
+
+@pytest.mark.process
+def test_a_worker_that_never_ran_python_is_said_to_have_hung_while_starting():
+    """A pid that never armed its dump (as a worker stuck in an inherited lock while starting)."""
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        owner = _Owner()
+        dumps = StackDumps(owner)
+        assert dumps.collect([stuck.pid]) == {f"worker pid {stuck.pid}": None}
+        stacks = dumps.collect([stuck.pid])
+        message = str(stalled_error(600, stacks))
+        assert f"worker pid {stuck.pid}: never ran its first line of Python (hung while starting)" in message
+        assert "stuck in a lock while starting" in message and "'spawn'" in message
+    finally:
+        stuck.kill()
+        stuck.wait()
+    folder = dumps.folder
+    del owner
+    assert not os.path.exists(folder)  # removed with its loader
+
+
+def test_the_deadline_is_given_or_from_the_environment_and_zero_is_forever(monkeypatch):
+    monkeypatch.delenv("MMLOADER_WORKER_TIMEOUT", raising=False)
+    assert worker_timeout(None) == DEFAULT_TIMEOUT_S and worker_timeout(0) == 0.0
+    monkeypatch.setenv("MMLOADER_WORKER_TIMEOUT", "45")
+    assert worker_timeout(None) == 45.0 and worker_timeout(5) == 5.0
+    monkeypatch.setenv("MMLOADER_WORKER_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match=r"\$MMLOADER_WORKER_TIMEOUT='soon': expected seconds"):
+        worker_timeout(None)
+    with pytest.raises(ValueError, match="timeout=-1"):
+        worker_timeout(-1)
+
+
+def test_a_producer_thread_stuck_in_a_read_is_named_with_its_stack_after_the_deadline(tmp_path):
+    path = write_dataset(tmp_path / "p.lmdb", 8, "lmdb")
+    release = threading.Event()
+
+    def caption(text: str) -> str:
+        release.wait(120)  # until the test has the error (then the producer ends)
+        return text
+
+    ds = mmloader.zip(caption=mmloader.TextReader(path, transform=caption))
+    loader = mmloader.loader(mmloader.Stream(ds, batch_size=2), num_workers=1, backend="thread", timeout=1)
+    try:
+        with pytest.raises(WorkerStalledError) as caught:
+            next(iter(loader))
+    finally:
+        release.set()
+    message = str(caught.value)
+    assert "no batch from the loader's threads in 1 s" in message
+    assert "thread mmloader-0:" in message and ", in caption\n" in message
+    assert "release.wait(120)" in message and "timeout=" in message
+    assert [b["caption"] for b in loader] and len(list(loader)) == 4  # the next pass, released, reads on
