@@ -83,7 +83,7 @@ class StackDumps:
         stacks: dict[str, str | None] = {}
         for pid, path in asked.items():
             if path is None:
-                stacks[f"worker pid {pid}"] = None
+                stacks[f"worker pid {pid}{_kernel_wait(pid)}"] = None
                 continue
             text = ""
             while not text and time.monotonic() < deadline:
@@ -94,6 +94,15 @@ class StackDumps:
                 text = path.read_text(errors="replace")
             stacks[f"worker pid {pid}"] = text or "(no stack came within 2 s)"
         return stacks
+
+
+def _kernel_wait(pid: int) -> str:
+    """Where the kernel has ``pid`` waiting (Linux), e.g. `` (waiting in futex_wait_queue)``: a lock."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return ""
+    return f" (waiting in {wchan})" if wchan and wchan != "0" else ""
 
 
 class _Arm:

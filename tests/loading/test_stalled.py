@@ -59,10 +59,11 @@ def test_a_worker_that_never_ran_python_is_said_to_have_hung_while_starting():
     try:
         owner = _Owner()
         dumps = StackDumps(owner)
-        assert dumps.collect([stuck.pid]) == {f"worker pid {stuck.pid}": None}
         stacks = dumps.collect([stuck.pid])
+        (name,) = stacks
+        assert name.startswith(f"worker pid {stuck.pid}") and stacks[name] is None
         message = str(stalled_error(600, stacks))
-        assert f"worker pid {stuck.pid}: never ran its first line of Python (hung while starting)" in message
+        assert f"{name}: never ran its first line of Python (hung while starting)" in message
         assert "stuck in a lock while starting" in message and "'spawn'" in message
     finally:
         stuck.kill()

@@ -38,6 +38,7 @@ MAX_DBS = 1024
 _ENVS: dict[str, tuple[lmdb.Environment, dict]] = {}
 _ENVS_LOCK = threading.Lock()
 _ENV_FILES: dict[str, tuple[int, ...] | None] = {}  # path -> identity of the data.mdb mapped
+_INHERITED: dict[str, tuple[lmdb.Environment, dict]] = {}  # a forked child's copies of the parent's, to close
 
 
 def _file_id(path: str) -> tuple[int, ...] | None:
@@ -52,18 +53,29 @@ def _file_id(path: str) -> tuple[int, ...] | None:
 
 
 def _forget_inherited_envs() -> None:
-    # Runs in a forked child: the parent's handles are unusable here; close our copies
-    # (this unmaps them in the child only) so the path can be opened afresh. No call was in
-    # flight in another thread at the fork (see fork_gate), so closing does not wait forever.
+    # Runs in a forked child: the parent's handles are unusable here. Each is closed when this
+    # process opens its path (py-lmdb refuses a file open twice), not here: no call was in
+    # flight in another thread at the fork (see fork_gate), so closing should not wait, but a
+    # close that did would hang the child before its first line of Python, where no stack can
+    # be asked of it; later, a loader's deadline says where it is (mmloader.loading.stalled).
+    # Environments the child never reads are never closed: it starts with less to do.
     global _ENVS_LOCK
     _ENVS_LOCK = threading.Lock()  # another thread may have held it at the fork
-    for env, _dbs in _ENVS.values():
+    _INHERITED.update(_ENVS)
+    _ENVS.clear()
+    _ENV_FILES.clear()
+    forget_trimmers()
+
+
+def _close_inherited(path: str) -> None:
+    """Close the environment of ``path`` this process inherited at fork(), if any (before it
+    opens that path again)."""
+    inherited = _INHERITED.pop(path, None)
+    if inherited is not None:
         try:
-            env.close()
+            inherited[0].close()
         except Exception:
             pass
-    _ENVS.clear()
-    forget_trimmers()
 
 
 os.register_at_fork(after_in_child=_forget_inherited_envs)
@@ -146,6 +158,7 @@ def shared_env(path: str) -> tuple[lmdb.Environment, dict]:
                 # again beside the old lock.mdb (or whose new file takes the inode of the old,
                 # deleted lock.mdb) would be refused while the old environment is still open;
                 # the old data.mdb, held open by its environment, can never be the new file.
+                _close_inherited(path)
                 env = lmdb.open(
                     os.path.join(path, "data.mdb"),
                     readonly=True,
