@@ -10,6 +10,7 @@ Layout (all values are the field's bytes exactly as given; nothing is pickled):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -33,8 +34,7 @@ from .map_trimmer import MapTrimmer, forget_trimmers, maybe_trim
 KEYS_DB, INDEX_DB, META_DB = b"__keys__", b"__index__", b"__meta__"
 MAX_DBS = 1024
 
-# One environment per (process, path): py-lmdb refuses to open a path twice in a
-# process, and an environment must never be used across fork().
+# One environment per (process, path): py-lmdb refuses a path twice; none is used across fork().
 _ENVS: dict[str, tuple[lmdb.Environment, dict]] = {}
 _ENVS_LOCK = threading.Lock()
 _ENV_FILES: dict[str, tuple[int, ...] | None] = {}  # path -> identity of the data.mdb mapped
@@ -53,12 +53,9 @@ def _file_id(path: str) -> tuple[int, ...] | None:
 
 
 def _forget_inherited_envs() -> None:
-    # Runs in a forked child: the parent's handles are unusable here. Each is closed when this
-    # process opens its path (py-lmdb refuses a file open twice), not here: no call was in
-    # flight in another thread at the fork (see fork_gate), so closing should not wait, but a
-    # close that did would hang the child before its first line of Python, where no stack can
-    # be asked of it; later, a loader's deadline says where it is (mmloader.loading.stalled).
-    # Environments the child never reads are never closed: it starts with less to do.
+    # In a forked child the parent's handles are unusable. Each is closed when the child opens
+    # its path (py-lmdb refuses a file open twice), not here, where a close that waited would
+    # hang the child before any stack could be asked of it (mmloader.loading.stalled).
     global _ENVS_LOCK
     _ENVS_LOCK = threading.Lock()  # another thread may have held it at the fork
     _INHERITED.update(_ENVS)
@@ -68,14 +65,11 @@ def _forget_inherited_envs() -> None:
 
 
 def _close_inherited(path: str) -> None:
-    """Close the environment of ``path`` this process inherited at fork(), if any (before it
-    opens that path again)."""
+    """Close the environment of ``path`` inherited at fork(), if any, before opening it."""
     inherited = _INHERITED.pop(path, None)
     if inherited is not None:
-        try:
+        with contextlib.suppress(Exception):
             inherited[0].close()
-        except Exception:
-            pass
 
 
 os.register_at_fork(after_in_child=_forget_inherited_envs)
