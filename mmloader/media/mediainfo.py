@@ -49,6 +49,18 @@ def import_av():
     return av
 
 
+def scale_options(av, threads: int) -> dict:
+    """``frame.reformat`` options that scale on ``threads`` threads (0: FFmpeg's choice), where
+    PyAV takes them (17+; older ones scale on one). PyAV's own default is one per CPU: in each of
+    several worker processes that oversubscribes the cores, and a forked worker was seen to hang
+    for good inside such a scale (its thread pool), so readers pass their ``threads`` (1)."""
+    try:
+        major = int(str(av.__version__).split(".")[0])
+    except ValueError:
+        return {}
+    return {"threads": threads} if major >= 17 else {}
+
+
 def import_soundfile():
     """soundfile, or None when it is not installed (PyAV decodes every format then)."""
     try:
@@ -371,7 +383,11 @@ def transcode(data: bytes, kind: str, spec: Transcode, max_seconds: float | None
                     # constant frame rate: keep the frame shown at each output tick
                     while t + 1e-6 >= next_t:
                         img = frame.reformat(
-                            width=vout.width, height=vout.height, format="yuv420p", interpolation="AREA"
+                            width=vout.width,
+                            height=vout.height,
+                            format="yuv420p",
+                            interpolation="AREA",
+                            **scale_options(av, 1),
                         )
                         img.pts = n_out
                         img.time_base = 1 / out_rate

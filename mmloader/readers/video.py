@@ -47,6 +47,7 @@ from ..media.mediainfo import (
     import_av,
     info_of,
     open_container,
+    scale_options,
 )
 from ..storage import Store
 from .audio import AudioReader
@@ -75,6 +76,9 @@ class VideoReader(ClipSource):
     ``(T,)`` presentation times of the frames, in seconds) and, with ``audio=dict(...)``
     (:class:`AudioReader` options), ``reader.audio``: the file's own audio track over the clip's
     time span, from the first frame's time for ``T * step`` seconds.
+
+    ``threads``: FFmpeg threads that decode and scale a clip (default 1: the loader's workers are
+    the parallelism; 0: FFmpeg's choice, a thread per CPU in every worker).
 
     Guards, from the header before decoding: ``max_duration`` (seconds), ``max_pixels`` (per
     frame). Corrupt or truncated data is a :class:`DecodeError` naming key and field.
@@ -223,11 +227,13 @@ class VideoReader(ClipSource):
             plan = self.plan(info, key, container)
             v = info.video
             hw = self._output_hw(v.height, v.width)
+            scale = scale_options(av, self.threads)  # (PyAV's default, a thread per CPU, hung a forked worker)
             convert = lambda frame: frame.reformat(
                 width=hw[1],
                 height=hw[0],
                 format="rgb24",  # noqa: E731
                 interpolation=INTERPOLATION,
+                **scale,
             ).to_ndarray()
             try:
                 chosen, reached = decode_targets(container, stream, plan, self.threads, convert)
