@@ -46,8 +46,9 @@ $(TOOLS)/.installed:
 # Whole test modules go to one pytest-xdist worker per core (at most 4): module fixtures (servers,
 # a Ray cluster, a trained checkpoint) are made once, and the slowest modules start first.
 XDIST ?= -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder
+# The slowest tests are listed at the end: the suite's budget is 8 minutes on 2 cores.
 test: $(VENV)/.installed $(TOOLS)/.installed
-	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q $(XDIST)
+	MMLOADER_IMG2DATASET=$(abspath $(TOOLS))/bin/img2dataset $(PY) -m pytest -q $(XDIST) --durations=30
 
 # The change loop: the unit tests (no process, no network; tests/kinds.py keeps them so), not the slow ones.
 test-fast: $(VENV)/.installed
