@@ -181,6 +181,12 @@ class LiveStream(Controlled, torch.utils.data.IterableDataset):
 
     # -- the protocol the loaders share with Stream ---------------------------
     @property
+    def longest_wait_s(self) -> float:
+        """How long a batch may rightly wait for its live samples (each waits up to the source's
+        ``timeout``): a loader's deadline for its builders is never shorter by default."""
+        return self.source.timeout * (self.batch_size or 1)  # (at most: a batch of live samples)
+
+    @property
     def datasets(self) -> list[Any]:
         """The stored datasets and the live source (what the loaders ask about decoding)."""
         return [*(self.stored.datasets if self.stored is not None else []), self.source]

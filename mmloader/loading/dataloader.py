@@ -130,7 +130,7 @@ class Loader(Resumable):
     ):
         check_stream(stream)
         workers = default_num_workers() if num_workers is None else num_workers
-        self.timeout = worker_timeout(timeout) if workers > 0 else 0.0
+        self.timeout = worker_timeout(timeout, stream.longest_wait_s) if workers > 0 else 0.0
         self._stacks: StackDumps | None = None
         if workers > 0 and self.timeout:  # each worker leaves its stack when the deadline passes
             self._stacks = StackDumps(self)

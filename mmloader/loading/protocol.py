@@ -31,6 +31,8 @@ class StreamLike(Protocol):
     #: Whether each pass starts its readers afresh from where the training process got to (a
     #: live source): worker processes kept from an earlier pass would not know where that is.
     restarts_each_pass: bool
+    #: How long a batch may rightly wait for its data (a live source's per-sample timeout), in s.
+    longest_wait_s: float
     batch_size: int | None
     seed_workers: bool
     #: The state shared with worker processes (epoch, place in the world, resume flag).

@@ -37,12 +37,13 @@ _DUMP_WAIT_S = 2.0
 _armed: list[Any] = []  # the worker's dump file, kept open for faulthandler (never closed by GC)
 
 
-def worker_timeout(given: float | None) -> float:
-    """The deadline in seconds: ``given``, else ``$MMLOADER_WORKER_TIMEOUT``, else the default;
-    0 waits forever (an explicit choice, never the default).
+def worker_timeout(given: float | None, at_least: float = 0.0) -> float:
+    """The deadline in seconds: ``given``, else ``$MMLOADER_WORKER_TIMEOUT``, else the default,
+    never below ``at_least`` (how long the data itself may rightly make a batch wait: a live
+    source's); 0 waits forever (an explicit choice, never the default).
 
-    >>> worker_timeout(30), worker_timeout(0)
-    (30.0, 0.0)
+    >>> worker_timeout(30), worker_timeout(0), worker_timeout(None, at_least=3840)
+    (30.0, 0.0, 7680.0)
     """
     if given is None:
         raw = os.environ.get(_ENV)
@@ -50,6 +51,7 @@ def worker_timeout(given: float | None) -> float:
             given = float(raw) if raw else DEFAULT_TIMEOUT_S
         except ValueError:
             raise ValueError(f"${_ENV}={raw!r}: expected seconds (a number; 0 waits forever)") from None
+        given = max(given, 2 * at_least)  # (twice: a batch may wait its whole bound, then be built)
     if given < 0:
         raise ValueError(f"timeout={given!r}: expected seconds >= 0 (0 waits forever)")
     return float(given)

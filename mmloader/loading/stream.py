@@ -75,8 +75,8 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
     ...     for batch in loader: ...                        # epochs 0, 1, 2 ... in new orders
     """
 
-    #: A stored stream's passes continue from the plan (see :class:`~.protocol.StreamLike`).
-    restarts_each_pass = False
+    #: Passes continue from the plan; stored data makes no batch wait (see :class:`~.protocol.StreamLike`).
+    restarts_each_pass, longest_wait_s = False, 0.0
 
     def __init__(
         self,

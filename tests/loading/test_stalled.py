@@ -105,3 +105,19 @@ def test_a_producer_thread_stuck_in_a_read_is_named_with_its_stack_after_the_dea
     assert "thread mmloader-0:" in message and ", in caption\n" in message
     assert "release.wait(120)" in message and "timeout=" in message
     assert [b["caption"] for b in loader] and len(list(loader)) == 4  # the next pass, released, reads on
+
+
+def test_a_live_sources_own_wait_is_never_cut_by_the_default_deadline(monkeypatch):
+    """A live source waits up to its timeout for each sample: the loader's default deadline is at
+    least twice a whole batch of such waits; one given explicitly is the user's."""
+    monkeypatch.delenv("MMLOADER_WORKER_TIMEOUT", raising=False)
+    slow = mmloader.LiveStream(
+        mmloader.live(lambda rank, world, worker, workers: iter(range(10)), timeout=120), batch_size=4, steps=2
+    )
+    assert slow.longest_wait_s == 480.0
+    assert mmloader.loader(slow, 1, backend="thread").timeout == 960.0
+    assert mmloader.loader(slow, 1, backend="thread", timeout=30).timeout == 30.0
+    quick = mmloader.LiveStream(
+        mmloader.live(lambda rank, world, worker, workers: iter(range(10)), timeout=5), batch_size=4, steps=2
+    )
+    assert mmloader.loader(quick, 1, backend="thread").timeout == DEFAULT_TIMEOUT_S
