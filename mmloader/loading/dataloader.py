@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -130,7 +131,9 @@ class Loader(Resumable):
     ):
         check_stream(stream)
         workers = default_num_workers() if num_workers is None else num_workers
-        self.timeout = worker_timeout(timeout, stream.longest_wait_s) if workers > 0 else 0.0
+        self.timeout = worker_timeout(timeout, stream.longest_wait_s)
+        if workers == 0:
+            self.timeout = 0.0  # batches are built in the calling thread: nothing to wait for
         self._stacks: StackDumps | None = None
         if workers > 0 and self.timeout:  # each worker leaves its stack when the deadline passes
             self._stacks = StackDumps(self)
@@ -231,8 +234,15 @@ class Loader(Resumable):
                 self._shutdown(workers)
                 raise
             stuck = [w for w in getattr(workers, "_workers", ()) if w.exitcode is None]
-            stalled = stalled_error(self.timeout, self._stacks.collect([w.pid for w in stuck]))  # before they stop
-            for w in stuck:  # stuck: they would not hear a polite stop (torch waits 5 s for each)
+            stalled = stalled_error(  # asked before they stop
+                self.timeout, self._stacks.collect([w.pid for w in stuck]), start=self._start_method()
+            )
+            # Stuck: they would not hear a polite stop (torch waits 5 s for each). Unregistered from
+            # torch's SIGCHLD check first, which would take their ending for a crash and raise that.
+            if getattr(workers, "_worker_pids_set", False):
+                torch.utils.data._utils.signal_handling._remove_worker_pids(id(workers))
+                workers._worker_pids_set = False
+            for w in stuck:
                 w.terminate()
             self._shutdown(workers)
             raise stalled from e
@@ -249,6 +259,13 @@ class Loader(Resumable):
             # (Workers that are not persistent belong to this pass's iterator, not the DataLoader.)
             self._shutdown(workers)
             raise
+
+    def _start_method(self) -> str:
+        """How the worker processes start: ``fork``, ``spawn`` or ``forkserver``."""
+        context = self.dataloader.multiprocessing_context
+        if isinstance(context, str):
+            return context
+        return context.get_start_method() if context is not None else multiprocessing.get_start_method()
 
     def _dead_workers(self, wait_s: float = 2.0) -> list[str]:
         """Workers that exited, waiting a moment for one whose death broke the connection."""

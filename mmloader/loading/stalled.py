@@ -37,7 +37,7 @@ _DUMP_WAIT_S = 2.0
 _armed: list[Any] = []  # the worker's dump file, kept open for faulthandler (never closed by GC)
 
 
-def worker_timeout(given: float | None, at_least: float = 0.0) -> float:
+def worker_timeout(given: Any, at_least: float = 0.0) -> float:
     """The deadline in seconds: ``given``, else ``$MMLOADER_WORKER_TIMEOUT``, else the default,
     never below ``at_least`` (how long the data itself may rightly make a batch wait: a live
     source's); 0 waits forever (an explicit choice, never the default).
@@ -45,23 +45,42 @@ def worker_timeout(given: float | None, at_least: float = 0.0) -> float:
     >>> worker_timeout(30), worker_timeout(0), worker_timeout(None, at_least=3840)
     (30.0, 0.0, 7680.0)
     """
+    name = "timeout"
     if given is None:
-        raw = os.environ.get(_ENV)
+        name, raw = f"${_ENV}", os.environ.get(_ENV)
         try:
             given = float(raw) if raw else DEFAULT_TIMEOUT_S
         except ValueError:
-            raise ValueError(f"${_ENV}={raw!r}: expected seconds (a number; 0 waits forever)") from None
-        given = max(given, 2 * at_least)  # (twice: a batch may wait its whole bound, then be built)
-    if given < 0:
-        raise ValueError(f"timeout={given!r}: expected seconds >= 0 (0 waits forever)")
+            raise ValueError(f"{name}={raw!r}: expected seconds (a number; 0 waits forever)") from None
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not 0 <= given < float("inf"):
+        raise ValueError(f"{name}={given!r}: expected seconds, a finite number >= 0 (0 waits forever)")
+    if name != "timeout" and given:  # (twice: a batch may wait its whole bound, then be built)
+        given = max(given, 2 * at_least)
     return float(given)
+
+
+def _stacks_root() -> Path:
+    """This user's folder of stack folders: one per loader, named by the process that made it."""
+    return Path(tempfile.gettempdir()) / f"mmloader-stacks-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+
+
+def _sweep(root: Path) -> None:
+    """Remove the stack folders of processes that ended without removing them (killed)."""
+    for folder in root.glob("*-*"):
+        pid = folder.name.split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class StackDumps:
     """A folder where each worker leaves its stack when asked (``SIGUSR1``), removed with its owner."""
 
     def __init__(self, owner: object):
-        self.folder = tempfile.mkdtemp(prefix="mmloader-stacks-")
+        root = _stacks_root()
+        root.mkdir(mode=0o700, exist_ok=True)
+        if Path("/proc/self").exists():
+            _sweep(root)
+        self.folder = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
         weakref.finalize(owner, shutil.rmtree, self.folder, True)
 
     def arming(self, then: Callable[[int], Any] | None) -> _Arm:
@@ -134,33 +153,48 @@ def thread_stacks(threads: Iterable[threading.Thread]) -> dict[str, str | None]:
     return stacks
 
 
-def stalled_error(timeout: float, stacks: dict[str, str | None], processes: bool = True) -> WorkerStalledError:
-    """The error for builders (worker processes, or the thread backend's producer threads) that
-    delivered nothing in ``timeout`` seconds, with where each one is (``stacks``, by name)."""
+def stalled_error(
+    timeout: float, stacks: dict[str, str | None], processes: bool = True, start: str = "fork"
+) -> WorkerStalledError:
+    """The error for builders (worker processes started by ``start``, or the thread backend's
+    producer threads) that delivered nothing in ``timeout`` seconds, with where each one is
+    (``stacks``, by name; None: a worker that never reached its first batch's code)."""
+    forked = start == "fork"
     parts = []
     for name, stack in stacks.items():
         if stack is None:
-            parts.append(f"{name}: never ran its first line of Python (hung while starting)")
+            parts.append(
+                f"{name}: never ran its first line of Python (hung while starting)"
+                if forked
+                else f"{name}: never reached its worker loop (stuck starting: importing the main module, or "
+                "unpickling the stream)"
+            )
         else:
-            lines = stack.strip().splitlines()
+            lines = stack.strip("\n").splitlines()
             shown = lines if len(lines) <= _LINES else lines[:_LINES] + ["..."]
             parts.append(f"{name}:\n" + "\n".join("    " + line for line in shown))
+    where = "\n".join(parts)
+    slow = "A batch that is only slow (a first remote read, long videos): pass a larger timeout= (0 waits forever)"
     if not processes:
         return WorkerStalledError(
             f"no batch from the loader's threads in {timeout:g} s (the loader's timeout=, ${_ENV}); where "
-            "each is now (innermost call first):\n"
-            + "\n".join(parts)
-            + "\nA batch that is only slow (a first remote read, long videos): pass a larger timeout= (0 waits "
-            "forever); one stuck for good is stuck in the call shown first"
+            f"each is now (innermost call first):\n{where}\n{slow}; one stuck for good is stuck in the call "
+            "shown first (threads cannot be stopped: it is left behind, a daemon thread)"
         )
-    starting = any(stack is None for stack in stacks.values())
+    if forked:
+        stuck = (
+            "One stuck in a lock"
+            + (" while starting" if None in stacks.values() else "")
+            + ": it inherited the lock held by another thread of this process when the workers were forked; "
+            "pass multiprocessing_context='spawn' (or 'forkserver'), which starts them without this process's "
+            "threads"
+        )
+    else:
+        stuck = (
+            f"Workers started by {start!r} import the main module and unpickle the stream first: guard the "
+            'script with `if __name__ == "__main__":`, and keep what the stream holds cheap to unpickle'
+        )
     return WorkerStalledError(
         f"no batch from the DataLoader worker processes in {timeout:g} s (the loader's timeout=, "
-        f"${_ENV}); where each is now:\n"
-        + "\n".join(parts)
-        + "\nA worker that is only slow (a first remote read, long videos): pass a larger timeout= (0 waits "
-        "forever). One stuck in a lock"
-        + (" while starting" if starting else "")
-        + ": it inherited the lock held by another thread of this process when the workers were forked; pass "
-        "multiprocessing_context='spawn' (or 'forkserver'), which starts them without this process's threads"
+        f"${_ENV}); where each is now (innermost call first):\n{where}\n{slow}. {stuck}"
     )

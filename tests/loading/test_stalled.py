@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,13 +44,58 @@ def test_a_worker_stuck_in_a_read_is_named_with_its_stack_after_the_deadline(tmp
     assert time.monotonic() - started < 60  # the deadline, the stacks, the shutdown: not the sleep
     assert f"no batch from the DataLoader worker processes in {deadline} s" in message
     assert message.count("worker pid") == 2 and message.count("in _caption_that_never_comes") == 2
-    assert "timeout=" in message and "multiprocessing_context='spawn'" in message
+    assert "timeout=" in message
+    if context == "fork":  # a lock inherited at fork is what spawn avoids; spawned workers are told otherwise
+        assert "multiprocessing_context='spawn'" in message
+    else:
+        assert "Workers started by 'spawn' import the main module" in message and "inherited" not in message
     workers = loader.dataloader._iterator
     assert workers is None  # shut down: nothing left sleeping for an hour
 
 
+class _SlowToUnpickle:
+    """A transform whose unpickling hangs in a child process (a spawned worker receives the stream
+    pickled): the worker never reaches its loop, so it has no stack to give."""
+
+    def __init__(self) -> None:
+        self.made_in = os.getpid()
+
+    def __call__(self, text: str) -> str:
+        return text
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if os.getpid() != self.made_in:  # (parent_process() is not set yet while a child unpickles)
+            time.sleep(3600)
+
+
+@pytest.mark.process
+def test_a_spawned_worker_stuck_while_starting_is_said_so_with_the_spawn_remedy(tmp_path):
+    path = write_dataset(tmp_path / "p.lmdb", 4, "lmdb")
+    ds = mmloader.zip(caption=mmloader.TextReader(path, transform=_SlowToUnpickle()))
+    loader = mmloader.loader(
+        mmloader.Stream(ds, batch_size=2), num_workers=1, backend="process", timeout=8, multiprocessing_context="spawn"
+    )
+    with pytest.raises(WorkerStalledError) as caught:  # (not torch's "killed by signal" for the stop it causes)
+        next(iter(loader))
+    message = str(caught.value)
+    assert "never reached its worker loop (stuck starting: importing the main module, or unpickling" in message
+    assert "Workers started by 'spawn' import the main module" in message and "inherited the lock" not in message
+    assert loader.dataloader._iterator is None
+
+
 class _Owner:
     """What a StackDumps folder lives as long as (a Loader)."""
+
+
+KILLED_WITH_A_LOADER = """
+import os, signal
+from mmloader.loading.stalled import StackDumps
+class Owner: pass
+owner = Owner()
+print(StackDumps(owner).folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
 
 
 @pytest.mark.process
@@ -71,6 +117,11 @@ def test_a_worker_that_never_ran_python_is_said_to_have_hung_while_starting():
     folder = dumps.folder
     del owner
     assert not os.path.exists(folder)  # removed with its loader
+    killed = subprocess.run([sys.executable, "-c", KILLED_WITH_A_LOADER], capture_output=True, text=True, timeout=120)
+    left = Path(killed.stdout.strip())
+    assert killed.returncode == -9 and left.is_dir()  # SIGKILL: nothing of the process ran to remove it
+    StackDumps(_Owner())  # the next loader of this user sweeps it
+    assert not left.exists()
 
 
 def test_the_deadline_is_given_or_from_the_environment_and_zero_is_forever(monkeypatch):
@@ -81,8 +132,13 @@ def test_the_deadline_is_given_or_from_the_environment_and_zero_is_forever(monke
     monkeypatch.setenv("MMLOADER_WORKER_TIMEOUT", "soon")
     with pytest.raises(ValueError, match=r"\$MMLOADER_WORKER_TIMEOUT='soon': expected seconds"):
         worker_timeout(None)
-    with pytest.raises(ValueError, match="timeout=-1"):
-        worker_timeout(-1)
+    for bad in (-1, float("inf"), float("nan"), "10", True):
+        with pytest.raises(ValueError, match=r"timeout=.*expected seconds, a finite number >= 0"):
+            worker_timeout(bad)
+    for bad in ("-5", "inf", "nan"):
+        monkeypatch.setenv("MMLOADER_WORKER_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=r"\$MMLOADER_WORKER_TIMEOUT=.*expected seconds"):
+            worker_timeout(None)
 
 
 def test_a_producer_thread_stuck_in_a_read_is_named_with_its_stack_after_the_deadline(tmp_path):
