@@ -229,23 +229,6 @@ class Loader(Resumable):
                     f"sending a batch ({type(e).__name__}: {e})"
                 ) from e
             raise
-        except RuntimeError as e:
-            if self._stacks is None or not str(e).startswith("DataLoader timed out"):
-                self._shutdown(workers)
-                raise
-            stuck = [w for w in getattr(workers, "_workers", ()) if w.exitcode is None]
-            stalled = stalled_error(  # asked before they stop
-                self.timeout, self._stacks.collect([w.pid for w in stuck]), start=self._start_method()
-            )
-            # Stuck: they would not hear a polite stop (torch waits 5 s for each). Unregistered from
-            # torch's SIGCHLD check first, which would take their ending for a crash and raise that.
-            if getattr(workers, "_worker_pids_set", False):
-                torch.utils.data._utils.signal_handling._remove_worker_pids(id(workers))
-                workers._worker_pids_set = False
-            for w in stuck:
-                w.terminate()
-            self._shutdown(workers)
-            raise stalled from e
         except GeneratorExit:
             # The pass was left (a break, a framework dropping its iterator, interpreter exit after
             # an error raised in the loop's own code): stop its workers, unless a newer pass already
@@ -253,18 +236,33 @@ class Loader(Resumable):
             if self._active is this_pass:
                 self._shutdown(workers)
             raise
-        except BaseException:
+        except BaseException as e:
+            if self._stacks is not None and isinstance(e, RuntimeError) and str(e).startswith("DataLoader timed out"):
+                raise self._stalled(workers) from e
             # A worker died or raised: stop the others now. Left running, they stay registered
             # with the DataLoader's SIGCHLD handler, which would raise later in unrelated code.
             # (Workers that are not persistent belong to this pass's iterator, not the DataLoader.)
             self._shutdown(workers)
             raise
 
+    def _stalled(self, workers: Any) -> Exception:
+        """The error for workers past the deadline, with their stacks (asked before they stop),
+        once they are stopped: stuck, they would not hear a polite stop (torch waits 5 s for each)."""
+        assert self._stacks is not None  # (set wherever there is a deadline)
+        stuck = [w for w in getattr(workers, "_workers", ()) if w.exitcode is None]
+        stalled = stalled_error(self.timeout, self._stacks.collect([w.pid for w in stuck]), start=self._start_method())
+        # Unregistered from torch's SIGCHLD check first, which would take their ending for a crash.
+        if getattr(workers, "_worker_pids_set", False):
+            torch.utils.data._utils.signal_handling._remove_worker_pids(id(workers))
+            workers._worker_pids_set = False
+        for w in stuck:
+            w.terminate()
+        self._shutdown(workers)
+        return stalled
+
     def _start_method(self) -> str:
         """How the worker processes start: ``fork``, ``spawn`` or ``forkserver``."""
-        context = self.dataloader.multiprocessing_context
-        if isinstance(context, str):
-            return context
+        context = self.dataloader.multiprocessing_context  # (a context: torch turns a name into one)
         return context.get_start_method() if context is not None else multiprocessing.get_start_method()
 
     def _dead_workers(self, wait_s: float = 2.0) -> list[str]:

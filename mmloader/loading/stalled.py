@@ -91,28 +91,27 @@ class StackDumps:
         """Each worker's stack (None: it never armed, so never ran Python), asked for now."""
         asked: dict[int, Path | None] = {}
         for pid in pids:
-            path: Path | None = Path(self.folder) / f"{pid}.txt"
-            if path is not None and path.exists():
+            path = Path(self.folder) / f"{pid}.txt"
+            armed = path.exists()
+            if armed:
                 try:
                     os.kill(pid, signal.SIGUSR1)
                 except OSError:  # exited meanwhile
-                    path = None
-            else:
-                path = None
-            asked[pid] = path
+                    armed = False
+            asked[pid] = path if armed else None
         deadline = time.monotonic() + _DUMP_WAIT_S
         stacks: dict[str, str | None] = {}
-        for pid, path in asked.items():
-            if path is None:
+        for pid, dump in asked.items():
+            if dump is None:
                 stacks[f"worker pid {pid}{_kernel_wait(pid)}"] = None
                 continue
             text = ""
             while not text and time.monotonic() < deadline:
                 time.sleep(0.05)
-                text = path.read_text(errors="replace")
+                text = dump.read_text(errors="replace")
             if text:  # written at once by the signal handler; a moment for the last threads
                 time.sleep(0.1)
-                text = path.read_text(errors="replace")
+                text = dump.read_text(errors="replace")
             stacks[f"worker pid {pid}"] = text or "(no stack came within 2 s)"
         return stacks
 

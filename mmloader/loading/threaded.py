@@ -56,9 +56,8 @@ class ThreadLoader(Resumable):
     ):
         check_stream(stream)
         self.stream = stream
-        self.timeout = worker_timeout(
-            timeout, stream.longest_wait_s
-        )  # then the producers' stacks are said (mmloader.loading.stalled)
+        # past it, the producers' stacks are said (mmloader.loading.stalled)
+        self.timeout = worker_timeout(timeout, stream.longest_wait_s)
         self.num_workers = max(1, num_workers)
         self.prefetch_factor = max(1, prefetch_factor)
         self.pin_memory = can_pin(pin_memory)
