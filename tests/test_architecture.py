@@ -29,7 +29,7 @@ LAYERS = {
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 SUBLAYERS = {
     "loading": {
-        0: ["__init__", "distributed", "control", "diagnosis", "stalled"],
+        0: ["__init__", "distributed", "control", "diagnosis", "stalled", "nodes"],
         1: ["building", "replan", "packing", "protocol", "resumable", "stages", "ledger", "identity"],
         2: ["stream"],
         3: ["ring"],
@@ -182,6 +182,7 @@ def test_docstring_examples_of_the_pure_modules_run():
         "mmloader.storage.sizes",
         "mmloader.loading.on_ray.builders",
         "mmloader.loading.on_ray.wire",
+        "mmloader.loading.nodes.base",
     ]
     attempted = 0
     for name in names:

@@ -19,13 +19,15 @@ import multiprocessing
 import os
 import threading
 import time
-from typing import Any, Iterable, Iterator, cast
+from typing import Any, Iterable, Iterator, Sequence, cast
 
 import torch
 import torch.utils.data
 
 from ..errors import MMLoaderError
 from .distributed import available_cpus, local_world_size
+from .nodes.base import Node
+from .nodes.chain import Chain
 from .protocol import StreamLike, check_stream
 from .resumable import Resumable
 from .ring import BatchRing
@@ -364,7 +366,12 @@ def choose_backend(stream: StreamLike) -> tuple[str, str]:
 
 
 def loader(
-    stream: StreamLike, num_workers: int | None = None, *, backend: str = "auto", **kwargs: Any
+    stream: StreamLike,
+    num_workers: int | None = None,
+    *,
+    backend: str = "auto",
+    nodes: Sequence[Node[Any]] = (),
+    **kwargs: Any,
 ) -> Loader | ThreadLoader | Any:
     """A loader for ``stream``: workers from the CPUs per local rank, pinned memory with CUDA,
     the same batches in the same order on either backend, ``state_dict``/``load_state_dict``.
@@ -378,10 +385,22 @@ def loader(
     options ``address``, ``actors`` (``num_workers`` counts builders for the whole job there),
     ``in_flight``...); it is never chosen by ``"auto"``.
 
+    ``nodes``: :class:`~mmloader.Node` s the batches pass through, in order, in the training
+    process (:class:`~mmloader.Map`, :class:`~mmloader.Filter`, your own), each checkpointed in
+    ``state_dict()`` with the rest (:mod:`mmloader.loading.nodes.chain`).
+
     >>> for batch in mmloader.loader(mmloader.Stream(ds, batch_size=32)): ...   # doctest: +SKIP
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+    chain = Chain(nodes) if nodes else None  # (checked before any worker starts)
+    made = _made(stream, num_workers, backend, kwargs)
+    made._chain = chain
+    return made
+
+
+def _made(stream: StreamLike, num_workers: int | None, backend: str, kwargs: dict[str, Any]) -> Any:
+    """The backend's loader :func:`loader` returns (before its nodes are put in)."""
     thread_options = {"pin_memory", "prefetch_factor", "producers", "timeout"}
     if backend == "auto":
         check_stream(stream)  # asked of it below; each backend's loader checks it otherwise

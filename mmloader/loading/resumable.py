@@ -29,6 +29,8 @@ import warnings
 from typing import Any, Iterator
 
 from ..readers.timing import STAGES
+from .nodes.chain import Chain
+from .nodes.chain import check as check_nodes
 from .protocol import StreamLike
 
 READY_S = 1e-3  # a next() this quick found its batch built already (the queue held one)
@@ -117,6 +119,7 @@ class Resumable:
     _active: object | None = None  # the pass delivering now (None between passes)
     _pending: tuple[str, Any] | None = None  # set_epoch/load_state_dict that came during a pass
     batch_sampler = None  # frameworks read it beside `sampler` (Lightning's shuffle check)
+    _chain: Chain | None = None  # the user's nodes after the backend (loader(nodes=[...]))
 
     @property
     def epoch(self) -> int:
@@ -151,12 +154,19 @@ class Resumable:
         Args:
             state: a :meth:`state_dict` of this stream (the next pass delivers the rest of its epoch).
         """
+        progress, nodes = state, None
+        if isinstance(state, dict) and "nodes" in state:
+            progress, nodes = {k: v for k, v in state.items() if k != "nodes"}, state["nodes"]
         if self._delivering():
-            self.stream.check_resume(state)  # a state that does not fit fails here, not later
+            self.stream.check_resume(progress)  # a state that does not fit fails here, not later
+            check_nodes(self._chain, nodes)
             self._pending = ("state", state)
             return
         self._pending = None
-        self._resume_now(state)
+        check_nodes(self._chain, nodes)
+        self._resume_now(progress)
+        if self._chain is not None:
+            self._chain.load(nodes)
 
     def _resume_now(self, state: dict) -> None:
         self.stream.resume(state)
@@ -185,7 +195,8 @@ class Resumable:
         getattr(self.stream, "prepare", lambda: None)()  # what workers would each compute, once, here
         token = self._active = object()
         try:
-            yield from self._counted(self.stream.deliver(self._batches()), token)
+            batches = self.stream.deliver(self._batches())
+            yield from self._counted(batches if self._chain is None else self._chain.run(batches), token)
         finally:
             if self._active is token:  # (an old pass closed late must not end a newer one)
                 self._active = None
@@ -301,8 +312,14 @@ class Resumable:
         if self.epoch_done and pending is not None:  # the pass is over; the next one is that
             if pending[0] == "state":
                 return pending[1]
-            return self.stream.progress(0, epoch_done=True, next_epoch=pending[1])
-        return self.stream.progress(self.batches_seen, epoch_done=self.epoch_done)
+            return self._with_nodes(self.stream.progress(0, epoch_done=True, next_epoch=pending[1]))
+        return self._with_nodes(self.stream.progress(self.batches_seen, epoch_done=self.epoch_done))
+
+    def _with_nodes(self, progress: dict, nodes: list[dict] | None = None) -> dict:
+        """A state: the stream's progress, with the nodes' states (``nodes``: taken earlier)."""
+        if self._chain is None:
+            return progress
+        return {**progress, "nodes": self._chain.states() if nodes is None else nodes}
 
     def snapshot(self, before_last: bool = False):
         """A deferred :meth:`state_dict` of this very moment (cheap: computed only if called).
@@ -311,9 +328,16 @@ class Resumable:
             before_last: the state as it was before the batch delivered last (a wrapper that
                 reads ahead hands it to its caller later).
         """
+        chain = self._chain
         if before_last and self.batches_seen:
-            return functools.partial(self.stream.progress, self.batches_seen - 1)
-        return functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
+            progress = functools.partial(self.stream.progress, self.batches_seen - 1)
+            nodes = chain.before if chain is not None else None
+        else:
+            progress = functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
+            nodes = chain.states() if chain is not None else None
+        if chain is None:
+            return progress
+        return lambda: self._with_nodes(progress(), nodes)  # the nodes' states now: they change with the next batch
 
 
 def _batch_len(batch: Any, default: int) -> int:

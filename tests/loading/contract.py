@@ -20,6 +20,10 @@ changed under each ``on_change`` policy, ``set_epoch``, a store edited between r
 * The ledger: ``keys_at`` of every delivered step equals the batch's keys; ``steps_of(key)``
   equals the steps that delivered the key in the passes the stream knows (its own, and the
   one its state was taken in when the plan is the same).
+* Nodes (``loader(nodes=[...])``): a stateful :class:`StepCount` numbers every batch a rank
+  delivered since the run began, across passes, epochs and resumes from its checkpointed
+  state (a checkpoint saved without nodes starts it afresh; one with nodes is refused by a
+  loader without); a :class:`mmloader.Filter` masks exactly the rows its predicate rejects.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class Config:
     workers: int = 0
     backend: str = "thread"
     on_change: str = "error"
+    nodes: bool = False  # a StepCount and a Filter between the loader and the loop
 
     def plan_fields(self) -> tuple:
         """What the plan identity covers: a change here must be a PlanChangedError."""
@@ -165,10 +170,37 @@ def make_stream(stores: Stores, cfg: Config, rank: int) -> mmloader.Stream:
     return stream
 
 
+class StepCount:
+    """A stateful batch function: numbers the batches (``__step__``) across the whole run."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, batch: dict) -> dict:
+        batch["__step__"], self.n = self.n, self.n + 1
+        return batch
+
+    def state(self) -> dict:
+        return {"n": self.n}
+
+    def reset(self, state: dict | None) -> None:
+        self.n = (state or {}).get("n", 0)
+
+
+def kept(key: Any) -> bool:
+    """What the contract's Filter keeps: a row whose key (or packed keys) digests to non-zero mod 3."""
+    return sum(map(ord, str(key))) % 3 != 0
+
+
+def keep_rows(batch: dict) -> list[bool]:
+    return [kept(k) for k in batch["__key__"]]
+
+
 def make_loader(stream: mmloader.Stream, cfg: Config, rank: int) -> Any:
+    nodes = [mmloader.Map(StepCount()), mmloader.Filter(keep_rows)] if cfg.nodes else []
     if cfg.backend == "ray":  # builders on the test module's Ray cluster, one pool per rank
-        return mmloader.loader(stream, backend="ray", actors=1, job=f"contract-{os.getpid()}-{rank}")
-    return mmloader.loader(stream, backend=cfg.backend, num_workers=cfg.workers)
+        return mmloader.loader(stream, backend="ray", actors=1, job=f"contract-{os.getpid()}-{rank}", nodes=nodes)
+    return mmloader.loader(stream, backend=cfg.backend, num_workers=cfg.workers, nodes=nodes)
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -323,6 +355,7 @@ class Run:
         self.before: Pass | None = None  # the pass the state this run resumed was taken in
         self.ended = False  # the model's pass ended: the next take starts the next epoch
         self.left = False  # the pass was left mid-way: the next one continues it
+        self.steps = 0  # batches each rank delivered since the run began (the StepCount node's)
 
     def plan(self, epoch: int) -> Plan:
         if epoch not in self.plans:
@@ -363,6 +396,7 @@ class Run:
                     assert len(loader) == expect_len, (r, len(loader), expect_len, self.log)
             self._check_step(step, got)
             m.taken += 1
+            self.steps += 1
         if m.taken == m.batches():  # the pass is over on every rank at once
             for it in self.iters:
                 assert next(it, None) is None, ("a rank has a batch past the plan", self.log)
@@ -376,11 +410,18 @@ class Run:
         expected = [m.rows(r, j) for r in range(self.cfg.world)]
         for r, batch in enumerate(got):
             keys = list(batch["__key__"])
+            if self.cfg.nodes:
+                assert batch["__step__"] == self.steps, (f"rank {r} step {step}", batch["__step__"], self.log)
+                counts = [v for _p, v in expected[r]] if self.cfg.padding == "mask" else [True] * len(keys)
+                if self.cfg.lengths == "pack-balanced":
+                    counts = [True] * len(keys)
+                want_valid = [c and kept(k) for c, k in zip(counts, keys)]
+                assert batch["__valid__"].tolist() == want_valid, (f"rank {r} step {step}", self.log)
             want = [m.plan.keys[p] for p, _v in expected[r]]
             if self.cfg.lengths == "pack-balanced":  # rows dealt by cost within the step: compare the step
                 continue
             assert keys == want, (f"rank {r} step {step}", keys, want, self.log)
-            if self.cfg.padding == "mask":
+            if self.cfg.padding == "mask" and not self.cfg.nodes:
                 assert batch["__valid__"].tolist() == [v for _p, v in expected[r]], (r, step, self.log)
             m.delivered[(r, step)] = keys
         if self.cfg.lengths == "pack-balanced":
@@ -430,6 +471,8 @@ class Run:
         new.streams = [make_stream(self.stores, cfg, r) for r in range(cfg.world)]
         new.loaders = [make_loader(s, cfg, r) for r, s in enumerate(new.streams)]
         new.iters, new.ended, new.left = None, False, False
+        # the StepCount goes on from the state's count (afresh from a state saved without nodes)
+        new.steps = self.steps if self.cfg.nodes else 0
         m = self.model
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -437,7 +480,7 @@ class Run:
             if changed and cfg.on_change == "continue" and cfg.lengths and cfg.lengths.startswith("bucket"):
                 # a bucketed order is rebuilt from the saved sources' lengths: refused where they changed
                 refused = (cfg.versions, cfg.where) != (self.cfg.versions, self.cfg.where)
-            if refused:
+            if refused or (self.cfg.nodes and not cfg.nodes):  # (a node's state has nowhere to go)
                 for loader in new.loaders:
                     try:
                         loader.load_state_dict(state)

@@ -71,6 +71,7 @@ def configs(draw, backend: str, max_size: int) -> Config:
         workers=draw(st.integers(0, 2)),
         backend=backend,
         on_change=draw(st.sampled_from(["error", "next_epoch", "continue"])),
+        nodes=draw(st.booleans()),
     )
 
 
@@ -81,6 +82,7 @@ def changed(draw, cfg: Config) -> Config:
         "world": draw(st.integers(1, 3)) if cfg.backend != "ray" else 1,
         "workers": draw(st.integers(0, 2)),
         "on_change": draw(st.sampled_from([cfg.on_change, "error", "next_epoch", "continue", "continue"])),
+        "nodes": draw(st.sampled_from([cfg.nodes] * 4 + [not cfg.nodes])),  # nodes put in or taken out
     }
     if what == "weights" and cfg.weights:
         new["weights"] = tuple(draw(st.sampled_from([w for w in WEIGHTS if tuple(w) != cfg.weights])))

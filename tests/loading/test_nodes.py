@@ -1,0 +1,205 @@
+"""Nodes between the loader and the loop (mmloader/loading/nodes/): the contract's shared
+save/load check on each backend and under a read-ahead stage, and the errors that keep ranks in
+step (a node that reads two batches for one, or ends a pass early) and checkpoints honest."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from state_check import check_save_load
+
+import mmloader
+from mmloader.errors import MMLoaderError, ResumeError
+
+
+class StepCount:
+    """A stateful batch function: numbers the batches across passes and resumes."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, batch):
+        batch["step"], self.n = self.n, self.n + 1
+        return batch
+
+    def state(self):
+        return {"n": self.n}
+
+    def reset(self, state):
+        self.n = (state or {}).get("n", 0)
+
+
+def even_text(batch):
+    return [len(t) % 2 == 0 for t in batch["t"]]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nodes") / "a.lmdb"
+    with mmloader.LMDBWriter(path) as w:
+        for i in range(23):
+            w.write({"__key__": f"k{i:03d}", "txt": "x" * (i % 7), "cls": i})
+    return mmloader.zip(t=mmloader.TextReader(path), label=mmloader.LabelReader(path))
+
+
+def make(ds, backend="thread", nodes=None, **kw):
+    nodes = [mmloader.Map(StepCount()), mmloader.Filter(even_text)] if nodes is None else nodes
+    return mmloader.loader(mmloader.Stream(ds, batch_size=4, seed=1), num_workers=2, backend=backend, nodes=nodes, **kw)
+
+
+@pytest.mark.parametrize("at", [0, 1, 3, 6])
+def test_nodes_resume_with_the_loader_on_threads(ds, at):
+    check_save_load(lambda: make(ds), at)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("at", [2, 6])
+def test_nodes_resume_with_the_loader_on_worker_processes(ds, at):
+    check_save_load(lambda: make(ds, "process", persistent_workers=False), at)
+
+
+@pytest.mark.parametrize("at", [0, 2, 5])
+def test_a_read_ahead_stage_checkpoints_the_nodes_as_of_the_batch_held(ds, at):
+    """ToDevice reads one batch ahead: its state is the loader's and the nodes' as of the batch
+    the caller holds, never the one read ahead (resuming from it delivers that one again)."""
+    check_save_load(lambda: mmloader.ToDevice(make(ds), "cpu"), at)
+
+
+def test_a_filter_masks_rows_and_keeps_batches_whole(ds):
+    plain_batches = list(make(ds, nodes=[]))
+    filtered = list(make(ds, nodes=[mmloader.Filter(even_text)]))
+    assert len(filtered) == len(plain_batches) == 6
+    for a, b in zip(plain_batches, filtered):
+        assert a["__key__"] == b["__key__"]
+        assert b["__valid__"].tolist() == [len(t) % 2 == 0 for t in a["t"]]
+    counted = mmloader.Filter(lambda b: torch.tensor([False] * len(b["__key__"])))
+    list(make(ds, nodes=[counted]))
+    assert counted.masked == 23  # every row (one rank: the last batch is short, nothing pads)
+
+
+def test_a_filter_keeps_padding_masked(ds):
+    stream = mmloader.Stream(ds, batching=mmloader.Batching(11, padding="mask"), seed=1)
+    stream.set_world(1, 2)
+    batches = list(
+        mmloader.loader(
+            stream, num_workers=1, backend="thread", nodes=[mmloader.Filter(lambda b: [True] * len(b["t"]))]
+        )
+    )
+    plain = mmloader.Stream(ds, batching=mmloader.Batching(11, padding="mask"), seed=1)
+    plain.set_world(1, 2)
+    want = list(mmloader.loader(plain, num_workers=1, backend="thread"))
+    assert [b["__valid__"].tolist() for b in batches] == [b["__valid__"].tolist() for b in want]
+    assert not all(
+        v for b in want for v in b["__valid__"].tolist()
+    )  # (rank 1 of 2: 11 samples on 2 batches, a padding row)
+
+
+def test_a_filter_says_what_is_wrong_with_a_predicate(ds):
+    with pytest.raises(MMLoaderError, match=r"gave 1 values for a batch of 4 rows \(first key 'k0"):
+        next(iter(make(ds, nodes=[mmloader.Filter(lambda b: [True])])))
+    samples = mmloader.loader(
+        mmloader.Stream(ds, seed=1),
+        num_workers=1,
+        backend="thread",
+        nodes=[mmloader.Filter(lambda s: s["label"] % 2 == 0)],
+    )
+    flags = [(int(s["label"]), s["__valid__"]) for s in samples]
+    assert len(flags) == 23 and all(valid == (label % 2 == 0) for label, valid in flags)
+    listed = mmloader.Stream(ds, batching=mmloader.Batching(4, collate_fn=list), seed=1)
+    with pytest.raises(MMLoaderError, match="masks rows of dict batches"):
+        next(iter(mmloader.loader(listed, num_workers=1, backend="thread", nodes=[mmloader.Filter(even_text)])))
+
+
+class TakesTwo(mmloader.Node):
+    def next(self):
+        self.source.next()
+        return self.source.next()
+
+
+class EndsEarly(mmloader.Node):
+    def __init__(self):
+        self.seen = 0
+
+    def next(self):
+        self.seen += 1
+        if self.seen > 2:
+            raise StopIteration
+        return self.source.next()
+
+
+def test_a_node_that_would_put_ranks_out_of_step_is_stopped_by_name(ds):
+    with pytest.raises(MMLoaderError, match=r"node TakesTwo read 2 batches to hand on one"):
+        next(iter(make(ds, nodes=[TakesTwo()])))
+    with pytest.raises(MMLoaderError, match=r"node among \['EndsEarly', 'even_text'\] ended the pass"):
+        list(make(ds, nodes=[EndsEarly(), mmloader.Filter(even_text)]))
+
+
+def test_a_checkpoint_resumes_only_into_the_nodes_it_was_saved_with(ds):
+    first = make(ds)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    it.close()
+    assert state["nodes"] == [{"node": "StepCount", "state": {"n": 1}}, {"node": "even_text", "state": {}}]
+    with pytest.raises(ResumeError, match=r"checkpoint's nodes are \['StepCount', 'even_text'\], this loader's \[\]"):
+        make(ds, nodes=[]).load_state_dict(state)
+    with pytest.raises(ResumeError, match=r"this loader's \['even_text', 'StepCount'\]"):
+        make(ds, nodes=[mmloader.Filter(even_text), mmloader.Map(StepCount())]).load_state_dict(state)
+    renamed = make(ds, nodes=[mmloader.Map(StepCount(), name="steps"), mmloader.Filter(even_text)])
+    with pytest.raises(ResumeError, match="by name and in order"):
+        renamed.load_state_dict(state)
+    # saved before any node was put in: the nodes start afresh, and a warning says so
+    bare = make(ds, nodes=[])
+    it = iter(bare)
+    next(it)
+    old = bare.state_dict()
+    it.close()
+    counted = StepCount()
+    counted.n = 5
+    later = make(ds, nodes=[mmloader.Map(counted)])
+    with pytest.warns(UserWarning, match="saved without nodes"):
+        later.load_state_dict(old)
+    assert [b["step"] for b in later] == [0, 1, 2, 3, 4]
+
+
+def test_what_loader_nodes_takes(ds):
+    with pytest.raises(TypeError, match="item 0 is a function, not an mmloader.Node; wrap"):
+        make(ds, nodes=[even_text])
+    twice = mmloader.Map(StepCount())
+    with pytest.raises(ValueError, match="a node appears twice"):
+        make(ds, nodes=[twice, twice])
+    with pytest.raises(TypeError, match="fn must be callable"):
+        mmloader.Map(3)
+
+
+def test_node_states_cross_epochs_and_a_pass_left_early(ds):
+    loader = make(ds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = [b["step"] for b in loader]
+        it = iter(loader)
+        left = [next(it)["step"] for _ in range(2)]
+        it.close()
+        rest = [b["step"] for b in loader]  # the same epoch, from its next unseen batch
+    assert first == list(range(6)) and left == [6, 7] and rest == [8, 9, 10, 11]
+    assert loader.state_dict()["nodes"][0]["state"] == {"n": 12}
+    assert np.all(np.diff(first) == 1)
+
+
+def test_a_read_ahead_stage_failing_ahead_keeps_the_state_of_the_batch_never_handed_over(ds):
+    """ToDevice takes batch 2 before it hands over batch 1; when a node fails on batch 2, the
+    caller never got batch 1: the state says so (the nodes' too), so a resume delivers it."""
+
+    def fail_second(batch):
+        if batch["step"] == 1:
+            raise RuntimeError("bad batch")
+        return batch
+
+    stage = mmloader.ToDevice(make(ds, nodes=[mmloader.Map(StepCount()), mmloader.Map(fail_second)]), "cpu")
+    with pytest.raises(RuntimeError, match="bad batch"):
+        next(iter(stage))
+    state = stage.state_dict()
+    assert state["steps"] == 0 and state["nodes"][0]["state"] == {"n": 0}
