@@ -195,12 +195,16 @@ class Resumable:
         getattr(self.stream, "prepare", lambda: None)()  # what workers would each compute, once, here
         token = self._active = object()
         try:
-            batches = self.stream.deliver(self._batches())
-            yield from self._counted(batches if self._chain is None else self._chain.run(batches), token)
+            yield from self._counted(self._through_nodes(self.stream.deliver(self._batches())), token)
         finally:
             if self._active is token:  # (an old pass closed late must not end a newer one)
                 self._active = None
                 self._apply_pending()
+
+    def _through_nodes(self, batches: Iterator[Any]) -> Iterator[Any]:
+        # (no local of _pass may hold the backend's generator: dropped with the pass, it stops
+        # its workers at once, also at interpreter exit, while the module's functions are there)
+        return batches if self._chain is None else self._chain.run(batches)
 
     def _batches(self) -> Iterator[Any]:
         """The backend's batches for the pass just begun."""

@@ -221,7 +221,7 @@ SCRIPT = textwrap.dedent("""
     class Slow(torch.utils.data.Dataset):  # not needed: slow down by sleeping in the loop
         pass
     loader = mmloader.loader(mmloader.Stream(ds, batch_size=4), num_workers=2, backend="process",
-                             multiprocessing_context="fork")
+                             multiprocessing_context="fork", nodes={nodes})
     for i, batch in enumerate(loader):
         if i == 2:
             print("pids", os.getpid(), *[w.pid for w in loader.dataloader._iterator._workers], flush=True)
@@ -242,10 +242,11 @@ SCRIPT = textwrap.dedent("""
         "os.kill(w, signal.SIGKILL)",
     ],
 )
+@pytest.mark.parametrize("nodes", ["[]", "[mmloader.Map(dict)]"])  # (a node must not keep the pass alive)
 @pytest.mark.process
-def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action):
+def test_interrupt_or_killed_worker_leaves_nothing_in_dev_shm(pairs, action, nodes):
     before = set(os.listdir("/dev/shm"))
-    script = SCRIPT.format(tests=str(TESTS), path=str(pairs), action=action)
+    script = SCRIPT.format(tests=str(TESTS), path=str(pairs), action=action, nodes=nodes)
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,

@@ -75,27 +75,32 @@ class Chain:
     def run(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The pass's batches through the nodes, each checked to hand on one batch per batch."""
         self.source.batches, self.source.ended = batches, False
-        while True:
-            before, read = self.states(), self.source.read
-            try:
-                batch = self.head.next()
-            except StopIteration:
-                if not self.source.ended:
+        del batches  # held by the source only, and dropped with the pass (its workers stop at once)
+        try:
+            while True:
+                before, read = self.states(), self.source.read
+                try:
+                    batch = self.head.next()
+                except StopIteration:
+                    if not self.source.ended:
+                        raise MMLoaderError(
+                            f"node {self._culprit()} ended the pass while the loader still had batches: every "
+                            "rank must deliver the same number (one would wait for the others for good); a node "
+                            "hands on one batch for each it reads (mask rows with mmloader.Filter instead of "
+                            "dropping)"
+                        ) from None
+                    return
+                if self.source.read != read + 1:
                     raise MMLoaderError(
-                        f"node {self._culprit()} ended the pass while the loader still had batches: every rank "
-                        "must deliver the same number (one would wait for the others for good); a node hands "
-                        "on one batch for each it reads (mask rows with mmloader.Filter instead of dropping)"
-                    ) from None
-                return
-            if self.source.read != read + 1:
-                raise MMLoaderError(
-                    f"node {self._culprit()} read {self.source.read - read} batches to hand on one: nodes "
-                    "between the loader and the loop hand on one batch for each they read (ranks step "
-                    "together and states count batches); merge or split batches in the stream instead "
-                    "(Stream(batch_size=...), Packing)"
-                )
-            self.before = before
-            yield batch
+                        f"node {self._culprit()} read {self.source.read - read} batches to hand on one: nodes "
+                        "between the loader and the loop hand on one batch for each they read (ranks step "
+                        "together and states count batches); merge or split batches in the stream instead "
+                        "(Stream(batch_size=...), Packing)"
+                    )
+                self.before = before
+                yield batch
+        finally:
+            self.source.batches = iter(())
 
     def _culprit(self) -> str:
         return str(self.names()[0]) if len(self.nodes) == 1 else f"among {self.names()}"
