@@ -25,6 +25,7 @@ except ImportError:  # the older package name
 from ..loading.config import from_config
 from ..loading.dataloader import loader as make_loader
 from ..loading.diagnosis import KEEPS_UP, advice
+from ..loading.nodes.chain import copies
 from ..loading.stream import Stream
 from ..readers.timing import STAGES
 
@@ -44,7 +45,9 @@ class DataModule(pl.LightningDataModule):
         train: the training data: a Stream, a function returning one, or an experiment
             config path (``mmloader.from_config``).
         val: validation data, the same kinds (optional).
-        **loader_options: passed to :func:`mmloader.loader` (``num_workers``, ``backend``...).
+        **loader_options: passed to :func:`mmloader.loader` (``num_workers``, ``backend``...);
+            ``nodes=[...]`` go to the training loader, and copies of them to the validation one
+            (a node reads from one loader).
     """
 
     def __init__(self, train: StreamSource, val: StreamSource | None = None, **loader_options: Any):
@@ -66,7 +69,10 @@ class DataModule(pl.LightningDataModule):
                 stream = source()
             if not isinstance(stream, Stream):
                 raise TypeError(f"DataModule({stage}=...) must give an mmloader.Stream, got {type(stream).__name__}")
-            loader = make_loader(stream, **self.loader_options)
+            options = dict(self.loader_options)
+            if stage != "train" and options.get("nodes"):
+                options["nodes"] = copies(options["nodes"])
+            loader = make_loader(stream, **options)
             if stage in self._states_to_load:  # a resume: loaded before Lightning reads len()
                 loader.load_state_dict(self._states_to_load.pop(stage))
             self.loaders[stage] = loader

@@ -323,7 +323,7 @@ class Resumable:
         """A state: the stream's progress, with the nodes' states (``nodes``: taken earlier)."""
         if self._chain is None:
             return progress
-        return {**progress, "nodes": self._chain.states() if nodes is None else nodes}
+        return {**progress, "nodes": self._chain.saved(nodes)}
 
     def snapshot(self, before_last: bool = False):
         """A deferred :meth:`state_dict` of this very moment (cheap: computed only if called).
@@ -333,6 +333,8 @@ class Resumable:
                 reads ahead hands it to its caller later).
         """
         chain = self._chain
+        if chain is not None:
+            chain.tracking = True  # a read-ahead stage: the nodes' states before each batch are kept
         if before_last and self.batches_seen:
             progress = functools.partial(self.stream.progress, self.batches_seen - 1)
             nodes = chain.before if chain is not None else None

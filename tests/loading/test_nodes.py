@@ -97,9 +97,29 @@ def test_a_filter_keeps_padding_masked(ds):
     )  # (rank 1 of 2: 11 samples on 2 batches, a padding row)
 
 
-def test_a_filter_says_what_is_wrong_with_a_predicate(ds):
-    with pytest.raises(MMLoaderError, match=r"gave 1 values for a batch of 4 rows \(first key 'k0"):
-        next(iter(make(ds, nodes=[mmloader.Filter(lambda b: [True])])))
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda b: [True],  # too few
+        lambda b: torch.full((len(b["t"]),), 0.5),  # not a flag
+        lambda b: [float("nan")] * len(b["t"]),
+        lambda b: ["False"] * len(b["t"]),
+        lambda b: torch.ones(2, len(b["t"]) // 2, dtype=torch.bool),  # not 1-D
+        lambda b: None,
+        lambda b: [2] * len(b["t"]),
+    ],
+)
+def test_a_filter_refuses_what_is_not_one_flag_per_row_naming_itself(ds, answer):
+    with pytest.raises(
+        MMLoaderError, match=r"mmloader.Filter\(.*\): the predicate gave .* first key 'k0.*one bool per row"
+    ):
+        next(iter(make(ds, nodes=[mmloader.Filter(answer)])))
+
+
+def test_a_filter_takes_bools_and_zero_one_integers_and_unbatched_samples(ds):
+    for answer in (lambda b: np.array([1, 0, 1, 0]), lambda b: torch.tensor([True, False, True, False])):
+        batch = next(iter(make(ds, nodes=[mmloader.Filter(answer)])))
+        assert batch["__valid__"].tolist() == [True, False, True, False]
     samples = mmloader.loader(
         mmloader.Stream(ds, seed=1),
         num_workers=1,
@@ -107,10 +127,21 @@ def test_a_filter_says_what_is_wrong_with_a_predicate(ds):
         nodes=[mmloader.Filter(lambda s: s["label"] % 2 == 0)],
     )
     flags = [(int(s["label"]), s["__valid__"]) for s in samples]
-    assert len(flags) == 23 and all(valid == (label % 2 == 0) for label, valid in flags)
+    assert len(flags) == 23 and all(valid is (label % 2 == 0) for label, valid in flags)
+    unbatched = mmloader.loader(
+        mmloader.Stream(ds, seed=1), num_workers=1, backend="thread", nodes=[mmloader.Filter(lambda s: [False])]
+    )
+    with pytest.raises(MMLoaderError, match="one bool \\(an unbatched sample\\)"):
+        next(iter(unbatched))
+
+
+def test_a_filter_says_what_batches_it_takes(ds):
     listed = mmloader.Stream(ds, batching=mmloader.Batching(4, collate_fn=list), seed=1)
-    with pytest.raises(MMLoaderError, match="masks rows of dict batches"):
+    with pytest.raises(MMLoaderError, match="masks rows of dict batches, counted by their __key__; got a list"):
         next(iter(mmloader.loader(listed, num_workers=1, backend="thread", nodes=[mmloader.Filter(even_text)])))
+    inputs_only = mmloader.Map(lambda b: {"t": b["t"]}, name="inputs")
+    with pytest.raises(MMLoaderError, match="got a dict without __key__: keep __key__"):
+        next(iter(make(ds, nodes=[inputs_only, mmloader.Filter(even_text)])))
 
 
 class TakesTwo(mmloader.Node):
@@ -203,3 +234,115 @@ def test_a_read_ahead_stage_failing_ahead_keeps_the_state_of_the_batch_never_han
         next(iter(stage))
     state = stage.state_dict()
     assert state["steps"] == 0 and state["nodes"][0]["state"] == {"n": 0}
+
+
+def test_a_map_that_returns_nothing_or_a_state_that_is_not_plain_data_is_named(ds):
+    def forgets(batch):
+        batch["x"] = 1
+
+    with pytest.raises(MMLoaderError, match=r"mmloader.Map\(.*forgets\): the function returned None"):
+        next(iter(make(ds, nodes=[mmloader.Map(forgets)])))
+
+    class NumpyCount(StepCount):
+        def state(self):
+            return {"n": np.int64(self.n)}
+
+    loader = make(ds, nodes=[mmloader.Map(NumpyCount())])
+    it = iter(loader)
+    next(it)
+    with pytest.raises(MMLoaderError, match=r"node NumpyCount: its state\(\) is not plain data .*int64"):
+        loader.state_dict()
+
+    class Broken(StepCount):
+        def state(self):
+            raise NotImplementedError("no state")
+
+    with pytest.raises(MMLoaderError, match=r"node Broken: its state\(\) failed: NotImplementedError: no state"):
+        next(iter(make(ds, nodes=[mmloader.Map(Broken())])))
+
+
+def test_states_are_copies_both_ways(ds):
+    """A node whose state() hands out its own dict: the checkpoint must not change after it was
+    taken (nor the state ToDevice keeps for the batch held), nor a reset keep the caller's dict."""
+
+    class Live:
+        def __init__(self):
+            self.own = {"n": 0}
+
+        def __call__(self, batch):
+            self.own["n"] += 1
+            batch["n"] = self.own["n"]
+            return batch
+
+        def state(self):
+            return self.own
+
+        def reset(self, state):
+            self.own = state if state is not None else {"n": 0}
+
+    loader = make(ds, nodes=[mmloader.Map(Live())])
+    it = iter(loader)
+    next(it)
+    saved = loader.state_dict()
+    next(it)
+    assert saved["nodes"][0]["state"] == {"n": 1}
+    it.close()
+    again = make(ds, nodes=[mmloader.Map(Live())])
+    again.load_state_dict(saved)
+    assert [b["n"] for b in again] == [2, 3, 4, 5, 6]
+    assert saved["nodes"][0]["state"] == {"n": 1}  # the reset node counted on in its own copy
+    staged = mmloader.ToDevice(make(ds, nodes=[mmloader.Map(Live())]), "cpu")
+    it = iter(staged)
+    got = [next(it)["n"] for _ in range(2)]
+    state = staged.state_dict()
+    it.close()
+    later = mmloader.ToDevice(make(ds, nodes=[mmloader.Map(Live())]), "cpu")
+    later.load_state_dict(state)
+    assert got + [b["n"] for b in later] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_node_reads_from_one_loader(ds):
+    node = mmloader.Map(StepCount())
+    first = make(ds, nodes=[node])
+    with pytest.raises(ValueError, match=r"node 0 \(StepCount\) already reads from another loader"):
+        make(ds, nodes=[node])
+    del first  # gone: the node may go into another loader
+    assert [b["step"] for b in make(ds, nodes=[node])] == list(range(6))
+
+
+def test_nodes_is_a_list_and_a_map_is_stateful_with_both_halves(ds):
+    with pytest.raises(TypeError, match="takes a list of mmloader.Node, got a Map"):
+        make(ds, nodes=mmloader.Map(StepCount()))
+
+    class ResetOnly:
+        def __call__(self, batch):
+            return batch
+
+        def reset(self):  # not the protocol's reset(state): a function object of another kind
+            raise AssertionError("called")
+
+    half = mmloader.Map(ResetOnly())
+    assert half.state() == {} and half.name == "ResetOnly"
+    half.reset({"n": 1})
+    import functools
+
+    assert mmloader.Map(functools.partial(StepCount())).name == "StepCount"
+    counted = mmloader.Map(functools.partial(StepCount()))
+    assert counted.state() == {"n": 0}  # the partial's function is checkpointed
+
+
+def test_a_datamodule_gives_its_validation_loader_copies_of_the_nodes(ds):
+    pytest.importorskip("lightning")
+    from mmloader.frameworks.lightning import DataModule
+
+    node = mmloader.Map(StepCount())
+    dm = DataModule(
+        mmloader.Stream(ds, batch_size=4, seed=1),
+        mmloader.Stream(ds, batch_size=4, seed=2),
+        num_workers=1,
+        backend="thread",
+        nodes=[node],
+    )
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    assert [b["step"] for b in train] == list(range(6)) and [b["step"] for b in val] == list(range(6))
+    assert node.state() == {"n": 6} and train.state_dict()["nodes"][0]["state"] == {"n": 6}

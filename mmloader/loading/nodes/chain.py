@@ -3,23 +3,32 @@
 ``mmloader.loader(stream, nodes=[a, b])`` makes the graph ``batches -> a -> b``: the backend's
 batches of the pass under way are its source, and each node reads the one before it. Every node
 hands on one batch for each it reads: ranks deliver equal numbers of batches, and the loader's
-state, which counts batches, stays true. A node that takes two, or ends the pass early, is
-stopped with an error naming it (left alone, one rank would wait for the others for good).
+state, which counts batches, stays true. A node that takes two, hands on nothing, or ends the
+pass early, is stopped with an error naming it (left alone, one rank would wait for the others
+for good). A node reads from one loader: putting it into a second one while the first lives is
+refused.
 
-States: ``loader.state_dict()["nodes"]`` holds each node's name and :meth:`~.base.Node.state`;
-``load_state_dict`` resets each node to its own. A checkpoint resumes only into the same nodes
-(by name, in order); one saved before any node was put in starts them afresh, with a warning.
-Frameworks save one rank's checkpoint for all: a node's state should be the same on every rank
-(a count of steps, a schedule), not a statistic of the rank's own rows.
+States: ``loader.state_dict()["nodes"]`` holds each node's name and :meth:`~.base.Node.state`
+(copied, checked to be plain data); ``load_state_dict`` resets each node to (a copy of) its own.
+A checkpoint resumes only into the same nodes (by name, in order); one saved before any node
+was put in starts them afresh, with a warning. Frameworks save one rank's checkpoint for all: a
+node's state should be the same on every rank (a count of steps, a schedule), not a statistic of
+the rank's own rows.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import warnings
+import weakref
 from typing import Any, Iterator, Sequence
 
 from ...errors import MMLoaderError, ResumeError
 from .base import Node
+
+#: node -> the chain it reads in (a node reads from one loader at a time)
+_BOUND: weakref.WeakKeyDictionary[Node[Any], weakref.ref[Chain]] = weakref.WeakKeyDictionary()
 
 
 class _Delivered(Node[Any]):
@@ -43,16 +52,36 @@ def name_of(node: Node[Any]) -> str:
     return str(getattr(node, "name", None) or type(node).__name__)
 
 
+def copies(nodes: Sequence[Node[Any]]) -> list[Node[Any]]:
+    """Fresh copies of ``nodes`` for another loader (their sources are not copied)."""
+    out = []
+    for node in nodes:
+        source, node.source = node.source, None
+        try:
+            out.append(copy.deepcopy(node))
+        finally:
+            node.source = source
+    return out
+
+
 class Chain:
     """The user's nodes over a loader's batches (see the module docstring)."""
 
     def __init__(self, nodes: Sequence[Node[Any]]):
+        if isinstance(nodes, Node) or not isinstance(nodes, (list, tuple)):
+            raise TypeError(f"loader(nodes=...) takes a list of mmloader.Node, got a {type(nodes).__name__}")
         nodes = list(nodes)
         for i, node in enumerate(nodes):
             if not isinstance(node, Node):
                 raise TypeError(
                     f"loader(nodes=[...]): item {i} is a {type(node).__name__}, not an mmloader.Node; wrap a "
                     "function of batches as mmloader.Map(fn)"
+                )
+            owner = _BOUND.get(node)
+            if owner is not None and owner() is not None:
+                raise ValueError(
+                    f"loader(nodes=[...]): node {i} ({name_of(node)}) already reads from another loader; make "
+                    "one node object for each loader (mmloader.loading.nodes.chain.copies(nodes) copies them)"
                 )
         if len({id(n) for n in nodes}) != len(nodes):
             raise ValueError("loader(nodes=[...]): a node appears twice; make one object for each place")
@@ -61,24 +90,49 @@ class Chain:
         upstream: Node[Any] = self.source
         for node in nodes:
             node.source = upstream
+            _BOUND[node] = weakref.ref(self)
             upstream = node
         self.head = upstream
         self.before: list[dict] | None = None  # the node states before the batch delivered last
+        self.tracking = False  # `before` kept for every batch (a read-ahead stage asked for it)
 
     def names(self) -> list[str]:
         return [name_of(n) for n in self.nodes]
 
     def states(self) -> list[dict]:
-        """Each node's name and state, as a checkpoint holds them."""
-        return [{"node": name_of(n), "state": n.state()} for n in self.nodes]
+        """Each node's name and a copy of its state, as a checkpoint holds them."""
+        out = []
+        for node in self.nodes:
+            try:
+                state = copy.deepcopy(node.state())
+            except Exception as e:
+                raise MMLoaderError(f"node {name_of(node)}: its state() failed: {type(e).__name__}: {e}") from e
+            out.append({"node": name_of(node), "state": state})
+        return out
+
+    def saved(self, states: list[dict] | None = None) -> list[dict]:
+        """``states`` (default: now), checked to be plain data: a checkpoint is saved as JSON too."""
+        states = self.states() if states is None else states
+        for entry in states:
+            try:
+                json.dumps(entry["state"], allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise MMLoaderError(
+                    f"node {entry['node']}: its state() is not plain data ({e}): checkpoints are saved as JSON "
+                    "too (HF Trainer); give numbers as int/float, arrays as lists"
+                ) from None
+        return states
 
     def run(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The pass's batches through the nodes, each checked to hand on one batch per batch."""
         self.source.batches, self.source.ended = batches, False
         del batches  # held by the source only, and dropped with the pass (its workers stop at once)
+        self.before = self.states()  # (the one state() call per pass a plain loop pays)
+        first = True
         try:
             while True:
-                before, read = self.states(), self.source.read
+                before = self.states() if self.tracking and not first else self.before
+                first, read = False, self.source.read
                 try:
                     batch = self.head.next()
                 except StopIteration:
@@ -97,6 +151,8 @@ class Chain:
                         "together and states count batches); merge or split batches in the stream instead "
                         "(Stream(batch_size=...), Packing)"
                     )
+                if batch is None:
+                    raise MMLoaderError(f"node {self._culprit()} handed on None for a batch: return the batch")
                 self.before = before
                 yield batch
         finally:
@@ -114,7 +170,11 @@ class Chain:
                 stacklevel=4,
             )
         for i, node in enumerate(self.nodes):
-            node.reset(saved[i].get("state") or None if saved is not None else None)
+            state = copy.deepcopy(saved[i].get("state")) if saved is not None else None
+            try:
+                node.reset(state or None)
+            except Exception as e:
+                raise MMLoaderError(f"node {name_of(node)}: its reset(state) failed: {type(e).__name__}: {e}") from e
         self.before = None
 
 

@@ -38,34 +38,56 @@ class Filter(Node[Any]):
         self.masked = 0
 
     def next(self) -> Any:
-        assert self.source is not None, "a Filter reads the node before it: put it in with loader(nodes=[...])"
+        if self.source is None:
+            raise MMLoaderError(f"{self!r} reads the node before it: put it in with loader(nodes=[...])")
         batch = self.source.next()
-        if not isinstance(batch, dict):
+        if not isinstance(batch, dict) or "__key__" not in batch:
+            what = type(batch).__name__ if not isinstance(batch, dict) else "dict without __key__"
             raise MMLoaderError(
-                f"mmloader.Filter({self.name}) masks rows of dict batches (their __valid__); got a "
-                f"{type(batch).__name__}: filter inside your collate_fn instead"
+                f"{self!r} masks rows of dict batches, counted by their __key__; got a {what}: keep __key__ "
+                "(put the Filter before a Map that drops it), or filter inside your collate_fn"
             )
-        keys = batch.get("__key__")
-        if not isinstance(keys, (list, tuple)):  # an unbatched sample
-            keep, counts = bool(self.predicate(batch)), bool(batch.get("__valid__", True))
-            self.masked += counts and not keep
-            batch["__valid__"] = counts and keep
-            return batch
-        given = self.predicate(batch)
-        if isinstance(given, torch.Tensor):
-            keep_rows = given.detach().to("cpu", torch.bool).reshape(-1)
-        else:
-            keep_rows = torch.from_numpy(np.asarray(given, dtype=bool).reshape(-1))
-        if len(keep_rows) != len(keys):
-            raise MMLoaderError(
-                f"mmloader.Filter({self.name}): the predicate gave {len(keep_rows)} values for a batch of "
-                f"{len(keys)} rows (first key {keys[0]!r}); it must give one bool per row"
-            )
+        keys = batch["__key__"]
+        batched = isinstance(keys, (list, tuple))
+        keep = self._flags(self.predicate(batch), len(keys) if batched else None, keys)
         was = batch.get("__valid__")
-        rows = torch.ones(len(keys), dtype=torch.bool) if was is None else torch.as_tensor(was, dtype=torch.bool)
-        self.masked += int((rows & ~keep_rows).sum())
-        batch["__valid__"] = rows & keep_rows
+        rows = torch.ones(keep.shape, dtype=torch.bool) if was is None else torch.as_tensor(was, dtype=torch.bool)
+        rows = rows.cpu()
+        self.masked += int((rows & ~keep).sum())
+        kept = rows & keep
+        batch["__valid__"] = kept.to(was.device) if isinstance(was, torch.Tensor) else kept
+        if not batched:
+            batch["__valid__"] = bool(kept)
         return batch
+
+    def _flags(self, given: Any, rows: int | None, keys: Any) -> torch.Tensor:
+        """The predicate's answer as bools, one per row (a 0-d one unbatched), or an error naming it."""
+        if isinstance(given, torch.Tensor):
+            flags = given.detach().cpu()
+        else:
+            try:
+                flags = torch.as_tensor(np.asarray(given))
+            except (TypeError, ValueError, RuntimeError):
+                flags = None
+        ok = flags is not None and (
+            flags.dtype == torch.bool or (not flags.is_floating_point() and not flags.is_complex())
+        )
+        if ok and flags is not None and flags.dtype != torch.bool:
+            ok = bool(((flags == 0) | (flags == 1)).all())
+        shape = () if rows is None else (rows,)
+        if not ok or flags is None or tuple(flags.shape) != shape:
+            first = keys if rows is None else keys[0] if len(keys) else None
+            want = (
+                "one bool (an unbatched sample)"
+                if rows is None
+                else f"one bool per row: a 1-D list or tensor of {rows}"
+            )
+            said = " ".join(repr(given).split())[:80]
+            raise MMLoaderError(
+                f"{self!r}: the predicate gave {said} for a batch of first key {first!r}; it must give {want} "
+                "(bools, or integers 0 and 1)"
+            )
+        return flags.to(torch.bool)
 
     def __repr__(self) -> str:
         return f"mmloader.Filter({self.name})"

@@ -9,8 +9,10 @@ statistic, a curriculum's counter) is checkpointed with the loader: its state tr
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
+from ...errors import MMLoaderError
 from .base import Node
 
 
@@ -20,28 +22,35 @@ class Map(Node[Any]):
     Args:
         fn: ``batch -> batch``; an object that also has ``state()`` and ``reset(state)`` is
             checkpointed with the loader.
-        name: what states call the node (default: ``fn``'s name); a checkpoint only resumes
-            into the same nodes, by name and order.
+        name: what states call the node (default: ``fn``'s name, a partial's function's); a
+            checkpoint only resumes into the same nodes, by name and order: name lambdas and
+            partials that would be taken for one another.
     """
 
     def __init__(self, fn: Callable[[Any], Any], name: str | None = None):
         if not callable(fn):
             raise TypeError(f"mmloader.Map(fn): fn must be callable, got {type(fn).__name__}")
         self.fn = fn
-        self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+        inner = fn.func if isinstance(fn, functools.partial) else fn  # (a partial's function names it)
+        self.name = name or getattr(inner, "__qualname__", None) or type(inner).__name__
+        # stateful when the function object has both halves of the protocol
+        stateful = callable(getattr(inner, "state", None)) and callable(getattr(inner, "reset", None))
+        self._own: Any = inner if stateful else None
 
     def next(self) -> Any:
-        assert self.source is not None, "a Map reads the node before it: put it in with loader(nodes=[...])"
-        return self.fn(self.source.next())
+        if self.source is None:
+            raise MMLoaderError(f"{self!r} reads the node before it: put it in with loader(nodes=[...])")
+        out = self.fn(self.source.next())
+        if out is None:
+            raise MMLoaderError(f"{self!r}: the function returned None for a batch; return the (changed) batch")
+        return out
 
     def state(self) -> dict:
-        own = getattr(self.fn, "state", None)
-        return dict(own()) if callable(own) else {}
+        return dict(self._own.state()) if self._own is not None else {}
 
     def reset(self, state: dict | None = None) -> None:
-        own = getattr(self.fn, "reset", None)
-        if callable(own):
-            own(state)
+        if self._own is not None:
+            self._own.reset(state)
 
     def __repr__(self) -> str:
         return f"mmloader.Map({self.name})"
