@@ -125,12 +125,22 @@ class DeviceStage:
                 yield self._handoff(pending[0], pending[1], None)
             self._left_early = False
         finally:
-            deferred = getattr(self.loader, "_pending", None) is not None
+            waiting = getattr(self.loader, "_pending", None)
+            held = self.state_dict() if self._left_early and self._held_state is not None else None
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # the loader's pass ends now: a set_epoch/load_state_dict made during it applies
-            if deferred:  # ...so what this pass held no longer describes where the next one starts
+            if held is not None and (waiting is None or waiting[0] != "state"):
+                # the batch read ahead went through the loader's nodes: they go back to the batch held
+                # (a set_epoch next would not rewind them; a state loaded during the pass sets its own)
+                self._rewind_nodes(held.get("nodes"))
+            if waiting is not None:  # ...so what this pass held no longer describes where the next one starts
                 self._held_state, self._left_early = None, False
+
+    def _rewind_nodes(self, saved: Any) -> None:
+        """Put the loader's nodes back to ``saved`` (a state's ``"nodes"``; None: it has none)."""
+        if saved is not None:
+            self.loader._rewind_nodes(saved)  # type: ignore[attr-defined]
 
     def stats(self, reset: bool = False) -> dict[str, float]:
         """The loader's :meth:`stats`, with the work done here (``<STAT>_ms_per_batch``, the

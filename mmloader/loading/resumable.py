@@ -168,6 +168,11 @@ class Resumable:
         if self._chain is not None:
             self._chain.load(nodes)
 
+    def _rewind_nodes(self, saved: list[dict]) -> None:
+        """Put the nodes back to ``saved`` (a read-ahead stage's batch never handed over went through them)."""
+        if self._chain is not None:
+            self._chain.load(saved)
+
     def _resume_now(self, state: dict) -> None:
         self.stream.resume(state)
         self.batches_seen, self.epoch_done = 0, False

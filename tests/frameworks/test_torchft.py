@@ -47,7 +47,7 @@ def run(tmp_path: Path, data: Path, **spec) -> list[dict]:
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=spec.get("deadline_s", 150) + 30, env={**os.environ}
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 

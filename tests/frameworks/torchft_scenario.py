@@ -94,7 +94,11 @@ def main() -> int:
                 cmd += ["--checkpoint", str(log.parent / "checkpoint.json")]
                 if not (log.parent / "checkpoint.json").exists():
                     cmd += ["--stop-at", str(spec["stop_at"])]
-            procs.append(subprocess.Popen(cmd, env=env))
+            # each rank's own stderr apart from torchft's interleaved logs: a failing rank's traceback is said
+            err = log.parent / f"rank-{group}-{rank}-{len(list(log.parent.glob(f'rank-{group}-{rank}-*.err')))}.err"
+            proc = subprocess.Popen(cmd, env=env, stderr=err.open("w"))
+            proc.err_path = err  # type: ignore[attr-defined]
+            procs.append(proc)
         return procs
 
     running = {g: start(g, events.get(g, {}).get("die", "")) for g in range(spec["groups"])}
@@ -146,7 +150,8 @@ def main() -> int:
                     p.kill()
                 p.wait()
                 if p.returncode not in (0, -9):
-                    print(f"torchft_scenario: a rank exited with {p.returncode}", file=sys.stderr)
+                    said = p.err_path.read_text()[-3000:]
+                    print(f"torchft_scenario: a rank exited with {p.returncode}:\n{said}", file=sys.stderr)
                     status = 1
     finally:
         lighthouse.shutdown()

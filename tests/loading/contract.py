@@ -20,6 +20,7 @@ changed under each ``on_change`` policy, ``set_epoch``, a store edited between r
 * The ledger: ``keys_at`` of every delivered step equals the batch's keys; ``steps_of(key)``
   equals the steps that delivered the key in the passes the stream knows (its own, and the
   one its state was taken in when the plan is the same).
+* A device stage (``ToDevice``), which reads one batch ahead, changes none of the above.
 * Nodes (``loader(nodes=[...])``): a stateful :class:`StepCount` numbers every batch a rank
   delivered since the run began, across passes, epochs and resumes from its checkpointed
   state (a checkpoint saved without nodes starts it afresh; one with nodes is refused by a
@@ -86,6 +87,7 @@ class Config:
     backend: str = "thread"
     on_change: str = "error"
     nodes: bool = False  # a StepCount and a Filter between the loader and the loop
+    staged: bool = False  # the loader read one batch ahead by a device stage (ToDevice on the CPU)
 
     def plan_fields(self) -> tuple:
         """What the plan identity covers: a change here must be a PlanChangedError."""
@@ -199,8 +201,10 @@ def keep_rows(batch: dict) -> list[bool]:
 def make_loader(stream: mmloader.Stream, cfg: Config, rank: int) -> Any:
     nodes = [mmloader.Map(StepCount()), mmloader.Filter(keep_rows)] if cfg.nodes else []
     if cfg.backend == "ray":  # builders on the test module's Ray cluster, one pool per rank
-        return mmloader.loader(stream, backend="ray", actors=1, job=f"contract-{os.getpid()}-{rank}", nodes=nodes)
-    return mmloader.loader(stream, backend=cfg.backend, num_workers=cfg.workers, nodes=nodes)
+        made = mmloader.loader(stream, backend="ray", actors=1, job=f"contract-{os.getpid()}-{rank}", nodes=nodes)
+    else:
+        made = mmloader.loader(stream, backend=cfg.backend, num_workers=cfg.workers, nodes=nodes)
+    return mmloader.ToDevice(made, "cpu") if cfg.staged else made
 
 
 # -- the model ---------------------------------------------------------------------------------

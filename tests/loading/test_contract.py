@@ -72,6 +72,7 @@ def configs(draw, backend: str, max_size: int) -> Config:
         backend=backend,
         on_change=draw(st.sampled_from(["error", "next_epoch", "continue"])),
         nodes=draw(st.booleans()),
+        staged=draw(st.booleans()),
     )
 
 
@@ -83,6 +84,7 @@ def changed(draw, cfg: Config) -> Config:
         "workers": draw(st.integers(0, 2)),
         "on_change": draw(st.sampled_from([cfg.on_change, "error", "next_epoch", "continue", "continue"])),
         "nodes": draw(st.sampled_from([cfg.nodes] * 4 + [not cfg.nodes])),  # nodes put in or taken out
+        "staged": draw(st.booleans()),
     }
     if what == "weights" and cfg.weights:
         new["weights"] = tuple(draw(st.sampled_from([w for w in WEIGHTS if tuple(w) != cfg.weights])))

@@ -205,6 +205,8 @@ def _walk(stores: Stores, cfg: Config, steps) -> None:
         for op, arg in steps:
             if op == "take":
                 run.take(arg)
+            elif op == "set_epoch":
+                run.set_epoch(arg)
             else:
                 run = run.restart(arg)
         run.take(None)
@@ -305,3 +307,10 @@ def test_a_version_2_state_resumes_with_a_warning_and_continues_into_a_filter(tm
         warnings.simplefilter("ignore")
         rest, _ = _run(filtered, old)
     assert not set(first) & set(rest) and len(set(rest)) == len(rest)
+
+
+def test_found_a_batch_read_ahead_counted_by_a_node_after_set_epoch(stores):
+    """ToDevice read batch 2 ahead through a stateful node; the pass left after batch 1 and
+    set_epoch(1) then started epoch 1 with the node counting 2 batches delivered, not 1."""
+    cfg = Config(sizes=(13,), batch_size=1, shuffle=False, nodes=True, staged=True)
+    _walk(stores, cfg, [("take", 1), ("set_epoch", 1), ("take", None)])
