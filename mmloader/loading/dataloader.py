@@ -27,7 +27,7 @@ import torch.utils.data
 from ..errors import MMLoaderError
 from .distributed import available_cpus, local_world_size
 from .nodes.base import Node
-from .nodes.chain import Chain
+from .nodes.chain import Chain, check_list
 from .protocol import StreamLike, check_stream
 from .resumable import Resumable
 from .ring import BatchRing
@@ -393,9 +393,9 @@ def loader(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
-    chain = Chain(nodes) if nodes else None  # (checked before any worker starts)
+    nodes = check_list(nodes)  # (checked before anything starts; bound once the loader is made)
     made = _made(stream, num_workers, backend, kwargs)
-    made._chain = chain
+    made._chain = Chain(nodes) if nodes else None
     return made
 
 

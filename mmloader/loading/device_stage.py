@@ -67,8 +67,10 @@ class DeviceStage:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the loader's epoch (see :meth:`mmloader.Loader.set_epoch`)."""
+        held = self._held_nodes() if self._left_early else None
         self.loader.set_epoch(epoch)  # type: ignore[attr-defined]
         if getattr(self.loader, "_pending", None) is None:  # applied now, not when the pass ends
+            self._rewind_nodes(held)  # (a batch read ahead, never handed over, went through them)
             self._held_state, self._left_early = None, False
 
     @property
@@ -126,21 +128,28 @@ class DeviceStage:
             self._left_early = False
         finally:
             waiting = getattr(self.loader, "_pending", None)
-            held = self.state_dict() if self._left_early and self._held_state is not None else None
+            held = self._held_nodes() if self._left_early else None
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # the loader's pass ends now: a set_epoch/load_state_dict made during it applies
-            if held is not None and (waiting is None or waiting[0] != "state"):
+            if (waiting is None or waiting[0] != "state") and getattr(self.loader, "_active", None) is None:
                 # the batch read ahead went through the loader's nodes: they go back to the batch held
-                # (a set_epoch next would not rewind them; a state loaded during the pass sets its own)
-                self._rewind_nodes(held.get("nodes"))
+                # (a set_epoch next would not rewind them; a state loaded during the pass sets its own;
+                # a newer pass under way is left alone)
+                self._rewind_nodes(held)
             if waiting is not None:  # ...so what this pass held no longer describes where the next one starts
                 self._held_state, self._left_early = None, False
 
+    def _held_nodes(self) -> Any:
+        """The loader's nodes' states as of the batch the caller holds (None: no nodes, or nothing held)."""
+        held = self._held_state
+        return held.get("nodes") if isinstance(held, dict) else getattr(held, "nodes", None)
+
     def _rewind_nodes(self, saved: Any) -> None:
         """Put the loader's nodes back to ``saved`` (a state's ``"nodes"``; None: it has none)."""
-        if saved is not None:
-            self.loader._rewind_nodes(saved)  # type: ignore[attr-defined]
+        rewind = getattr(self.loader, "_rewind_nodes", None)
+        if saved is not None and rewind is not None:
+            rewind(saved)
 
     def stats(self, reset: bool = False) -> dict[str, float]:
         """The loader's :meth:`stats`, with the work done here (``<STAT>_ms_per_batch``, the

@@ -227,7 +227,7 @@ class Resumable:
             stream.drop_resume()
             stream.control.epoch = stream.epoch + 1
         else:  # left early: continue this epoch at its next unseen batch
-            self._resume_now(self.state_dict())
+            self._resume_now(self._progress())  # (the nodes go on as they are)
             stream.pass_flags.resume_fresh = False
         stream.pass_flags.epoch_chosen = False
         self._passes += 1
@@ -316,13 +316,18 @@ class Resumable:
     def state_dict(self) -> dict:
         """Where this rank is: epoch plus delivered batches (and the plan geometry to check against).
         After the epoch's last batch: the start of the next epoch (the one ``set_epoch`` chose,
-        if it was called during the pass)."""
+        if it was called during the pass). With nodes, a copy of each node's state."""
         pending = self._pending
-        if self.epoch_done and pending is not None:  # the pass is over; the next one is that
-            if pending[0] == "state":
-                return pending[1]
-            return self._with_nodes(self.stream.progress(0, epoch_done=True, next_epoch=pending[1]))
-        return self._with_nodes(self.stream.progress(self.batches_seen, epoch_done=self.epoch_done))
+        if self.epoch_done and pending is not None and pending[0] == "state":
+            return pending[1]  # the pass is over; the next one is that
+        return self._with_nodes(self._progress())
+
+    def _progress(self) -> dict:
+        """The stream's part of :meth:`state_dict`."""
+        pending = self._pending
+        if self.epoch_done and pending is not None and pending[0] == "epoch":
+            return self.stream.progress(0, epoch_done=True, next_epoch=pending[1])
+        return self.stream.progress(self.batches_seen, epoch_done=self.epoch_done)
 
     def _with_nodes(self, progress: dict, nodes: list[dict] | None = None) -> dict:
         """A state: the stream's progress, with the nodes' states (``nodes``: taken earlier)."""
@@ -330,25 +335,32 @@ class Resumable:
             return progress
         return {**progress, "nodes": self._chain.saved(nodes)}
 
-    def snapshot(self, before_last: bool = False):
-        """A deferred :meth:`state_dict` of this very moment (cheap: computed only if called).
+    def snapshot(self, before_last: bool = False) -> Any:
+        """A deferred :meth:`state_dict` of this very moment: the stream's part is computed only
+        if called, the nodes' states are taken now (they change with the next batch).
 
         Args:
             before_last: the state as it was before the batch delivered last (a wrapper that
                 reads ahead hands it to its caller later).
         """
         chain = self._chain
-        if chain is not None:
-            chain.tracking = True  # a read-ahead stage: the nodes' states before each batch are kept
         if before_last and self.batches_seen:
             progress = functools.partial(self.stream.progress, self.batches_seen - 1)
             nodes = chain.before if chain is not None else None
         else:
             progress = functools.partial(self.stream.progress, self.batches_seen, epoch_done=self.epoch_done)
             nodes = chain.states() if chain is not None else None
-        if chain is None:
-            return progress
-        return lambda: self._with_nodes(progress(), nodes)  # the nodes' states now: they change with the next batch
+        return progress if chain is None else Snapshot(self, progress, nodes)
+
+
+class Snapshot:
+    """A state taken at one moment, computed when called; ``nodes``: the nodes' states then."""
+
+    def __init__(self, loader: Resumable, progress: Any, nodes: list[dict] | None):
+        self.loader, self.progress, self.nodes = loader, progress, nodes
+
+    def __call__(self) -> dict:
+        return self.loader._with_nodes(self.progress(), self.nodes)
 
 
 def _batch_len(batch: Any, default: int) -> int:

@@ -96,7 +96,8 @@ def main() -> int:
                     cmd += ["--stop-at", str(spec["stop_at"])]
             # each rank's own stderr apart from torchft's interleaved logs: a failing rank's traceback is said
             err = log.parent / f"rank-{group}-{rank}-{len(list(log.parent.glob(f'rank-{group}-{rank}-*.err')))}.err"
-            proc = subprocess.Popen(cmd, env=env, stderr=err.open("w"))
+            with err.open("w") as stderr:  # (the rank holds its own copy of the file)
+                proc = subprocess.Popen(cmd, env=env, stderr=stderr)
             proc.err_path = err  # type: ignore[attr-defined]
             procs.append(proc)
         return procs

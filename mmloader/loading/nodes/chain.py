@@ -27,8 +27,7 @@ from typing import Any, Iterator, Sequence
 from ...errors import MMLoaderError, ResumeError
 from .base import Node
 
-#: node -> the chain it reads in (a node reads from one loader at a time)
-_BOUND: weakref.WeakKeyDictionary[Node[Any], weakref.ref[Chain]] = weakref.WeakKeyDictionary()
+_OWNER = "_mmloader_chain"  # on a node: a weak reference to the chain it reads in (by identity)
 
 
 class _Delivered(Node[Any]):
@@ -53,48 +52,54 @@ def name_of(node: Node[Any]) -> str:
 
 
 def copies(nodes: Sequence[Node[Any]]) -> list[Node[Any]]:
-    """Fresh copies of ``nodes`` for another loader (their sources are not copied)."""
+    """Fresh copies of ``nodes`` for another loader: their sources and loader not copied, each
+    reset to its start."""
     out = []
     for node in nodes:
-        source, node.source = node.source, None
-        try:
-            out.append(copy.deepcopy(node))
-        finally:
-            node.source = source
+        skip = {id(node.source): None, id(getattr(node, _OWNER, None)): None}
+        fresh = copy.deepcopy(node, skip)
+        object.__setattr__(fresh, "source", None)
+        object.__setattr__(fresh, _OWNER, None)
+        fresh.reset(None)
+        out.append(fresh)
     return out
+
+
+def check_list(nodes: Any) -> list[Node[Any]]:
+    """``nodes`` as a list, checked (types, each once, none reading from a live loader already)."""
+    if isinstance(nodes, Node) or not isinstance(nodes, (list, tuple)):
+        raise TypeError(f"loader(nodes=...) takes a list of mmloader.Node, got a {type(nodes).__name__}")
+    for i, node in enumerate(nodes):
+        if not isinstance(node, Node):
+            raise TypeError(
+                f"loader(nodes=[...]): item {i} is a {type(node).__name__}, not an mmloader.Node; wrap a "
+                "function of batches as mmloader.Map(fn)"
+            )
+        owner = getattr(node, _OWNER, None)
+        if owner is not None and owner() is not None:
+            raise ValueError(
+                f"loader(nodes=[...]): node {i} ({name_of(node)}) already reads from another loader; make "
+                "one node object for each loader (mmloader.loading.nodes.chain.copies(nodes) copies them)"
+            )
+    if len({id(n) for n in nodes}) != len(nodes):
+        raise ValueError("loader(nodes=[...]): a node appears twice; make one object for each place")
+    return list(nodes)
 
 
 class Chain:
     """The user's nodes over a loader's batches (see the module docstring)."""
 
     def __init__(self, nodes: Sequence[Node[Any]]):
-        if isinstance(nodes, Node) or not isinstance(nodes, (list, tuple)):
-            raise TypeError(f"loader(nodes=...) takes a list of mmloader.Node, got a {type(nodes).__name__}")
-        nodes = list(nodes)
-        for i, node in enumerate(nodes):
-            if not isinstance(node, Node):
-                raise TypeError(
-                    f"loader(nodes=[...]): item {i} is a {type(node).__name__}, not an mmloader.Node; wrap a "
-                    "function of batches as mmloader.Map(fn)"
-                )
-            owner = _BOUND.get(node)
-            if owner is not None and owner() is not None:
-                raise ValueError(
-                    f"loader(nodes=[...]): node {i} ({name_of(node)}) already reads from another loader; make "
-                    "one node object for each loader (mmloader.loading.nodes.chain.copies(nodes) copies them)"
-                )
-        if len({id(n) for n in nodes}) != len(nodes):
-            raise ValueError("loader(nodes=[...]): a node appears twice; make one object for each place")
-        self.nodes = nodes
+        self.nodes = check_list(nodes)
         self.source = _Delivered()
         upstream: Node[Any] = self.source
-        for node in nodes:
-            node.source = upstream
-            _BOUND[node] = weakref.ref(self)
+        for node in self.nodes:  # (object.__setattr__: a frozen dataclass is a node too)
+            object.__setattr__(node, "source", upstream)
+            object.__setattr__(node, _OWNER, weakref.ref(self))
             upstream = node
         self.head = upstream
         self.before: list[dict] | None = None  # the node states before the batch delivered last
-        self.tracking = False  # `before` kept for every batch (a read-ahead stage asked for it)
+        self._pass: object | None = None  # the pass whose batches the source holds
 
     def names(self) -> list[str]:
         return [name_of(n) for n in self.nodes]
@@ -111,28 +116,30 @@ class Chain:
         return out
 
     def saved(self, states: list[dict] | None = None) -> list[dict]:
-        """``states`` (default: now), checked to be plain data: a checkpoint is saved as JSON too."""
-        states = self.states() if states is None else states
+        """A copy of ``states`` (default: now), checked to be plain data: checkpoints are saved as
+        JSON too (HF Trainer), and must come back the same."""
+        states = self.states() if states is None else copy.deepcopy(states)
         for entry in states:
             try:
-                json.dumps(entry["state"], allow_nan=False)
+                same = json.loads(json.dumps(entry["state"], allow_nan=False)) == entry["state"]
+                why = "JSON would change it: tuples, or keys that are not strings"
             except (TypeError, ValueError) as e:
+                same, why = False, str(e)
+            if not same:
                 raise MMLoaderError(
-                    f"node {entry['node']}: its state() is not plain data ({e}): checkpoints are saved as JSON "
-                    "too (HF Trainer); give numbers as int/float, arrays as lists"
-                ) from None
+                    f"node {entry['node']}: its state() is not plain data ({why}): checkpoints are saved as "
+                    "JSON too (HF Trainer); give numbers as int/float, arrays as lists, keys as strings"
+                )
         return states
 
     def run(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The pass's batches through the nodes, each checked to hand on one batch per batch."""
+        token = self._pass = object()
         self.source.batches, self.source.ended = batches, False
         del batches  # held by the source only, and dropped with the pass (its workers stop at once)
-        self.before = self.states()  # (the one state() call per pass a plain loop pays)
-        first = True
         try:
             while True:
-                before = self.states() if self.tracking and not first else self.before
-                first, read = False, self.source.read
+                before, read = self.states(), self.source.read
                 try:
                     batch = self.head.next()
                 except StopIteration:
@@ -144,6 +151,10 @@ class Chain:
                             "dropping)"
                         ) from None
                     return
+                except BaseException:
+                    # the batch is delivered again by the next pass: the nodes it went through go back
+                    self._reset(before)
+                    raise
                 if self.source.read != read + 1:
                     raise MMLoaderError(
                         f"node {self._culprit()} read {self.source.read - read} batches to hand on one: nodes "
@@ -156,7 +167,8 @@ class Chain:
                 self.before = before
                 yield batch
         finally:
-            self.source.batches = iter(())
+            if self._pass is token:  # (an old pass closed late leaves a newer one's batches alone)
+                self.source.batches = iter(())
 
     def _culprit(self) -> str:
         return str(self.names()[0]) if len(self.nodes) == 1 else f"among {self.names()}"
@@ -164,15 +176,18 @@ class Chain:
     def load(self, saved: Any) -> None:
         """Reset every node to its state in ``saved`` (checked by :func:`check`)."""
         check(self, saved)
-        if saved is None and any(n.state() for n in self.nodes):
+        if saved is None and any(entry["state"] for entry in self.states()):
             warnings.warn(
                 f"this checkpoint was saved without nodes; the loader's nodes {self.names()} start afresh",
                 stacklevel=4,
             )
+        self._reset(saved)
+
+    def _reset(self, saved: list[dict] | None) -> None:
         for i, node in enumerate(self.nodes):
             state = copy.deepcopy(saved[i].get("state")) if saved is not None else None
             try:
-                node.reset(state or None)
+                node.reset(state)
             except Exception as e:
                 raise MMLoaderError(f"node {name_of(node)}: its reset(state) failed: {type(e).__name__}: {e}") from e
         self.before = None

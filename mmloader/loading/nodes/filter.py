@@ -9,6 +9,7 @@ same size, and the ledger stays what was delivered. A rejected row has ``__valid
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -34,7 +35,8 @@ class Filter(Node[Any]):
         if not callable(predicate):
             raise TypeError(f"mmloader.Filter(predicate): predicate must be callable, got {type(predicate).__name__}")
         self.predicate = predicate
-        self.name = name or getattr(predicate, "__qualname__", None) or type(predicate).__name__
+        inner = predicate.func if isinstance(predicate, functools.partial) else predicate
+        self.name = name or getattr(inner, "__qualname__", None) or type(inner).__name__
         self.masked = 0
 
     def next(self) -> Any:
@@ -49,15 +51,17 @@ class Filter(Node[Any]):
             )
         keys = batch["__key__"]
         batched = isinstance(keys, (list, tuple))
-        keep = self._flags(self.predicate(batch), len(keys) if batched else None, keys)
+        given = self.predicate(batch)
+        keep = self._flags(given, len(keys) if batched else None, keys)
         was = batch.get("__valid__")
         rows = torch.ones(keep.shape, dtype=torch.bool) if was is None else torch.as_tensor(was, dtype=torch.bool)
-        rows = rows.cpu()
-        self.masked += int((rows & ~keep).sum())
-        kept = rows & keep
-        batch["__valid__"] = kept.to(was.device) if isinstance(was, torch.Tensor) else kept
-        if not batched:
-            batch["__valid__"] = bool(kept)
+        kept = rows.cpu() & keep
+        self.masked += int((rows.cpu() & ~keep).sum())
+        # where the batch's flags live: the earlier ones', else the predicate's (a batch moved to CUDA)
+        device = (
+            was.device if isinstance(was, torch.Tensor) else given.device if isinstance(given, torch.Tensor) else None
+        )
+        batch["__valid__"] = bool(kept) if not batched else kept.to(device) if device is not None else kept
         return batch
 
     def _flags(self, given: Any, rows: int | None, keys: Any) -> torch.Tensor:
