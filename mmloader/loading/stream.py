@@ -385,7 +385,7 @@ class Stream(Ledger, Controlled, torch.utils.data.IterableDataset):
         self.control.resuming = True
         self.pass_flags.resume_fresh = True
         self._steps_before = steps
-        entire = [tuple(r) for r in ranges] == [(0, len(self.plan(epoch)))]
+        entire = bool(ranges) and tuple(ranges[0]) == (0, len(self.plan(epoch)))  # (+ a same world's padding)
         if not entire or steps > offset:  # mid-epoch (a changed plan may visit all of it): what
             # the ledger answers from, numbering the epoch's own steps (a framework's offset is none of them)
             self.resumed_epochs[epoch] = {"ranges": ranges, "steps": steps - offset, "state": state}
